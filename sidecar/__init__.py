@@ -1,0 +1,1 @@
+"""The runtime policy service (admission, headroom, proxy, metrics). Never imports tritongen.cli."""

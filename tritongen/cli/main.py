@@ -1,0 +1,49 @@
+"""The Typer app. Each command lives in its own module; errors map to exit codes only here."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from tritongen.errors import TritongenError
+
+app = typer.Typer(
+    name="tritongen",
+    help="Profile models, render Triton configs, check repositories, guard a running server.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err_console = Console(stderr=True)
+
+
+def _register() -> None:
+    # Imported for their side effect of adding commands to `app`.
+    from tritongen.cli import commands  # noqa: F401
+
+
+def run() -> None:
+    """Console-script entry point: one message and an exit code, never a traceback."""
+    _register()
+    try:
+        app(standalone_mode=False)
+    except TritongenError as err:
+        err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        sys.exit(err.exit_code)
+    except typer.Exit as ex:  # raised by commands to set an exit code
+        sys.exit(ex.exit_code)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+    except Exception as err:  # click usage errors and anything unexpected
+        import click
+
+        if isinstance(err, click.exceptions.ClickException):
+            err.show()
+            sys.exit(2)
+        if isinstance(err, click.exceptions.Abort):
+            sys.exit(130)
+        err_console.print(f"[bold red]internal error:[/] {type(err).__name__}: {err}", highlight=False)
+        sys.exit(1)

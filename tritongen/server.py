@@ -1,0 +1,261 @@
+"""Launch the `tritonserver` that ships in the nvidia-pytriton wheel, on 127.0.0.1, no Docker.
+
+The launcher is shared by `tritongen serve`, the demo and the tests' session fixture. It owns the
+process it starts (stopped by its own PID) and turns a failed start into the server's own reason
+taken from its log, instead of a timeout. See shared/docs/triton-facts.md for the environment traps
+(symlinked backend directory, libpython on LD_LIBRARY_PATH, the venv's python3 first on PATH).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from tritongen.errors import BadInput, RunFailed
+
+
+def free_port() -> int:
+    """A port the kernel just handed out on 127.0.0.1 (racy by nature, but collisions are rare)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_taken(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+        return False
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """Where the wheel put the server binary, the Python backend and its stubs."""
+
+    binary: Path
+    python_backend: Path
+    stub: Path
+    libs: Path
+
+    @classmethod
+    def locate(cls) -> "TritonInstall":
+        try:
+            import pytriton
+        except ImportError as err:  # pragma: no cover - the package is a hard dependency
+            raise RunFailed(
+                "nvidia-pytriton is not installed; it ships the tritonserver binary. "
+                "Run `make test` or `pip install nvidia-pytriton==0.7.0`."
+            ) from err
+        root = Path(pytriton.__file__).parent / "tritonserver"
+        pyver = f"{sys.version_info.major}.{sys.version_info.minor}"
+        install = cls(
+            binary=root / "bin" / "tritonserver",
+            python_backend=root / "backends" / "python",
+            stub=root / "python_backend_stubs" / pyver / "triton_python_backend_stub",
+            libs=Path(pytriton.__file__).parent.parent / "nvidia_pytriton.libs",
+        )
+        for path in (install.binary, install.python_backend, install.stub):
+            if not path.exists():
+                raise RunFailed(f"tritonserver install is incomplete: {path} is missing")
+        return install
+
+    def backend_dir(self, into: Path) -> Path:
+        """BACKENDS/python/ of symlinks, so the stub's $ORIGIN RPATH keeps working."""
+        python_dir = into / "python"
+        python_dir.mkdir(parents=True, exist_ok=True)
+        links = {
+            "libtriton_python.so": self.python_backend / "libtriton_python.so",
+            "triton_python_backend_utils.py": self.python_backend / "triton_python_backend_utils.py",
+            "triton_python_backend_stub": self.stub,
+        }
+        for name, target in links.items():
+            link = python_dir / name
+            if not link.exists():
+                link.symlink_to(target)
+        return into
+
+
+@dataclass
+class ServerOptions:
+    """What the launcher passes to tritonserver; ports of 0 are picked free at start."""
+
+    repository: Path
+    http_port: int = 0
+    grpc_port: int = 0
+    metrics_port: int = 0
+    model_control: str = "none"  # "none" | "explicit"
+    load_models: Sequence[str] = ()
+    extra_args: Sequence[str] = ()
+    log_verbose: int = 0
+    exit_timeout_s: int = 3
+    start_timeout_s: float = 60.0
+
+
+@dataclass
+class TritonServer:
+    """A running tritonserver child process. Use as a context manager or call stop()."""
+
+    options: ServerOptions
+    log_path: Path | None = None
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    _workdir: Path | None = field(default=None, init=False)
+    _log_handle: object | None = field(default=None, init=False)
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.options.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.options.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.options.metrics_port}/metrics"
+
+    def command(self, backend_dir: Path, install: TritonInstall) -> list[str]:
+        opts = self.options
+        cmd = [
+            str(install.binary),
+            f"--model-repository={opts.repository}",
+            f"--backend-directory={backend_dir}",
+            "--http-address=127.0.0.1",
+            "--grpc-address=127.0.0.1",
+            "--metrics-address=127.0.0.1",
+            f"--http-port={opts.http_port}",
+            f"--grpc-port={opts.grpc_port}",
+            f"--metrics-port={opts.metrics_port}",
+            f"--exit-timeout-secs={opts.exit_timeout_s}",
+            f"--log-verbose={opts.log_verbose}",
+            "--allow-cpu-metrics=true",
+            "--strict-readiness=true",
+        ]
+        if opts.model_control == "explicit":
+            cmd.append("--model-control-mode=explicit")
+            cmd.extend(f"--load-model={name}" for name in opts.load_models)
+        cmd.extend(opts.extra_args)
+        return cmd
+
+    def environment(self, install: TritonInstall) -> dict[str, str]:
+        env = dict(os.environ)
+        venv_bin = str(Path(sys.executable).parent)
+        env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
+        libdir = sysconfig.get_config_var("LIBDIR") or ""
+        parts = [p for p in (libdir, str(install.libs), env.get("LD_LIBRARY_PATH", "")) if p]
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(parts)
+        return env
+
+    def start(self) -> "TritonServer":
+        opts = self.options
+        if not Path(opts.repository).is_dir():
+            raise BadInput(f"model repository {opts.repository} is not a directory")
+        for name in ("http_port", "grpc_port", "metrics_port"):
+            port = getattr(opts, name)
+            if port == 0:
+                setattr(opts, name, free_port())
+            elif _port_taken(port):
+                raise RunFailed(
+                    f"port {port} ({name.replace('_', ' ')}) on 127.0.0.1 is already in use; "
+                    "pick another or omit it to choose a free one"
+                )
+        install = TritonInstall.locate()
+        self._workdir = Path(tempfile.mkdtemp(prefix="tritongen-server-"))
+        backend_dir = install.backend_dir(self._workdir / "backends")
+        if self.log_path is None:
+            self.log_path = self._workdir / "tritonserver.log"
+        self._log_handle = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            self.command(backend_dir, install),
+            stdout=self._log_handle,
+            stderr=subprocess.STDOUT,
+            env=self.environment(install),
+            cwd=self._workdir,
+            start_new_session=True,
+        )
+        try:
+            self.wait_ready(opts.start_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def log_text(self) -> str:
+        if self.log_path is None or not Path(self.log_path).exists():
+            return ""
+        return Path(self.log_path).read_text(errors="replace")
+
+    def failure_reason(self) -> str:
+        """The server's own words: error lines of its log, the load failures first."""
+        lines = self.log_text().splitlines()
+        errors = [ln for ln in lines if ln.startswith("E") or "failed to load" in ln or "error" in ln.lower()]
+        picked = errors[-12:] if errors else lines[-12:]
+        return "\n".join(picked).strip() or "(the server printed nothing)"
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Ready means the server and every model it was asked to load are ready (strict readiness)."""
+        assert self.process is not None
+        deadline = time.monotonic() + timeout_s
+        url = f"http://{self.http_url}/v2/health/ready"
+        with httpx.Client(timeout=1.0) as client:
+            while time.monotonic() < deadline:
+                code = self.process.poll()
+                if code is not None:
+                    raise RunFailed(
+                        f"tritonserver exited with code {code} during start-up:\n{self.failure_reason()}"
+                    )
+                try:
+                    if client.get(url).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if "failed to load" in self.log_text():
+                    time.sleep(0.3)  # let the server finish its log before quoting it
+                    raise RunFailed(f"a model failed to load:\n{self.failure_reason()}")
+                time.sleep(0.1)
+        raise RunFailed(f"tritonserver was not ready after {timeout_s:.0f} s:\n{self.failure_reason()}")
+
+    def stop(self) -> None:
+        """SIGINT, then SIGKILL of the whole process group (the Python stubs are its children)."""
+        proc = self.process
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(timeout=self.options.exit_timeout_s + 5)
+            except subprocess.TimeoutExpired:
+                pass
+        if proc is not None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # stubs left behind by a hung shutdown
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        if self._log_handle is not None:
+            self._log_handle.close()  # type: ignore[attr-defined]
+            self._log_handle = None
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir / "backends", ignore_errors=True)
+
+    def __enter__(self) -> "TritonServer":
+        if self.process is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
