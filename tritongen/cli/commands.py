@@ -2,6 +2,7 @@
 
 from tritongen.cli import (  # noqa: F401
     check_cmd,
+    demo_cmd,
     kv_cmd,
     render_cmd,
     schema_cmd,

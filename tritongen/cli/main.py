@@ -7,6 +7,11 @@ import sys
 import typer
 from rich.console import Console
 
+try:  # typer >= 0.20 vendors click as typer._click; older versions depend on click itself
+    from typer import _click as click  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover
+    import click  # type: ignore[no-redef]
+
 from tritongen.errors import TritongenError
 
 app = typer.Typer(
@@ -28,7 +33,9 @@ def run() -> None:
     """Console-script entry point: one message and an exit code, never a traceback."""
     _register()
     try:
-        app(standalone_mode=False)
+        code = app(prog_name="tritongen", standalone_mode=False)
+        if isinstance(code, int) and code:  # click returns typer.Exit's code without standalone mode
+            sys.exit(code)
     except TritongenError as err:
         err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
         sys.exit(err.exit_code)
@@ -38,8 +45,6 @@ def run() -> None:
         err_console.print("interrupted")
         sys.exit(130)
     except Exception as err:  # click usage errors and anything unexpected
-        import click
-
         if isinstance(err, click.exceptions.ClickException):
             err.show()
             sys.exit(2)

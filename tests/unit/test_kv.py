@@ -1,0 +1,410 @@
+"""KV-cache arithmetic, checked against numbers worked out by hand from the published configs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from tritongen.core.architecture import Architecture
+from tritongen.core.kv import (
+    KVShape,
+    kv_budget_bytes,
+    kv_bytes_for_sequence,
+    kv_shape,
+    max_batch_size_that_fits,
+    max_concurrent_sequences,
+    weight_bytes,
+)
+from tritongen.errors import BadInput, Infeasible
+from tritongen.hfconfig import load_architecture
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ARCH_DIR = REPO_ROOT / "examples" / "architectures"
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+def arch(name: str) -> Architecture:
+    return load_architecture(ARCH_DIR / f"{name}.json")
+
+
+# Every example file, at its native dtype (kv_dtype="auto"), arithmetic written out by hand.
+# MHA/GQA/MQA: 2 (K and V) x layers x kv_heads x head_dim x bytes.  MLA: layers x (512 + 64) x bytes.
+NATIVE = {
+    "llama-2-7b": 2 * 32 * 32 * 128 * 2,  # fp16, MHA                       = 524288
+    "llama-2-70b": 2 * 80 * 8 * 128 * 2,  # fp16, GQA 64q/8kv               = 327680
+    "llama-3-8b": 2 * 32 * 8 * 128 * 2,  # bf16, GQA 32q/8kv               = 131072
+    "llama-3.1-70b": 2 * 80 * 8 * 128 * 2,  # bf16                          = 327680
+    "mistral-7b-v0.1": 2 * 32 * 8 * 128 * 2,  # bf16 (window caps tokens, not bytes/token) = 131072
+    "mixtral-8x7b": 2 * 32 * 8 * 128 * 2,  # bf16, experts do not touch KV  = 131072
+    "qwen2.5-7b": 2 * 28 * 4 * 128 * 2,  # bf16, head_dim 3584/28 = 128    = 57344
+    "qwen2-72b": 2 * 80 * 8 * 128 * 2,  # bf16                              = 327680
+    "gemma-7b": 2 * 28 * 16 * 256 * 2,  # bf16, explicit head_dim 256 (3072/16 would be 192) = 458752
+    "gemma-2-9b": 2 * 42 * 8 * 256 * 4,  # float32 as published             = 688128
+    "falcon-7b": 2 * 32 * 1 * 64 * 2,  # bf16, multi_query: 1 kv head, 4544/71 = 64 = 8192
+    "falcon-40b": 2 * 60 * 8 * 64 * 2,  # bf16, new_decoder_architecture, num_kv_heads 8 = 122880
+    "gpt2": 2 * 12 * 12 * 64 * 4,  # no torch_dtype -> fp32, 768/12 = 64  = 73728
+    "pythia-1.4b": 2 * 24 * 16 * 128 * 2,  # fp16, 2048/16 = 128           = 196608
+    "phi-2": 2 * 32 * 32 * 80 * 2,  # fp16, num_key_value_heads null -> MHA, 2560/32 = 80 = 327680
+    "phi-3-mini": 2 * 32 * 32 * 96 * 2,  # bf16, 3072/32 = 96             = 393216
+    "deepseek-v2-lite": 27 * (512 + 64) * 2,  # bf16 MLA latent, no K/V pair = 31104
+    "deepseek-v3": 61 * (512 + 64) * 2,  # bf16 MLA latent                  = 70272
+    "tinyllm": 2 * 2 * 2 * 16 * 4,  # fp32, 64/4 = 16                        = 512
+}
+
+# The same, with a 2-byte (fp16) cache for every model.
+FP16 = {
+    **{k: v for k, v in NATIVE.items() if k not in ("gemma-2-9b", "gpt2", "tinyllm")},
+    "gemma-2-9b": 2 * 42 * 8 * 256 * 2,  # 344064
+    "gpt2": 2 * 12 * 12 * 64 * 2,  # 36864
+    "tinyllm": 2 * 2 * 2 * 16 * 2,  # 256
+}
+
+
+def test_every_example_file_is_covered() -> None:
+    assert sorted(p.stem for p in ARCH_DIR.glob("*.json")) == sorted(NATIVE)
+
+
+@pytest.mark.parametrize("name", sorted(NATIVE))
+def test_native_kv_bytes_per_token(name: str) -> None:
+    shape = kv_shape(arch(name))
+    assert shape.kv_bytes_per_token == NATIVE[name]
+
+
+@pytest.mark.parametrize("name", sorted(FP16))
+def test_fp16_kv_bytes_per_token(name: str) -> None:
+    shape = kv_shape(arch(name), kv_dtype="fp16")
+    assert shape.kv_bytes_per_token == FP16[name]
+    assert shape.kv_dtype == "fp16" and shape.kv_dtype_bytes == 2
+
+
+def test_literal_values_of_the_hand_arithmetic() -> None:
+    # Guard against a typo in the expressions above making both sides wrong together.
+    assert NATIVE["llama-2-7b"] == 524288
+    assert NATIVE["llama-3-8b"] == 131072
+    assert NATIVE["qwen2.5-7b"] == 57344
+    assert NATIVE["falcon-7b"] == 8192
+    assert NATIVE["deepseek-v3"] == 70272
+    assert NATIVE["deepseek-v2-lite"] == 31104
+    assert NATIVE["gemma-2-9b"] == 688128
+
+
+def test_shape_fields_for_gqa_and_mla() -> None:
+    s = kv_shape(arch("llama-3-8b"))
+    assert (s.num_layers, s.num_kv_heads, s.head_dim, s.kv_tensors, s.kv_dtype, s.kv_dtype_bytes) == (
+        32, 8, 128, 2, "bf16", 2,
+    )
+    assert s.attention == "gqa" and s.latent_dim is None and s.tensor_parallel == 1
+    m = kv_shape(arch("deepseek-v3"))
+    assert (m.num_kv_heads, m.head_dim, m.kv_tensors, m.latent_dim, m.attention) == (1, 576, 1, 576, "mla")
+
+
+# ---- tensor parallelism ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tp", "heads_per_rank", "expected"),
+    [
+        (1, 8, 2 * 80 * 8 * 128 * 2),
+        (2, 4, 2 * 80 * 4 * 128 * 2),
+        (8, 1, 2 * 80 * 1 * 128 * 2),  # 40960: one kv head per rank
+        (16, 1, 2 * 80 * 1 * 128 * 2),  # tp > kv heads: replicated, still one per rank
+    ],
+)
+def test_tp_splits_kv_heads_llama_70b(tp: int, heads_per_rank: int, expected: int) -> None:
+    s = kv_shape(arch("llama-3.1-70b"), tensor_parallel=tp)
+    assert s.num_kv_heads == heads_per_rank
+    assert s.kv_bytes_per_token == expected
+    assert s.tensor_parallel == tp
+
+
+@pytest.mark.parametrize("tp", [1, 2, 8, 16])
+def test_mla_latent_is_not_split_by_tp(tp: int) -> None:
+    assert kv_shape(arch("deepseek-v3"), tensor_parallel=tp).kv_bytes_per_token == 61 * 576 * 2
+
+
+def test_tp_must_divide_attention_heads() -> None:
+    with pytest.raises(BadInput) as err:
+        kv_shape(arch("llama-3-8b"), tensor_parallel=3)
+    assert "3" in str(err.value) and "32 attention heads" in str(err.value)
+
+
+def test_tp_must_divide_or_replicate_kv_heads() -> None:
+    # Qwen2.5-7B: 28 heads (7 divides them) but 4 kv heads cannot be replicated over 7 ranks.
+    with pytest.raises(BadInput) as err:
+        kv_shape(arch("qwen2.5-7b"), tensor_parallel=7)
+    assert "7" in str(err.value) and "4 key/value heads" in str(err.value)
+
+
+def test_tp_must_be_positive() -> None:
+    with pytest.raises(BadInput):
+        kv_shape(arch("llama-3-8b"), tensor_parallel=0)
+
+
+# ---- KV dtype ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "int8", "fp8_e4m3"])
+def test_one_byte_kv(dtype: str) -> None:
+    s = kv_shape(arch("llama-3-8b"), kv_dtype=dtype)
+    assert s.kv_bytes_per_token == 2 * 32 * 8 * 128 * 1  # 65536
+    assert s.kv_dtype_bytes == 1
+    assert kv_shape(arch("deepseek-v3"), kv_dtype=dtype).kv_bytes_per_token == 61 * 576 * 1  # 35136
+
+
+def test_fp32_kv_and_auto_follows_model_dtype() -> None:
+    assert kv_shape(arch("llama-3-8b"), kv_dtype="fp32").kv_bytes_per_token == 2 * 32 * 8 * 128 * 4
+    assert kv_shape(arch("gpt2")).kv_dtype == "fp32"
+    assert kv_shape(arch("llama-2-7b")).kv_dtype == "fp16"
+
+
+def test_unknown_kv_dtype() -> None:
+    with pytest.raises(BadInput, match="fp4"):
+        kv_shape(arch("llama-3-8b"), kv_dtype="fp4")
+
+
+def test_kvshape_rejects_inconsistent_totals() -> None:
+    with pytest.raises(ValueError, match="must equal"):
+        KVShape(
+            kv_bytes_per_token=1, num_layers=2, num_kv_heads=2, head_dim=16, kv_tensors=2,
+            kv_dtype="fp32", kv_dtype_bytes=4, tensor_parallel=1, attention="gqa",
+        )
+
+
+# ---- bytes per sequence (sliding windows) ------------------------------------------------------
+
+
+def test_mistral_window_caps_long_sequences() -> None:
+    a = arch("mistral-7b-v0.1")
+    s = kv_shape(a)
+    assert (a.sliding_window, a.sliding_window_layers) == (4096, 32)
+    # All 32 layers keep at most 4096 tokens: 8192 tokens cost the same as 4096.
+    assert kv_bytes_for_sequence(a, s, 8192) == 4096 * 131072  # 536870912, not 1073741824
+    assert kv_bytes_for_sequence(a, s, 4096) == 4096 * 131072
+    assert kv_bytes_for_sequence(a, s, 2048) == 2048 * 131072
+    assert kv_bytes_for_sequence(a, s, 0) == 0
+
+
+def test_mixtral_null_window_keeps_everything() -> None:
+    a = arch("mixtral-8x7b")
+    assert a.sliding_window is None
+    assert kv_bytes_for_sequence(a, kv_shape(a), 8192) == 8192 * 131072
+
+
+def test_gemma2_alternating_window() -> None:
+    a = arch("gemma-2-9b")
+    assert (a.sliding_window, a.sliding_window_layers) == (4096, 21)  # 42 layers, even ones local
+    s = kv_shape(a, kv_dtype="bf16")
+    per_layer_token = 2 * 8 * 256 * 2  # 8192 bytes per layer per token
+    # 21 global layers keep 8192 tokens, 21 local layers keep 4096.
+    expected = per_layer_token * (21 * 8192 + 21 * 4096)
+    assert expected == 2_113_929_216
+    assert kv_bytes_for_sequence(a, s, 8192) == expected
+    # Below the window every layer keeps every token.
+    assert kv_bytes_for_sequence(a, s, 1000) == 1000 * s.kv_bytes_per_token
+
+
+def test_qwen2_window_ignored_unless_enabled() -> None:
+    a = arch("qwen2.5-7b")
+    assert a.sliding_window is None  # published 131072 but use_sliding_window is false
+    assert kv_bytes_for_sequence(a, kv_shape(a), 32768) == 32768 * 57344
+
+
+def test_sequence_bytes_reject_mismatched_shape() -> None:
+    with pytest.raises(BadInput, match="layers"):
+        kv_bytes_for_sequence(arch("llama-3-8b"), kv_shape(arch("tinyllm")), 10)
+
+
+# ---- weights and budget ------------------------------------------------------------------------
+
+
+def test_weight_bytes() -> None:
+    assert weight_bytes(7_000_000_000, "bf16") == 14_000_000_000
+    assert weight_bytes(7_000_000_000, "fp8") == 7_000_000_000
+    assert weight_bytes(124_000_000, "fp32") == 496_000_000
+    with pytest.raises(BadInput, match="int4"):
+        weight_bytes(1, "int4")
+
+
+def test_budget_arithmetic() -> None:
+    # 80 GiB x 0.9 = 72 GiB; minus 16 weights, 2 reserve, 1 pad = 53 GiB.
+    assert kv_budget_bytes(80 * GIB, 0.9, 16 * GIB, 2 * GIB, 1 * GIB) == 53 * GIB
+
+
+def test_budget_infeasible_says_how_short() -> None:
+    # 16384 MiB x 0.5 = 8192 MiB; 8192 - 8000 - 200 - 100 = -108 MiB.
+    with pytest.raises(Infeasible) as err:
+        kv_budget_bytes(16384 * MIB, 0.5, 8000 * MIB, 200 * MIB, 100 * MIB)
+    msg = str(err.value)
+    assert "short by 108.0 MiB" in msg
+    for term in ("device 16,384.0 MiB", "cap 0.5", "weights 8,000.0 MiB", "reserve 200.0 MiB", "pad 100.0 MiB"):
+        assert term in msg
+
+
+def test_budget_rejects_bad_cap() -> None:
+    with pytest.raises(BadInput, match="utilization cap"):
+        kv_budget_bytes(GIB, 1.5, 0, 0, 0)
+
+
+def test_concurrency_and_batch_size() -> None:
+    a = arch("llama-2-7b")
+    s = kv_shape(a)
+    # One 4096-token sequence: 4096 x 524288 = 2 GiB; 53 GiB holds 26 of them.
+    assert max_concurrent_sequences(53 * GIB, a, s, 4096) == 26
+    assert max_batch_size_that_fits(53 * GIB, a, s, 4096) == 26
+    assert max_batch_size_that_fits(53 * GIB, a, s, 4096, upper=16) == 16
+    assert max_batch_size_that_fits(53 * GIB, a, s, 1024, upper=64) == 64  # 106 fit, capped
+
+
+def test_batch_infeasible_for_one_sequence() -> None:
+    a = arch("llama-2-7b")
+    with pytest.raises(Infeasible) as err:
+        max_batch_size_that_fits(1 * GIB, a, kv_shape(a), 4096)
+    msg = str(err.value)
+    assert "1,024.0 MiB short of one sequence at 4096 tokens" in msg  # needs 2048 MiB, has 1024
+    assert "shorter context" in msg and "fp8" in msg and "tensor parallelism" in msg and "pad" in msg
+
+
+def test_batch_infeasible_below_lower_bound() -> None:
+    a = arch("llama-2-7b")
+    with pytest.raises(Infeasible) as err:
+        max_batch_size_that_fits(5 * GIB, a, kv_shape(a), 4096, lower=4)  # 2 fit, 4 needed: 8 - 5 GiB
+    assert "3,072.0 MiB short of 4 sequences" in str(err.value)
+
+
+def test_batch_infeasible_hints_fit_the_model() -> None:
+    a = arch("deepseek-v3")
+    with pytest.raises(Infeasible) as err:
+        max_batch_size_that_fits(MIB, a, kv_shape(a, kv_dtype="fp8"), 163840)
+    msg = str(err.value)
+    assert "fp8 KV" not in msg  # already one byte
+    assert "MLA latent is not split" in msg
+
+
+# ---- config.json errors ------------------------------------------------------------------------
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(BadInput) as err:
+        load_architecture(tmp_path / "nope.json")
+    assert "nope.json" in str(err.value) and "no such file" in str(err.value)
+
+
+def test_invalid_json_quotes_line_and_column(tmp_path: Path) -> None:
+    p = tmp_path / "config.json"
+    p.write_text('{\n  "num_hidden_layers": 32,\n}\n')
+    with pytest.raises(BadInput) as err:
+        load_architecture(p)
+    assert f"{p}:3:1: not valid JSON" in str(err.value)
+
+
+def test_json_not_an_object(tmp_path: Path) -> None:
+    p = tmp_path / "config.json"
+    p.write_text("[1, 2]")
+    with pytest.raises(BadInput, match="got a JSON array"):
+        load_architecture(p)
+
+
+def test_missing_key_names_key_and_source(tmp_path: Path) -> None:
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4}))
+    with pytest.raises(BadInput) as err:
+        load_architecture(p)
+    assert str(err.value) == (
+        f"{p}: missing `num_hidden_layers` (or `n_layer`, `num_layers`); is this a Hugging Face model config?"
+    )
+
+
+def test_wrong_type_names_key(tmp_path: Path) -> None:
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"num_hidden_layers": "32", "hidden_size": 64, "num_attention_heads": 4}))
+    with pytest.raises(BadInput, match=r"`num_hidden_layers` must be a whole number, got '32' \(str\)"):
+        load_architecture(p)
+
+
+def test_directory_instead_of_file(tmp_path: Path) -> None:
+    with pytest.raises(BadInput, match="is a directory"):
+        load_architecture(tmp_path)
+
+
+# ---- CLI ---------------------------------------------------------------------------------------
+
+runner = CliRunner()
+
+
+def _app() -> typer.Typer:
+    """The commands registered on the real app, as a group even while `kv` is the only one.
+
+    Typer collapses an app with one command into that command (no `kv` word); until the other
+    command modules exist that would change the argv, so tests wrap the registrations in a group.
+    """
+    import tritongen.cli.kv_cmd  # noqa: F401  registers `kv`
+    from tritongen.cli.main import app
+
+    assert any(c.name == "kv" for c in app.registered_commands)
+    group = typer.Typer(add_completion=False)
+    group.registered_commands = list(app.registered_commands)
+    group.callback()(lambda: None)
+    return group
+
+
+def test_cli_json() -> None:
+    result = runner.invoke(
+        _app(), ["kv", str(ARCH_DIR / "llama-3.1-70b.json"), "--tp", "2", "--context", "1000", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["kv_bytes_per_token"] == 2 * 80 * 4 * 128 * 2
+    assert out["num_layers"] == 80 and out["num_kv_heads"] == 4 and out["head_dim"] == 128
+    assert out["kv_dtype"] == "bf16" and out["kv_dtype_bytes"] == 2
+    assert out["tensor_parallel"] == 2 and out["attention"] == "gqa" and out["family"] == "llama"
+    assert out["kv_bytes_per_sequence"] == 1000 * 2 * 80 * 4 * 128 * 2
+
+
+def test_cli_json_fp8_without_context() -> None:
+    result = runner.invoke(_app(), ["kv", str(ARCH_DIR / "deepseek-v3.json"), "--kv-dtype", "fp8", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["kv_bytes_per_token"] == 61 * 576 and out["latent_dim"] == 576
+    assert "kv_bytes_per_sequence" not in out
+
+
+def test_cli_text() -> None:
+    result = runner.invoke(_app(), ["kv", str(ARCH_DIR / "llama-3-8b.json"), "--context", "8192"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "131,072 (128.0 KiB)" in result.stdout
+    assert "1,073,741,824 (1,024.0 MiB)" in result.stdout  # 8192 x 131072
+
+
+def test_cli_rejects_unknown_kv_dtype() -> None:
+    result = runner.invoke(_app(), ["kv", str(ARCH_DIR / "llama-3-8b.json"), "--kv-dtype", "fp4"])
+    assert result.exit_code == 2
+
+
+def _console(*args: str) -> subprocess.CompletedProcess[str]:
+    """The real console entry point (all command modules registered), as users run it."""
+    return subprocess.run(
+        [sys.executable, "-c", "from tritongen.cli.main import run; run()", *args],
+        capture_output=True, text=True, timeout=60, cwd=REPO_ROOT,
+    )
+
+
+def test_console_bad_file_exits_2_without_traceback(tmp_path: Path) -> None:
+    p = tmp_path / "config.json"
+    p.write_text("{ not json")
+    proc = _console("kv", str(p), "--json")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert f"{p}:1:3: not valid JSON" in proc.stderr and proc.stdout == ""
+
+
+def test_console_bad_kv_dtype_is_usage_error() -> None:
+    proc = _console("kv", str(ARCH_DIR / "tinyllm.json"), "--kv-dtype", "fp4")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "fp4" in proc.stderr

@@ -1,0 +1,133 @@
+"""render: parse-back through ModelConfig, determinism, atomicity, kept model code, drift."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from tests.conftest import EXAMPLES, MODEL_REPOSITORY, cli
+from tritongen.errors import BadInput
+from tritongen.render import builtin_templates_dir, drift, render_repository, write_repository
+from tritongen.specio import load_spec
+
+
+def rendered(name: str = "deployment.yaml", templates: Path | None = None):
+    return render_repository(load_spec(EXAMPLES / name), templates)
+
+
+@pytest.mark.parametrize("spec", ["deployment.yaml", "gpu-deployment.yaml"])
+def test_every_config_parses_as_model_config(spec: str) -> None:
+    result = rendered(spec)
+    configs = {p: t for p, t in result.files.items() if p.endswith("config.pbtxt")}
+    assert configs
+    for path, text in configs.items():
+        config = text_format.Parse(text, model_config_pb2.ModelConfig())
+        assert config.name == path.split("/")[0]
+
+
+def test_cpu_render_carries_the_plan() -> None:
+    files = rendered().files
+    tiny = text_format.Parse(files["tinyllm/config.pbtxt"], model_config_pb2.ModelConfig())
+    assert tiny.max_batch_size == 20
+    assert tiny.model_transaction_policy.decoupled
+    assert tiny.dynamic_batching.priority_levels == 3
+    assert tiny.dynamic_batching.default_priority_level == 2
+    assert tiny.dynamic_batching.max_queue_delay_microseconds == 8000
+    level1 = tiny.dynamic_batching.priority_queue_policy[1]
+    assert level1.timeout_action == model_config_pb2.ModelQueuePolicy.REJECT
+    assert level1.default_timeout_microseconds == 125000
+    assert tiny.parameters["kv_pool_blocks"].string_value == "331"
+    assert tiny.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
+    assert tiny.instance_group[0].rate_limiter.resources[0].name == "compute"
+    assert tiny.input[1].optional
+    ranker = text_format.Parse(files["ranker/config.pbtxt"], model_config_pb2.ModelConfig())
+    assert list(ranker.dynamic_batching.preferred_batch_size) == [8, 16, 32]
+    assert files["server_flags.txt"].split() == ["--rate-limit=execution_count", "--rate-limit-resource=compute:2"]
+    assert "# KV budget 2.6 MiB = quota 4.0 MiB" in files["tinyllm/config.pbtxt"]
+
+
+def test_gpu_render_writes_vllm_model_json_and_lane_links(tmp_path: Path) -> None:
+    result = rendered("gpu-deployment.yaml")
+    engine = json.loads(result.files["llama3-8b_short/1/model.json"])
+    assert engine["model"] == "meta-llama/Meta-Llama-3-8B-Instruct"
+    assert 0 < engine["gpu_memory_utilization"] < 1 and engine["max_num_seqs"] >= 1
+    long_engine = json.loads(result.files["llama3-8b_long/1/model.json"])
+    assert long_engine["max_num_seqs"] < engine["max_num_seqs"]  # the long lane holds longer sequences
+    assert result.links == {}  # vLLM lanes are two engines with their own model.json
+
+    cpu = load_spec(EXAMPLES / "deployment.yaml").spec.model_dump()
+    cpu["models"][1]["lanes"] = {"split_prompt_tokens": 64}
+    spec = tmp_path / "lanes.yaml"
+    spec.write_text(json.dumps(cpu, default=str))
+    (tmp_path / "architectures").symlink_to(EXAMPLES / "architectures")
+    lanes = render_repository(load_spec(spec))
+    assert lanes.links == {"tinyllm_long/1": "../tinyllm_short/1"}  # Python lanes share the code
+    write_repository(lanes, tmp_path / "repo")
+    assert (tmp_path / "repo" / "tinyllm_long" / "1").readlink() == Path("../tinyllm_short/1")
+
+
+def test_render_is_deterministic(tmp_path: Path) -> None:
+    first = rendered()
+    assert write_repository(first, tmp_path)
+    snapshot = {p: (tmp_path / p).read_bytes() for p in first.files}
+    second = rendered()
+    assert second.files == first.files
+    assert write_repository(second, tmp_path) == []  # nothing to change
+    assert {p: (tmp_path / p).read_bytes() for p in first.files} == snapshot
+
+
+def test_model_code_and_version_folders_are_kept(tmp_path: Path) -> None:
+    (tmp_path / "ranker" / "1").mkdir(parents=True)
+    (tmp_path / "ranker" / "1" / "model.py").write_text("# user code\n")
+    (tmp_path / "ranker" / "2").mkdir()
+    write_repository(rendered(), tmp_path)
+    assert (tmp_path / "ranker" / "1" / "model.py").read_text() == "# user code\n"
+    assert (tmp_path / "ranker" / "2").is_dir()
+
+
+def test_failed_render_leaves_the_repository_untouched(tmp_path: Path) -> None:
+    out = tmp_path / "repo"
+    write_repository(rendered(), out)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    templates = tmp_path / "templates"
+    shutil.copytree(builtin_templates_dir(), templates)
+    broken = (templates / "config.pbtxt.j2").read_text().replace("max_batch_size:", "max_bach_size:")
+    (templates / "config.pbtxt.j2").write_text(broken)
+    result = cli("render", str(EXAMPLES / "deployment.yaml"), "-o", str(out), "--templates", str(templates))
+    assert result.returncode == 2
+    assert "max_bach_size" in result.stderr and "Traceback" not in result.stderr
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_template_override_and_strict_undefined(tmp_path: Path) -> None:
+    templates = tmp_path / "templates"
+    templates.mkdir()
+    base = (builtin_templates_dir() / "config.pbtxt.j2").read_text()
+    (templates / "config.pbtxt.j2").write_text(base.replace("# Rendered by", "# team header\n# Rendered by"))
+    assert "# team header\n# Rendered by" in rendered(templates=templates).files["ranker/config.pbtxt"]
+    (templates / "config.pbtxt.j2").write_text(base + "\n# {{ m.no_such_field }}\n")
+    with pytest.raises(BadInput) as info:
+        rendered(templates=templates)
+    assert "no_such_field" in str(info.value)
+
+
+def test_check_flag_catches_a_hand_edit(tmp_path: Path) -> None:
+    spec = str(EXAMPLES / "deployment.yaml")
+    assert cli("render", spec, "-o", str(tmp_path)).returncode == 0
+    clean = cli("render", spec, "-o", str(tmp_path), "--check")
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    config = tmp_path / "ranker" / "config.pbtxt"
+    config.write_text(config.read_text().replace("max_batch_size: 32", "max_batch_size: 16"))
+    edited = cli("render", spec, "-o", str(tmp_path), "--check")
+    assert edited.returncode == 1
+    assert "-max_batch_size: 16" in edited.stdout and "+max_batch_size: 32" in edited.stdout
+    assert config.read_text().count("max_batch_size: 16") == 1  # --check writes nothing
+
+
+def test_committed_example_repository_has_no_drift() -> None:
+    assert drift(rendered(), MODEL_REPOSITORY) == ""

@@ -1,0 +1,120 @@
+"""`tritongen check DIR`: lint a Triton model repository for CI.
+
+Exit codes: 0 no error finding (warnings allowed), 1 at least one error finding, 2 DIR unusable
+or bad flags. Formats: `text` (one line per finding and a summary), `json` (`findings` and
+`summary`), `github` (workflow-command annotations).
+"""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from tritongen.cli.main import app
+from tritongen.core.findings import Finding
+from tritongen.errors import BadInput
+from tritongen.repository import CheckReport, ExtraRule, check_repository
+
+
+class OutputFormat(str, Enum):
+    text = "text"
+    json = "json"
+    github = "github"
+
+
+def _spec_rules(spec: Optional[Path]) -> list[ExtraRule]:
+    if spec is None:
+        return []
+    try:
+        from tritongen.spec_rules import rules_for_spec  # type: ignore[import-not-found]
+    except ImportError:
+        raise BadInput("--spec support is not available (tritongen.spec_rules is not installed)") from None
+    return list(rules_for_spec(spec))
+
+
+def format_text_line(finding: Finding) -> str:
+    where = finding.path or finding.model or "."
+    if finding.line is not None:
+        where += f":{finding.line}"
+    subject = " ".join(part for part in (finding.model, finding.field) if part)
+    return f"{where}: {finding.severity} {finding.code} {subject}: {finding.message} (fix: {finding.fix})"
+
+
+def _escape_data(value: str) -> str:
+    return value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(value: str) -> str:
+    return _escape_data(value).replace(":", "%3A").replace(",", "%2C")
+
+
+def format_github_line(finding: Finding) -> str:
+    props = []
+    if finding.path:
+        props.append(f"file={_escape_property(finding.path)}")
+    if finding.line is not None:
+        props.append(f"line={finding.line}")
+    props.append(f"title={_escape_property(finding.code + (' ' + finding.field if finding.field else ''))}")
+    message = f"{finding.message} (fix: {finding.fix})"
+    return f"::{finding.severity} {','.join(props)}::{_escape_data(message)}"
+
+
+def report_to_json(report: CheckReport) -> str:
+    return json.dumps(
+        {"findings": [f.to_dict() for f in report.findings], "summary": report.summary()},
+        indent=2,
+    )
+
+
+def _print_summary(report: CheckReport, console: Console) -> None:
+    models = len(report.models)
+    errors, warnings = report.error_count, report.warning_count
+    counts = f"{errors} error{'s' * (errors != 1)}, {warnings} warning{'s' * (warnings != 1)}"
+    where = f"{models} model{'s' * (models != 1)} in {report.root}"
+    gpu = "GPU host" if report.gpu_available else "no GPU on this host"
+    if errors:
+        console.print(f"[bold red]✗ {counts}[/] ({where}; {gpu})", highlight=False)
+    elif warnings:
+        console.print(f"[bold yellow]✓ {counts}[/] ({where}; {gpu})", highlight=False)
+    else:
+        console.print(f"[bold green]✓ no findings[/] ({where}; {gpu})", highlight=False)
+
+
+@app.command("check")
+def check(
+    directory: Path = typer.Argument(..., metavar="DIR", help="Model repository: one sub-directory per model."),
+    output_format: OutputFormat = typer.Option(
+        OutputFormat.text, "--format", "-f", help="text, json or github (workflow annotations)."
+    ),
+    gpu: Optional[bool] = typer.Option(
+        None, "--gpu/--no-gpu",
+        help="Whether the serving host has GPUs (KIND_GPU warnings); default: ask NVML here.",
+    ),
+    spec: Optional[Path] = typer.Option(
+        None, "--spec", help="Deployment spec: also check memory feasibility and the KV budget."
+    ),
+) -> None:
+    """Check a model repository the way tritonserver loads it; exit 1 on any error finding."""
+    if directory.exists() and not directory.is_dir():
+        raise BadInput(f"{directory} is not a directory; give the model repository directory")
+    report = check_repository(directory, gpu_available=gpu, extra_rules=_spec_rules(spec))
+    if output_format is OutputFormat.json:
+        typer.echo(report_to_json(report))
+    elif output_format is OutputFormat.github:
+        for finding in report.findings:
+            typer.echo(format_github_line(finding))
+        typer.echo(
+            f"tritongen check: {report.error_count} error(s), {report.warning_count} warning(s) "
+            f"in {len(report.models)} model(s)"
+        )
+    else:
+        for finding in report.findings:
+            typer.echo(format_text_line(finding))
+        _print_summary(report, Console(highlight=False))
+    if not report.ok:
+        raise typer.Exit(code=1)

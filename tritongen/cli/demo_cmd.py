@@ -1,0 +1,139 @@
+"""`tritongen demo`: render the example deployment, check it, serve it on the embedded Triton,
+send a few requests to every model and print a summary. Runs in a temporary repository that is
+removed afterwards; the committed `model_repository/` supplies only the model code.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tritongen.cli.main import app
+from tritongen.cli.serve_cmd import server_flags_from
+from tritongen.client import infer_http, sample_inputs, stream_grpc
+from tritongen.errors import BadInput, RunFailed
+from tritongen.render import render_repository, write_repository
+from tritongen.repository import check_repository
+from tritongen.server import ServerOptions, TritonServer
+from tritongen.specio import load_spec
+
+console = Console()
+
+
+def copy_model_code(source: Path, into: Path) -> None:
+    """Version folders (model code) of every model in `source`, without their configs."""
+    for model_dir in sorted(p for p in source.iterdir() if p.is_dir()):
+        for version in sorted(p for p in model_dir.iterdir() if p.name.isdigit()):
+            if version.is_symlink():
+                (into / model_dir.name).mkdir(parents=True, exist_ok=True)
+                (into / model_dir.name / version.name).symlink_to(version.readlink())
+            elif version.is_dir():
+                shutil.copytree(version, into / model_dir.name / version.name,
+                                ignore=shutil.ignore_patterns("__pycache__"))
+
+
+@app.command("demo")
+def demo(
+    spec: Path = typer.Option(Path("examples/deployment.yaml"), help="Deployment spec to demonstrate."),
+    code: Path = typer.Option(Path("model_repository"), help="Repository holding the models' code."),
+    requests: int = typer.Option(5, min=1, max=100, help="Requests per model."),
+) -> None:
+    """Render, check, serve and exercise the example deployment end to end."""
+    if not code.is_dir():
+        raise BadInput(f"--code {code}: not a directory (run the demo from the repository root)")
+    loaded = load_spec(spec)
+    workdir = Path(tempfile.mkdtemp(prefix="tritongen-demo-"))
+    try:
+        repo = workdir / "model_repository"
+        repo.mkdir()
+        copy_model_code(code, repo)
+        console.rule(f"1. render {spec} -> {repo}")
+        rendered = render_repository(loaded)
+        written = write_repository(rendered, repo)
+        assert rendered.plan is not None
+        plan = rendered.plan
+        for entry in plan.entries:
+            detail = f"max_batch_size {entry.max_batch_size}"
+            if entry.kv:
+                detail += f", KV {entry.kv.kv_bytes_per_token} B/token, pool {entry.kv.pool_blocks} blocks"
+            if entry.dynamic_batching:
+                detail += f", window {entry.dynamic_batching.max_queue_delay_us / 1000:g} ms"
+            console.print(f"  {entry.name}: {detail}")
+        console.print(f"  {len(written)} files written; server flags: {' '.join(plan.server_flags) or '(none)'}")
+
+        console.rule("2. check")
+        report = check_repository(repo)
+        errors = [f for f in report.findings if f.severity == "error"]
+        for finding in report.findings:
+            console.print(f"  {finding.severity} {finding.code} {finding.model}: {finding.message}")
+        if errors:
+            raise RunFailed(f"check found {len(errors)} error(s) in the rendered repository")
+        console.print(f"  {len(report.findings)} finding(s), 0 errors")
+
+        console.rule("3. serve on the embedded tritonserver")
+        options = ServerOptions(repository=repo, extra_args=server_flags_from(repo))
+        with console.status("starting tritonserver..."):
+            server = TritonServer(options).start()
+        try:
+            console.print(f"  ready: http {server.http_url}, grpc {server.grpc_url}")
+            console.rule(f"4. {requests} requests per model")
+            table = Table(title="demo summary")
+            for column in ("model", "protocol", "ok", "p50 ms", "max ms", "TTFT p50 ms", "sample output"):
+                table.add_column(column)
+            failures = 0
+            for entry in plan.entries:
+                row, failed = exercise(server, entry, requests)
+                failures += failed
+                table.add_row(*row)
+            console.print(table)
+        finally:
+            server.stop()
+        if failures:
+            raise RunFailed(f"{failures} demo request(s) failed")
+        console.print("[green]demo finished: rendered, checked, served, answered[/]")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def exercise(server: TritonServer, entry, count: int) -> tuple[list[str], int]:
+    outputs = [t.name for t in entry.outputs]
+    latencies: list[float] = []
+    ttfts: list[float] = []
+    sample = ""
+    failed = 0
+    for i in range(count):
+        inputs = sample_inputs(entry, batch=4, seed=i, prompt=f"Request {i}: hello", max_tokens=8)
+        try:
+            if entry.decoupled:
+                result = stream_grpc(server.grpc_url, entry.name, inputs, outputs[0])
+                if result.error:
+                    raise RunFailed(result.error)
+                latencies.append(result.total_s)
+                if result.ttft_s is not None:
+                    ttfts.append(result.ttft_s)
+                sample = repr(result.text(outputs[0]))[:40]
+            else:
+                unary = infer_http(server.http_url, entry.name, inputs, outputs)
+                latencies.append(unary.latency_s)
+                value = unary.outputs[outputs[0]]
+                sample = f"{outputs[0]}{list(value.shape)} {value.reshape(-1)[:3].round(3).tolist()}"
+        except Exception as err:  # noqa: BLE001 - one failed request is reported, not fatal
+            failed += 1
+            sample = f"[red]{type(err).__name__}: {str(err)[:60]}[/]"
+    ms = lambda xs: f"{statistics.median(xs) * 1000:.1f}" if xs else "-"  # noqa: E731
+    row = [
+        entry.name,
+        "gRPC stream" if entry.decoupled else "HTTP",
+        f"{count - failed}/{count}",
+        ms(latencies),
+        f"{max(latencies) * 1000:.1f}" if latencies else "-",
+        ms(ttfts),
+        sample,
+    ]
+    return row, failed

@@ -1,0 +1,142 @@
+"""Small, typed wrappers over tritonclient for the calls tritongen makes: one request, one stream.
+
+Inputs are built from a model entry's tensor list, so the same code drives any rendered model
+(the demo's smoke requests, and later the profiler's load).
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from tritongen.core.plan import ModelEntryPlan, TensorView
+
+_NUMPY = {
+    "TYPE_BOOL": np.bool_, "TYPE_UINT8": np.uint8, "TYPE_UINT16": np.uint16, "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64, "TYPE_INT8": np.int8, "TYPE_INT16": np.int16, "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64, "TYPE_FP16": np.float16, "TYPE_FP32": np.float32, "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+}
+
+
+def triton_dtype(data_type: str) -> str:
+    """TYPE_FP32 -> FP32, TYPE_STRING -> BYTES (the wire name)."""
+    name = data_type.removeprefix("TYPE_")
+    return "BYTES" if name == "STRING" else name
+
+
+def sample_input(tensor: TensorView, batch: int | None, rng: np.random.Generator, prompt: str, max_tokens: int) -> np.ndarray:
+    """A plausible value: random features, a text prompt, a small integer for counts like max_tokens."""
+    dims = [4 if d == -1 else d for d in tensor.dims]
+    shape = ([batch] if batch else []) + dims
+    kind = tensor.data_type
+    if kind == "TYPE_STRING":
+        return np.full(shape, prompt.encode(), dtype=np.object_)
+    if kind == "TYPE_BOOL":
+        return np.zeros(shape, dtype=np.bool_)
+    if kind.startswith("TYPE_INT") or kind.startswith("TYPE_UINT"):
+        return np.full(shape, max_tokens, dtype=_NUMPY[kind])
+    return rng.standard_normal(shape).astype(_NUMPY.get(kind, np.float32))
+
+
+def sample_inputs(
+    entry: ModelEntryPlan, batch: int = 1, seed: int = 0, prompt: str = "Hello, Triton!", max_tokens: int = 8
+) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    rows = batch if entry.max_batch_size > 0 else None
+    return {t.name: sample_input(t, rows, rng, prompt, max_tokens) for t in entry.inputs}
+
+
+def _infer_inputs(module, inputs: Mapping[str, np.ndarray]) -> list:
+    from tritonclient.utils import np_to_triton_dtype
+
+    out = []
+    for name, value in inputs.items():
+        dtype = "BYTES" if value.dtype == np.object_ else np_to_triton_dtype(value.dtype)
+        tensor = module.InferInput(name, list(value.shape), dtype)
+        tensor.set_data_from_numpy(value)
+        out.append(tensor)
+    return out
+
+
+@dataclass(frozen=True)
+class UnaryResult:
+    latency_s: float
+    outputs: dict[str, np.ndarray]
+
+
+def infer_http(url: str, model: str, inputs: Mapping[str, np.ndarray], output_names: list[str], priority: int = 0) -> UnaryResult:
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(url, connection_timeout=10, network_timeout=60)
+    try:
+        start = time.perf_counter()
+        result = client.infer(model, _infer_inputs(httpclient, inputs), priority=priority)
+        latency = time.perf_counter() - start
+        return UnaryResult(latency_s=latency, outputs={n: result.as_numpy(n) for n in output_names})
+    finally:
+        client.close()
+
+
+@dataclass(frozen=True)
+class StreamResult:
+    ttft_s: float | None
+    total_s: float
+    chunks: list[np.ndarray]
+    error: str | None
+
+    def text(self, output: str = "text_output") -> str:
+        parts = []
+        for chunk in self.chunks:
+            for item in np.asarray(chunk).reshape(-1):
+                parts.append(item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item))
+        return "".join(parts)
+
+
+def stream_grpc(
+    url: str, model: str, inputs: Mapping[str, np.ndarray], output: str, timeout_s: float = 60.0, priority: int = 0
+) -> StreamResult:
+    """One decoupled request over gRPC streaming; TTFT is the first non-empty response."""
+    import tritonclient.grpc as grpcclient
+
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    chunks: list[np.ndarray] = []
+    ttft: float | None = None
+    error: str | None = None
+    start = time.perf_counter()
+    try:
+        client.start_stream(callback=lambda result, err: responses.put((result, err)))
+        client.async_stream_infer(
+            model, _infer_inputs(grpcclient, inputs), enable_empty_final_response=True, priority=priority
+        )
+        deadline = start + timeout_s
+        while True:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                error = f"no final response after {timeout_s:.0f} s"
+                break
+            try:
+                result, err = responses.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if err is not None:
+                error = str(err)
+                break
+            value = result.as_numpy(output)
+            if value is not None and value.size:
+                if ttft is None:
+                    ttft = time.perf_counter() - start
+                chunks.append(value)
+            response = result.get_response()
+            final = response.parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                break
+    finally:
+        client.stop_stream(cancel_requests=error is not None)
+        client.close()
+    return StreamResult(ttft_s=ttft, total_s=time.perf_counter() - start, chunks=chunks, error=error)

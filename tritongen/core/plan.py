@@ -1,0 +1,469 @@
+"""From a validated spec to per-model decisions: batch bounds, queue policy, placement, rate limits.
+
+The output is a plain view model (`DeploymentPlan`) that templates render; every number in it is
+derived here, with the arithmetic kept alongside (`KVPlan`, `notes`) so the rendered file can say
+why it holds what it holds. Pure: no I/O, no Jinja2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tritongen.core.architecture import Architecture
+from tritongen.core.kv import (
+    kv_budget_bytes,
+    kv_bytes_for_sequence,
+    kv_shape,
+    max_batch_size_that_fits,
+    max_concurrent_sequences,
+    weight_bytes,
+)
+from tritongen.core.spec import MIB, DeploymentSpec, ModelSpec, TrafficClass, entry_names_of
+from tritongen.errors import BadInput, Infeasible
+
+
+class View(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TensorView(View):
+    name: str
+    data_type: str  # TYPE_FP32, ...
+    dims: list[int]
+    optional: bool = False
+
+
+class QueuePolicyView(View):
+    level: int | None  # None: the default queue policy
+    class_name: str
+    timeout_us: int
+    action: str  # REJECT | DELAY
+    max_queue_size: int
+
+
+class DynamicBatchingView(View):
+    preferred_batch_sizes: list[int]
+    max_queue_delay_us: int
+    priority_levels: int
+    default_priority_level: int
+    default_queue_policy: QueuePolicyView
+    priority_queue_policies: list[QueuePolicyView]
+
+
+class InstanceGroupView(View):
+    kind: str  # KIND_CPU | KIND_GPU | KIND_MODEL
+    count: int
+    gpus: list[int]
+    compute_units: int | None  # rate-limiter "compute" resource per execution
+
+
+class KVPlan(View):
+    """The KV-budget arithmetic behind an LLM's max_batch_size, per rank, in bytes."""
+
+    device_bytes: int
+    utilization_cap: float
+    weights_bytes: int
+    reserve_bytes: int
+    pad_bytes: int
+    budget_bytes: int
+    kv_bytes_per_token: int
+    context_tokens: int
+    bytes_per_sequence: int
+    max_sequences: int
+    block_tokens: int
+    pool_blocks: int
+
+
+class ModelEntryPlan(View):
+    """One Triton model entry (a spec model, or one lane of it)."""
+
+    name: str
+    spec_model: str
+    source_model: str  # the entry whose version folder holds the code (lanes share one)
+    backend: str
+    kind: str
+    max_batch_size: int
+    inputs: list[TensorView]
+    outputs: list[TensorView]
+    dynamic_batching: DynamicBatchingView | None
+    instance_groups: list[InstanceGroupView]
+    decoupled: bool
+    parameters: dict[str, str]
+    kv: KVPlan | None
+    engine_args: dict[str, object] | None  # vLLM model.json
+    lane: str | None
+    prompt_tokens_max: int | None
+    notes: list[str]
+
+
+class Placement(View):
+    model: str
+    gpus: list[int]
+    quota_bytes: int
+
+
+class DeploymentPlan(View):
+    name: str
+    cpu_only: bool
+    entries: list[ModelEntryPlan]
+    placements: list[Placement]
+    server_flags: list[str]
+    device_bytes: list[int]
+    utilization_cap: float
+
+    def entry(self, name: str) -> ModelEntryPlan:
+        for entry in self.entries:
+            if entry.name == name:
+                return entry
+        raise KeyError(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory: quotas and placement
+
+
+def model_quota_bytes(spec: DeploymentSpec, model: ModelSpec, arch: Architecture | None) -> int:
+    """Device memory one replica of `model` may hold on each of its GPUs (weights + KV + pad)."""
+    devices = spec.hardware.devices_mb()
+    cap = spec.policy.memory_utilization_cap
+    quota_mb = model.memory_quota_mb or spec.policy.memory_quota_mb
+    if quota_mb is not None:
+        return int(quota_mb * MIB)
+    if model.kind == "llm":
+        return int(min(devices) * cap * MIB)  # an LLM without a quota takes a whole device
+    weights = _weights_bytes(model, arch) if model.weights else 0
+    return weights // model.tensor_parallel + int(spec.policy.framework_reserve_mb * MIB)
+
+
+def place_models(spec: DeploymentSpec, quotas: Mapping[str, int]) -> list[Placement]:
+    """First-fit decreasing of quotas onto devices, each capped at memory x utilisation cap.
+
+    CPU-only deployments have one device (the CPU pool). A model with tensor parallelism needs its
+    quota on `tensor_parallel` distinct devices.
+    """
+    cap = spec.policy.memory_utilization_cap
+    capacity = [int(mb * MIB * cap) for mb in spec.hardware.devices_mb()]
+    free = list(capacity)
+    order = sorted(spec.models, key=lambda m: (-quotas[m.name] * m.tensor_parallel, m.name))
+    placements: dict[str, Placement] = {}
+    for model in order:
+        need = quotas[model.name]
+        width = 1 if spec.hardware.cpu_only else model.tensor_parallel * model.replicas
+        fitting = [i for i in range(len(free)) if free[i] >= need]
+        if len(fitting) < width:
+            state = ", ".join(
+                f"{'cpu' if spec.hardware.cpu_only else f'gpu{i}'}: {f / MIB:.0f} of {c / MIB:.0f} MiB free"
+                for i, (f, c) in enumerate(zip(free, capacity))
+            )
+            raise Infeasible(
+                f"model {model.name!r} needs {need / MIB:.0f} MiB on {width} device(s) "
+                f"(its memory quota) but only {len(fitting)} device(s) have that much left under the "
+                f"{cap:.0%} utilisation cap ({state}); lower memory_quota_mb, add GPUs, or move a model"
+            )
+        chosen = sorted(fitting, key=lambda i: (free[i], i))[:width]  # tightest fit keeps big holes
+        for i in chosen:
+            free[i] -= need
+        placements[model.name] = Placement(model=model.name, gpus=sorted(chosen), quota_bytes=need)
+    return [placements[m.name] for m in spec.models]
+
+
+def _weights_bytes(model: ModelSpec, arch: Architecture | None) -> int:
+    assert model.weights is not None
+    if model.weights.bytes is not None:
+        return model.weights.bytes
+    assert model.weights.parameters is not None and model.weights.dtype is not None
+    return weight_bytes(model.weights.parameters, model.weights.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# KV budget -> max_batch_size
+
+
+def plan_kv(
+    spec: DeploymentSpec,
+    model: ModelSpec,
+    arch: Architecture,
+    quota_bytes: int,
+    context_tokens: int,
+    share: float = 1.0,
+    upper: int | None = None,
+) -> KVPlan:
+    """The KV budget of one replica (per rank) and how many sequences of `context_tokens` it holds."""
+    policy = spec.policy
+    shape = kv_shape(arch, model.kv_dtype, model.tensor_parallel)
+    weights = _weights_bytes(model, arch) // model.tensor_parallel
+    reserve = int(policy.framework_reserve_mb * MIB)
+    pad = int(policy.kv_safety_pad_mb * MIB)
+    # The quota already sits under the utilisation cap (placement checks it), so cap = 1 here.
+    # Each lane is its own engine with its own weights: lanes split the quota, not the budget.
+    quota_bytes = int(quota_bytes * share)
+    budget = kv_budget_bytes(quota_bytes, 1.0, weights, reserve, pad)
+    bound = min(policy.max_batch, upper if upper else policy.max_batch)
+    max_seqs = max_batch_size_that_fits(budget, arch, shape, context_tokens, upper=10**9, lower=policy.min_batch)
+    block_bytes = policy.kv_block_tokens * shape.kv_bytes_per_token
+    return KVPlan(
+        device_bytes=quota_bytes,
+        utilization_cap=policy.memory_utilization_cap,
+        weights_bytes=weights,
+        reserve_bytes=reserve,
+        pad_bytes=pad,
+        budget_bytes=budget,
+        kv_bytes_per_token=shape.kv_bytes_per_token,
+        context_tokens=context_tokens,
+        bytes_per_sequence=kv_bytes_for_sequence(arch, shape, context_tokens),
+        max_sequences=min(max_seqs, bound),
+        block_tokens=policy.kv_block_tokens,
+        pool_blocks=budget // block_bytes,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Queueing: windows, priorities, queue policies
+
+
+def preferred_batch_sizes(max_batch_size: int, min_batch: int) -> list[int]:
+    """Quarter, half and full batch: sizes the batcher should release at without waiting.
+
+    Without a profile, the curve's knee is unknown; these three give the batcher early exits at
+    moderate load and full batches at peak. `tune` replaces them with measured choices.
+    """
+    if max_batch_size < 2:
+        return []
+    return sorted({s for s in (max_batch_size // 4, max_batch_size // 2, max_batch_size) if s >= max(2, min_batch)})
+
+
+def queue_policy_for(
+    klass: TrafficClass, level: int | None, spec: DeploymentSpec, max_queue_size: int
+) -> QueuePolicyView:
+    """Interactive and normal traffic is shed when it cannot meet its target; batch traffic waits."""
+    timeout_us = int(klass.p99_ms * spec.policy.queue_timeout_fraction * 1000)
+    action = "DELAY" if klass.kind == "batch" else "REJECT"
+    return QueuePolicyView(
+        level=level, class_name=klass.name, timeout_us=timeout_us, action=action, max_queue_size=max_queue_size
+    )
+
+
+def plan_batching(
+    spec: DeploymentSpec,
+    model: ModelSpec,
+    max_batch_size: int,
+    window_ms: float,
+    total_instances: int,
+    preferred: list[int],
+) -> DynamicBatchingView | None:
+    if max_batch_size == 0:
+        return None  # Triton's dynamic batcher needs a batch dimension
+    classes = spec.classes_of(model)
+    depth = spec.policy.queue_depth_batches * max_batch_size * total_instances
+    default_class = _default_class(classes)
+    levels = len(spec.traffic_classes) if len(classes) > 1 else 0
+    # Levels keep their global numbers so one client-side priority means the same on every model.
+    policies = [queue_policy_for(c, c.priority, spec, depth) for c in sorted(classes, key=lambda c: c.priority)]
+    return DynamicBatchingView(
+        preferred_batch_sizes=preferred,
+        max_queue_delay_us=int(window_ms * 1000),
+        priority_levels=levels,
+        default_priority_level=default_class.priority if levels else 0,
+        default_queue_policy=queue_policy_for(default_class, None, spec, depth),
+        priority_queue_policies=policies if levels else [],
+    )
+
+
+def _default_class(classes: list[TrafficClass]) -> TrafficClass:
+    """Requests that name no class are treated as 'normal' (or the lowest priority there is)."""
+    normal = [c for c in classes if c.kind == "normal"]
+    if normal:
+        return min(normal, key=lambda c: c.priority)
+    return max(classes, key=lambda c: c.priority)
+
+
+def window_for(spec: DeploymentSpec, model: ModelSpec, lane: str | None) -> float:
+    if lane == "short":
+        return spec.policy.short_window_ms
+    if lane == "long":
+        return spec.policy.long_window_ms
+    latency_sensitive = any(c.kind == "interactive" for c in spec.classes_of(model))
+    return spec.policy.short_window_ms if latency_sensitive else spec.policy.long_window_ms
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole plan
+
+
+def _tensors(specs: list) -> list[TensorView]:
+    return [
+        TensorView(name=t.name, data_type=f"TYPE_{t.data_type}", dims=list(t.dims), optional=t.optional)
+        for t in specs
+    ]
+
+
+def _instance_groups(spec: DeploymentSpec, model: ModelSpec, placement: Placement) -> list[InstanceGroupView]:
+    if spec.hardware.cpu_only:
+        return [InstanceGroupView(kind="KIND_CPU", count=model.instances, gpus=[], compute_units=model.compute_quota)]
+    if model.tensor_parallel > 1 or model.backend == "vllm":
+        # The engine spreads itself over its GPUs (vLLM needs KIND_MODEL for tensor parallelism).
+        return [InstanceGroupView(kind="KIND_MODEL", count=1, gpus=[], compute_units=model.compute_quota)]
+    return [
+        InstanceGroupView(kind="KIND_GPU", count=model.instances, gpus=placement.gpus, compute_units=model.compute_quota)
+    ]
+
+
+def _python_llm_parameters(arch: Architecture, kv: KVPlan, model: ModelSpec) -> dict[str, str]:
+    """tritongen's convention for Python-backend LLMs: the model builds itself from these."""
+    return {
+        "num_layers": str(arch.num_layers),
+        "hidden_size": str(arch.hidden_size),
+        "num_heads": str(arch.num_attention_heads),
+        "num_kv_heads": str(arch.num_kv_heads),
+        "head_dim": str(arch.head_dim),
+        "vocab_size": str(arch.vocab_size or 256),
+        "max_context": str(model.max_context),
+        "kv_block_tokens": str(kv.block_tokens),
+        "kv_pool_blocks": str(kv.pool_blocks),
+        "max_num_seqs": str(kv.max_sequences),
+    }
+
+
+def _vllm_engine_args(spec: DeploymentSpec, model: ModelSpec, kv: KVPlan, device_bytes: int) -> dict[str, object]:
+    kv_dtype = {"auto": "auto", "fp8": "fp8", "int8": "fp8"}.get(model.kv_dtype, "auto")
+    return {
+        "model": model.hf_model,
+        "disable_log_requests": True,
+        # vLLM's fraction is of the device's total memory and covers weights + KV + activations.
+        "gpu_memory_utilization": round(kv.device_bytes / device_bytes, 4),
+        "max_num_seqs": kv.max_sequences,
+        "max_model_len": model.max_context,
+        "tensor_parallel_size": model.tensor_parallel,
+        "kv_cache_dtype": kv_dtype,
+        "block_size": kv.block_tokens,
+    }
+
+
+def _merge_parameters(model: ModelSpec, derived: dict[str, str]) -> dict[str, str]:
+    clash = sorted(set(derived) & set(model.parameters))
+    if clash:
+        raise BadInput(
+            f"model {model.name!r}: parameters {clash} are derived by tritongen from the spec "
+            "(architecture, KV budget); remove them from `parameters` and change the spec fields instead"
+        )
+    return dict(sorted({**derived, **model.parameters}.items()))
+
+
+def plan_deployment(spec: DeploymentSpec, architectures: Mapping[str, Architecture]) -> DeploymentPlan:
+    quotas = {m.name: model_quota_bytes(spec, m, architectures.get(m.name)) for m in spec.models}
+    placements = {p.model: p for p in place_models(spec, quotas)}
+    device_bytes = [int(mb * MIB) for mb in spec.hardware.devices_mb()]
+    entries: list[ModelEntryPlan] = []
+    for model in spec.models:
+        placement = placements[model.name]
+        groups = _instance_groups(spec, model, placement)
+        total_instances = sum(g.count * max(1, len(g.gpus)) for g in groups)
+        lanes: list[tuple[str | None, int | None, float]] = [(None, None, 1.0)]
+        if model.lanes is not None:
+            lanes = [
+                ("short", model.lanes.split_prompt_tokens, model.lanes.short_share),
+                ("long", model.max_context, 1.0 - model.lanes.short_share),
+            ]
+        for (lane, prompt_max, share), entry_name in zip(lanes, entry_names_of(model)):
+            entries.append(
+                _plan_entry(spec, model, architectures.get(model.name), placement, groups, total_instances,
+                            lane, prompt_max, share, entry_name, device_bytes)
+            )
+    flags = server_flags(spec)
+    return DeploymentPlan(
+        name=spec.name,
+        cpu_only=spec.hardware.cpu_only,
+        entries=entries,
+        placements=[placements[m.name] for m in spec.models],
+        server_flags=flags,
+        device_bytes=device_bytes,
+        utilization_cap=spec.policy.memory_utilization_cap,
+    )
+
+
+def _plan_entry(
+    spec: DeploymentSpec,
+    model: ModelSpec,
+    arch: Architecture | None,
+    placement: Placement,
+    groups: list[InstanceGroupView],
+    total_instances: int,
+    lane: str | None,
+    prompt_max: int | None,
+    share: float,
+    entry_name: str,
+    device_bytes: list[int],
+) -> ModelEntryPlan:
+    policy = spec.policy
+    notes: list[str] = []
+    kv: KVPlan | None = None
+    engine_args: dict[str, object] | None = None
+    derived: dict[str, str] = {}
+    window = window_for(spec, model, lane)
+    if model.kind == "llm":
+        assert arch is not None and model.max_context is not None
+        context = model.max_context
+        if lane == "short" and prompt_max is not None:
+            output = model.typical_output_tokens or (model.max_context - prompt_max)
+            context = min(model.max_context, prompt_max + output)
+        try:
+            kv = plan_kv(spec, model, arch, placement.quota_bytes, context, share, model.max_batch_size)
+        except Infeasible as err:
+            raise Infeasible(f"model {entry_name!r}: {err}") from None
+        notes.append(
+            f"KV budget {kv.budget_bytes / MIB:.1f} MiB = quota {kv.device_bytes / MIB:.1f} MiB"
+            f" - weights {kv.weights_bytes / MIB:.1f} - reserve {kv.reserve_bytes / MIB:.1f}"
+            f" - pad {kv.pad_bytes / MIB:.1f}" + (f" (lane share {share:.2f} of the quota)" if share != 1.0 else "")
+        )
+        notes.append(
+            f"{kv.kv_bytes_per_token} B/token x {kv.context_tokens} tokens = "
+            f"{kv.bytes_per_sequence / MIB:.2f} MiB per sequence -> {kv.max_sequences} sequences"
+        )
+        if model.backend == "vllm":
+            max_batch = 0  # the vLLM backend batches inside its engine; Triton passes requests through
+            engine_args = _vllm_engine_args(spec, model, kv, device_bytes[placement.gpus[0]])
+        else:
+            max_batch = kv.max_sequences
+            if model.backend == "python":
+                derived = _python_llm_parameters(arch, kv, model)
+        preferred: list[int] = []  # the engine batches continuously; Triton only queues and orders
+    else:
+        max_batch = min(model.max_batch_size or 0, policy.max_batch)
+        if (model.max_batch_size or 0) > policy.max_batch:
+            notes.append(f"max_batch_size {model.max_batch_size} capped at policy.max_batch {policy.max_batch}")
+        preferred = preferred_batch_sizes(max_batch, policy.min_batch)
+    batching = plan_batching(spec, model, max_batch, window, total_instances, preferred)
+    return ModelEntryPlan(
+        name=entry_name,
+        spec_model=model.name,
+        source_model=entry_names_of(model)[0] if lane else model.name,
+        backend=model.backend,
+        kind=model.kind,
+        max_batch_size=max_batch,
+        inputs=_tensors(model.inputs),
+        outputs=_tensors(model.outputs),
+        dynamic_batching=batching,
+        instance_groups=groups,
+        decoupled=model.kind == "llm" and model.streaming,
+        parameters=_merge_parameters(model, derived),
+        kv=kv,
+        engine_args=engine_args,
+        lane=lane,
+        prompt_tokens_max=prompt_max,
+        notes=notes,
+    )
+
+
+def server_flags(spec: DeploymentSpec) -> list[str]:
+    """Flags the server needs for what the configs ask of it (rate-limiter resources)."""
+    if not any(m.compute_quota for m in spec.models):
+        return []
+    units = spec.policy.compute_units
+    flags = ["--rate-limit=execution_count"]
+    if spec.hardware.cpu_only:
+        flags.append(f"--rate-limit-resource=compute:{units}")
+    else:
+        flags.extend(f"--rate-limit-resource=compute:{units}:{i}" for i in range(len(spec.hardware.devices_mb())))
+    return flags

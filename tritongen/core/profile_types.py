@@ -1,0 +1,195 @@
+"""The versioned profile a `tritongen profile` run writes, one JSON file per model.
+
+Pure pydantic types, no I/O: `plan`/`tune` and the sidecar read profiles through these models, and
+the profiler writes them. `schema_version` changes whenever a field changes meaning; readers reject
+versions they do not know instead of guessing.
+
+Units are in the field names: `_ms` milliseconds, `_bytes` bytes, `_mb` MiB, `_per_s` per second.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ProfileSettings(_Model):
+    """How the run measured; a profile is only comparable with one measured the same way."""
+
+    quick: bool = Field(description="Short windows and fewer levels (tests, smoke runs).")
+    concurrency_levels: list[int] = Field(description="Closed-loop clients per load level (classic models).")
+    stream_concurrency_levels: list[int] = Field(description="Concurrent streams per level (streaming models).")
+    warmup_s: float = Field(description="Seconds of load discarded at the start of each level.")
+    window_s: float = Field(description="Length of one measurement window.")
+    min_windows: int = Field(description="Windows measured per level at least.")
+    max_windows: int = Field(description="Windows per level at most, agreement or not.")
+    agreement: float = Field(description="Two consecutive windows agree when throughputs differ by at most this fraction.")
+    prompt_tokens: int | None = Field(default=None, description="Streaming: prompt length of the load requests.")
+    output_tokens: int | None = Field(default=None, description="Streaming: max_tokens of the load requests.")
+    prefill_prompt_lengths: list[int] = Field(default_factory=list, description="Prompt lengths of the prefill scan.")
+    prefill_repeats: int = Field(default=0, description="Requests per prompt length in the prefill scan.")
+    pad_margin: float = Field(description="Safety pad = prefill peak at the longest context x this margin.")
+    kv_probe_mb: float = Field(description="Size of the KV-pool resize probe (0: not run).")
+    seed: int = Field(description="Seed of the random input features.")
+
+
+class CurvePoint(_Model):
+    """Triton's own per-batch-size statistics (`batch_stats`), summed over the whole run."""
+
+    batch_size: int
+    count: int = Field(description="Executions of this batch size.")
+    compute_infer_ms: float = Field(description="Mean compute_infer time per execution.")
+    compute_total_ms: float = Field(description="Mean compute_input + compute_infer + compute_output.")
+
+
+class CurveFit(_Model):
+    """compute_infer_ms(b) = overhead_ms + per_item_ms x b, with a bend at `breakpoint` if piecewise."""
+
+    kind: Literal["linear", "piecewise"]
+    overhead_ms: float = Field(description="Fixed cost of one execution (the intercept).")
+    per_item_ms: float = Field(description="Cost of each item in the batch (below the breakpoint).")
+    breakpoint: float | None = Field(default=None, description="Piecewise: batch size where the slope changes.")
+    per_item_ms_after: float | None = Field(default=None, description="Piecewise: per-item cost above the breakpoint.")
+    max_rel_error: float = Field(description="Largest |fit - measured| / measured over the points.")
+    mean_rel_error: float = Field(description="Mean |fit - measured| / measured over the points.")
+    points: int = Field(description="Curve points the fit used.")
+    alternative: str | None = Field(default=None, description="The other candidate and its errors, for the record.")
+
+    def predict(self, batch_size: float) -> float:
+        y = self.overhead_ms + self.per_item_ms * batch_size
+        if self.kind == "piecewise" and self.breakpoint is not None and batch_size > self.breakpoint:
+            y += ((self.per_item_ms_after or 0.0) - self.per_item_ms) * (batch_size - self.breakpoint)
+        return y
+
+
+class LoadLevel(_Model):
+    """One concurrency level of closed-loop single-row requests, measured client-side."""
+
+    concurrency: int
+    requests: int = Field(description="Successful requests in the measured windows.")
+    errors: int = Field(description="Failed requests in the measured windows.")
+    duration_s: float = Field(description="Measured time (warm-up excluded).")
+    windows: int
+    converged: bool = Field(description="The last two windows agreed on throughput.")
+    window_throughputs: list[float] = Field(description="Inferences/s of each window.")
+    throughput_per_s: float = Field(description="Successful inferences per second over the measured windows.")
+    p50_ms: float | None
+    p90_ms: float | None
+    p99_ms: float | None
+    mean_batch_size: float | None = Field(default=None, description="Server side: inferences / executions.")
+    error_samples: list[str] = Field(default_factory=list, description="Up to three distinct error messages.")
+
+
+class Knee(_Model):
+    """The first level where p99 grows faster than throughput (log-log slopes between levels)."""
+
+    concurrency: int | None = Field(description="None: latency never outgrew throughput over the levels run.")
+    latency_slopes: list[float | None] = Field(description="d log p99 / d log concurrency, per level (first: None).")
+    throughput_slopes: list[float | None] = Field(description="d log throughput / d log concurrency, per level.")
+
+
+class KVMeasurement(_Model):
+    """One way of measuring KV bytes per token, next to the analytic figure."""
+
+    source: Literal["rss", "nvml", "metrics", "blocks"]
+    bytes_per_token: float
+    relative_difference: float | None = Field(description="(measured - analytic) / analytic; None without a spec.")
+    detail: str = Field(description="How it was obtained, with the raw numbers.")
+
+
+class PrefillPoint(_Model):
+    """Transient memory of a single request's prefill, over the instance's steady value."""
+
+    prompt_tokens: int
+    steady_bytes: int = Field(description="Memory of the model's instances at idle, before the scan.")
+    peak_bytes: int = Field(description="Highest memory seen while requests of this length ran.")
+    peak_delta_bytes: int = Field(description="peak_bytes - steady_bytes (never below 0).")
+    samples: int = Field(description="Memory samples taken (every ~2 ms) over the repeats.")
+    method: str = Field(description="'sampled', or 'sampled+hwm' when the kernel's peak RSS could be reset and read.")
+
+
+class MemorySection(_Model):
+    probe: str = Field(description="Memory source: 'rss' (stub processes), 'nvml' (GPU), or 'none'.")
+    instances: int | None = Field(default=None, description="Instance processes found for the model.")
+    base_bytes: int | None = Field(default=None, description="Memory of the model's instances at idle (weights, runtime, any pre-allocated pool).")
+    weights_bytes_analytic: int | None = Field(default=None, description="From the spec's `weights`.")
+    kv_bytes_per_token_analytic: int | None = Field(default=None, description="kv_shape(architecture, kv_dtype, tp).")
+    kv_bytes_per_token_measured: float | None = Field(default=None, description="The preferred measurement (nvml > rss > metrics).")
+    kv_relative_difference: float | None = Field(default=None, description="(measured - analytic) / analytic.")
+    kv_measurements: list[KVMeasurement] = Field(default_factory=list)
+    kv_block_tokens: int | None = None
+    kv_pool_blocks: int | None = None
+    kv_blocks_used: int | None = Field(default=None, description="Blocks held while `kv_streams` streams were open.")
+    kv_tokens_in_flight: int | None = Field(default=None, description="Prompt + generated tokens of those streams (client view).")
+    kv_streams: int | None = None
+    kv_pool_bytes_measured: int | None = Field(default=None, description="Pool tokens x measured bytes per token.")
+    prefill: list[PrefillPoint] = Field(default_factory=list)
+    prefill_peak_bytes_at_longest: int | None = None
+    pad_margin: float | None = None
+    recommended_kv_safety_pad_mb: float | None = Field(
+        default=None, description="Prefill peak at the longest context x pad_margin, MiB: the spec's policy.kv_safety_pad_mb."
+    )
+    notes: list[str] = Field(default_factory=list, description="Why a probe was skipped, and similar.")
+
+
+class StreamLevel(_Model):
+    """Concurrent gRPC streams in closed loop; latencies per token, client-side."""
+
+    concurrency: int
+    requests: int = Field(description="Streams completed in the measured windows.")
+    errors: int
+    tokens: int = Field(description="Tokens received in the measured windows.")
+    duration_s: float
+    windows: int
+    converged: bool
+    window_tokens_per_s: list[float]
+    tokens_per_s: float = Field(description="All streams together.")
+    stream_tokens_per_s_p50: float | None = Field(description="One stream's decode rate after its first token.")
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    itl_p50_ms: float | None
+    itl_p99_ms: float | None
+    error_samples: list[str] = Field(default_factory=list)
+
+
+class StreamingSection(_Model):
+    prompt_tokens: int
+    max_tokens: int
+    levels: list[StreamLevel] = Field(default_factory=list)
+
+
+class Profile(_Model):
+    """What one model measured on one server. Written as `<out>/<model>.json`."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    model: str
+    kind: Literal["classic", "streaming"] = Field(description="'streaming': a decoupled model (one response per token).")
+    spec_model: str | None = Field(default=None, description="The spec's model this entry comes from.")
+    server_version: str
+    server_url: str
+    created_at: datetime
+    tritongen_version: str
+    complete: bool = Field(description="False: the run stopped early; what is here was measured.")
+    error: str | None = Field(default=None, description="Why the run stopped early.")
+    duration_s: float
+    max_batch_size: int
+    settings: ProfileSettings
+    curve: list[CurvePoint] = Field(default_factory=list)
+    fit: CurveFit | None = None
+    load_levels: list[LoadLevel] = Field(default_factory=list)
+    knee: Knee | None = None
+    memory: MemorySection | None = None
+    streaming: StreamingSection | None = None
+
+
+def read_profile(text: str) -> Profile:
+    """Parse a profile; a schema_version this code does not know fails validation."""
+    return Profile.model_validate_json(text)

@@ -1,0 +1,342 @@
+"""The deployment spec: one YAML file describing hardware, models, traffic classes and policy.
+
+Strict on purpose: unknown keys, impossible values and contradictions are refused at load with the
+field path, both values and the fix, because a typo in a capacity file otherwise becomes a silent
+default and an out-of-memory error in production. Memory sizes are MiB (1024 x 1024 bytes).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from tritongen.core.architecture import Architecture
+
+MIB = 1024 * 1024
+
+Name = Annotated[
+    str,
+    Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        max_length=128,
+        description="Letters, digits, '_', '.', '-'; it becomes a directory name in the repository.",
+    ),
+]
+DType = Literal["fp32", "fp16", "bf16", "fp8", "int8"]
+KVDType = Literal["auto", "fp32", "fp16", "bf16", "fp8", "int8"]
+TensorType = Literal[
+    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+    "FP16", "FP32", "FP64", "BF16", "STRING",
+]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class GPU(StrictModel):
+    """One kind of GPU in the machine (a node may hold several of the same kind)."""
+
+    name: str = Field(description="Marketing name, for humans and reports, e.g. 'H100-SXM-80GB'.")
+    memory_mb: float = Field(gt=0, description="Total device memory in MiB, as NVML reports it.")
+    count: int = Field(default=1, ge=1, le=64, description="How many of these GPUs the node has.")
+
+
+class Hardware(StrictModel):
+    """What the models run on. No GPUs means a CPU-only deployment (KIND_CPU instances)."""
+
+    gpus: list[GPU] = Field(default_factory=list, description="GPU kinds; empty for CPU-only.")
+    cpu_memory_mb: float | None = Field(
+        default=None,
+        gt=0,
+        description="CPU-only deployments: the memory the model instances may use, in MiB "
+        "(it plays the role of device memory in the KV budget).",
+    )
+
+    @property
+    def cpu_only(self) -> bool:
+        return not self.gpus
+
+    def devices_mb(self) -> list[float]:
+        """Memory of each device in order of GPU index (one entry for the CPU pool when CPU-only)."""
+        if self.cpu_only:
+            return [self.cpu_memory_mb or 0.0]
+        return [gpu.memory_mb for gpu in self.gpus for _ in range(gpu.count)]
+
+
+class TensorSpec(StrictModel):
+    """An input or output tensor as Triton sees it (without the batch dimension)."""
+
+    name: str = Field(min_length=1, description="Tensor name, as the model code reads it.")
+    data_type: TensorType = Field(description="Triton data type without the TYPE_ prefix.")
+    dims: list[int] = Field(min_length=1, description="Shape without the batch dimension; -1 = variable.")
+    optional: bool = Field(default=False, description="Inputs only: the request may omit it.")
+
+    @field_validator("dims")
+    @classmethod
+    def _dims_valid(cls, dims: list[int]) -> list[int]:
+        bad = [d for d in dims if d == 0 or d < -1]
+        if bad:
+            raise ValueError(f"dims {dims} contain {bad}; each dim must be a positive size or -1 (variable)")
+        return dims
+
+
+class Weights(StrictModel):
+    """Weight memory: give the bytes, or the parameter count and dtype."""
+
+    bytes: int | None = Field(default=None, ge=0, description="Weight bytes on the device.")
+    parameters: int | None = Field(default=None, gt=0, description="Parameter count.")
+    dtype: DType | None = Field(default=None, description="Weight dtype when `parameters` is given.")
+
+    @model_validator(mode="after")
+    def _one_way(self) -> "Weights":
+        if self.bytes is None and self.parameters is None:
+            raise ValueError("give either `bytes` or `parameters` (with `dtype`)")
+        if self.bytes is not None and self.parameters is not None:
+            raise ValueError(
+                f"`bytes` ({self.bytes}) and `parameters` ({self.parameters}) are both set; keep one"
+            )
+        if self.parameters is not None and self.dtype is None:
+            raise ValueError("`parameters` needs `dtype` (fp32, fp16, bf16, fp8 or int8)")
+        return self
+
+
+class Lanes(StrictModel):
+    """Length-tiered lanes: short prompts get the short queue window, long ones the long window.
+
+    Rendered as two model entries over the same model code, `<name>_short` and `<name>_long`,
+    because one Triton model has one queue delay; mixing lengths in one batch makes short requests
+    wait for long ones.
+    """
+
+    split_prompt_tokens: int = Field(gt=0, description="Prompts up to this length go to the short lane.")
+    short_share: float = Field(
+        default=0.5, gt=0, lt=1, description="Share of the model's KV budget given to the short lane."
+    )
+
+
+class ModelSpec(StrictModel):
+    """One served model."""
+
+    name: Name
+    backend: Literal["python", "onnxruntime", "pytorch", "tensorflow", "tensorrt", "openvino", "vllm"] = Field(
+        description="Triton backend that runs the model."
+    )
+    kind: Literal["llm", "classic"] = Field(description="'llm': KV-cache bound generator; 'classic': a batched network.")
+    streaming: bool = Field(default=False, description="LLMs: stream tokens (decoupled transaction policy).")
+    architecture: Architecture | None = Field(default=None, description="Inline architecture fields (LLMs).")
+    architecture_config: Path | None = Field(
+        default=None, description="Path to a Hugging Face config.json, relative to the spec file (LLMs)."
+    )
+    hf_model: str | None = Field(default=None, description="vLLM: the model id or path the engine loads.")
+    weights: Weights | None = Field(default=None, description="Weight memory; required for LLMs on a KV budget.")
+    kv_dtype: KVDType = Field(default="auto", description="KV-cache dtype; 'auto' = the model's dtype.")
+    tensor_parallel: int = Field(default=1, ge=1, le=64, description="GPUs per model instance.")
+    inputs: list[TensorSpec] = Field(min_length=1, description="Input tensors.")
+    outputs: list[TensorSpec] = Field(min_length=1, description="Output tensors.")
+    max_context: int | None = Field(default=None, gt=0, description="LLMs: prompt + output tokens, at most.")
+    typical_prompt_tokens: int | None = Field(default=None, gt=0, description="LLMs: a typical prompt length.")
+    typical_output_tokens: int | None = Field(default=None, gt=0, description="LLMs: a typical output length.")
+    max_batch_size: int | None = Field(
+        default=None, ge=0, description="Classic models: the batch the network takes (required). LLMs: an "
+        "optional upper bound; the KV budget decides."
+    )
+    instances: int = Field(default=1, ge=1, le=64, description="Instances per device (per GPU, or on the CPU).")
+    replicas: int = Field(
+        default=1, ge=1, le=64, description="GPUs that each hold a copy of the model (KIND_GPU `gpus`)."
+    )
+    memory_quota_mb: float | None = Field(
+        default=None, gt=0, description="Device memory this model may hold (weights + KV + pad), MiB; "
+        "defaults to the policy's `memory_quota_mb`, else a whole device."
+    )
+    compute_quota: int | None = Field(
+        default=None, ge=1, description="Rate-limiter 'compute' units one instance needs to execute."
+    )
+    lanes: Lanes | None = Field(default=None, description="LLMs: split into short and long lanes.")
+    classes: list[str] | None = Field(default=None, description="Traffic classes this model serves; default all.")
+    parameters: dict[str, str] = Field(default_factory=dict, description="Extra backend parameters, passed through.")
+
+    @model_validator(mode="after")
+    def _kind_rules(self) -> "ModelSpec":
+        where = f"model {self.name!r}"
+        if self.kind == "classic":
+            if self.max_batch_size is None:
+                raise ValueError(f"{where}: classic models need `max_batch_size` (0 disables batching)")
+            for field in ("streaming", "lanes", "max_context"):
+                if getattr(self, field):
+                    raise ValueError(f"{where}: `{field}` applies to LLMs only; remove it or set kind: llm")
+            return self
+        if self.architecture is None and self.architecture_config is None:
+            raise ValueError(f"{where}: LLMs need `architecture` (inline) or `architecture_config` (config.json path)")
+        if self.architecture is not None and self.architecture_config is not None:
+            raise ValueError(f"{where}: give `architecture` or `architecture_config`, not both")
+        if self.max_context is None:
+            raise ValueError(f"{where}: LLMs need `max_context` (prompt + output tokens)")
+        if self.weights is None:
+            raise ValueError(f"{where}: LLMs need `weights` (bytes, or parameters and dtype) for the KV budget")
+        if self.typical_prompt_tokens and self.typical_output_tokens:
+            total = self.typical_prompt_tokens + self.typical_output_tokens
+            if total > self.max_context:
+                raise ValueError(
+                    f"{where}: typical_prompt_tokens + typical_output_tokens = {total} exceeds "
+                    f"max_context {self.max_context}; raise max_context or lower the typical lengths"
+                )
+        if self.lanes is not None and self.lanes.split_prompt_tokens >= self.max_context:
+            raise ValueError(
+                f"{where}: lanes.split_prompt_tokens {self.lanes.split_prompt_tokens} must be below "
+                f"max_context {self.max_context}, or the long lane is empty"
+            )
+        if self.backend == "vllm" and not self.hf_model:
+            raise ValueError(f"{where}: the vllm backend needs `hf_model` (the model id or path the engine loads)")
+        return self
+
+    @model_validator(mode="after")
+    def _tensor_names(self) -> "ModelSpec":
+        names = [t.name for t in self.inputs] + [t.name for t in self.outputs]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"model {self.name!r}: tensor names {dupes} are used twice; names must be unique")
+        if any(t.optional for t in self.outputs):
+            raise ValueError(f"model {self.name!r}: `optional` applies to inputs only")
+        return self
+
+
+class TrafficClass(StrictModel):
+    """A class of requests with its own latency target and Triton priority level."""
+
+    name: Name
+    kind: Literal["interactive", "normal", "batch"] = Field(description="Latency-sensitive, normal or offline.")
+    priority: int = Field(ge=1, le=16, description="Triton priority level; 1 is served first.")
+    p99_ms: float = Field(gt=0, description="P99 end-to-end latency target in ms (TTFT for streaming LLMs).")
+    share: float = Field(gt=0, le=1, description="Share of the request rate, 0..1; shares add up to 1.")
+
+
+class Policy(StrictModel):
+    """Knobs with defaults taken from practice."""
+
+    kv_safety_pad_mb: float = Field(
+        default=2048, ge=0, description="Memory kept free beyond the KV budget for prefill spikes, MiB."
+    )
+    memory_utilization_cap: float = Field(
+        default=0.85, gt=0, le=1, description="Keep the device memory watermark under this fraction."
+    )
+    framework_reserve_mb: float = Field(
+        default=1024, ge=0, description="Runtime memory outside weights and KV (CUDA context, workspaces), MiB."
+    )
+    short_window_ms: float = Field(default=8, gt=0, description="Queue window of latency-sensitive lanes, ms.")
+    long_window_ms: float = Field(default=40, gt=0, description="Queue window of throughput lanes, ms.")
+    starvation_guard_ms: float = Field(default=200, gt=0, description="Promote a queued request after this wait, ms.")
+    memory_quota_mb: float | None = Field(default=None, gt=0, description="Default per-model memory quota, MiB.")
+    min_batch: int = Field(default=1, ge=1, description="Smallest max_batch_size worth serving.")
+    max_batch: int = Field(default=64, ge=1, description="Largest max_batch_size to render.")
+    queue_timeout_fraction: float = Field(
+        default=0.5, gt=0, le=1, description="A request may queue for this fraction of its class's P99 target."
+    )
+    queue_depth_batches: int = Field(
+        default=4, ge=1, description="Per-level max_queue_size, in full batches per instance."
+    )
+    compute_units: int = Field(default=4, ge=1, description="Rate-limiter 'compute' units each device declares.")
+    kv_block_tokens: int = Field(default=16, ge=1, description="Tokens per KV block for paged engines.")
+
+    @model_validator(mode="after")
+    def _ordering(self) -> "Policy":
+        if self.short_window_ms > self.long_window_ms:
+            raise ValueError(
+                f"short_window_ms {self.short_window_ms} is longer than long_window_ms {self.long_window_ms}; "
+                "the short window must be the shorter one"
+            )
+        if self.min_batch > self.max_batch:
+            raise ValueError(f"min_batch {self.min_batch} exceeds max_batch {self.max_batch}; swap them")
+        return self
+
+
+class DeploymentSpec(StrictModel):
+    """A whole deployment: hardware, models, traffic classes and policy."""
+
+    version: Literal[1] = Field(default=1, description="Spec format version.")
+    name: Name = Field(description="Deployment name.")
+    hardware: Hardware
+    models: list[ModelSpec] = Field(min_length=1)
+    traffic_classes: list[TrafficClass] = Field(min_length=1)
+    policy: Policy = Field(default_factory=Policy)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "DeploymentSpec":
+        _unique("models", [m.name for m in self.models])
+        _unique("traffic_classes", [c.name for c in self.traffic_classes])
+        entry_names = [n for m in self.models for n in entry_names_of(m)]
+        _unique("models (after splitting lanes)", entry_names)
+        total = sum(c.share for c in self.traffic_classes)
+        if abs(total - 1.0) > 0.01:
+            raise ValueError(f"traffic_classes shares add up to {total:.3f}, not 1; rescale them")
+        levels = sorted(c.priority for c in self.traffic_classes)
+        if levels != list(range(1, len(levels) + 1)):
+            raise ValueError(
+                f"traffic_classes priorities are {levels}; use each level once, 1..{len(levels)} "
+                "(Triton's priority_levels is the count of levels)"
+            )
+        for klass in self.traffic_classes:
+            if klass.kind == "interactive" and any(
+                o.priority < klass.priority for o in self.traffic_classes if o.kind != "interactive"
+            ):
+                raise ValueError(
+                    f"traffic class {klass.name!r} is interactive with priority {klass.priority}, below a "
+                    "non-interactive class; give interactive classes the smallest numbers (served first)"
+                )
+        class_names = {c.name for c in self.traffic_classes}
+        for model in self.models:
+            unknown = sorted(set(model.classes or []) - class_names)
+            if unknown:
+                raise ValueError(f"model {model.name!r}: classes {unknown} are not in traffic_classes {sorted(class_names)}")
+        hw = self.hardware
+        if hw.cpu_only:
+            if any(m.kind == "llm" for m in self.models) and hw.cpu_memory_mb is None:
+                raise ValueError("hardware has no gpus: set hardware.cpu_memory_mb, the memory LLM KV budgets come from")
+            for model in self.models:
+                if model.tensor_parallel > 1:
+                    raise ValueError(
+                        f"model {model.name!r}: tensor_parallel {model.tensor_parallel} needs GPUs, "
+                        "but hardware.gpus is empty"
+                    )
+                if model.backend == "vllm":
+                    raise ValueError(f"model {model.name!r}: the vllm backend needs GPUs, but hardware.gpus is empty")
+        else:
+            n_gpus = len(hw.devices_mb())
+            for model in self.models:
+                if model.tensor_parallel > 1 and model.replicas > 1:
+                    raise ValueError(
+                        f"model {model.name!r}: tensor_parallel {model.tensor_parallel} with replicas "
+                        f"{model.replicas} is not supported; declare each replica as its own model"
+                    )
+                if model.tensor_parallel * model.replicas > n_gpus:
+                    raise ValueError(
+                        f"model {model.name!r}: tensor_parallel {model.tensor_parallel} x replicas "
+                        f"{model.replicas} exceeds the {n_gpus} GPUs in hardware.gpus"
+                    )
+        if any(m.compute_quota and m.compute_quota > self.policy.compute_units for m in self.models):
+            worst = max(m.compute_quota or 0 for m in self.models)
+            raise ValueError(
+                f"a model's compute_quota {worst} exceeds policy.compute_units {self.policy.compute_units}; "
+                "Triton refuses to load a model that asks for more than the server declares"
+            )
+        return self
+
+    def classes_of(self, model: ModelSpec) -> list[TrafficClass]:
+        wanted = set(model.classes) if model.classes else None
+        return [c for c in self.traffic_classes if wanted is None or c.name in wanted]
+
+
+def entry_names_of(model: ModelSpec) -> list[str]:
+    """Names of the Triton model entries a spec model becomes (two with lanes)."""
+    if model.lanes is None:
+        return [model.name]
+    return [f"{model.name}_short", f"{model.name}_long"]
+
+
+def _unique(where: str, names: list[str]) -> None:
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"{where}: names {dupes} appear more than once; names must be unique")
+

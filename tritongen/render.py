@@ -1,0 +1,177 @@
+"""Render a deployment plan into a Triton model repository, atomically and deterministically.
+
+Everything is rendered in memory and each config.pbtxt is parsed back through Triton's own
+`ModelConfig` schema before a single byte is written; then all files are staged beside their
+targets and renamed into place. A failed render therefore leaves the previous repository as it
+was, and model code and version folders already in the repository are never touched.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jinja2
+
+from tritongen.core.plan import DeploymentPlan, plan_deployment
+from tritongen.errors import BadInput, TritongenError
+from tritongen.pbtxt import ConfigSyntaxError, parse_model_config
+from tritongen.specio import LoadedSpec
+
+SERVER_FLAGS_FILE = "server_flags.txt"
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+def builtin_templates_dir() -> Path:
+    """`tritongen/_templates` in an installed wheel, the repository's `templates/` in a checkout."""
+    packaged = Path(__file__).parent / "_templates"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "templates"
+
+
+def pbstr(value: object) -> str:
+    """A protobuf text-format string literal."""
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{text}"'
+
+
+def template_env(user_dir: Path | None = None) -> jinja2.Environment:
+    loaders: list[jinja2.BaseLoader] = []
+    if user_dir is not None:
+        if not Path(user_dir).is_dir():
+            raise BadInput(f"--templates {user_dir}: not a directory")
+        loaders.append(jinja2.FileSystemLoader(str(user_dir)))
+    loaders.append(jinja2.FileSystemLoader(str(builtin_templates_dir())))
+    env = jinja2.Environment(
+        loader=jinja2.ChoiceLoader(loaders),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["pbstr"] = pbstr
+    env.filters["json"] = lambda v: json.dumps(v, indent=2, sort_keys=True)
+    return env
+
+
+@dataclass
+class RenderedRepository:
+    """Relative path -> file text, plus version-folder links for lanes that share model code."""
+
+    files: dict[str, str]
+    links: dict[str, str] = field(default_factory=dict)  # "m_long/1" -> "../m_short/1"
+    plan: DeploymentPlan | None = None
+
+
+def _render_template(env: jinja2.Environment, name: str, where: str, **context: object) -> str:
+    try:
+        text = env.get_template(name).render(**context)
+    except jinja2.TemplateError as err:
+        line = getattr(err, "lineno", None)
+        loc = f"{getattr(err, 'filename', None) or name}{f':{line}' if line else ''}"
+        raise BadInput(f"template {loc} failed while rendering {where}: {err}") from None
+    return text if text.endswith("\n") else text + "\n"
+
+
+def render_repository(loaded: LoadedSpec, templates: Path | None = None) -> RenderedRepository:
+    plan = plan_deployment(loaded.spec, loaded.architectures)
+    env = template_env(templates)
+    files: dict[str, str] = {}
+    links: dict[str, str] = {}
+    spec_name = loaded.path.name
+    for entry in plan.entries:
+        path = f"{entry.name}/config.pbtxt"
+        text = _render_template(env, "config.pbtxt.j2", path, m=entry, plan=plan, spec_name=spec_name)
+        try:
+            parsed = parse_model_config(text, path)
+        except ConfigSyntaxError as err:
+            raise BadInput(f"the template produced a config Triton would refuse: {err}") from None
+        if parsed.name != entry.name:
+            raise BadInput(f"{path}: the template wrote name {parsed.name!r}; it must be {entry.name!r}")
+        files[path] = text
+        if entry.engine_args is not None:
+            files[f"{entry.name}/1/model.json"] = _render_template(
+                env, "model.json.j2", entry.name, engine_args=entry.engine_args, m=entry
+            )
+        elif entry.source_model != entry.name:  # lanes of a Python model share its code
+            links[f"{entry.name}/1"] = f"../{entry.source_model}/1"
+    files[SERVER_FLAGS_FILE] = _render_template(env, "server_flags.txt.j2", SERVER_FLAGS_FILE, plan=plan)
+    return RenderedRepository(files=dict(sorted(files.items())), links=links, plan=plan)
+
+
+def write_repository(rendered: RenderedRepository, out_dir: Path) -> list[str]:
+    """Stage every file beside its target, then rename them all; returns the paths that changed."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise BadInput(f"-o {out_dir}: exists and is not a directory")
+    changed = [p for p, text in rendered.files.items() if _read(out_dir / p) != text]
+    staged: list[tuple[Path, Path]] = []
+    created_dirs: list[Path] = []
+    try:
+        for rel in changed:
+            target = out_dir / rel
+            for parent in reversed(target.parents):
+                if not parent.exists():
+                    parent.mkdir()
+                    created_dirs.append(parent)
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(rendered.files[rel])
+            os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; a repository is shared
+            staged.append((Path(tmp), target))
+    except OSError as err:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        for folder in reversed(created_dirs):
+            _rmdir_quiet(folder)
+        raise TritongenError(f"cannot write {out_dir}: {err}; nothing was changed") from None
+    for tmp, target in staged:
+        os.replace(tmp, target)
+    for rel, target in rendered.links.items():
+        link = out_dir / rel
+        if not link.exists() and not link.is_symlink():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(target)
+            changed.append(rel)
+    return changed
+
+
+def drift(rendered: RenderedRepository, out_dir: Path) -> str:
+    """A unified diff between what is on disk and what the spec renders ('' when they agree)."""
+    chunks: list[str] = []
+    for rel, text in rendered.files.items():
+        current = _read(Path(out_dir) / rel)
+        if current == text:
+            continue
+        chunks.extend(
+            difflib.unified_diff(
+                (current or "").splitlines(keepends=True),
+                text.splitlines(keepends=True),
+                fromfile=f"{out_dir}/{rel} (on disk{'' if current is not None else ', missing'})",
+                tofile=f"{out_dir}/{rel} (rendered)",
+            )
+        )
+    for rel, target in rendered.links.items():
+        link = Path(out_dir) / rel
+        if not link.exists() and not link.is_symlink():
+            chunks.append(f"--- {out_dir}/{rel} (missing)\n+++ link to {target}\n")
+    return "".join(chunks)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+
+
+def _rmdir_quiet(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:
+        pass
