@@ -110,7 +110,7 @@ def stream_grpc(
     error: str | None = None
     start = time.perf_counter()
     try:
-        client.start_stream(callback=lambda result, err: responses.put((result, err)))
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
         client.async_stream_infer(
             model, _infer_inputs(grpcclient, inputs), enable_empty_final_response=True, priority=priority
         )

@@ -22,19 +22,19 @@ def test_tinyllm_kv_budget_by_hand() -> None:
     assert kv is not None
     # 2 (K and V) x 2 layers x 2 kv heads x 16 head_dim x 4 bytes (fp32)
     assert kv.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4 == 512
-    # quota 4 MiB - weights 107072 x 4 B - reserve 0.5 MiB - pad 0.5 MiB
-    budget = 4 * MIB - 107072 * 4 - MIB // 2 - MIB // 2
-    assert kv.budget_bytes == budget == 2717440
+    # quota 4 MiB - weights 155968 x 4 B - reserve 0.5 MiB - pad 0.5 MiB
+    budget = 4 * MIB - 155968 * 4 - MIB // 2 - MIB // 2
+    assert kv.budget_bytes == budget == 2521856
     assert kv.bytes_per_sequence == 256 * 512
-    assert kv.max_sequences == budget // (256 * 512) == 20
-    assert kv.pool_blocks == budget // (16 * 512) == 331
+    assert kv.max_sequences == budget // (256 * 512) == 19
+    assert kv.pool_blocks == budget // (16 * 512) == 307
 
 
 def test_tinyllm_entry() -> None:
     entry = cpu_plan().entry("tinyllm")
-    assert entry.max_batch_size == 20
+    assert entry.max_batch_size == 19
     assert entry.decoupled
-    assert entry.parameters["kv_pool_blocks"] == "331" and entry.parameters["max_num_seqs"] == "20"
+    assert entry.parameters["kv_pool_blocks"] == "307" and entry.parameters["max_num_seqs"] == "19"
     assert entry.parameters["num_kv_heads"] == "2" and entry.parameters["seed"] == "11"
     assert [g.kind for g in entry.instance_groups] == ["KIND_CPU"]
     batching = entry.dynamic_batching
@@ -44,7 +44,7 @@ def test_tinyllm_entry() -> None:
     policies = {p.level: p for p in batching.priority_queue_policies}
     assert policies[1].timeout_us == 125_000 and policies[1].action == "REJECT"  # half of 250 ms
     assert policies[3].timeout_us == 2_500_000 and policies[3].action == "DELAY"  # batch waits
-    assert policies[1].max_queue_size == 4 * 20 * 1
+    assert policies[1].max_queue_size == 4 * 19 * 1
 
 
 def test_ranker_entry() -> None:

@@ -33,7 +33,7 @@ def test_every_config_parses_as_model_config(spec: str) -> None:
 def test_cpu_render_carries_the_plan() -> None:
     files = rendered().files
     tiny = text_format.Parse(files["tinyllm/config.pbtxt"], model_config_pb2.ModelConfig())
-    assert tiny.max_batch_size == 20
+    assert tiny.max_batch_size == 19
     assert tiny.model_transaction_policy.decoupled
     assert tiny.dynamic_batching.priority_levels == 3
     assert tiny.dynamic_batching.default_priority_level == 2
@@ -41,14 +41,14 @@ def test_cpu_render_carries_the_plan() -> None:
     level1 = tiny.dynamic_batching.priority_queue_policy[1]
     assert level1.timeout_action == model_config_pb2.ModelQueuePolicy.REJECT
     assert level1.default_timeout_microseconds == 125000
-    assert tiny.parameters["kv_pool_blocks"].string_value == "331"
+    assert tiny.parameters["kv_pool_blocks"].string_value == "307"
     assert tiny.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
     assert tiny.instance_group[0].rate_limiter.resources[0].name == "compute"
     assert tiny.input[1].optional
     ranker = text_format.Parse(files["ranker/config.pbtxt"], model_config_pb2.ModelConfig())
     assert list(ranker.dynamic_batching.preferred_batch_size) == [8, 16, 32]
     assert files["server_flags.txt"].split() == ["--rate-limit=execution_count", "--rate-limit-resource=compute:2"]
-    assert "# KV budget 2.6 MiB = quota 4.0 MiB" in files["tinyllm/config.pbtxt"]
+    assert "# KV budget 2.4 MiB = quota 4.0 MiB" in files["tinyllm/config.pbtxt"]
 
 
 def test_gpu_render_writes_vllm_model_json_and_lane_links(tmp_path: Path) -> None:

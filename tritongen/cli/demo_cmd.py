@@ -108,7 +108,9 @@ def exercise(server: TritonServer, entry, count: int) -> tuple[list[str], int]:
     sample = ""
     failed = 0
     for i in range(count):
-        inputs = sample_inputs(entry, batch=4, seed=i, prompt=f"Request {i}: hello", max_tokens=8)
+        # Streaming LLMs take one prompt per request; batched networks get a few rows each.
+        rows = 1 if entry.decoupled else min(4, max(1, entry.max_batch_size))
+        inputs = sample_inputs(entry, batch=rows, seed=i, prompt=f"Request {i}: hello", max_tokens=8)
         try:
             if entry.decoupled:
                 result = stream_grpc(server.grpc_url, entry.name, inputs, outputs[0])
@@ -122,7 +124,8 @@ def exercise(server: TritonServer, entry, count: int) -> tuple[list[str], int]:
                 unary = infer_http(server.http_url, entry.name, inputs, outputs)
                 latencies.append(unary.latency_s)
                 value = unary.outputs[outputs[0]]
-                sample = f"{outputs[0]}{list(value.shape)} {value.reshape(-1)[:3].round(3).tolist()}"
+                head = ", ".join(f"{v:.3f}" for v in value.reshape(-1)[:3].tolist())
+                sample = f"{outputs[0]}{list(value.shape)} [{head}...]"
         except Exception as err:  # noqa: BLE001 - one failed request is reported, not fatal
             failed += 1
             sample = f"[red]{type(err).__name__}: {str(err)[:60]}[/]"

@@ -1,0 +1,751 @@
+"""Semantic rules over Triton's ModelConfig: broken configs give the right finding, valid ones none.
+
+Each broken case names the field and the values the message must quote. The error rules are
+re-proved against the real server in tests/integration/test_check_vs_server.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+from tritonclient.grpc.model_config_pb2 import ModelConfig
+
+from tritongen.core.config_rules import RULES, check_cross_model, check_model_config
+from tritongen.core.findings import Finding
+from tritongen.pbtxt import (
+    ConfigSyntaxError,
+    config_to_json,
+    config_to_text,
+    field_line,
+    field_lines,
+    parse_model_config,
+)
+
+IO = """
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+BASE = 'name: "m"\nbackend: "python"\nmax_batch_size: 8\n' + IO
+BASE0 = 'name: "m"\nbackend: "python"\nmax_batch_size: 0\n' + IO
+ENS_IO = 'name: "m"\nplatform: "ensemble"\nmax_batch_size: 8\n' + IO
+STEP = (
+    '{ model_name: "echo" model_version: -1 input_map { key: "INPUT0" value: "%s" } '
+    'output_map { key: "OUTPUT0" value: "%s" } }'
+)
+
+
+def ens(*steps: tuple[str, str], extra: str = "") -> str:
+    return ENS_IO + extra + "\nensemble_scheduling { step [ " + ", ".join(STEP % s for s in steps) + " ] }"
+
+
+def run_rules(text: str, *, model: str = "m", gpu_available: bool | None = None) -> list[Finding]:
+    return check_model_config(parse_model_config(text, f"{model}/config.pbtxt"), model=model, gpu_available=gpu_available)
+
+
+# (id, config text, code, field, values the message must quote)
+BROKEN = [
+    ("pbs_above_mbs", BASE + "dynamic_batching { preferred_batch_size: [ 4, 16 ] }",
+     "TG101", "dynamic_batching.preferred_batch_size", ["16", "8"]),
+    ("pbs_with_mbs0", BASE0 + "dynamic_batching { preferred_batch_size: [ 2 ] }",
+     "TG101", "dynamic_batching.preferred_batch_size", ["2", "0"]),
+    ("pbs_zero", BASE + "dynamic_batching { preferred_batch_size: [ 0 ] }",
+     "TG102", "dynamic_batching.preferred_batch_size", ["0", "8"]),
+    ("pbs_negative", BASE + "dynamic_batching { preferred_batch_size: [ -3 ] }",
+     "TG102", "dynamic_batching.preferred_batch_size", ["-3"]),
+    ("dynamic_batching_mbs0", BASE0 + "dynamic_batching { }", "TG103", "dynamic_batching", ["max_batch_size is 0"]),
+    ("mbs_negative", BASE.replace("max_batch_size: 8", "max_batch_size: -1"), "TG104", "max_batch_size", ["-1"]),
+    ("priority_default_missing", BASE + "dynamic_batching { priority_levels: 2 }",
+     "TG105", "dynamic_batching.default_priority_level", ["0", "2", "[1, 2]"]),
+    ("priority_default_too_high", BASE + "dynamic_batching { priority_levels: 2 default_priority_level: 3 }",
+     "TG105", "dynamic_batching.default_priority_level", ["3", "2"]),
+    ("priority_default_without_levels", BASE + "dynamic_batching { default_priority_level: 3 }",
+     "TG106", "dynamic_batching.default_priority_level", ["3", "priority_levels is 0"]),
+    ("priority_policy_key_high",
+     BASE + "dynamic_batching { priority_levels: 2 default_priority_level: 1 "
+     "priority_queue_policy { key: 3 value { max_queue_size: 4 } } }",
+     "TG107", "dynamic_batching.priority_queue_policy", ["key 3", "2"]),
+    ("priority_policy_key_zero",
+     BASE + "dynamic_batching { priority_levels: 2 default_priority_level: 1 "
+     "priority_queue_policy { key: 0 value { max_queue_size: 4 } } }",
+     "TG107", "dynamic_batching.priority_queue_policy", ["key 0", "2"]),
+    ("priority_policy_without_levels",
+     BASE + "dynamic_batching { priority_queue_policy { key: 1 value { max_queue_size: 4 } } }",
+     "TG108", "dynamic_batching.priority_queue_policy", ["[1]", "priority_levels is 0"]),
+    ("preserve_ordering_with_priorities",
+     BASE + "dynamic_batching { preserve_ordering: true priority_levels: 2 default_priority_level: 1 }",
+     "TG109", "dynamic_batching.preserve_ordering", ["true", "2"]),
+    ("preserve_ordering_delay",
+     BASE + "dynamic_batching { preserve_ordering: true default_queue_policy { timeout_action: DELAY "
+     "default_timeout_microseconds: 1000 } }",
+     "TG110", "dynamic_batching.default_queue_policy.timeout_action", ["DELAY", "1000", "preserve_ordering"]),
+    ("preserve_ordering_delay_priority_policy",
+     BASE + "dynamic_batching { preserve_ordering: true priority_levels: 1 default_priority_level: 1 "
+     "priority_queue_policy { key: 1 value { timeout_action: DELAY default_timeout_microseconds: 500 } } }",
+     "TG110", "dynamic_batching.priority_queue_policy[1].timeout_action", ["DELAY", "500"]),
+    ("delay_that_never_fires",
+     BASE + "dynamic_batching { default_queue_policy { timeout_action: DELAY } }",
+     "TG111", "dynamic_batching.default_queue_policy.timeout_action", ["DELAY", "0"]),
+    ("oldest_pbs_above_mbs",
+     BASE + "sequence_batching { oldest { max_candidate_sequences: 4 preferred_batch_size: [ 16 ] } }",
+     "TG101", "sequence_batching.oldest.preferred_batch_size", ["16", "8"]),
+    ("oldest_pbs_zero",
+     BASE + "sequence_batching { oldest { max_candidate_sequences: 4 preferred_batch_size: [ 0 ] } }",
+     "TG102", "sequence_batching.oldest.preferred_batch_size", ["0"]),
+    ("control_without_name",
+     BASE + "sequence_batching { control_input [ { control [ { kind: CONTROL_SEQUENCE_START "
+     "int32_false_true: [ 0, 1 ] } ] } ] }",
+     "TG115", "sequence_batching.control_input[0].name", ["control_input[0]"]),
+    ("control_kind_twice",
+     BASE + "sequence_batching { control_input [ "
+     "{ name: \"S1\" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] }, "
+     "{ name: \"S2\" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ] }",
+     "TG116", "sequence_batching.control_input", ["CONTROL_SEQUENCE_START", "2 times"]),
+    ("control_no_values",
+     BASE + "sequence_batching { control_input [ { name: \"START\" control [ { kind: CONTROL_SEQUENCE_START } ] } ] }",
+     "TG117", "sequence_batching.control_input[0].control[0]", ["CONTROL_SEQUENCE_START", "START"]),
+    ("control_one_value",
+     BASE + "sequence_batching { control_input [ { name: \"READY\" control [ { kind: CONTROL_SEQUENCE_READY "
+     "int32_false_true: [ 0 ] } ] } ] }",
+     "TG117", "sequence_batching.control_input[0].control[0].int32_false_true", ["1 entries", "exactly 2"]),
+    ("control_two_lists",
+     BASE + "sequence_batching { control_input [ { name: \"START\" control [ { kind: CONTROL_SEQUENCE_START "
+     "int32_false_true: [ 0, 1 ] fp32_false_true: [ 0, 1 ] } ] } ] }",
+     "TG117", "sequence_batching.control_input[0].control[0]", ["int32_false_true", "fp32_false_true"]),
+    ("corrid_fp32",
+     BASE + "sequence_batching { control_input [ { name: \"CORRID\" control [ { kind: CONTROL_SEQUENCE_CORRID "
+     "data_type: TYPE_FP32 } ] } ] }",
+     "TG118", "sequence_batching.control_input[0].control[0].data_type", ["TYPE_FP32", "TYPE_UINT64"]),
+    ("corrid_no_type",
+     BASE + "sequence_batching { control_input [ { name: \"CORRID\" control [ { kind: CONTROL_SEQUENCE_CORRID } ] } ] }",
+     "TG118", "sequence_batching.control_input[0].control[0].data_type", ["TYPE_INVALID"]),
+    ("instance_count_negative", BASE + "instance_group [ { count: -2 kind: KIND_CPU } ]",
+     "TG120", "instance_group[0].count", ["-2", "1"]),
+    ("cpu_group_with_gpus", BASE + "instance_group [ { count: 1 kind: KIND_CPU gpus: [ 0, 1 ] } ]",
+     "TG122", "instance_group[0].gpus", ["KIND_CPU", "[0, 1]"]),
+    ("model_group_with_gpus", BASE + "instance_group [ { count: 1 kind: KIND_MODEL gpus: [ 2 ] } ]",
+     "TG123", "instance_group[0].gpus", ["KIND_MODEL", "[2]"]),
+    ("profile_not_tensorrt", BASE + "instance_group [ { count: 1 kind: KIND_CPU profile: [ \"0\" ] } ]",
+     "TG124", "instance_group[0].profile", ["['0']", "python"]),
+    ("rate_limiter_unnamed",
+     BASE + "instance_group [ { count: 1 kind: KIND_CPU rate_limiter { resources [ { count: 2 } ] } } ]",
+     "TG125", "instance_group[0].rate_limiter.resources[0].name", ["count 2", "--rate-limit=execution_count"]),
+    ("rate_limiter_count_zero",
+     BASE + "instance_group [ { count: 1 kind: KIND_CPU rate_limiter { resources [ { name: \"R\" count: 0 } ] } } ]",
+     "TG126", "instance_group[0].rate_limiter.resources[0].count", ["'R'", "count 0"]),
+    ("rate_limiter_named_twice",
+     BASE + "instance_group [ { count: 1 kind: KIND_CPU rate_limiter { resources [ { name: \"R\" count: 1 }, "
+     "{ name: \"R\" count: 2 } ] } } ]",
+     "TG127", "instance_group[0].rate_limiter.resources", ["'R'", "2 times"]),
+    ("input_without_name",
+     BASE + 'input [ { data_type: TYPE_FP32 dims: [ 4 ] } ]', "TG130", "input[1].name", ["input[1]"]),
+    ("input_without_type",
+     'name: "m"\nbackend: "python"\nmax_batch_size: 8\ninput [ { name: "X" dims: [ 4 ] } ]',
+     "TG131", "input[0].data_type", ["'X'", "TYPE_INVALID"]),
+    ("output_without_type",
+     'name: "m"\nbackend: "python"\nmax_batch_size: 8\noutput [ { name: "Y" dims: [ 4 ] } ]',
+     "TG131", "output[0].data_type", ["'Y'", "TYPE_INVALID"]),
+    ("input_without_dims", BASE + 'input [ { name: "X" data_type: TYPE_FP32 } ]',
+     "TG132", "input[1].dims", ["'X'", "max_batch_size 8"]),
+    ("output_without_dims_mbs0", BASE0 + 'output [ { name: "Y" data_type: TYPE_FP32 } ]',
+     "TG132", "output[1].dims", ["'Y'", "max_batch_size 0"]),
+    ("dim_zero", BASE + 'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4, 0 ] } ]',
+     "TG133", "input[1].dims", ["[4, 0]", "0"]),
+    ("dim_below_minus_one", BASE + 'output [ { name: "Y" data_type: TYPE_FP32 dims: [ -2 ] } ]',
+     "TG133", "output[1].dims", ["[-2]", "-2"]),
+    ("reshape_count", BASE + 'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 2, 3 ] } } ]',
+     "TG134", "input[1].reshape", ["[4]", "[2, 3]"]),
+    ("reshape_variable_groups",
+     BASE + 'input [ { name: "X" data_type: TYPE_FP32 dims: [ -1, 4 ] reshape { shape: [ 2, -1 ] } } ]',
+     "TG134", "input[1].reshape", ["[-1, 4]", "[2, -1]"]),
+    ("reshape_empty_mbs0", BASE0 + 'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] reshape { shape: [ ] } } ]',
+     "TG135", "input[1].reshape", ["'X'", "max_batch_size 0"]),
+    ("nhwc_two_dims", BASE + 'input [ { name: "X" data_type: TYPE_FP32 format: FORMAT_NHWC dims: [ 4, 4 ] } ]',
+     "TG136", "input[1].format", ["FORMAT_NHWC", "[4, 4]"]),
+    ("shape_tensor_python", BASE + 'input [ { name: "X" data_type: TYPE_INT32 dims: [ 2 ] is_shape_tensor: true } ]',
+     "TG137", "input[1].is_shape_tensor", ["'X'", "python"]),
+    ("input_twice", BASE + 'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]',
+     "TG138", "input", ["'INPUT0'", "2 times"]),
+    ("input_is_output", BASE + 'output [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]',
+     "TG139", "output", ["'INPUT0'"]),
+    ("batch_input_unknown_source",
+     BASE + 'batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "N" data_type: TYPE_FP32 source_input: "NOPE" } ]',
+     "TG140", "batch_input[0].source_input", ["'NOPE'", "INPUT0"]),
+    ("batch_input_fp16",
+     BASE + 'batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "N" data_type: TYPE_FP16 source_input: "INPUT0" } ]',
+     "TG141", "batch_input[0].data_type", ["TYPE_FP16", "TYPE_INT32"]),
+    ("batch_output_unknown_target",
+     BASE + 'batch_output [ { target_name: "NOPE" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "INPUT0" } ]',
+     "TG142", "batch_output[0].target_name", ["'NOPE'", "OUTPUT0"]),
+    ("name_differs_from_directory", BASE.replace('name: "m"', 'name: "other"'), "TG150", "name", ["'other'", "'m'"]),
+    ("unknown_platform", 'name: "m"\nplatform: "bogus_platform"\nmax_batch_size: 8\n' + IO,
+     "TG151", "platform", ["bogus_platform"]),
+    ("ensemble_with_backend", ens(("INPUT0", "OUTPUT0")).replace('platform: "ensemble"', 'platform: "ensemble"\nbackend: "python"'),
+     "TG152", "backend", ["python"]),
+    ("ensemble_without_scheduling", ENS_IO, "TG153", "platform", ["ensemble"]),
+    ("scheduling_on_python", BASE + "ensemble_scheduling { step [ " + STEP % ("INPUT0", "OUTPUT0") + " ] }",
+     "TG154", "ensemble_scheduling", ["python"]),
+    ("ensemble_instance_group", ens(("INPUT0", "OUTPUT0"), extra="instance_group [ { count: 1 kind: KIND_CPU } ]"),
+     "TG155", "instance_group", ["instance_group"]),
+    ("ensemble_optimization", ens(("INPUT0", "OUTPUT0"), extra="optimization { priority: PRIORITY_MAX }"),
+     "TG155", "optimization", ["optimization"]),
+    ("cache_and_decoupled", BASE + "response_cache { enable: true }\nmodel_transaction_policy { decoupled: true }",
+     "TG156", "response_cache.enable", ["response_cache.enable is true", "decoupled is true"]),
+    ("warmup_batch_above_mbs",
+     BASE + 'model_warmup [ { name: "w" batch_size: 16 inputs { key: "INPUT0" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]',
+     "TG157", "model_warmup[0].batch_size", ["16", "8"]),
+    ("warmup_batch_on_mbs0",
+     BASE0 + 'model_warmup [ { name: "w" batch_size: 2 inputs { key: "INPUT0" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]',
+     "TG157", "model_warmup[0].batch_size", ["2", "max_batch_size is 0", "crashes"]),
+    ("warmup_missing_input",
+     BASE + 'model_warmup [ { name: "w" batch_size: 1 } ]', "TG158", "model_warmup[0].inputs", ["INPUT0"]),
+    ("warmup_no_data",
+     BASE + 'model_warmup [ { name: "w" batch_size: 1 inputs { key: "INPUT0" value { data_type: TYPE_FP32 dims: [ 4 ] } } } ]',
+     "TG159", "model_warmup[0].inputs", ["'INPUT0'", "no data source"]),
+    ("warmup_wrong_type",
+     BASE + 'model_warmup [ { name: "w" batch_size: 1 inputs { key: "INPUT0" value { data_type: TYPE_INT32 dims: [ 4 ] zero_data: true } } } ]',
+     "TG159", "model_warmup[0].inputs", ["TYPE_INT32", "TYPE_FP32"]),
+    ("warmup_wrong_dims",
+     BASE + 'model_warmup [ { name: "w" batch_size: 1 inputs { key: "INPUT0" value { data_type: TYPE_FP32 dims: [ 5 ] zero_data: true } } } ]',
+     "TG159", "model_warmup[0].inputs", ["[5]", "[4]"]),
+    ("warmup_unknown_input",
+     BASE + 'model_warmup [ { name: "w" batch_size: 1 inputs { key: "INPUT0" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } '
+     'inputs { key: "NOPE" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]',
+     "TG160", "model_warmup[0].inputs", ["'NOPE'", "INPUT0"]),
+    ("latest_zero_versions", BASE + "version_policy { latest { num_versions: 0 } }",
+     "TG162", "version_policy.latest.num_versions", ["0"]),
+    ("specific_empty", BASE + "version_policy { specific { } }", "TG162", "version_policy.specific.versions", ["empty"]),
+    ("ensemble_no_steps", ENS_IO + "ensemble_scheduling { }", "TG180", "ensemble_scheduling.step", ["no step"]),
+    ("ensemble_step_without_model", ens(("INPUT0", "OUTPUT0")).replace('model_name: "echo" ', ""),
+     "TG181", "ensemble_scheduling.step[0].model_name", ["step[0]"]),
+    ("ensemble_step_without_input_map",
+     ENS_IO + 'ensemble_scheduling { step [ { model_name: "echo" output_map { key: "OUTPUT0" value: "OUTPUT0" } } ] }',
+     "TG182", "ensemble_scheduling.step[0].input_map", ["'echo'", "input_map"]),
+    ("ensemble_tensor_written_twice", ens(("INPUT0", "OUTPUT0"), ("INPUT0", "OUTPUT0")),
+     "TG183", "ensemble_scheduling.step[1].output_map", ["'OUTPUT0'", "step 0", "step 1"]),
+    ("ensemble_input_unused", ens(("INPUT0", "OUTPUT0"), extra='input [ { name: "EXTRA" data_type: TYPE_FP32 dims: [ 4 ] } ]'),
+     "TG184", "input", ["'EXTRA'", "INPUT0"]),
+    ("ensemble_output_unwritten", ens(("INPUT0", "mid"), ("mid", "OTHER")),
+     "TG185", "output", ["'OUTPUT0'", "OTHER"]),
+    ("ensemble_reads_ghost", ens(("INPUT0", "OUTPUT0"), ("ghost", "x"), ("x", "y")).replace(
+        'output [ { name: "OUTPUT0"', 'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT0"'),
+     "TG186", "ensemble_scheduling.step[1].input_map", ["'ghost'"]),
+    ("ensemble_cycle", ens(("INPUT0", "OUTPUT0"), ("a", "b"), ("b", "a")),
+     "TG186", "ensemble_scheduling.step[1].input_map", ["'a'", "cycle"]),
+    ("ensemble_dead_end", ens(("INPUT0", "OUTPUT0"), ("INPUT0", "unused_tensor")),
+     "TG187", "ensemble_scheduling.step[1].output_map", ["'unused_tensor'", "'echo'"]),
+]
+
+
+@pytest.mark.parametrize(("text", "code", "field", "values"), [c[1:] for c in BROKEN], ids=[c[0] for c in BROKEN])
+def test_broken_config_gives_the_finding(text: str, code: str, field: str, values: list[str]) -> None:
+    findings = run_rules(text)
+    matching = [f for f in findings if f.code == code]
+    assert matching, f"expected {code}, got {[(f.code, f.message) for f in findings]}"
+    finding = next((f for f in matching if f.field == field), None)
+    assert finding is not None, f"{code} on {field}? got fields {[f.field for f in matching]}"
+    assert finding.severity == RULES[code].severity
+    assert finding.model == "m"
+    assert "model 'm'" in finding.message
+    for value in values:
+        assert value in finding.message, f"{value!r} missing from: {finding.message}"
+    assert finding.fix.strip()
+    # the field path points at a line of the file it came from
+    assert field_line(text, finding.field) is not None
+
+
+def test_each_error_case_has_no_unrelated_errors() -> None:
+    """A broken config reports its own problem, not a cascade of others."""
+    allowed = {"ensemble_output_unwritten": {"TG187"}}  # 'OTHER' is written but unread: also true
+    for case_id, text, code, _field, _values in BROKEN:
+        others = {f.code for f in run_rules(text) if f.severity == "error" and f.code != code}
+        others -= allowed.get(case_id, set())
+        assert not others, f"{case_id}: unexpected extra errors {others}"
+
+
+def test_kind_gpu_warns_only_without_gpu() -> None:
+    text = BASE + "instance_group [ { count: 2 kind: KIND_GPU gpus: [ 0 ] } ]"
+    without = run_rules(text, gpu_available=False)
+    assert [(f.code, f.severity) for f in without] == [("TG121", "warning")]
+    assert "KIND_GPU" in without[0].message and "[0]" in without[0].message
+    assert run_rules(text, gpu_available=True) == []
+    assert run_rules(text, gpu_available=None) == []
+    auto_with_gpus = BASE + "instance_group [ { count: 1 gpus: [ 1 ] } ]"
+    assert [f.code for f in run_rules(auto_with_gpus, gpu_available=False)] == ["TG121"]
+    assert run_rules(BASE + "instance_group [ { count: 1 kind: KIND_CPU } ]", gpu_available=False) == []
+
+
+def test_every_rule_code_is_documented_and_unique() -> None:
+    codes = [c[2] for c in BROKEN]
+    assert set(codes) <= set(RULES)
+    for code, rule in RULES.items():
+        assert rule.code == code and rule.severity in ("error", "warning") and rule.title and rule.server
+
+
+# ---------------------------------------------------------------- valid, real-world style configs
+
+PYTHON_ADD_SUB = """
+name: "add_sub"
+backend: "python"
+
+input [
+  {
+    name: "INPUT0"
+    data_type: TYPE_FP32
+    dims: [ 4 ]
+  }
+]
+input [
+  {
+    name: "INPUT1"
+    data_type: TYPE_FP32
+    dims: [ 4 ]
+  }
+]
+output [
+  {
+    name: "OUTPUT0"
+    data_type: TYPE_FP32
+    dims: [ 4 ]
+  }
+]
+output [
+  {
+    name: "OUTPUT1"
+    data_type: TYPE_FP32
+    dims: [ 4 ]
+  }
+]
+
+instance_group [{ kind: KIND_CPU }]
+"""
+
+DENSENET_ONNX = """
+name: "densenet_onnx"
+platform: "onnxruntime_onnx"
+max_batch_size : 0
+input [
+  {
+    name: "data_0"
+    data_type: TYPE_FP32
+    format: FORMAT_NCHW
+    dims: [ 3, 224, 224 ]
+    reshape { shape: [ 1, 3, 224, 224 ] }
+  }
+]
+output [
+  {
+    name: "fc6_1"
+    data_type: TYPE_FP32
+    dims: [ 1000 ]
+    reshape { shape: [ 1, 1000, 1, 1 ] }
+    label_filename: "densenet_labels.txt"
+  }
+]
+"""
+
+ONNX_DYNAMIC = """
+name: "resnet50"
+backend: "onnxruntime"
+max_batch_size: 32
+input [
+  { name: "input" data_type: TYPE_FP32 format: FORMAT_NCHW dims: [ 3, 224, 224 ] }
+]
+output [
+  { name: "output" data_type: TYPE_FP32 dims: [ 1000 ] }
+]
+dynamic_batching {
+  preferred_batch_size: [ 8, 16, 32 ]
+  max_queue_delay_microseconds: 100
+  priority_levels: 2
+  default_priority_level: 2
+  default_queue_policy {
+    timeout_action: REJECT
+    default_timeout_microseconds: 100000
+    allow_timeout_override: true
+    max_queue_size: 64
+  }
+  priority_queue_policy {
+    key: 1
+    value: { timeout_action: DELAY default_timeout_microseconds: 50000 max_queue_size: 16 }
+  }
+}
+instance_group [
+  { count: 2 kind: KIND_GPU gpus: [ 0 ] },
+  { count: 1 kind: KIND_GPU gpus: [ 1 ] }
+]
+optimization { execution_accelerators { gpu_execution_accelerator : [ { name : "tensorrt" } ] } }
+model_warmup [
+  {
+    name: "warmup"
+    batch_size: 8
+    inputs { key: "input" value: { data_type: TYPE_FP32 dims: [ 3, 224, 224 ] zero_data: true } }
+  }
+]
+version_policy: { latest: { num_versions: 2 } }
+"""
+
+SEQUENCE = """
+name: "accumulate"
+backend: "onnxruntime"
+max_batch_size: 8
+sequence_batching {
+  max_sequence_idle_microseconds: 5000000
+  oldest {
+    max_candidate_sequences: 4
+    preferred_batch_size: [ 4, 8 ]
+    max_queue_delay_microseconds: 100
+  }
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY fp32_false_true: [ 0, 1 ] } ] },
+    { name: "END" control [ { kind: CONTROL_SEQUENCE_END bool_false_true: [ false, true ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+  state [
+    {
+      input_name: "INPUT_STATE"
+      output_name: "OUTPUT_STATE"
+      data_type: TYPE_INT32
+      dims: [ -1 ]
+      initial_state: { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true name: "initial state" }
+    }
+  ]
+}
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+VLLM = """
+backend: "vllm"
+max_batch_size: 0
+
+# The usage of device is deferred to the vLLM engine
+model_transaction_policy {
+  decoupled: True
+}
+input [
+  { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "stream" data_type: TYPE_BOOL dims: [ 1 ] optional: true },
+  { name: "sampling_parameters" data_type: TYPE_STRING dims: [ 1 ] optional: true },
+  { name: "exclude_input_in_output" data_type: TYPE_BOOL dims: [ 1 ] optional: true }
+]
+output [ { name: "text_output" data_type: TYPE_STRING dims: [ -1 ] } ]
+instance_group [
+  {
+    count: 1
+    kind: KIND_MODEL
+  }
+]
+"""
+
+TRTLLM = """
+name: "tensorrt_llm"
+backend: "tensorrtllm"
+max_batch_size: 64
+
+model_transaction_policy {
+  decoupled: true
+}
+
+dynamic_batching {
+    preferred_batch_size: [ 64 ]
+    max_queue_delay_microseconds: 0
+    default_queue_policy: { max_queue_size: 0 }
+}
+
+input [
+  {
+    name: "input_ids"
+    data_type: TYPE_INT32
+    dims: [ -1 ]
+    allow_ragged_batch: true
+  },
+  {
+    name: "input_lengths"
+    data_type: TYPE_INT32
+    dims: [ 1 ]
+    reshape: { shape: [ ] }
+  },
+  {
+    name: "request_output_len"
+    data_type: TYPE_INT32
+    dims: [ 1 ]
+    reshape: { shape: [ ] }
+  },
+  {
+    name: "end_id"
+    data_type: TYPE_INT32
+    dims: [ 1 ]
+    reshape: { shape: [ ] }
+    optional: true
+  },
+  {
+    name: "streaming"
+    data_type: TYPE_BOOL
+    dims: [ 1 ]
+    reshape: { shape: [ ] }
+    optional: true
+  },
+  {
+    name: "stop_words_list"
+    data_type: TYPE_INT32
+    dims: [ 2, -1 ]
+    optional: true
+    allow_ragged_batch: true
+  }
+]
+output [
+  {
+    name: "output_ids"
+    data_type: TYPE_INT32
+    dims: [ -1, -1 ]
+  },
+  {
+    name: "sequence_length"
+    data_type: TYPE_INT32
+    dims: [ -1 ]
+  },
+  {
+    name: "cum_log_probs"
+    data_type: TYPE_FP32
+    dims: [ -1 ]
+  }
+]
+instance_group [
+  {
+    count: 1
+    kind : KIND_CPU
+  }
+]
+parameters: {
+  key: "max_beam_width"
+  value: {
+    string_value: "1"
+  }
+}
+parameters: {
+  key: "gpt_model_type"
+  value: {
+    string_value: "inflight_fused_batching"
+  }
+}
+parameters: {
+  key: "gpt_model_path"
+  value: {
+    string_value: "/tensorrtllm_backend/triton_model_repo/tensorrt_llm/1"
+  }
+}
+parameters: {
+  key: "batch_scheduler_policy"
+  value: {
+    string_value: "max_utilization"
+  }
+}
+parameters: {
+  key: "kv_cache_free_gpu_mem_fraction"
+  value: {
+    string_value: "0.9"
+  }
+}
+"""
+
+ENSEMBLE = """
+name: "ensemble_model"
+platform: "ensemble"
+max_batch_size: 1
+input [ { name: "IMAGE" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [
+  { name: "CLASSIFICATION" data_type: TYPE_FP32 dims: [ 1000 ] },
+  { name: "SEGMENTATION" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] }
+]
+ensemble_scheduling {
+  step [
+    {
+      model_name: "image_preprocess_model"
+      model_version: -1
+      input_map { key: "RAW_IMAGE" value: "IMAGE" }
+      output_map { key: "PREPROCESSED_OUTPUT" value: "preprocessed_image" }
+    },
+    {
+      model_name: "classification_model"
+      model_version: -1
+      input_map { key: "FORMATTED_IMAGE" value: "preprocessed_image" }
+      output_map { key: "CLASSIFICATION_OUTPUT" value: "CLASSIFICATION" }
+    },
+    {
+      model_name: "segmentation_model"
+      model_version: -1
+      input_map { key: "FORMATTED_IMAGE" value: "preprocessed_image" }
+      output_map { key: "SEGMENTATION_OUTPUT" value: "SEGMENTATION" }
+    }
+  ]
+}
+"""
+
+ENSEMBLE_MEMBERS = {
+    "image_preprocess_model": """
+name: "image_preprocess_model"
+backend: "python"
+max_batch_size: 256
+input [ { name: "RAW_IMAGE" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "PREPROCESSED_OUTPUT" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] } ]
+instance_group [ { kind: KIND_CPU count: 2 } ]
+""",
+    "classification_model": """
+name: "classification_model"
+platform: "tensorrt_plan"
+max_batch_size: 8
+input [ { name: "FORMATTED_IMAGE" data_type: TYPE_FP32 dims: [ 3, -1, -1 ] } ]
+output [ { name: "CLASSIFICATION_OUTPUT" data_type: TYPE_FP32 dims: [ 1000 ] } ]
+instance_group [ { kind: KIND_GPU count: 1 profile: [ "0" ] } ]
+""",
+    "segmentation_model": """
+name: "segmentation_model"
+backend: "pytorch"
+max_batch_size: 4
+input [ { name: "FORMATTED_IMAGE" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] } ]
+output [ { name: "SEGMENTATION_OUTPUT" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] } ]
+dynamic_batching { }
+""",
+}
+
+DECOUPLED_PYTHON = """
+name: "streamer"
+backend: "python"
+max_batch_size: 16
+model_transaction_policy { decoupled: true }
+dynamic_batching { max_queue_delay_microseconds: 2000 preserve_ordering: false }
+input [ { name: "prompt" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "token" data_type: TYPE_STRING dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU rate_limiter { resources [ { name: "R_CPU" count: 1 } ] priority: 1 } } ]
+parameters { key: "EXECUTION_ENV_PATH" value: { string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" } }
+"""
+
+VALID = {
+    "python_add_sub": ("add_sub", PYTHON_ADD_SUB),
+    "densenet_onnx": ("densenet_onnx", DENSENET_ONNX),
+    "onnx_dynamic_batching": ("resnet50", ONNX_DYNAMIC),
+    "sequence_batching": ("accumulate", SEQUENCE),
+    "vllm": ("vllm_model", VLLM),
+    "tensorrt_llm": ("tensorrt_llm", TRTLLM),
+    "ensemble": ("ensemble_model", ENSEMBLE),
+    "decoupled_python": ("streamer", DECOUPLED_PYTHON),
+    **{f"member_{name}": (name, text) for name, text in ENSEMBLE_MEMBERS.items()},
+}
+
+
+@pytest.mark.parametrize(("model", "text"), list(VALID.values()), ids=list(VALID))
+def test_valid_real_world_config_gives_nothing(model: str, text: str) -> None:
+    assert run_rules(text, model=model, gpu_available=True) == []
+
+
+@pytest.mark.parametrize(("model", "text"), list(VALID.values()), ids=list(VALID))
+def test_valid_config_on_cpu_host_gives_no_error(model: str, text: str) -> None:
+    findings = run_rules(text, model=model, gpu_available=False)
+    assert [f for f in findings if f.severity == "error"] == []
+    assert {f.code for f in findings} <= {"TG121"}
+
+
+def _configs(**texts: str) -> dict[str, ModelConfig]:
+    return {name: parse_model_config(text, f"{name}/config.pbtxt") for name, text in texts.items()}
+
+
+def test_valid_ensemble_with_members_has_no_cross_model_finding() -> None:
+    configs = _configs(ensemble_model=ENSEMBLE, **ENSEMBLE_MEMBERS)
+    assert check_cross_model(configs) == []
+
+
+ECHO = 'name: "echo"\nbackend: "python"\nmax_batch_size: 8\n' + IO
+ECHO4 = ECHO.replace("max_batch_size: 8", "max_batch_size: 4")
+ECHO0 = ECHO.replace("max_batch_size: 8", "max_batch_size: 0")
+
+
+@pytest.mark.parametrize(
+    ("ensemble", "echo", "code", "values"),
+    [
+        (ens(("INPUT0", "OUTPUT0")).replace('"echo"', '"missing_model"'), ECHO, "TG190", ["'missing_model'"]),
+        (ens(("INPUT0", "OUTPUT0")).replace('key: "INPUT0"', 'key: "WRONG"'), ECHO, "TG191", ["'WRONG'", "'echo'", "INPUT0"]),
+        (ens(("INPUT0", "OUTPUT0")).replace('key: "OUTPUT0"', 'key: "WRONG"'), ECHO, "TG192", ["'WRONG'", "OUTPUT0"]),
+        (ens(("INPUT0", "OUTPUT0")), ECHO4, "TG193", ["8", "4", "'echo'"]),
+        (ens(("INPUT0", "OUTPUT0")).replace("dims: [ 4 ] } ]\noutput", "dims: [ 5 ] } ]\noutput", 1), ECHO, "TG194",
+         ["'INPUT0'", "[-1, 5]", "[-1, 4]"]),
+        (ens(("INPUT0", "OUTPUT0")).replace("TYPE_FP32", "TYPE_INT32", 1), ECHO, "TG194", ["TYPE_INT32", "TYPE_FP32"]),
+    ],
+    ids=["unknown_model", "bad_input_key", "bad_output_key", "mbs_above_step", "shape", "dtype"],
+)
+def test_ensemble_cross_model_rules(ensemble: str, echo: str, code: str, values: list[str]) -> None:
+    findings = check_cross_model(_configs(m=ensemble, echo=echo))
+    assert [f.code for f in findings] == [code], [f.message for f in findings]
+    finding = findings[0]
+    assert finding.severity == "error" and finding.model == "m"
+    for value in values:
+        assert value in finding.message, f"{value!r} missing from: {finding.message}"
+
+
+def test_ensemble_may_batch_over_a_non_batching_step() -> None:
+    """The server loads an ensemble with max_batch_size 8 over a step with max_batch_size 0."""
+    assert check_cross_model(_configs(m=ens(("INPUT0", "OUTPUT0")), echo=ECHO0)) == []
+
+
+def test_rate_limiter_resource_global_and_per_device() -> None:
+    group = 'instance_group [ { count: 1 kind: KIND_CPU rate_limiter { resources [ { name: "R" %s count: 1 } ] } } ]'
+    configs = _configs(a=BASE.replace('"m"', '"a"') + group % "global: true", b=BASE.replace('"m"', '"b"') + group % "")
+    findings = check_cross_model(configs)
+    assert [(f.code, f.model, f.severity) for f in findings] == [("TG128", "a", "warning")]
+    assert "'R'" in findings[0].message and "['b']" in findings[0].message
+    both_global = _configs(a=BASE.replace('"m"', '"a"') + group % "global: true", b=BASE.replace('"m"', '"b"') + group % "global: true")
+    assert check_cross_model(both_global) == []
+
+
+# ---------------------------------------------------------------- pbtxt round trips and locations
+
+
+def test_parse_error_is_located() -> None:
+    text = 'name: "m"\nmax_batch_size: 8\ndynamic_batching { prefered_batch_size: 4 }\n'
+    with pytest.raises(ConfigSyntaxError) as info:
+        parse_model_config(text, "repo/m/config.pbtxt")
+    err = info.value
+    assert (err.path, err.line, err.column) == ("repo/m/config.pbtxt", 3, 20)
+    assert "prefered_batch_size" in err.reason
+    assert str(err).startswith("repo/m/config.pbtxt:3:20: ")
+    assert err.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('instance_group [ { kind: KIND_TPU } ]', "KIND_TPU"),
+        ('dynamic_batching { }\nsequence_batching { }', "oneof"),
+        ('name: "a"\nname: "b"', "multiple"),
+        ('dynamic_batching {', "Expected"),
+        ('max_batch_size: "eight"', "max_batch_size"),
+    ],
+)
+def test_schema_violations_are_syntax_errors(text: str, needle: str) -> None:
+    with pytest.raises(ConfigSyntaxError) as info:
+        parse_model_config(text, "c.pbtxt")
+    assert needle in str(info.value)
+    assert info.value.line is not None
+
+
+def test_text_and_json_round_trip() -> None:
+    config = parse_model_config(ONNX_DYNAMIC, "c.pbtxt")
+    assert parse_model_config(config_to_text(config), "c2.pbtxt") == config
+    from google.protobuf import json_format
+
+    again = json_format.Parse(config_to_json(config), ModelConfig())
+    assert again == config
+    assert '"max_batch_size": 32' in config_to_json(config)
+
+
+def test_field_lines_index_repeated_messages() -> None:
+    lines = field_lines(TRTLLM)
+    text_lines = TRTLLM.splitlines()
+    assert "max_batch_size" in text_lines[lines["max_batch_size"] - 1]
+    assert 'name: "input_lengths"' in text_lines[lines["input[1].name"] - 1]
+    assert "dims: [ 2, -1 ]" in text_lines[lines["input[5].dims"] - 1]
+    assert "preferred_batch_size" in text_lines[lines["dynamic_batching.preferred_batch_size"] - 1]
+    assert field_line(TRTLLM, "instance_group[0].kind") == lines["instance_group[0].kind"]
+    # unknown leaf: falls back to the closest written parent
+    assert field_line(TRTLLM, "input[1].reshape.shape.x") == lines["input[1].reshape"]
+    assert field_line(TRTLLM, "sequence_batching") is None
