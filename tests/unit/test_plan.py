@@ -83,7 +83,7 @@ def test_gpu_lanes_and_vllm_engine_args() -> None:
     assert short.dynamic_batching is None
     # Llama-3-8B bf16: 2 x 32 layers x 8 kv heads x 128 x 2 bytes = 131072 B/token
     assert short.kv is not None and short.kv.kv_bytes_per_token == 131072
-    lane_quota = 40960 * MIB // 2
+    lane_quota = 60000 * MIB // 2
     budget = lane_quota - 8030261248 * 2 - 1024 * MIB - 2048 * MIB
     assert short.kv.budget_bytes == budget
     # the short lane holds prompts up to 1024 plus a typical 300-token answer

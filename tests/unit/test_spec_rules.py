@@ -64,7 +64,7 @@ def test_two_big_models_on_one_gpu_do_not_fit(tmp_path: Path) -> None:
     found = codes(repo, spec)
     assert "TG306" in found  # drift from the spec
     (message,) = found["TG302"]
-    assert "holds 84222 MiB of model quotas (" in message and "llama3-8b 40960 MiB" in message
+    assert "holds 103262 MiB of model quotas (" in message and "llama3-8b 60000 MiB" in message
     assert "qwen2.5-7b 40960 MiB" in message and "has 69325 MiB under the 85% cap" in message
 
 

@@ -423,6 +423,10 @@ def _plan_entry(
         )
         if model.backend == "vllm":
             max_batch = 0  # the vLLM backend batches inside its engine; Triton passes requests through
+            notes.append(
+                f"vLLM batches inside its engine: max_num_seqs {kv.max_sequences} in 1/model.json; "
+                "priorities and admission are the sidecar's job"
+            )
             engine_args = _vllm_engine_args(spec, model, kv, device_bytes[placement.gpus[0]])
         else:
             max_batch = kv.max_sequences
