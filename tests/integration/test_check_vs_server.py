@@ -8,9 +8,10 @@ server in explicit model-control mode loads them through the repository API. For
 The one documented exception is host-dependent: KIND_GPU on a host without GPUs is a warning
 (the target host may have GPUs) and this CPU-only server refuses it.
 
-Not loaded on purpose: a warmup batch above 1 on a max_batch_size 0 model crashes this server
-(SIGSEGV), so TG157 is proven here only for max_batch_size > 0. The missing-model.py case hangs the
-load forever; it runs last, with a short client timeout.
+Failing warmups (TG157-TG159) crash this server build at random (SIGSEGV, even one load at a
+time; a warmup batch above 1 on a max_batch_size 0 model crashed it every time it was tried), so
+each runs on its own short-lived server and "refused" means an error answer or a crash. The
+missing-model.py case (TG207) hangs the load forever; it runs last, with a short client timeout.
 """
 
 from __future__ import annotations
@@ -196,14 +197,6 @@ CASES = [
       "TG155", "model_warmup can not be specified for ensemble", model_py=False),
     C("e_cache_decoupled", lambda n: py(n, "response_cache { enable: true }\nmodel_transaction_policy { decoupled: true }"),
       "TG156", "Response Cache does not currently support model"),
-    C("e_warmup_batch", lambda n: py(n, WARM % (16, "INPUT0", "TYPE_FP32", "4", "zero_data: true")), "TG157",
-      "batch size 16 for"),
-    C("e_warmup_missing_input", lambda n: py(n, WARM % (1, "NOPE", "TYPE_FP32", "4", "zero_data: true")), "TG158",
-      "missing required input(s) ['INPUT0']"),
-    C("e_warmup_no_data", lambda n: py(n, WARM % (1, "INPUT0", "TYPE_FP32", "4", "")), "TG159",
-      "to have input_data_type set"),
-    C("e_warmup_dims", lambda n: py(n, WARM % (1, "INPUT0", "TYPE_FP32", "5", "zero_data: true")), "TG159",
-      "unexpected shape for input 'INPUT0'"),
     C("e_latest_zero", lambda n: py(n, "version_policy { latest { num_versions: 0 } }"), "TG162",
       "at least one version must be available"),
     C("e_ensemble_no_steps", lambda n: ens(n, ("INPUT0", "OUTPUT0")).split("ensemble_scheduling")[0] + "ensemble_scheduling { }",
@@ -211,7 +204,7 @@ CASES = [
     C("e_step_no_model", lambda n: ens(n, ("INPUT0", "OUTPUT0")).replace('model_name: "echo" ', ""), "TG181",
       "must specify 'model_name' in step 0", model_py=False),
     C("e_step_no_input_map", lambda n: f'name: "{n}"\nplatform: "ensemble"\nmax_batch_size: 8\n{IO}\nensemble_scheduling {{ step [ '
-      '{ model_name: "echo" output_map { key: "OUTPUT0" value: "OUTPUT0" } } ] }', "TG182",
+      '{ model_name: "echo" model_version: -1 output_map { key: "OUTPUT0" value: "OUTPUT0" } } ] }', "TG182",
       "must specify 'input_map' in step 0", model_py=False),
     C("e_written_twice", lambda n: ens(n, ("INPUT0", "OUTPUT0"), ("INPUT0", "OUTPUT0")), "TG183",
       "can appear in an output map only once", model_py=False),
@@ -252,11 +245,27 @@ CASES = [
       "failed to open text file for read"),
     C("e_step_version", lambda n: ens(n, ("INPUT0", "OUTPUT0")).replace("model_version: -1", "model_version: 7"), "TG211",
       "whose required version 7 is not loaded", model_py=False),
+    C("e_step_version_unset", lambda n: ens(n, ("INPUT0", "OUTPUT0")).replace("model_version: -1 ", ""), "TG211",
+      "whose required version 0 is not loaded", model_py=False),
+    C("ok_step_version_1", lambda n: ens(n, ("INPUT0", "OUTPUT0")).replace("model_version: -1", "model_version: 1"), None,
+      model_py=False),
     # ---- host-dependent: a warning, refused by this CPU-only server
     C("h_kind_gpu", lambda n: py(n, "instance_group [ { count: 1 kind: KIND_GPU } ]"), "TG121",
       "has kind KIND_GPU but no GPUs are available"),
 ]
 HOST_DEPENDENT = {"TG121"}
+# A failing warmup makes this server crash (SIGSEGV) at random, even one load at a time: each
+# of these runs on its own server, and "refused" means an error answer or a crash.
+WARMUP_ERRORS = [
+    C("e_warmup_batch", lambda n: py(n, WARM % (16, "INPUT0", "TYPE_FP32", "4", "zero_data: true")), "TG157",
+      "batch size 16 for"),
+    C("e_warmup_missing_input", lambda n: py(n, WARM % (1, "NOPE", "TYPE_FP32", "4", "zero_data: true")), "TG158",
+      "missing required input(s) ['INPUT0']"),
+    C("e_warmup_no_data", lambda n: py(n, WARM % (1, "INPUT0", "TYPE_FP32", "4", "")), "TG159",
+      "to have input_data_type set"),
+    C("e_warmup_dims", lambda n: py(n, WARM % (1, "INPUT0", "TYPE_FP32", "5", "zero_data: true")), "TG159",
+      "unexpected shape for input 'INPUT0'"),
+]
 HANGS = C("x_no_model_py", py, "TG207", "Python model file not found", model_py=False)
 
 
@@ -309,11 +318,10 @@ def world() -> Iterator[World]:
         with TritonServer(options) as server:
             outcomes: dict[str, Outcome] = {}
             with httpx.Client(base_url=f"http://{server.http_url}", timeout=60.0) as client:
-                # Four loads at a time, failing warmups one by one. Ensembles last.
-                warmups = [c.name for c in CASES if "model_warmup" in (c.config or "")]
-                ensembles = [c.name for c in CASES if "ensemble" in (c.config or "") and c.name not in warmups]
-                plain = [c.name for c in CASES if c.name not in warmups and c.name not in ensembles]
-                for group, workers in ((plain, 4), (warmups, 1), (ensembles, 4)):
+                # Four loads at a time; ensembles last, their members stay loaded.
+                ensembles = [c.name for c in CASES if "ensemble" in (c.config or "")]
+                plain = [c.name for c in CASES if c.name not in ensembles]
+                for group, workers in ((plain, 4), (ensembles, 4)):
                     with ThreadPoolExecutor(max_workers=workers) as pool:
                         for name, outcome in zip(group, pool.map(lambda n: load(client, n), group)):
                             outcomes[name] = outcome
@@ -359,9 +367,41 @@ def test_check_agrees_with_the_server(world: World, case: Case) -> None:
         assert RULES[case.code].severity == next(f for f in findings if f.code == case.code).severity
 
 
+def load_or_crash(server: TritonServer, name: str, timeout_s: float = 60.0) -> Outcome:
+    """POST load, but stop waiting when the server process dies (its stubs keep the socket open)."""
+    assert server.process is not None
+    with httpx.Client(base_url=f"http://{server.http_url}", timeout=timeout_s) as client, \
+            ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(load, client, name)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if future.done():
+                return future.result()
+            if server.process.poll() is not None:
+                server.stop()  # kills the process group, which ends the pending request
+                return Outcome(-1, f"server died: exit code {server.process.returncode}")
+            time.sleep(0.05)
+    return Outcome(-2, "no answer")
+
+
+@pytest.mark.parametrize("case", WARMUP_ERRORS, ids=[c.name for c in WARMUP_ERRORS])
+def test_failing_warmup_is_refused_or_crashes_the_server(case: Case, tmp_path: Path) -> None:
+    write_case(tmp_path, case)
+    findings = check_repository(tmp_path, gpu_available=False).findings
+    assert [f.code for f in findings if f.severity == "error"] == [case.code], [f.message for f in findings]
+    with TritonServer(ServerOptions(repository=tmp_path, model_control="explicit")) as server:
+        outcome = load_or_crash(server, case.name)
+        log = server.log_text()
+    assert outcome.status != 200
+    if outcome.status == -1:
+        assert "Signal (11) received" in log, log[-2000:]
+    else:
+        assert outcome.status == 400 and case.server is not None and case.server in outcome.body, outcome.body
+
+
 def test_every_error_rule_is_proven_here(world: World) -> None:
-    """All error codes but the crash-only and repository-read ones have a refused case above."""
-    proven = {c.code for c in CASES if c.code and RULES[c.code].severity == "error"} | {HANGS.code}
+    """All error codes but the repository-read one have a refused case in this module."""
+    proven = {c.code for c in CASES + WARMUP_ERRORS if c.code and RULES[c.code].severity == "error"} | {HANGS.code}
     errors = {code for code, rule in RULES.items() if rule.severity == "error"}
     assert errors - proven == {"TG212"}  # unreadable directory: not reproducible as root
 

@@ -189,6 +189,13 @@ def test_ensemble_step_version_must_be_loaded(good_repo: Path) -> None:
     assert finding.line == 7 and finding.field == "ensemble_scheduling.step[0].model_version"
 
 
+def test_ensemble_step_without_model_version_means_version_zero(good_repo: Path) -> None:
+    config = good_repo / "pipeline" / "config.pbtxt"
+    config.write_text(config.read_text().replace("model_version: -1 ", ""))
+    finding = only(check_repository(good_repo, gpu_available=False), "TG211")
+    assert "version 0 (model_version is not set" in finding.message and "model_version: -1" in finding.fix
+
+
 def test_ensemble_step_missing_model_and_unparsable_member(good_repo: Path) -> None:
     (good_repo / "echo" / "config.pbtxt").write_text("name: \"echo\"\nbogus_field: 1\n")
     report = check_repository(good_repo, gpu_available=False)

@@ -273,6 +273,13 @@ def test_kind_gpu_warns_only_without_gpu() -> None:
     assert run_rules(BASE + "instance_group [ { count: 1 kind: KIND_CPU } ]", gpu_available=False) == []
 
 
+def test_dynamic_batching_without_batching_is_fine_for_queue_policies() -> None:
+    """max_batch_size 0 with priorities or a queue policy: the batcher still queues by them."""
+    assert run_rules(BASE0 + "dynamic_batching { priority_levels: 2 default_priority_level: 1 }") == []
+    assert run_rules(BASE0 + "dynamic_batching { default_queue_policy { max_queue_size: 4 } }") == []
+    assert [f.code for f in run_rules(BASE0 + "dynamic_batching { max_queue_delay_microseconds: 100 }")] == ["TG103"]
+
+
 def test_every_rule_code_is_documented_and_unique() -> None:
     codes = [c[2] for c in BROKEN]
     assert set(codes) <= set(RULES)
@@ -742,6 +749,7 @@ def test_field_lines_index_repeated_messages() -> None:
     lines = field_lines(TRTLLM)
     text_lines = TRTLLM.splitlines()
     assert "max_batch_size" in text_lines[lines["max_batch_size"] - 1]
+    assert text_lines[lines["input"] - 1].startswith("input [")
     assert 'name: "input_lengths"' in text_lines[lines["input[1].name"] - 1]
     assert "dims: [ 2, -1 ]" in text_lines[lines["input[5].dims"] - 1]
     assert "preferred_batch_size" in text_lines[lines["dynamic_batching.preferred_batch_size"] - 1]

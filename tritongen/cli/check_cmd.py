@@ -14,6 +14,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from tritongen.cli.main import app
 from tritongen.core.findings import Finding
@@ -78,11 +79,12 @@ def _print_summary(report: CheckReport, console: Console) -> None:
     where = f"{models} model{'s' * (models != 1)} in {report.root}"
     gpu = "GPU host" if report.gpu_available else "no GPU on this host"
     if errors:
-        console.print(f"[bold red]✗ {counts}[/] ({where}; {gpu})", highlight=False)
+        line = f"[bold red]✗ {counts}[/]"
     elif warnings:
-        console.print(f"[bold yellow]✓ {counts}[/] ({where}; {gpu})", highlight=False)
+        line = f"[bold yellow]✓ {counts}[/]"
     else:
-        console.print(f"[bold green]✓ no findings[/] ({where}; {gpu})", highlight=False)
+        line = "[bold green]✓ no findings[/]"
+    console.print(f"{line} ({escape(where)}; {gpu})", highlight=False, soft_wrap=True)
 
 
 @app.command("check")

@@ -210,7 +210,7 @@ RULES: dict[str, Rule] = dict(
            "refused: Failed to get the canonical path"),
         _r("TG210", "error", "model_warmup input_data_file missing under warmup/",
            "refused: failed to open text file"),
-        _r("TG211", "error", "ensemble step asks for a model version that will not be loaded",
+        _r("TG211", "error", "ensemble step asks for a model version that will not be loaded (unset = 0)",
            "refused: depends on 'M' whose required version N is not loaded"),
         _r("TG212", "error", "model directory cannot be read", "refused"),
         _r("TG200", "warning", "the repository holds no model directory", "serves nothing"),
@@ -357,7 +357,8 @@ def _batching(config: ModelConfig, out: _Collector) -> None:
     db = config.dynamic_batching
     mbs = config.max_batch_size
     _check_preferred(list(db.preferred_batch_size), mbs, "dynamic_batching.preferred_batch_size", out)
-    if mbs == 0 and not db.preferred_batch_size:
+    queues = db.priority_levels > 0 or db.HasField("default_queue_policy") or len(db.priority_queue_policy) > 0
+    if mbs == 0 and not db.preferred_batch_size and not queues:  # queue policies still apply at 0
         out.warning(
             "TG103", "dynamic_batching",
             "dynamic_batching is set but max_batch_size is 0, so the server never batches requests "
