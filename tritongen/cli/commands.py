@@ -4,6 +4,7 @@ from tritongen.cli import (  # noqa: F401
     check_cmd,
     demo_cmd,
     kv_cmd,
+    profile_cmd,
     render_cmd,
     schema_cmd,
     serve_cmd,

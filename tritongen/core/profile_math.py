@@ -205,8 +205,9 @@ def fit_linear(xs: Sequence[float], ys: Sequence[float], counts: Sequence[int] |
 
 def fit_piecewise(xs: Sequence[float], ys: Sequence[float], counts: Sequence[int] | None = None) -> CurveFit | None:
     """Best continuous two-segment fit `overhead + a x + c max(0, x - k)` over breakpoints k at the
-    measured batch sizes with at least two points on each side (k itself counts on both sides).
-    None when there are too few distinct batch sizes (fewer than 4)."""
+    measured batch sizes with at least two points on each side (k itself counts on both sides),
+    both slopes >= 0. None when there are too few distinct batch sizes (fewer than 4) or no
+    breakpoint gives rising segments."""
     if len(xs) != len(ys):
         raise ValueError("xs and ys must have the same length")
     distinct = sorted(set(xs))
@@ -219,8 +220,8 @@ def fit_piecewise(xs: Sequence[float], ys: Sequence[float], counts: Sequence[int
             continue
         rows = [[1.0, float(x), max(0.0, float(x) - k)] for x in xs]
         coef = _solve(rows, [float(y) for y in ys], ws)
-        if coef is None:
-            continue
+        if coef is None or coef[1] < 0 or coef[1] + coef[2] < 0:
+            continue  # more rows never cost less: a falling segment is noise, not a bend
         sse = sum(w * (coef[0] + coef[1] * r[1] + coef[2] * r[2] - y) ** 2 for r, y, w in zip(rows, ys, ws))
         if best is None or sse < best[0]:
             best = (sse, k, coef)

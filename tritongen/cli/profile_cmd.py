@@ -1,0 +1,252 @@
+"""`tritongen profile SPEC|--model NAME [--url HOST:PORT | --repo DIR] -o DIR [--quick]`.
+
+Measures each model on a live Triton and writes `<DIR>/<model>.json` (a versioned `Profile`) and
+`<DIR>/report.html` (the curves as inline SVG). With --repo the embedded server is started on DIR
+(and may reload models for the KV-pool probe); with --url an external server is measured as it is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tritongen.cli.main import app
+from tritongen.core.profile_types import Profile
+from tritongen.errors import BadInput, RunFailed, TritongenError
+from tritongen.profiler.report import write_report
+from tritongen.profiler.run import (
+    Endpoints,
+    Profiler,
+    TritonAdmin,
+    default_probe_factory,
+    default_settings,
+    endpoints_from_url,
+    resolve_targets,
+    spec_entries,
+)
+from tritongen.server import ServerOptions, TritonServer
+from tritongen.specio import load_spec
+
+console = Console()
+err_console = Console(stderr=True)
+
+SERVER_FLAGS_FILE = "server_flags.txt"
+
+
+def repository_server_flags(repo: Path) -> list[str]:
+    """Lines of DIR/server_flags.txt (what `render` writes: rate-limiter resources), if present."""
+    path = repo / SERVER_FLAGS_FILE
+    if not path.is_file():
+        return []
+    return [ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.strip().startswith("#")]
+
+
+def _levels(text: str | None, option: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        values = [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise BadInput(f"{option} takes a comma-separated list of whole numbers, e.g. 1,2,4,8; got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise BadInput(f"{option} needs concurrency levels >= 1, got {text!r}")
+    return sorted(set(values))
+
+
+class RichReporter:
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.task = None
+
+    def start(self, model: str, total: int) -> None:
+        self.task = self.progress.add_task(f"{model}: starting", total=total)
+
+    def update(self, description: str, advance: int = 0) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, description=description, advance=advance)
+
+    def finish(self) -> None:
+        if self.task is not None:
+            task = self.progress.tasks[self.task]
+            self.progress.update(self.task, completed=task.total)
+            self.task = None
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def results_tables(profiles: list[Profile]) -> list[Table]:
+    tables = []
+    classic = [p for p in profiles if p.kind == "classic"]
+    if classic:
+        t = Table(title="Classic models: load levels (client-side latency, Triton's batches)")
+        for col in ("model", "clients", "inf/s", "P50 ms", "P90 ms", "P99 ms", "mean batch", "errors", "windows"):
+            t.add_column(col, justify="right" if col != "model" else "left")
+        for p in classic:
+            for lv in p.load_levels:
+                knee = " (knee)" if p.knee and p.knee.concurrency == lv.concurrency else ""
+                t.add_row(
+                    p.model,
+                    f"{lv.concurrency}{knee}",
+                    f"{lv.throughput_per_s:,.0f}",
+                    _ms(lv.p50_ms),
+                    _ms(lv.p90_ms),
+                    _ms(lv.p99_ms),
+                    "-" if lv.mean_batch_size is None else f"{lv.mean_batch_size:.1f}",
+                    str(lv.errors),
+                    f"{lv.windows}{'' if lv.converged else '*'}",
+                )
+        tables.append(t)
+    streaming = [p for p in profiles if p.kind == "streaming" and p.streaming]
+    if streaming:
+        t = Table(title="Streaming models: per-token latency (gRPC streams)")
+        for col in ("model", "streams", "tok/s", "TTFT P50", "TTFT P99", "ITL P50", "ITL P99", "errors"):
+            t.add_column(col, justify="right" if col != "model" else "left")
+        for p in streaming:
+            for lv in p.streaming.levels:  # type: ignore[union-attr]
+                t.add_row(
+                    p.model, str(lv.concurrency), f"{lv.tokens_per_s:,.0f}", _ms(lv.ttft_p50_ms), _ms(lv.ttft_p99_ms),
+                    _ms(lv.itl_p50_ms), _ms(lv.itl_p99_ms), str(lv.errors),
+                )
+        tables.append(t)
+    summary = Table(title="Profiles")
+    for col in ("model", "status", "curve fit (compute_infer)", "fit error max/mean", "KV B/token measured vs analytic", "safety pad"):
+        summary.add_column(col)
+    for p in profiles:
+        fit = "-"
+        err = "-"
+        if p.fit is not None:
+            fit = f"{p.fit.overhead_ms:.2f} ms + {p.fit.per_item_ms:.3f} ms x batch ({p.fit.kind})"
+            err = f"{p.fit.max_rel_error:.1%} / {p.fit.mean_rel_error:.1%}"
+        kv = "-"
+        mem = p.memory
+        if mem is not None and mem.kv_bytes_per_token_measured is not None:
+            kv = f"{mem.kv_bytes_per_token_measured:.1f}"
+            if mem.kv_bytes_per_token_analytic is not None:
+                kv += f" vs {mem.kv_bytes_per_token_analytic}"
+            if mem.kv_relative_difference is not None:
+                kv += f" ({mem.kv_relative_difference:+.1%})"
+        pad = "-" if mem is None or mem.recommended_kv_safety_pad_mb is None else f"{mem.recommended_kv_safety_pad_mb:.2f} MiB"
+        status = "[green]complete[/]" if p.complete else "[red]partial[/]"
+        summary.add_row(p.model, status, fit, err, kv, pad)
+    tables.append(summary)
+    return tables
+
+
+@app.command("profile")
+def profile(
+    spec: Optional[Path] = typer.Argument(None, help="Deployment spec (YAML): profile each of its model entries."),
+    model: list[str] = typer.Option([], "--model", "-m", help="Model to profile (repeatable); without SPEC, its inputs come from the server's config."),
+    url: Optional[str] = typer.Option(None, "--url", help="HTTP address HOST:PORT of a running Triton."),
+    grpc_url: Optional[str] = typer.Option(None, "--grpc-url", help="gRPC HOST:PORT (default: port 8001 on the --url host)."),
+    metrics_url: Optional[str] = typer.Option(None, "--metrics-url", help="Metrics URL (default: http://HOST:8002/metrics)."),
+    repo: Optional[Path] = typer.Option(None, "--repo", help="Start the embedded Triton on this model repository."),
+    out: Path = typer.Option(..., "-o", "--out", help="Directory for <model>.json profiles and report.html."),
+    quick: bool = typer.Option(False, "--quick", help="Fewer levels and short windows (smoke tests, CI)."),
+    concurrency: Optional[str] = typer.Option(None, "--concurrency", help="Classic models: clients per level, e.g. 1,2,4,8,16,32."),
+    stream_concurrency: Optional[str] = typer.Option(None, "--stream-concurrency", help="Streaming models: streams per level, e.g. 1,2,4,8."),
+    window: Optional[float] = typer.Option(None, "--window", min=0.1, help="Seconds per measurement window."),
+    kv_probe_mb: Optional[float] = typer.Option(None, "--kv-probe-mb", min=0.0, help="Size of the KV-pool resize probe in MiB (0: skip; only with --repo)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random input features."),
+) -> None:
+    """Measure models on a live Triton: latency-vs-batch curve, load levels, memory, streaming latency."""
+    if spec is None and not model:
+        raise BadInput("give a deployment SPEC or at least one --model NAME to profile")
+    if (url is None) == (repo is None):
+        raise BadInput("give exactly one of --url HOST:PORT (a running Triton) or --repo DIR (start the embedded one)")
+    if repo is not None and (grpc_url or metrics_url):
+        raise BadInput("--grpc-url and --metrics-url go with --url; with --repo the embedded server's ports are used")
+    loaded = load_spec(spec) if spec is not None else None
+    if loaded is not None:
+        spec_entries(loaded, model)  # unknown names are bad input before any server is touched
+    settings = default_settings(quick, seed)
+    updates: dict[str, object] = {}
+    if (levels := _levels(concurrency, "--concurrency")) is not None:
+        updates["concurrency_levels"] = levels
+    if (levels := _levels(stream_concurrency, "--stream-concurrency")) is not None:
+        updates["stream_concurrency_levels"] = levels
+    if window is not None:
+        updates["window_s"] = window
+    if kv_probe_mb is not None:
+        updates["kv_probe_mb"] = kv_probe_mb
+    settings = settings.model_copy(update=updates)
+
+    server: TritonServer | None = None
+    if repo is not None:
+        if not repo.is_dir():
+            raise BadInput(f"--repo {repo}: not a directory")
+        options = ServerOptions(
+            repository=repo.resolve(),
+            model_control="explicit",  # so the KV-pool probe may reload a model with another pool size
+            load_models=["*"],
+            extra_args=repository_server_flags(repo),
+        )
+        server = TritonServer(options)
+        with err_console.status(f"starting tritonserver on {repo}..."):
+            server.start()
+        endpoints = Endpoints(http=server.http_url, grpc=server.grpc_url, metrics=server.metrics_url)
+    else:
+        assert url is not None
+        endpoints = endpoints_from_url(url, grpc_url, metrics_url)
+
+    def server_check() -> str | None:
+        if server is not None and server.process is not None and server.process.poll() is not None:
+            return f"the embedded tritonserver exited with code {server.process.returncode}:\n{server.failure_reason()}"
+        return None
+
+    admin = TritonAdmin(endpoints)
+    profiler: Profiler | None = None
+    try:
+        targets = resolve_targets(admin, model, loaded)
+        progress = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=err_console,
+        )
+        profiler = Profiler(
+            admin,
+            endpoints,
+            settings,
+            out,
+            reporter=RichReporter(progress),
+            probe_factory=default_probe_factory(endpoints, server.process.pid if server and server.process else None),
+            can_reload=server is not None,
+            server_check=server_check,
+        )
+        try:
+            with progress:
+                profiler.run(targets)
+        except KeyboardInterrupt:
+            raise RunFailed("interrupted (Ctrl-C)" + _kept(profiler, out)) from None
+        except TritongenError as err:
+            err.args = (str(err) + _kept(profiler, out),)
+            raise
+    finally:
+        admin.close()
+        if server is not None:
+            server.stop()
+
+    assert profiler is not None
+    for table in results_tables(profiler.profiles):
+        console.print(table)
+    report = write_report(profiler.profiles, out)
+    console.print(f"[green]wrote[/] {', '.join(str(p) for p in profiler.written)} and {report}")
+
+
+def _kept(profiler: Profiler, out: Path) -> str:
+    """Say what was kept; write the report of what was measured, partial profiles included."""
+    if not profiler.profiles:
+        return ""
+    try:
+        report = write_report(profiler.profiles, out)
+    except OSError:
+        report = None
+    partial = [p.model for p in profiler.profiles if not p.complete]
+    kept = ", ".join(str(p) for p in profiler.written)
+    extra = f" and {report}" if report else ""
+    return f"\nkept what was measured ({'partial: ' + ', '.join(partial) if partial else 'all complete'}): {kept}{extra}"

@@ -1,0 +1,1 @@
+"""Measuring models on a live Triton: load drivers, memory probes, the run, the HTML report."""

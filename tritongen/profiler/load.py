@@ -1,0 +1,443 @@
+"""Load drivers: closed-loop clients that keep N requests in flight and time each one.
+
+* `ClassicLoad`: N concurrent single-row HTTP requests (tritonclient's asyncio client, one event
+  loop: 32 clients cost a fraction of a core), so Triton's dynamic batcher forms real batches.
+* `StreamLoad`: N concurrent gRPC streams (one client and one stream per worker thread), each
+  response timestamped on arrival: time to first token and the gaps between tokens.
+
+A level runs continuously; the caller's loop cuts it into windows by completion time and decides
+when to stop (see `profile_math.level_done`). Both drivers stop their workers on request and on
+Ctrl-C, cancel what is in flight, and close their connections, so a server never waits on them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tritongen.errors import RunFailed
+
+
+class ModelFailed(RunFailed):
+    """The model answered most requests of a window with errors."""
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    end: float  # perf_counter at completion
+    latency_s: float
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Window:
+    index: int
+    start: float
+    duration_s: float
+    ok: int
+    errors: int
+    rate: float  # successes (or tokens) per second
+
+
+WindowCallback = Callable[[Window], None]
+
+
+def _short(message: str, limit: int = 300) -> str:
+    message = " ".join(str(message).split())
+    return message if len(message) <= limit else message[: limit - 3] + "..."
+
+
+def failing(window_ok: int, window_errors: int, max_error_fraction: float = 0.5) -> bool:
+    """A window where errors dominate: the model is failing, not just slow."""
+    total = window_ok + window_errors
+    return window_errors >= 2 and window_errors > max_error_fraction * total
+
+
+# ---------------------------------------------------------------------------------------------
+# Classic models: HTTP, asyncio
+
+
+def _aio_inputs(inputs: Mapping[str, np.ndarray]):
+    import tritonclient.http.aio as aioclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    out = []
+    for name, value in inputs.items():
+        dtype = "BYTES" if value.dtype == np.object_ else np_to_triton_dtype(value.dtype)
+        tensor = aioclient.InferInput(name, list(value.shape), dtype)
+        tensor.set_data_from_numpy(value, binary_data=True)
+        out.append(tensor)
+    return out
+
+
+class ClassicLoad:
+    """Closed-loop single-request clients on one asyncio loop; use as a context manager."""
+
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        request_timeout_s: float = 30.0,
+    ) -> None:
+        self.url = url
+        self.model = model
+        self.inputs = dict(inputs)
+        self.outputs = list(outputs)
+        self.request_timeout_s = request_timeout_s
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.client = None
+        self._tasks: list[asyncio.Task] = []
+        self._level_task: asyncio.Task | None = None
+        self._stop = False
+
+    def __enter__(self) -> "ClassicLoad":
+        import tritonclient.http.aio as aioclient
+
+        self.loop = asyncio.new_event_loop()
+
+        async def make():
+            return aioclient.InferenceServerClient(self.url, conn_limit=256, conn_timeout=self.request_timeout_s)
+
+        self.client = self.loop.run_until_complete(make())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        loop = self.loop
+        if loop is None:
+            return
+        self._stop = True
+        # After a Ctrl-C the level task and its workers are still pending: cancel them and let
+        # them unwind on the loop (a coroutine closed without its loop would raise in `finally`).
+        pending = [t for t in [*self._tasks, self._level_task] if t is not None and not t.done()]
+        for task in pending:
+            task.cancel()
+        try:
+            if pending:
+                loop.run_until_complete(asyncio.wait(pending, timeout=5))
+            if self.client is not None:
+                loop.run_until_complete(self.client.close())
+        except BaseException:  # noqa: BLE001 - closing on Ctrl-C: best effort, never hide the cause
+            pass
+        finally:
+            loop.close()
+            self.loop = None
+            self.client = None
+
+    async def _worker(self, records: list[RequestRecord]) -> None:
+        import tritonclient.http.aio as aioclient
+
+        tensors = _aio_inputs(self.inputs)
+        wanted = [aioclient.InferRequestedOutput(name, binary_data=True) for name in self.outputs]
+        while not self._stop:
+            start = time.perf_counter()
+            error = None
+            try:
+                await self.client.infer(self.model, tensors, outputs=wanted, timeout=int(self.request_timeout_s * 1e6))
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # server-side errors and lost connections alike: count, go on
+                error = _short(str(err) or type(err).__name__)
+            end = time.perf_counter()
+            records.append(RequestRecord(end=end, latency_s=end - start, error=error))
+            if error is not None:
+                await asyncio.sleep(0.01)  # a failing model answers fast: do not spin
+
+    def run_level(
+        self,
+        concurrency: int,
+        warmup_s: float,
+        window_s: float,
+        decide: Callable[[list[float]], bool],
+        on_window: WindowCallback | None = None,
+    ) -> tuple[list[RequestRecord], list[Window], float, dict | None]:
+        """Run `concurrency` clients; after warm-up, cut windows until `decide(rates)` says stop.
+
+        Returns every record, the windows, where measurement started (perf_counter) and the
+        model's statistics at that moment (so the caller can leave the warm-up's executions out).
+        Raises ModelFailed when errors dominate a window.
+        """
+        assert self.loop is not None, "use ClassicLoad as a context manager"
+        self._level_task = self.loop.create_task(self._level(concurrency, warmup_s, window_s, decide, on_window))
+        return self.loop.run_until_complete(self._level_task)
+
+    async def _stats(self) -> dict | None:
+        try:
+            stats = await self.client.get_inference_statistics(self.model)
+        except Exception:  # noqa: BLE001 - the caller falls back to its own snapshot
+            return None
+        return (stats.get("model_stats") or [None])[0]
+
+    async def _level(self, concurrency, warmup_s, window_s, decide, on_window):
+        records: list[RequestRecord] = []
+        self._stop = False
+        self._tasks = [asyncio.ensure_future(self._worker(records)) for _ in range(concurrency)]
+        windows: list[Window] = []
+        measure_start = time.perf_counter() + warmup_s
+        stats_at_start = None
+        try:
+            await asyncio.sleep(warmup_s)
+            stats_at_start = await self._stats()
+            while True:
+                w_start = measure_start + len(windows) * window_s
+                await asyncio.sleep(max(0.0, w_start + window_s - time.perf_counter()))
+                ok = sum(1 for r in records if r.error is None and w_start <= r.end < w_start + window_s)
+                bad = [r for r in records if r.error is not None and w_start <= r.end < w_start + window_s]
+                window = Window(len(windows), w_start, window_s, ok, len(bad), ok / window_s)
+                windows.append(window)
+                if on_window is not None:
+                    on_window(window)
+                if failing(ok, len(bad)):
+                    raise ModelFailed(
+                        f"model {self.model!r} failed {len(bad)} of {ok + len(bad)} requests at concurrency "
+                        f"{concurrency}: {bad[0].error}"
+                    )
+                if decide([w.rate for w in windows]):
+                    break
+        finally:
+            self._stop = True
+            if any(t.cancelled() for t in self._tasks):  # being torn down: do not wait for replies
+                for task in self._tasks:
+                    task.cancel()
+            done, pending = await asyncio.wait(self._tasks, timeout=self.request_timeout_s)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=5)
+            self._tasks = []
+        return records, windows, measure_start, stats_at_start
+
+
+# ---------------------------------------------------------------------------------------------
+# Streaming models: gRPC streams, threads
+
+
+@dataclass
+class StreamRecord:
+    start: float
+    token_times: list[float] = field(default_factory=list)
+    end: float | None = None
+    error: str | None = None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return self.token_times[0] - self.start if self.token_times else None
+
+
+def _grpc_inputs(inputs: Mapping[str, np.ndarray]):
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    out = []
+    for name, value in inputs.items():
+        dtype = "BYTES" if value.dtype == np.object_ else np_to_triton_dtype(value.dtype)
+        tensor = grpcclient.InferInput(name, list(value.shape), dtype)
+        tensor.set_data_from_numpy(value)
+        out.append(tensor)
+    return out
+
+
+class StreamWorker(threading.Thread):
+    """One gRPC stream sending requests one after another until stopped (or `limit` are done)."""
+
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        output: str,
+        stop: threading.Event,
+        limit: int | None = None,
+        request_timeout_s: float = 60.0,
+        go: threading.Event | None = None,
+    ) -> None:
+        super().__init__(name=f"tritongen-stream-{model}", daemon=True)
+        self.ready = threading.Event()  # connected, stream open
+        self.go = go  # when given, the first request waits for it (streams that start together)
+        self.url = url
+        self.model = model
+        self.inputs = dict(inputs)
+        self.output = output
+        self.stop = stop
+        self.limit = limit
+        self.request_timeout_s = request_timeout_s
+        self.records: list[StreamRecord] = []
+        self.current: StreamRecord | None = None
+        self.fatal: str | None = None
+
+    def run(self) -> None:
+        import tritonclient.grpc as grpcclient
+
+        responses: queue.Queue = queue.Queue()
+        try:
+            client = grpcclient.InferenceServerClient(self.url)
+        except Exception as err:  # noqa: BLE001 - reported through `fatal`
+            self.fatal = _short(str(err))
+            self.ready.set()
+            return
+        try:
+            client.start_stream(callback=lambda result, error: responses.put((time.perf_counter(), result, error)))
+            tensors = _grpc_inputs(self.inputs)
+            self.ready.set()
+            while self.go is not None and not self.go.wait(0.05):
+                if self.stop.is_set():
+                    return
+            sent = 0
+            while not self.stop.is_set() and (self.limit is None or sent < self.limit):
+                record = StreamRecord(start=time.perf_counter())
+                self.current = record
+                request_id = f"{self.name}-{sent}"
+                sent += 1
+                client.async_stream_infer(self.model, tensors, request_id=request_id, enable_empty_final_response=True)
+                self._collect(record, responses, request_id)
+                self.records.append(record)
+                self.current = None
+                if record.error is not None:
+                    self.stop.wait(0.02)  # a failing model answers fast: do not spin
+        except Exception as err:  # noqa: BLE001 - a broken stream ends this worker; the level sees it
+            self.fatal = _short(str(err) or type(err).__name__)
+        finally:
+            self.ready.set()
+            try:
+                client.stop_stream(cancel_requests=True)
+            except Exception:  # noqa: BLE001
+                pass
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _collect(self, record: StreamRecord, responses: queue.Queue, request_id: str) -> None:
+        deadline = record.start + self.request_timeout_s
+        while True:
+            if self.stop.is_set():
+                record.error = record.error or "stopped"
+                return
+            try:
+                arrived, result, error = responses.get(timeout=0.05)
+            except queue.Empty:
+                if time.perf_counter() > deadline:
+                    record.error = f"no final response after {self.request_timeout_s:.0f} s"
+                    record.end = time.perf_counter()
+                    return
+                continue
+            if error is not None:
+                record.error = _short(str(error))
+                record.end = arrived
+                return
+            response = result.get_response()
+            if response.id and response.id != request_id:
+                continue  # a late response of a cancelled request
+            value = result.as_numpy(self.output)
+            if value is not None and value.size:
+                record.token_times.append(arrived)
+            final = response.parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                record.end = arrived
+                return
+
+
+class StreamLoad:
+    """N stream workers in closed loop; `run_level` windows their token rate."""
+
+    def __init__(self, url: str, model: str, inputs: Mapping[str, np.ndarray], output: str, request_timeout_s: float = 60.0) -> None:
+        self.url = url
+        self.model = model
+        self.inputs = dict(inputs)
+        self.output = output
+        self.request_timeout_s = request_timeout_s
+
+    def start(
+        self,
+        concurrency: int,
+        limit: int | None = None,
+        inputs: Mapping[str, np.ndarray] | None = None,
+        together: bool = False,
+    ) -> tuple[list[StreamWorker], threading.Event]:
+        """Start workers; with `together`, every stream connects first and the first requests go
+        out at once (connecting takes a few ms per stream, longer than a small model's request)."""
+        stop = threading.Event()
+        go = threading.Event() if together else None
+        workers = [
+            StreamWorker(self.url, self.model, inputs or self.inputs, self.output, stop, limit, self.request_timeout_s, go)
+            for _ in range(concurrency)
+        ]
+        for worker in workers:
+            worker.start()
+        if go is not None:
+            deadline = time.monotonic() + 30.0
+            for worker in workers:
+                worker.ready.wait(max(0.0, deadline - time.monotonic()))
+            go.set()
+        return workers, stop
+
+    @staticmethod
+    def finish(workers: Sequence[StreamWorker], stop: threading.Event, timeout_s: float = 10.0) -> None:
+        stop.set()
+        deadline = time.monotonic() + timeout_s
+        for worker in workers:
+            worker.join(max(0.1, deadline - time.monotonic()))
+
+    def run_level(
+        self,
+        concurrency: int,
+        warmup_s: float,
+        window_s: float,
+        decide: Callable[[list[float]], bool],
+        on_window: WindowCallback | None = None,
+    ) -> tuple[list[StreamRecord], list[Window], float]:
+        """Windows count tokens by arrival time; a window's errors are requests that failed in it."""
+        workers, stop = self.start(concurrency)
+        windows: list[Window] = []
+        measure_start = time.perf_counter() + warmup_s
+        try:
+            while True:
+                w_start = measure_start + len(windows) * window_s
+                w_end = w_start + window_s
+                while time.perf_counter() < w_end:
+                    time.sleep(min(0.05, max(0.0, w_end - time.perf_counter())))
+                    dead = [w.fatal for w in workers if w.fatal]
+                    if dead:
+                        raise ModelFailed(f"model {self.model!r}: stream failed at concurrency {concurrency}: {dead[0]}")
+                records = [r for w in workers for r in list(w.records)]
+                current = [w.current for w in workers if w.current is not None]
+                tokens = sum(1 for r in records + current for t in list(r.token_times) if w_start <= t < w_end)
+                done = sum(1 for r in records if r.error is None and r.end is not None and w_start <= r.end < w_end)
+                bad = [r for r in records if r.error is not None and r.end is not None and w_start <= r.end < w_end]
+                window = Window(len(windows), w_start, window_s, done, len(bad), tokens / window_s)
+                windows.append(window)
+                if on_window is not None:
+                    on_window(window)
+                if failing(done, len(bad)) or (bad and tokens == 0 and done == 0):
+                    raise ModelFailed(
+                        f"model {self.model!r} failed {len(bad)} of {done + len(bad)} streams at concurrency "
+                        f"{concurrency}: {bad[0].error}"
+                    )
+                if decide([w.rate for w in windows]):
+                    break
+        finally:
+            self.finish(workers, stop, self.request_timeout_s)
+        return [r for w in workers for r in w.records], windows, measure_start
+
+    def one(self, inputs: Mapping[str, np.ndarray]) -> StreamRecord:
+        """A single request on its own stream (the prefill scan)."""
+        workers, stop = self.start(1, limit=1, inputs=inputs)
+        try:
+            while workers[0].is_alive():
+                workers[0].join(0.05)
+        finally:
+            self.finish(workers, stop)
+        worker = workers[0]
+        if worker.records:
+            return worker.records[0]
+        return StreamRecord(start=time.perf_counter(), error=worker.fatal or "the stream ended without a response")
