@@ -11,6 +11,17 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO_ROOT / "examples"
 MODEL_REPOSITORY = REPO_ROOT / "model_repository"
+EXAMPLE_PROFILES = EXAMPLES / "profiles"
+
+
+def example_render():
+    """What `tritongen render examples/deployment.yaml --profiles examples/profiles` renders."""
+    from tritongen.profiles import measured_pads_mb, read_profiles
+    from tritongen.render import render_repository
+    from tritongen.specio import load_spec
+
+    pads = measured_pads_mb(read_profiles(EXAMPLE_PROFILES))
+    return render_repository(load_spec(EXAMPLES / "deployment.yaml"), measured_pads_mb=pads)
 
 
 def cli(*args: str, cwd: Path | None = None):

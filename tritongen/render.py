@@ -78,8 +78,12 @@ def _render_template(env: jinja2.Environment, name: str, where: str, **context: 
     return text if text.endswith("\n") else text + "\n"
 
 
-def render_repository(loaded: LoadedSpec, templates: Path | None = None) -> RenderedRepository:
-    plan = plan_deployment(loaded.spec, loaded.architectures)
+def render_repository(
+    loaded: LoadedSpec,
+    templates: Path | None = None,
+    measured_pads_mb: dict[str, float] | None = None,
+) -> RenderedRepository:
+    plan = plan_deployment(loaded.spec, loaded.architectures, measured_pads_mb)
     env = template_env(templates)
     files: dict[str, str] = {}
     links: dict[str, str] = {}

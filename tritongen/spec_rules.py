@@ -19,15 +19,17 @@ from tritongen.core.findings import Finding
 from tritongen.core.plan import DeploymentPlan, ModelEntryPlan
 from tritongen.core.spec import MIB
 from tritongen.pbtxt import parse_model_config
+from tritongen.profiles import measured_pads_mb, read_profiles
 from tritongen.render import render_repository
 from tritongen.specio import LoadedSpec, load_spec
 
 ExtraRule = Callable[[dict[str, ModelConfig]], list[Finding]]
 
 
-def rules_for_spec(spec_path: Path) -> list[ExtraRule]:
+def rules_for_spec(spec_path: Path, profiles_dir: Path | None = None) -> list[ExtraRule]:
     loaded = load_spec(spec_path)
-    rendered = render_repository(loaded)
+    pads = measured_pads_mb(read_profiles(profiles_dir)) if profiles_dir is not None else None
+    rendered = render_repository(loaded, measured_pads_mb=pads)
     assert rendered.plan is not None
     plan = rendered.plan
     expected = {

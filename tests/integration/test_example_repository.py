@@ -11,14 +11,12 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.conftest import EXAMPLES, MODEL_REPOSITORY, cli
+from tests.conftest import MODEL_REPOSITORY, cli, example_render
 from tritongen.client import infer_http, sample_inputs, stream_grpc
-from tritongen.render import render_repository
-from tritongen.specio import load_spec
 
 pytestmark = pytest.mark.integration
 
-PLAN = render_repository(load_spec(EXAMPLES / "deployment.yaml")).plan
+PLAN = example_render().plan
 assert PLAN is not None
 
 

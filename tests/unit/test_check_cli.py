@@ -315,33 +315,6 @@ def test_good_repository_exit_zero(good_repo: Path) -> None:
     assert result.exit_code == 0 and "no findings" in result.output
 
 
-def test_spec_option_without_spec_rules_module(good_repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "tritongen.spec_rules", None)  # makes the import raise ImportError
-    result = invoke(str(good_repo), "--spec", "deployment.yaml")
-    assert isinstance(result.exception, BadInput)
-    assert "--spec support is not available" in str(result.exception)
-
-
-def test_spec_option_passes_the_spec_rules_on(good_repo: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import types
-
-    received: list[Path] = []
-
-    def rules_for_spec(spec_path: Path):
-        received.append(spec_path)
-        return [lambda configs: [Finding("error", "TG302", "echo", "max_batch_size",
-                                         f"model 'echo': quota exceeded ({sorted(configs)})", "add a GPU")]]
-
-    fake = types.ModuleType("tritongen.spec_rules")
-    fake.rules_for_spec = rules_for_spec  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "tritongen.spec_rules", fake)
-    spec = tmp_path / "deployment.yaml"
-    result = invoke(str(good_repo), "--spec", str(spec), "--format", "json")
-    assert received == [spec]
-    assert result.exit_code == 1
-    finding = json.loads(result.output)["findings"][0]
-    assert finding["code"] == "TG302" and "['echo', 'pipeline']" in finding["message"] and finding["line"] == 3
-
 
 # ---------------------------------------------------------------- exit codes via the console script
 

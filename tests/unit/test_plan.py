@@ -22,29 +22,29 @@ def test_tinyllm_kv_budget_by_hand() -> None:
     assert kv is not None
     # 2 (K and V) x 2 layers x 2 kv heads x 16 head_dim x 4 bytes (fp32)
     assert kv.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4 == 512
-    # quota 4 MiB - weights 155968 x 4 B - reserve 0.5 MiB - pad 0.5 MiB
-    budget = 4 * MIB - 155968 * 4 - MIB // 2 - MIB // 2
-    assert kv.budget_bytes == budget == 2521856
+    # quota 8 MiB - weights 155968 x 4 B - reserve 0.5 MiB - pad 4 MiB (the spec's guess)
+    budget = 8 * MIB - 155968 * 4 - MIB // 2 - 4 * MIB
+    assert kv.budget_bytes == budget == 3046144
     assert kv.bytes_per_sequence == 256 * 512
-    assert kv.max_sequences == budget // (256 * 512) == 19
-    assert kv.pool_blocks == budget // (16 * 512) == 307
+    assert kv.max_sequences == budget // (256 * 512) == 23
+    assert kv.pool_blocks == budget // (16 * 512) == 371
 
 
 def test_tinyllm_entry() -> None:
     entry = cpu_plan().entry("tinyllm")
-    assert entry.max_batch_size == 19
+    assert entry.max_batch_size == 23
     assert entry.decoupled
-    assert entry.parameters["kv_pool_blocks"] == "307" and entry.parameters["max_num_seqs"] == "19"
+    assert entry.parameters["kv_pool_blocks"] == "371" and entry.parameters["max_num_seqs"] == "23"
     assert entry.parameters["num_kv_heads"] == "2" and entry.parameters["seed"] == "11"
     assert [g.kind for g in entry.instance_groups] == ["KIND_CPU"]
     batching = entry.dynamic_batching
     assert batching is not None
-    assert batching.max_queue_delay_us == 8000  # serves interactive traffic: the short window
+    assert batching.max_queue_delay_us == 0  # the engine batches; a Triton window would only add TTFT
     assert batching.priority_levels == 3 and batching.default_priority_level == 2  # "normal"
     policies = {p.level: p for p in batching.priority_queue_policies}
     assert policies[1].timeout_us == 125_000 and policies[1].action == "REJECT"  # half of 250 ms
     assert policies[3].timeout_us == 2_500_000 and policies[3].action == "DELAY"  # batch waits
-    assert policies[1].max_queue_size == 4 * 19 * 1
+    assert policies[1].max_queue_size == 4 * 23 * 1
 
 
 def test_ranker_entry() -> None:

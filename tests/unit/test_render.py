@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from tests.conftest import EXAMPLES, MODEL_REPOSITORY, cli
+from tests.conftest import EXAMPLES, MODEL_REPOSITORY, cli, example_render
 from tritongen.errors import BadInput
 from tritongen.render import builtin_templates_dir, drift, render_repository, write_repository
 from tritongen.specio import load_spec
@@ -33,22 +33,22 @@ def test_every_config_parses_as_model_config(spec: str) -> None:
 def test_cpu_render_carries_the_plan() -> None:
     files = rendered().files
     tiny = text_format.Parse(files["tinyllm/config.pbtxt"], model_config_pb2.ModelConfig())
-    assert tiny.max_batch_size == 19
+    assert tiny.max_batch_size == 23
     assert tiny.model_transaction_policy.decoupled
     assert tiny.dynamic_batching.priority_levels == 3
     assert tiny.dynamic_batching.default_priority_level == 2
-    assert tiny.dynamic_batching.max_queue_delay_microseconds == 8000
+    assert tiny.dynamic_batching.max_queue_delay_microseconds == 0
     level1 = tiny.dynamic_batching.priority_queue_policy[1]
     assert level1.timeout_action == model_config_pb2.ModelQueuePolicy.REJECT
     assert level1.default_timeout_microseconds == 125000
-    assert tiny.parameters["kv_pool_blocks"].string_value == "307"
+    assert tiny.parameters["kv_pool_blocks"].string_value == "371"
     assert tiny.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
     assert tiny.instance_group[0].rate_limiter.resources[0].name == "compute"
     assert tiny.input[1].optional
     ranker = text_format.Parse(files["ranker/config.pbtxt"], model_config_pb2.ModelConfig())
     assert list(ranker.dynamic_batching.preferred_batch_size) == [8, 16, 32]
     assert files["server_flags.txt"].split() == ["--rate-limit=execution_count", "--rate-limit-resource=compute:2"]
-    assert "# KV budget 2.4 MiB = quota 4.0 MiB" in files["tinyllm/config.pbtxt"]
+    assert "# KV budget 2.9 MiB = quota 8.0 MiB" in files["tinyllm/config.pbtxt"]
 
 
 def test_gpu_render_writes_vllm_model_json_and_lane_links(tmp_path: Path) -> None:
@@ -62,6 +62,7 @@ def test_gpu_render_writes_vllm_model_json_and_lane_links(tmp_path: Path) -> Non
 
     cpu = load_spec(EXAMPLES / "deployment.yaml").spec.model_dump()
     cpu["models"][1]["lanes"] = {"split_prompt_tokens": 64}
+    cpu["policy"]["kv_safety_pad_mb"] = 0.5  # each lane holds half of the 8 MiB quota
     spec = tmp_path / "lanes.yaml"
     spec.write_text(json.dumps(cpu, default=str))
     (tmp_path / "architectures").symlink_to(EXAMPLES / "architectures")
@@ -130,4 +131,14 @@ def test_check_flag_catches_a_hand_edit(tmp_path: Path) -> None:
 
 
 def test_committed_example_repository_has_no_drift() -> None:
-    assert drift(rendered(), MODEL_REPOSITORY) == ""
+    assert drift(example_render(), MODEL_REPOSITORY) == ""
+
+
+def test_measured_pad_replaces_the_guess() -> None:
+    guessed = rendered().plan.entry("tinyllm").kv
+    measured = example_render().plan.entry("tinyllm").kv
+    assert guessed.pad_bytes == 4 * 1024 * 1024 and not guessed.pad_measured
+    assert measured.pad_measured and 0 < measured.pad_bytes < guessed.pad_bytes
+    assert measured.budget_bytes - guessed.budget_bytes == guessed.pad_bytes - measured.pad_bytes
+    text = example_render().files["tinyllm/config.pbtxt"]
+    assert "(measured prefill peak)" in text

@@ -72,10 +72,10 @@ def test_kv_capacity_and_pool(tmp_path: Path) -> None:
     spec = EXAMPLES / "deployment.yaml"
     repo = render_to(tmp_path, spec)
     config = repo / "tinyllm" / "config.pbtxt"
-    edit(config, 'key: "max_num_seqs"\n  value { string_value: "19" }', 'key: "max_num_seqs"\n  value { string_value: "64" }')
-    edit(config, 'string_value: "307"', 'string_value: "2000"')
+    edit(config, 'key: "max_num_seqs"\n  value { string_value: "23" }', 'key: "max_num_seqs"\n  value { string_value: "64" }')
+    edit(config, 'string_value: "371"', 'string_value: "2000"')
     found = codes(repo, spec)
-    assert any("parameters.max_num_seqs 64 x 0.12 MiB" in m and "exceeds the KV budget 2.4 MiB" in m for m in found["TG303"])
+    assert any("parameters.max_num_seqs 64 x 0.12 MiB" in m and "exceeds the KV budget 2.9 MiB" in m for m in found["TG303"])
     assert any("kv_pool_blocks 2000 allocates 15.6 MiB" in m for m in found["TG304"])
 
 
@@ -92,5 +92,5 @@ def test_model_missing_and_unknown_model(tmp_path: Path) -> None:
 
 
 def test_committed_example_repository_passes_check_with_spec() -> None:
-    result = cli("check", "model_repository", "--spec", "examples/deployment.yaml")
+    result = cli("check", "model_repository", "--spec", "examples/deployment.yaml", "--profiles", "examples/profiles")
     assert result.returncode == 0, result.stdout + result.stderr

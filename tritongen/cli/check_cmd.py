@@ -28,14 +28,14 @@ class OutputFormat(str, Enum):
     github = "github"
 
 
-def _spec_rules(spec: Optional[Path]) -> list[ExtraRule]:
+def _spec_rules(spec: Optional[Path], profiles: Optional[Path]) -> list[ExtraRule]:
     if spec is None:
+        if profiles is not None:
+            raise BadInput("--profiles needs --spec (the profiles refine the spec's render)")
         return []
-    try:
-        from tritongen.spec_rules import rules_for_spec  # type: ignore[import-not-found]
-    except ImportError:
-        raise BadInput("--spec support is not available (tritongen.spec_rules is not installed)") from None
-    return list(rules_for_spec(spec))
+    from tritongen.spec_rules import rules_for_spec
+
+    return list(rules_for_spec(spec, profiles))
 
 
 def format_text_line(finding: Finding) -> str:
@@ -98,13 +98,16 @@ def check(
         help="Whether the serving host has GPUs (KIND_GPU warnings); default: ask NVML here.",
     ),
     spec: Optional[Path] = typer.Option(
-        None, "--spec", help="Deployment spec: also check memory feasibility and the KV budget."
+        None, "--spec", help="Deployment spec: also check memory feasibility, the KV budget and drift."
+    ),
+    profiles: Optional[Path] = typer.Option(
+        None, "--profiles", help="Profiles the repository was rendered with (`render --profiles`)."
     ),
 ) -> None:
     """Check a model repository the way tritonserver loads it; exit 1 on any error finding."""
     if directory.exists() and not directory.is_dir():
         raise BadInput(f"{directory} is not a directory; give the model repository directory")
-    report = check_repository(directory, gpu_available=gpu, extra_rules=_spec_rules(spec))
+    report = check_repository(directory, gpu_available=gpu, extra_rules=_spec_rules(spec, profiles))
     if output_format is OutputFormat.json:
         typer.echo(report_to_json(report))
     elif output_format is OutputFormat.github:

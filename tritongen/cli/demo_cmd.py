@@ -18,6 +18,7 @@ from tritongen.cli.main import app
 from tritongen.cli.serve_cmd import server_flags_from
 from tritongen.client import infer_http, sample_inputs, stream_grpc
 from tritongen.errors import BadInput, RunFailed
+from tritongen.profiles import measured_pads_mb, read_profiles
 from tritongen.render import render_repository, write_repository
 from tritongen.repository import check_repository
 from tritongen.server import ServerOptions, TritonServer
@@ -43,6 +44,7 @@ def demo(
     spec: Path = typer.Option(Path("examples/deployment.yaml"), help="Deployment spec to demonstrate."),
     code: Path = typer.Option(Path("model_repository"), help="Repository holding the models' code."),
     requests: int = typer.Option(5, min=1, max=100, help="Requests per model."),
+    profiles: Path = typer.Option(Path("examples/profiles"), help="Profiles for measured safety pads (skipped if missing)."),
 ) -> None:
     """Render, check, serve and exercise the example deployment end to end."""
     if not code.is_dir():
@@ -54,7 +56,8 @@ def demo(
         repo.mkdir()
         copy_model_code(code, repo)
         console.rule(f"1. render {spec} -> {repo}")
-        rendered = render_repository(loaded)
+        pads = measured_pads_mb(read_profiles(profiles)) if profiles.is_dir() else None
+        rendered = render_repository(loaded, measured_pads_mb=pads)
         written = write_repository(rendered, repo)
         assert rendered.plan is not None
         plan = rendered.plan

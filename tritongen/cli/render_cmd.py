@@ -11,6 +11,7 @@ from rich.table import Table
 
 from tritongen.cli.main import app
 from tritongen.core.spec import MIB
+from tritongen.profiles import measured_pads_mb, read_profiles
 from tritongen.render import drift, render_repository, write_repository
 from tritongen.specio import load_spec
 
@@ -23,10 +24,14 @@ def render(
     out: Path = typer.Option(..., "-o", "--out", help="Model repository to write (created if missing)."),
     templates: Optional[Path] = typer.Option(None, "--templates", help="Directory of templates overriding the built-in ones."),
     check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 with a diff if DIR differs from the render."),
+    profiles: Optional[Path] = typer.Option(
+        None, "--profiles", help="Profiles from `tritongen profile`: the KV safety pad comes from each LLM's measured prefill peak."
+    ),
 ) -> None:
     """Render config.pbtxt (and backend files) for every model; atomic, deterministic."""
     loaded = load_spec(spec)
-    rendered = render_repository(loaded, templates)
+    pads = measured_pads_mb(read_profiles(profiles)) if profiles else None
+    rendered = render_repository(loaded, templates, pads)
     if check:
         diff = drift(rendered, out)
         if diff:

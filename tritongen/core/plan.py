@@ -67,6 +67,7 @@ class KVPlan(View):
     weights_bytes: int
     reserve_bytes: int
     pad_bytes: int
+    pad_measured: bool
     budget_bytes: int
     kv_bytes_per_token: int
     context_tokens: int
@@ -189,13 +190,18 @@ def plan_kv(
     context_tokens: int,
     share: float = 1.0,
     upper: int | None = None,
+    pad_mb: float | None = None,
 ) -> KVPlan:
-    """The KV budget of one replica (per rank) and how many sequences of `context_tokens` it holds."""
+    """The KV budget of one replica (per rank) and how many sequences of `context_tokens` it holds.
+
+    `pad_mb` is the measured safety pad (prefill peak at the longest context, from a profile);
+    without one the policy's guess applies.
+    """
     policy = spec.policy
     shape = kv_shape(arch, model.kv_dtype, model.tensor_parallel)
     weights = _weights_bytes(model, arch) // model.tensor_parallel
     reserve = int(policy.framework_reserve_mb * MIB)
-    pad = int(policy.kv_safety_pad_mb * MIB)
+    pad = int((policy.kv_safety_pad_mb if pad_mb is None else pad_mb) * MIB)
     # The quota already sits under the utilisation cap (placement checks it), so cap = 1 here.
     # Each lane is its own engine with its own weights: lanes split the quota, not the budget.
     quota_bytes = int(quota_bytes * share)
@@ -209,6 +215,7 @@ def plan_kv(
         weights_bytes=weights,
         reserve_bytes=reserve,
         pad_bytes=pad,
+        pad_measured=pad_mb is not None,
         budget_bytes=budget,
         kv_bytes_per_token=shape.kv_bytes_per_token,
         context_tokens=context_tokens,
@@ -351,7 +358,13 @@ def _merge_parameters(model: ModelSpec, derived: dict[str, str]) -> dict[str, st
     return dict(sorted({**derived, **model.parameters}.items()))
 
 
-def plan_deployment(spec: DeploymentSpec, architectures: Mapping[str, Architecture]) -> DeploymentPlan:
+def plan_deployment(
+    spec: DeploymentSpec,
+    architectures: Mapping[str, Architecture],
+    measured_pads_mb: Mapping[str, float] | None = None,
+) -> DeploymentPlan:
+    """`measured_pads_mb`: per spec model, the pad derived from its profile's prefill peak."""
+    pads = dict(measured_pads_mb or {})
     quotas = {m.name: model_quota_bytes(spec, m, architectures.get(m.name)) for m in spec.models}
     placements = {p.model: p for p in place_models(spec, quotas)}
     device_bytes = [int(mb * MIB) for mb in spec.hardware.devices_mb()]
@@ -369,7 +382,7 @@ def plan_deployment(spec: DeploymentSpec, architectures: Mapping[str, Architectu
         for (lane, prompt_max, share), entry_name in zip(lanes, entry_names_of(model)):
             entries.append(
                 _plan_entry(spec, model, architectures.get(model.name), placement, groups, total_instances,
-                            lane, prompt_max, share, entry_name, device_bytes)
+                            lane, prompt_max, share, entry_name, device_bytes, pads.get(model.name))
             )
     flags = server_flags(spec)
     return DeploymentPlan(
@@ -395,9 +408,11 @@ def _plan_entry(
     share: float,
     entry_name: str,
     device_bytes: list[int],
+    pad_mb: float | None = None,
 ) -> ModelEntryPlan:
     policy = spec.policy
     notes: list[str] = []
+    preferred: list[int]
     kv: KVPlan | None = None
     engine_args: dict[str, object] | None = None
     derived: dict[str, str] = {}
@@ -409,13 +424,14 @@ def _plan_entry(
             output = model.typical_output_tokens or (model.max_context - prompt_max)
             context = min(model.max_context, prompt_max + output)
         try:
-            kv = plan_kv(spec, model, arch, placement.quota_bytes, context, share, model.max_batch_size)
+            kv = plan_kv(spec, model, arch, placement.quota_bytes, context, share, model.max_batch_size, pad_mb)
         except Infeasible as err:
             raise Infeasible(f"model {entry_name!r}: {err}") from None
         notes.append(
             f"KV budget {kv.budget_bytes / MIB:.1f} MiB = quota {kv.device_bytes / MIB:.1f} MiB"
             f" - weights {kv.weights_bytes / MIB:.1f} - reserve {kv.reserve_bytes / MIB:.1f}"
-            f" - pad {kv.pad_bytes / MIB:.1f}" + (f" (lane share {share:.2f} of the quota)" if share != 1.0 else "")
+            f" - pad {kv.pad_bytes / MIB:.1f}{' (measured prefill peak)' if kv.pad_measured else ''}"
+            + (f" (lane share {share:.2f} of the quota)" if share != 1.0 else "")
         )
         notes.append(
             f"{kv.kv_bytes_per_token} B/token x {kv.context_tokens} tokens = "
@@ -432,7 +448,11 @@ def _plan_entry(
             max_batch = kv.max_sequences
             if model.backend == "python":
                 derived = _python_llm_parameters(arch, kv, model)
-        preferred: list[int] = []  # the engine batches continuously; Triton only queues and orders
+        preferred = []  # the engine batches continuously; Triton only queues and orders
+        if lane is None:
+            # A queue delay would only add to time-to-first-token: the engine, not Triton, forms
+            # batches. Lanes keep their short/long windows: there the spec asked for tiering.
+            window = 0.0
     else:
         max_batch = min(model.max_batch_size or 0, policy.max_batch)
         if (model.max_batch_size or 0) > policy.max_batch:
