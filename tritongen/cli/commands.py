@@ -2,8 +2,12 @@
 
 from tritongen.cli import (  # noqa: F401
     check_cmd,
+    dashboard_cmd,
     demo_cmd,
+    deploy_cmd,
+    doctor_cmd,
     kv_cmd,
+    plan_cmd,
     profile_cmd,
     render_cmd,
     schema_cmd,

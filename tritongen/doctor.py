@@ -1,0 +1,189 @@
+"""`tritongen doctor`'s adapter: scrape live servers, read their configs, hand a snapshot to the rules.
+
+For each server: GET /metrics, wait `window` seconds, GET /metrics again (all servers scraped
+together, so their windows line up); POST /v2/repository/index and GET /v2/models/M/config for
+every ready model. The deltas and the rules are pure (tritongen.core.diagnosis); this module only
+does the I/O. The HTTP client, the clock and the sleep are injectable.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+
+from tritongen.core.diagnosis import (
+    Samples,
+    ServerSnapshot,
+    Targets,
+    devices_from_samples,
+    sidecar_headroom,
+    window_from_samples,
+)
+from tritongen.core.spec import entry_names_of
+from tritongen.errors import BadInput, RunFailed
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    http: str  # host:port of Triton's HTTP API
+    metrics: list[str]  # Triton's /metrics URL, then any extra (the sidecar's)
+
+
+def normalise_http(url: str) -> str:
+    """'host:port' or 'http://host:port[/]' -> 'host:port'."""
+    text = url.strip()
+    if "://" in text:
+        parts = urlsplit(text)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise BadInput(f"--url {url!r}: give HOST:PORT of Triton's HTTP endpoint")
+        text = parts.netloc
+    text = text.rstrip("/")
+    if ":" not in text:
+        raise BadInput(f"--url {url!r}: give HOST:PORT of Triton's HTTP endpoint (e.g. 127.0.0.1:8000)")
+    return text
+
+
+def endpoints(urls: Sequence[str], metrics_urls: Sequence[str], sidecar_metrics: Sequence[str] = ()) -> list[Endpoint]:
+    """Pair each --url with its --metrics-url (in order) or the default port 8002 on the same host."""
+    if not urls:
+        raise BadInput("give at least one --url HOST:PORT")
+    if metrics_urls and len(metrics_urls) != len(urls):
+        raise BadInput(f"{len(urls)} --url but {len(metrics_urls)} --metrics-url; give one per server or none")
+    if sidecar_metrics and len(sidecar_metrics) != len(urls):
+        raise BadInput(f"{len(urls)} --url but {len(sidecar_metrics)} --sidecar-metrics-url; give one per server or none")
+    out = []
+    for i, url in enumerate(urls):
+        http = normalise_http(url)
+        metrics = metrics_urls[i] if metrics_urls else f"http://{http.rsplit(':', 1)[0]}:8002/metrics"
+        extra = [sidecar_metrics[i]] if sidecar_metrics else []
+        out.append(Endpoint(http=http, metrics=[metrics, *extra]))
+    return out
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+-?\d+)?\s*$")
+_UNESCAPE = re.compile(r"\\(.)")
+
+
+def _unescape(match: re.Match[str]) -> str:
+    return "\n" if match.group(1) == "n" else match.group(1)
+
+
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
+
+
+def parse_metrics(text: str) -> dict:
+    """Prometheus text format -> {(sample name as written, sorted labels): value}.
+
+    A small parser on purpose: prometheus_client's renames counter samples to `<name>_total`, and
+    Triton's counters (`nv_inference_request_success`) carry no such suffix.
+    """
+    out: dict = {}
+    bad = 0
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if not match:
+            bad += 1
+            continue
+        name, raw_labels, raw_value = match.groups()
+        labels = tuple(sorted((k, _UNESCAPE.sub(_unescape, v)) for k, v in _LABEL.findall(raw_labels or "")))
+        try:
+            value = float(raw_value)
+        except ValueError:
+            bad += 1
+            continue
+        out[(name, labels)] = out.get((name, labels), 0.0) + value
+    if bad and not out:
+        raise RunFailed("the metrics endpoint did not return Prometheus text format")
+    return out
+
+
+class TritonReader:
+    """The few HTTP calls doctor makes, on one client."""
+
+    def __init__(self, client: httpx.Client) -> None:
+        self.client = client
+
+    def metrics(self, url: str) -> Samples:
+        try:
+            response = self.client.get(url)
+        except httpx.HTTPError as err:
+            raise RunFailed(f"cannot read metrics at {url}: {err}; pass --metrics-url if they are elsewhere") from None
+        if response.status_code != 200:
+            raise RunFailed(f"metrics at {url}: HTTP {response.status_code}")
+        return parse_metrics(response.text)
+
+    def index(self, http: str) -> list[dict]:
+        try:
+            response = self.client.post(f"http://{http}/v2/repository/index", json={})
+        except httpx.HTTPError as err:
+            raise RunFailed(f"cannot reach Triton at {http}: {err}") from None
+        if response.status_code != 200:
+            raise RunFailed(f"{http}/v2/repository/index: HTTP {response.status_code}: {response.text[:200]}")
+        return list(response.json())
+
+    def config(self, http: str, model: str) -> dict:
+        response = self.client.get(f"http://{http}/v2/models/{model}/config")
+        if response.status_code != 200:
+            raise RunFailed(f"{http}/v2/models/{model}/config: HTTP {response.status_code}: {response.text[:200]}")
+        return dict(response.json())
+
+
+def snapshot(
+    servers: Sequence[Endpoint],
+    window_s: float,
+    reader: TritonReader,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[ServerSnapshot]:
+    if window_s <= 0:
+        raise BadInput(f"--window {window_s}: must be > 0 seconds")
+    indexes = [reader.index(s.http) for s in servers]
+    t0 = clock()
+    before = [_merge(reader.metrics(u) for u in s.metrics) for s in servers]
+    sleep(window_s)
+    after = [_merge(reader.metrics(u) for u in s.metrics) for s in servers]
+    elapsed = max(clock() - t0, 1e-6)
+    snaps = []
+    for server, index, b, a in zip(servers, indexes, before, after):
+        ready = sorted({e["name"] for e in index if e.get("state") == "READY"})
+        configs = {name: reader.config(server.http, name) for name in ready}
+        windows = {m: w for m, w in window_from_samples(b, a).items() if m in configs or not configs}
+        snaps.append(ServerSnapshot(
+            url=server.http, window_s=elapsed, models=windows, configs=configs, index=index,
+            devices=devices_from_samples(a), headroom=sidecar_headroom(a),
+        ))
+    return snaps
+
+
+def _merge(parts) -> dict:
+    out: dict = {}
+    for part in parts:
+        out.update(part)
+    return out
+
+
+def targets_from_spec(path: Path | None, default_budget_ms: float) -> Targets:
+    """Budgets per model entry from the spec's traffic classes (the tightest class P99 a model serves)."""
+    if path is None:
+        return Targets(default_budget_ms=default_budget_ms, source=f"--budget-ms {default_budget_ms:g}")
+    from tritongen.specio import load_spec
+
+    spec = load_spec(path).spec
+    budgets = {}
+    for model in spec.models:
+        tightest = min(c.p99_ms for c in spec.classes_of(model))
+        for name in entry_names_of(model):
+            budgets[name] = tightest
+    return Targets(
+        default_budget_ms=default_budget_ms, budget_ms=budgets, memory_cap=spec.policy.memory_utilization_cap,
+        source=str(path),
+    )
