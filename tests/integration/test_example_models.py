@@ -15,7 +15,6 @@ import queue
 import re
 import shutil
 import sys
-import threading
 import time
 from pathlib import Path
 

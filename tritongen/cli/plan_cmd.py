@@ -35,8 +35,9 @@ from tritongen.core.capacity import (
     throughput_at_target,
 )
 from tritongen.core.plan import DeploymentPlan, plan_deployment
-from tritongen.core.profile_types import Profile, read_profile
+from tritongen.core.profile_types import Profile
 from tritongen.errors import BadInput, RunFailed
+from tritongen.profiles import read_profiles
 from tritongen.specio import LoadedSpec, format_loc, load_spec
 
 console = Console(highlight=False)
@@ -45,33 +46,6 @@ DEFAULT_POD_OVERHEAD_S = 60.0
 
 # ---------------------------------------------------------------------------------------------
 # Readers (the adapters around the pure arithmetic)
-
-
-def read_profiles(directory: Path) -> dict[str, Profile]:
-    """Every `*.json` profile in DIR by model entry name; other JSON files (no schema_version) are skipped."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise BadInput(f"--profiles {directory}: not a directory (write one with `tritongen profile ... -o DIR`)")
-    profiles: dict[str, Profile] = {}
-    for path in sorted(directory.glob("*.json")):
-        try:
-            text = path.read_text()
-            raw = json.loads(text)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise BadInput(f"{path}: not a readable JSON file: {err}") from None
-        if not isinstance(raw, dict) or "schema_version" not in raw:
-            continue
-        try:
-            profile = read_profile(text)
-        except ValidationError as err:
-            problems = "; ".join(f"{format_loc(tuple(e['loc']))}: {e['msg']}" for e in err.errors()[:5])
-            raise BadInput(f"{path}: not a tritongen profile this version reads: {problems}") from None
-        if profile.model in profiles:
-            raise BadInput(f"{path}: a second profile for model {profile.model!r}; keep one per model")
-        profiles[profile.model] = profile
-    if not profiles:
-        raise BadInput(f"--profiles {directory}: no profile JSON files (run `tritongen profile SPEC -o {directory}`)")
-    return profiles
 
 
 def read_daily_curve(path: Path) -> DailyCurve:

@@ -403,8 +403,8 @@ def rule_saturation(snap: ServerSnapshot, model: str, w: ModelWindow, config: Ma
     return [_f(model, "DR102", "error",
                f"{util_text} at {qps:.1f} req/s and the request latency {how} is {p99_ms:.1f} ms, over the "
                f"{budget:g} ms target: the model runs at its throughput limit and the tail is queueing",
-               f"scale out: more replicas or instances (`tritongen plan --peak-qps` sizes them at a 0.7-0.85 "
-               f"safety factor); or cut work per request (smaller batches)",
+               "scale out: more replicas or instances (`tritongen plan --peak-qps` sizes them at a 0.7-0.85 "
+               "safety factor); or cut work per request (smaller batches)",
                "instance_group", snap.url)]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from tritongen.core.architecture import Architecture
 from tritongen.core.kv import (
@@ -17,7 +17,6 @@ from tritongen.core.kv import (
     kv_bytes_for_sequence,
     kv_shape,
     max_batch_size_that_fits,
-    max_concurrent_sequences,
     weight_bytes,
 )
 from tritongen.core.spec import MIB, DeploymentSpec, ModelSpec, TrafficClass, entry_names_of
