@@ -20,8 +20,10 @@ def example_render():
     from tritongen.render import render_repository
     from tritongen.specio import load_spec
 
-    pads = measured_pads_mb(read_profiles(EXAMPLE_PROFILES))
-    return render_repository(load_spec(EXAMPLES / "deployment.yaml"), measured_pads_mb=pads)
+    profiles = read_profiles(EXAMPLE_PROFILES)
+    return render_repository(
+        load_spec(EXAMPLES / "deployment.yaml"), measured_pads_mb=measured_pads_mb(profiles), profiles=profiles
+    )
 
 
 def cli(*args: str, cwd: Path | None = None):

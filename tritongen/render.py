@@ -12,17 +12,21 @@ import difflib
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import jinja2
 
 from tritongen.core.plan import DeploymentPlan, plan_deployment
+from tritongen.core.profile_types import Profile
+from tritongen.core.sidecar_policy import build_sidecar_policy
 from tritongen.errors import BadInput, TritongenError
 from tritongen.pbtxt import ConfigSyntaxError, parse_model_config
 from tritongen.specio import LoadedSpec
 
 SERVER_FLAGS_FILE = "server_flags.txt"
+SIDECAR_POLICY_FILE = "sidecar_policy.json"
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
@@ -82,12 +86,24 @@ def render_repository(
     loaded: LoadedSpec,
     templates: Path | None = None,
     measured_pads_mb: dict[str, float] | None = None,
+    profiles: Mapping[str, Profile] | None = None,
 ) -> RenderedRepository:
+    """Plan from the spec (and measured pads), then render the plan and the sidecar's policy."""
     plan = plan_deployment(loaded.spec, loaded.architectures, measured_pads_mb)
+    policy = build_sidecar_policy(loaded.spec, plan, profiles)
+    return render_plan(plan, loaded.path.name, templates, sidecar_policy=policy)
+
+
+def render_plan(
+    plan: DeploymentPlan,
+    spec_name: str,
+    templates: Path | None = None,
+    sidecar_policy: Mapping[str, object] | None = None,
+) -> RenderedRepository:
+    """Render a plan (from the spec, or one `tune` changed): every config parsed back first."""
     env = template_env(templates)
     files: dict[str, str] = {}
     links: dict[str, str] = {}
-    spec_name = loaded.path.name
     for entry in plan.entries:
         path = f"{entry.name}/config.pbtxt"
         text = _render_template(env, "config.pbtxt.j2", path, m=entry, plan=plan, spec_name=spec_name)
@@ -105,6 +121,8 @@ def render_repository(
         elif entry.source_model != entry.name:  # lanes of a Python model share its code
             links[f"{entry.name}/1"] = f"../{entry.source_model}/1"
     files[SERVER_FLAGS_FILE] = _render_template(env, "server_flags.txt.j2", SERVER_FLAGS_FILE, plan=plan)
+    if sidecar_policy is not None:
+        files[SIDECAR_POLICY_FILE] = json.dumps(sidecar_policy, indent=2, sort_keys=True) + "\n"
     return RenderedRepository(files=dict(sorted(files.items())), links=links, plan=plan)
 
 

@@ -28,8 +28,9 @@ ExtraRule = Callable[[dict[str, ModelConfig]], list[Finding]]
 
 def rules_for_spec(spec_path: Path, profiles_dir: Path | None = None) -> list[ExtraRule]:
     loaded = load_spec(spec_path)
-    pads = measured_pads_mb(read_profiles(profiles_dir)) if profiles_dir is not None else None
-    rendered = render_repository(loaded, measured_pads_mb=pads)
+    profiles = read_profiles(profiles_dir) if profiles_dir is not None else None
+    pads = measured_pads_mb(profiles) if profiles else None
+    rendered = render_repository(loaded, measured_pads_mb=pads, profiles=profiles)
     assert rendered.plan is not None
     plan = rendered.plan
     expected = {

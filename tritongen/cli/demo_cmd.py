@@ -56,8 +56,9 @@ def demo(
         repo.mkdir()
         copy_model_code(code, repo)
         console.rule(f"1. render {spec} -> {repo}")
-        pads = measured_pads_mb(read_profiles(profiles)) if profiles.is_dir() else None
-        rendered = render_repository(loaded, measured_pads_mb=pads)
+        measured = read_profiles(profiles) if profiles.is_dir() else None
+        pads = measured_pads_mb(measured) if measured else None
+        rendered = render_repository(loaded, measured_pads_mb=pads, profiles=measured)
         written = write_repository(rendered, repo)
         assert rendered.plan is not None
         plan = rendered.plan

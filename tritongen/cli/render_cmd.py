@@ -30,8 +30,9 @@ def render(
 ) -> None:
     """Render config.pbtxt (and backend files) for every model; atomic, deterministic."""
     loaded = load_spec(spec)
-    pads = measured_pads_mb(read_profiles(profiles)) if profiles else None
-    rendered = render_repository(loaded, templates, pads)
+    measured = read_profiles(profiles) if profiles else None
+    pads = measured_pads_mb(measured) if measured else None
+    rendered = render_repository(loaded, templates, pads, measured)
     if check:
         diff = drift(rendered, out)
         if diff:
