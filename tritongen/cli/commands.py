@@ -12,4 +12,5 @@ from tritongen.cli import (  # noqa: F401
     render_cmd,
     schema_cmd,
     serve_cmd,
+    sidecar_cmd,
 )

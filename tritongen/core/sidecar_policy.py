@@ -5,7 +5,8 @@ as `sidecar_policy.json` beside the models; `sidecar/policy.py` is its schema (v
 number comes from the same arithmetic the configs were rendered from:
 
 * LLM cost: KV bytes per token measured by the profile (`memory.kv_bytes_per_token_measured`)
-  when there is one, else the analytic `kv_shape` figure of the plan; the engine's block size;
+  when there is one (and it is not below the arithmetic), else the analytic `kv_shape` figure of
+  the plan; the engine's block size;
   the profiled prefill peak per prompt length (`memory.prefill`).
 * LLM quotas: the KV budget x engines (the pool the engine was rendered with) and max_sequences x
   engines in flight.
@@ -118,8 +119,15 @@ def _model_entry(
     if entry.kv is not None:
         kv = entry.kv
         measured = memory.kv_bytes_per_token_measured if memory is not None else None
-        bpt: float = float(measured) if measured else float(kv.kv_bytes_per_token)
-        source = "profile" if measured else "analytic"
+        # The measured figure when there is one; but never below the arithmetic, which is what a
+        # pre-allocated pool of whole blocks holds per token (a low measurement is noise, not savings).
+        source = "profile" if measured and measured >= kv.kv_bytes_per_token else "analytic"
+        bpt: float = float(measured) if source == "profile" else float(kv.kv_bytes_per_token)
+        if measured and source == "analytic":
+            notes.append(
+                f"{entry.name}: measured {measured:g} KV bytes/token is below the analytic "
+                f"{kv.kv_bytes_per_token}; the analytic figure is used"
+            )
         prefill = sorted(
             {p.prompt_tokens: p.peak_delta_bytes for p in (memory.prefill if memory else [])}.items()
         )

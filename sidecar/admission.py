@@ -1,0 +1,832 @@
+"""The sidecar's admission state: pure, single-threaded, clock injected. No asyncio, no I/O.
+
+The asyncio code in `sidecar/controller.py` owns one `AdmissionState` and calls it; everything that
+decides (admit, queue or refuse; who leaves the queue next; when the concurrency limit moves; what
+Retry-After says) lives here so it can be tested exhaustively with a fake clock.
+
+Memory model. A request costs
+  * `kv_bytes`: (prompt + output tokens) x KV bytes per token, rounded up to whole blocks; held for
+    the request's life; it counts against the model's quota (its KV pool) and, for engines that do
+    not pre-allocate their pool, against the device too;
+  * `prefill_bytes`: the profiled prefill peak for its prompt length, held on the device only
+    until the first token comes back (`end_prefill`);
+  * `request_bytes`: a classic model's per-request memory, held on the device for its life.
+
+Limits ("rooms"). Each request is checked against rooms; a room has a capacity, what is already
+used of it, and what this request needs:
+  * `concurrency_limit`: the adaptive in-flight limit (shared by all models);
+  * `model_concurrency_quota:<m>` and `model_memory_quota:<m>`: the model's own quotas;
+  * `headroom:<scope>`: live headroom of a device (`gpu0`, `cpu`) or a model's KV pool
+    (`pool:<m>`), from the latest `HeadroomSnapshot`, minus the safety pad on devices.
+A class may fill only `budget_fraction` of every room, which keeps room for higher classes.
+
+Live readings count what the sidecar reserved once: a reading taken while the sidecar held R
+bytes on a scope that shows U bytes used means `max(0, U - R)` bytes are held by something else,
+so capacity = total - pad - max(0, U - R). Static readings (the plan's arithmetic) do not include
+reservations: capacity = total - pad - static used.
+
+Queueing is strict priority with aging: a waiting request is promoted one level for every
+`starvation_guard_ms` it has waited, and requests of equal effective level leave in arrival order.
+A request blocked by a shared room (device headroom, the concurrency limit) holds everything behind
+it, so a large request cannot starve; one blocked by its own model's quota only holds its model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict, deque
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from sidecar.policy import ClassPolicy, ConcurrencyPolicy, ModelPolicy, SidecarPolicy
+
+Clock = Callable[[], float]
+
+DRAIN_WINDOW_S = 10.0
+DRAIN_MIN_SAMPLES = 2
+SEQ_LEN_ALPHA = 0.2
+SERVICE_ALPHA = 0.2
+LATENCY_SAMPLES = 64
+LATENCY_MIN_SAMPLES = 5
+LATENCY_QUANTILE = 0.9
+
+
+class Action(str, Enum):
+    ADMIT = "admit"
+    QUEUE = "queue"
+    REJECT = "reject"
+
+
+# Reasons a request is refused (Decision.reason); the proxies map them to status codes.
+EXCEEDS_BUDGET = "exceeds_budget"  # can never fit this class's share of a static limit
+CLASS_NOT_SERVED = "class_not_served"
+QUEUE_FULL = "queue_full"
+QUEUE_WAIT = "queue_wait_exceeds_target"  # the estimated wait is longer than the class may wait
+QUEUE_TIMEOUT = "queue_timeout"
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What one request holds while it runs. See the module docstring for the three parts."""
+
+    kv_bytes: int = 0
+    prefill_bytes: int = 0
+    request_bytes: int = 0
+    tokens: int = 0  # prompt + output tokens the KV cost was computed for (LLMs)
+    prompt_tokens: int = 0
+    sequences: int = 1
+
+    @property
+    def total_bytes(self) -> int:
+        return self.kv_bytes + self.prefill_bytes + self.request_bytes
+
+
+@dataclass(frozen=True)
+class Request:
+    id: Hashable
+    model: str
+    klass: str
+    cost: Cost
+
+
+@dataclass(frozen=True)
+class Room:
+    """One limit as seen by one request: `need` must fit in `capacity - used`."""
+
+    name: str
+    unit: str  # "bytes" | "requests"
+    used: float
+    capacity: float
+    need: float
+    shared: bool  # True: blocks every model behind it in the queue; False: only this model
+    static: bool  # capacity does not change with live readings
+
+    @property
+    def free(self) -> float:
+        return self.capacity - self.used
+
+    @property
+    def fits(self) -> bool:
+        return self.need <= self.free
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    blocked: Room | None
+    headroom_bytes: float | None  # the smallest free memory among the rooms
+
+
+def decide(cost: Cost, headroom: Sequence[Room], inflight: Sequence[Room]) -> Verdict:
+    """The admission rule itself: the request fits when every memory room (`headroom`) and every
+    concurrency room (`inflight`) has room for what it needs. The first room that does not is
+    named; concurrency is checked first (it is the cheaper limit to wait for)."""
+    free_bytes = min((r.free for r in headroom), default=None)
+    if cost.total_bytes < 0:
+        raise ValueError(f"a cost cannot be negative: {cost}")
+    for room in (*inflight, *headroom):
+        if not room.fits:
+            return Verdict(False, room, free_bytes)
+    return Verdict(True, None, free_bytes)
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    request_id: Hashable
+    reason: str  # "admitted", "queued", a limit name, or one of the refusal reasons above
+    limit: str | None = None  # the limit that was hit
+    limit_capacity: float | None = None
+    limit_used: float | None = None
+    headroom_bytes: float | None = None
+    retry_after_s: float | None = None
+    queue_position: int | None = None
+    waited_s: float = 0.0
+    detail: str = ""
+
+    @property
+    def admitted(self) -> bool:
+        return self.action is Action.ADMIT
+
+
+@dataclass(frozen=True)
+class Reading:
+    """Memory of one scope ('gpu0', 'cpu', 'pool:<model>') from one source."""
+
+    scope: str
+    total_bytes: int
+    used_bytes: int
+    source: str
+    live: bool = True
+
+
+@dataclass(frozen=True)
+class HeadroomSnapshot:
+    """What the headroom sources said at `taken_at` (the owner's clock)."""
+
+    taken_at: float
+    readings: Mapping[str, Reading] = field(default_factory=dict)
+    failures: Mapping[str, str] = field(default_factory=dict)  # source -> why it failed
+    gpu_utilization: Mapping[str, float] = field(default_factory=dict)  # device id -> 0..1
+    queue_delay_s: Mapping[str, float] = field(default_factory=dict)  # model -> Triton's mean queue time
+
+
+# ------------------------------------------------------------------------------------------------
+# The adaptive concurrency limit
+
+
+class AdaptiveLimit:
+    """Slides between [min, max]: down (multiplicatively) when the memory watermark or Triton's
+    queueing delay is high, up (additively) when both are low and requests are waiting for it;
+    nothing in between (the band between low and high is the hysteresis), at most one change per
+    interval, and no step up for `increase_hold_ms` after a step down."""
+
+    def __init__(self, cfg: ConcurrencyPolicy, now: float) -> None:
+        self.cfg = cfg
+        self.value = cfg.initial if cfg.initial is not None else cfg.max
+        self._last_change = now
+        self._last_decrease = -math.inf
+
+    def reconfigure(self, cfg: ConcurrencyPolicy) -> None:
+        self.cfg = cfg
+        self.value = min(max(self.value, cfg.min), cfg.max)
+
+    def update(self, now: float, watermark: float, queue_delay_s: float | None, demand: bool) -> str:
+        """Returns 'down', 'up' or 'hold'."""
+        cfg = self.cfg
+        if (now - self._last_change) * 1000 < cfg.adjust_interval_ms:
+            return "hold"
+        delay_ms = None if queue_delay_s is None else queue_delay_s * 1000
+        high = watermark >= cfg.high_watermark or (delay_ms is not None and delay_ms >= cfg.queue_delay_high_ms)
+        low = watermark <= cfg.low_watermark and (delay_ms is None or delay_ms <= cfg.queue_delay_low_ms)
+        if high and self.value > cfg.min:
+            self.value = max(cfg.min, min(self.value - 1, math.floor(self.value * cfg.decrease_factor)))
+            self._last_change = self._last_decrease = now
+            return "down"
+        held = (now - self._last_decrease) * 1000 < cfg.increase_hold_ms
+        if low and demand and not held and self.value < cfg.max:
+            self.value = min(cfg.max, self.value + cfg.increase_step)
+            self._last_change = now
+            return "up"
+        return "hold"
+
+
+# ------------------------------------------------------------------------------------------------
+# The state
+
+
+@dataclass
+class _Reservation:
+    request: Request
+    admitted_at: float
+    kv_scopes: tuple[str, ...]
+    device_scopes: tuple[str, ...]
+    kv_bytes: int
+    extra_bytes: int  # prefill + request bytes: device memory outside the KV pool
+    prefill_bytes: int
+    kv_on_device: bool  # the engine does not pre-allocate its pool: KV bytes are device bytes too
+    lingering_until: float | None = None
+    first_response_at: float | None = None
+
+    @property
+    def device_bytes(self) -> int:
+        return self.extra_bytes + (self.kv_bytes if self.kv_on_device else 0)
+
+    @property
+    def held_bytes(self) -> int:
+        return self.kv_bytes + self.extra_bytes
+
+
+@dataclass
+class _Waiting:
+    request: Request
+    enqueued_at: float
+    deadline: float
+    priority: int
+    seq: int
+
+
+@dataclass(frozen=True)
+class Events:
+    """What happened to queued requests since the last `take_events()`."""
+
+    granted: list[Decision]
+    expired: list[Decision]
+
+
+class AdmissionState:
+    def __init__(self, policy: SidecarPolicy, clock: Clock) -> None:
+        self._clock = clock
+        self.policy = policy
+        self._index()
+        self.limit = AdaptiveLimit(policy.concurrency, clock())
+        self._reservations: dict[Hashable, _Reservation] = {}
+        self._waiting: dict[Hashable, _Waiting] = {}
+        self._reserved_scope: dict[str, int] = defaultdict(int)
+        self._reserved_kv: dict[str, int] = defaultdict(int)
+        self._inflight_model: dict[str, int] = defaultdict(int)
+        self._sequences_model: dict[str, int] = defaultdict(int)
+        self._inflight = 0
+        self._lingering = 0
+        self._seq = 0
+        self._snapshot: HeadroomSnapshot | None = None
+        self._reserved_at_sample: dict[str, int] = {}
+        self._completions: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=512))
+        self._seq_len: dict[str, float] = {}
+        self._service_s: dict[str, float] = {}  # EWMA of admitted -> released, per model
+        self._upstream_latency: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=LATENCY_SAMPLES))
+        self._demand = False
+        self._granted: list[Decision] = []
+        self._expired: list[Decision] = []
+        self.last_limit_move = "hold"
+
+    # -- policy and observations ------------------------------------------------------------------
+
+    def apply_policy(self, policy: SidecarPolicy) -> None:
+        """A reloaded policy takes effect at once; reservations and waiting requests are kept."""
+        self.policy = policy
+        self._index()
+        self.limit.reconfigure(policy.concurrency)
+        self._pump()
+
+    def observe_headroom(self, snapshot: HeadroomSnapshot) -> None:
+        self._snapshot = snapshot
+        for scope, reading in snapshot.readings.items():
+            if reading.live:
+                self._reserved_at_sample[scope] = self._reserved_scope.get(scope, 0)
+        self._pump()
+
+    # -- lookups ----------------------------------------------------------------------------------
+
+    def _index(self) -> None:
+        self._models = {m.name: m for m in self.policy.models}
+        self._classes = {c.name: c for c in self.policy.classes}
+        self._devices = {d.id: d for d in self.policy.devices}
+        self._unknown_models: dict[str, ModelPolicy] = {}
+
+    def model_policy(self, name: str) -> ModelPolicy:
+        found = self._models.get(name)
+        if found is not None:
+            return found
+        # A model the policy does not know: admitted under the global limit only, at no memory cost.
+        unknown = self._unknown_models.get(name)
+        if unknown is None:
+            if len(self._unknown_models) > 1024:
+                self._unknown_models.clear()
+            unknown = ModelPolicy.model_construct(
+                name=name, kind="classic", streaming=False, devices=[d.id for d in self.policy.devices],
+                engines=1, kv=None, request_bytes=0, request_bytes_source="analytic", memory_quota_bytes=None,
+                max_inflight=self.policy.concurrency.max, classes=None, release_grace_ms=0.0,
+                priority_levels=16, default_priority=0,
+            )
+            self._unknown_models[name] = unknown
+        return unknown
+
+    def known_model(self, name: str) -> bool:
+        return name in self._models
+
+    def class_policy(self, name: str | None) -> ClassPolicy:
+        found = self._classes.get(name) if name else None
+        if found is None:
+            found = self._classes[self.policy.default_class]
+        return found
+
+    def _now(self) -> float:
+        return self._clock()
+
+    def _fresh_snapshot(self, now: float) -> HeadroomSnapshot | None:
+        snap = self._snapshot
+        if snap is None or (now - snap.taken_at) * 1000 > self.policy.headroom.stale_after_ms:
+            return None
+        return snap
+
+    def reading(self, scope: str, now: float | None = None) -> Reading | None:
+        """The reading in force for a scope: a fresh live one, else the static fallback (devices)."""
+        now = self._now() if now is None else now
+        snap = self._fresh_snapshot(now)
+        if snap is not None and scope in snap.readings:
+            return snap.readings[scope]
+        device = self._devices.get(scope)
+        if device is None:
+            return None
+        return Reading(
+            scope=scope,
+            total_bytes=int(device.memory_bytes * device.utilization_cap),
+            used_bytes=device.static_used_bytes,
+            source="static",
+            live=False,
+        )
+
+    def capacity(self, scope: str, now: float | None = None) -> float | None:
+        """Bytes the sidecar may hold on a scope in all (reservations included); None: unconstrained."""
+        reading = self.reading(scope, now)
+        if reading is None:
+            return None
+        pad = self.policy.headroom.safety_pad_bytes if not scope.startswith("pool:") else 0
+        if reading.live:
+            foreign = max(0, reading.used_bytes - self._reserved_at_sample.get(scope, 0))
+            return float(reading.total_bytes - pad - foreign)
+        return float(reading.total_bytes - pad - reading.used_bytes)
+
+    # -- rooms ------------------------------------------------------------------------------------
+
+    def _device_need(self, model: ModelPolicy, cost: Cost) -> int:
+        need = cost.prefill_bytes + cost.request_bytes
+        if model.kv is not None and not model.kv.preallocated:
+            need += cost.kv_bytes
+        return need
+
+    def rooms(self, request: Request, now: float) -> tuple[list[Room], list[Room]]:
+        """(memory rooms, concurrency rooms) for a request, scaled by its class's budget share."""
+        model = self.model_policy(request.model)
+        klass = self.class_policy(request.klass)
+        frac = klass.budget_fraction
+        cost = request.cost
+        slots = [
+            Room("concurrency_limit", "requests", self._inflight,
+                 max(1, math.floor(self.limit.value * frac)), 1, shared=True, static=False),
+            Room(f"model_concurrency_quota:{model.name}", "requests", self._inflight_model[model.name],
+                 max(1, math.floor(model.max_inflight * frac)), 1, shared=False, static=True),
+        ]
+        memory: list[Room] = []
+        if model.memory_quota_bytes is not None:
+            memory.append(Room(f"model_memory_quota:{model.name}", "bytes", self._reserved_kv[model.name],
+                               math.floor(model.memory_quota_bytes * frac), cost.kv_bytes, shared=False, static=True))
+        if model.kv is not None:
+            pool = f"pool:{model.name}"
+            cap = self.capacity(pool, now)
+            if cap is not None:
+                memory.append(Room(f"headroom:{pool}", "bytes", self._reserved_scope[pool],
+                                   cap * frac, cost.kv_bytes, shared=False, static=False))
+        device_need = self._device_need(model, cost)
+        for device in model.devices:
+            cap = self.capacity(device, now)
+            if cap is None:
+                continue
+            memory.append(Room(f"headroom:{device}", "bytes", self._reserved_scope[device],
+                               cap * frac, device_need, shared=True, static=False))
+        return memory, slots
+
+    def verdict(self, request: Request, now: float | None = None) -> Verdict:
+        now = self._now() if now is None else now
+        memory, slots = self.rooms(request, now)
+        return decide(request.cost, memory, slots)
+
+    # -- queue order ------------------------------------------------------------------------------
+
+    def effective_level(self, waiting: _Waiting, now: float) -> int:
+        """Promoted one level per starvation guard period waited; 1 is the top."""
+        guard_s = self.policy.starvation_guard_ms / 1000
+        promoted = int((now - waiting.enqueued_at) // guard_s) if guard_s > 0 else 0
+        return max(1, waiting.priority - promoted)
+
+    def _order(self, now: float) -> list[_Waiting]:
+        return sorted(self._waiting.values(), key=lambda w: (self.effective_level(w, now), w.enqueued_at, w.seq))
+
+    # -- the main entry points --------------------------------------------------------------------
+
+    def submit(self, request: Request) -> Decision:
+        """Admit now, queue, or refuse. Queued requests are granted later through `take_events()`."""
+        now = self._now()
+        if request.id in self._waiting or request.id in self._reservations:
+            raise ValueError(f"request id {request.id!r} is already known to the admission state")
+        self._expire(now)
+        model = self.model_policy(request.model)
+        klass = self.class_policy(request.klass)
+        if model.classes is not None and klass.name not in model.classes:
+            return Decision(
+                Action.REJECT, request.id, CLASS_NOT_SERVED,
+                detail=f"model {model.name!r} does not serve class {klass.name!r}; it serves {model.classes}",
+            )
+        memory, slots = self.rooms(request, now)
+        verdict = decide(request.cost, memory, slots)
+        never = [r for r in (*memory, *slots) if r.static and r.need > r.capacity]
+        if never:
+            room = never[0]
+            return Decision(
+                Action.REJECT, request.id, EXCEEDS_BUDGET, limit=room.name, limit_capacity=room.capacity,
+                limit_used=room.used, headroom_bytes=verdict.headroom_bytes,
+                detail=f"the request needs {room.need:.0f} {room.unit} but {room.name} allows class "
+                f"{klass.name!r} at most {room.capacity:.0f}; it can never be admitted",
+            )
+        if verdict.ok and not self._waiting:  # the common case: room, and nobody ahead
+            self._reserve(request, now)
+            return Decision(Action.ADMIT, request.id, "admitted", headroom_bytes=verdict.headroom_bytes)
+        self._seq += 1
+        allowed_s = self.allowed_wait_s(request.model, klass)
+        waiting = _Waiting(request, now, now + allowed_s, klass.priority, self._seq)
+        self._waiting[request.id] = waiting
+        self._pump(now, expire=False)  # expired already above; the newcomer must not expire before it is judged
+        granted = [g for g in self._granted if g.request_id == request.id]
+        if granted:
+            self._granted.remove(granted[0])
+            return granted[0]
+        # Not admitted: it waits, unless its queue is full or the wait would exceed the class's.
+        del self._waiting[request.id]
+        self._demand = True
+        blocked = verdict.blocked or self._head_blocker(now, request.model)
+        if blocked is None:
+            limit_name, cap, used = "queue_order", None, None
+        else:
+            limit_name, cap, used = blocked.name, blocked.capacity, blocked.used
+        ahead = self._ahead(request.model, (klass.priority, now, self._seq), now)
+        same_class = sum(1 for w in self._waiting.values() if w.request.klass == klass.name)
+        wait_s = self.expected_wait_s(request.model, ahead + 1, now)
+        common = dict(limit=limit_name, limit_capacity=cap, limit_used=used, headroom_bytes=verdict.headroom_bytes)
+        if same_class >= klass.queue_cap:
+            return Decision(
+                Action.REJECT, request.id, QUEUE_FULL, retry_after_s=self.retry_after_s(wait_s),
+                queue_position=ahead + 1, **common,
+                detail=f"{limit_name} is reached and class {klass.name!r} already has {same_class} "
+                f"requests waiting (its queue cap is {klass.queue_cap})",
+            )
+        if allowed_s <= 0:
+            upstream = self.upstream_latency_s(request.model) or 0.0
+            return Decision(
+                Action.REJECT, request.id, QUEUE_WAIT, retry_after_s=self.retry_after_s(wait_s),
+                queue_position=ahead + 1, **common,
+                detail=f"{limit_name} is reached and class {klass.name!r}'s {klass.p99_ms:.0f} ms target leaves "
+                f"no time to wait: upstream alone takes {upstream * 1000:.0f} ms (P{LATENCY_QUANTILE * 100:.0f})",
+            )
+        if wait_s is not None and wait_s > allowed_s:
+            return Decision(
+                Action.REJECT, request.id, QUEUE_WAIT, retry_after_s=self.retry_after_s(wait_s),
+                queue_position=ahead + 1, **common,
+                detail=f"{limit_name} is reached and the estimated wait, {wait_s * 1000:.0f} ms for "
+                f"{ahead} request(s) ahead, exceeds the {allowed_s * 1000:.0f} ms class {klass.name!r} may wait",
+            )
+        self._waiting[request.id] = waiting
+        return Decision(Action.QUEUE, request.id, "queued", queue_position=ahead + 1, **common,
+                        detail=f"waiting for {limit_name}")
+
+    def _ahead(self, model: str, key: tuple[int, float, int], now: float) -> int:
+        return sum(
+            1 for w in self._waiting.values()
+            if w.request.model == model and (self.effective_level(w, now), w.enqueued_at, w.seq) < key
+        )
+
+    def _head_blocker(self, now: float, model: str | None = None) -> Room | None:
+        """The limit that holds the queue for a request that would fit itself: a shared one, or one
+        of its own model's (the requests of its model ahead of it wait for it)."""
+        for waiting in self._order(now):
+            verdict = self.verdict(waiting.request, now)
+            blocked = verdict.blocked
+            if blocked is not None and (blocked.shared or waiting.request.model == model):
+                return blocked
+        return None
+
+    def cancel(self, request_id: Hashable) -> bool:
+        """The client gave up while waiting. False if it is not waiting (already granted or gone)."""
+        return self._waiting.pop(request_id, None) is not None
+
+    def end_prefill(self, request_id: Hashable) -> None:
+        """The first token came back: the prefill peak is no longer held, and the time from
+        admission to this first response is a sample of the model's upstream latency."""
+        res = self._reservations.get(request_id)
+        if res is None:
+            return
+        if res.first_response_at is None:
+            res.first_response_at = self._now()
+            self._upstream_latency[res.request.model].append(res.first_response_at - res.admitted_at)
+        if res.prefill_bytes == 0:
+            return
+        for scope in res.device_scopes:
+            self._reserved_scope[scope] -= res.prefill_bytes
+        res.extra_bytes -= res.prefill_bytes
+        res.prefill_bytes = 0
+        self._pump()
+
+    def release(self, request_id: Hashable, tokens: int | None = None, linger_s: float = 0.0) -> bool:
+        """The request ended (any way). Idempotent; False if it held nothing.
+
+        `linger_s` > 0 keeps its bytes reserved that much longer (a cancelled request the engine may
+        still hold memory for); the in-flight count drops at once either way.
+        """
+        res = self._reservations.get(request_id)
+        if res is None or res.lingering_until is not None:
+            return False
+        now = self._now()
+        model = res.request.model
+        self._inflight -= 1
+        self._inflight_model[model] -= 1
+        self._sequences_model[model] -= res.request.cost.sequences
+        self._completions[model].append(now)
+        service = now - res.admitted_at
+        if res.first_response_at is None and linger_s == 0:
+            self._upstream_latency[model].append(service)  # no streamed response: the whole request
+        prev_service = self._service_s.get(model)
+        self._service_s[model] = service if prev_service is None else prev_service + SERVICE_ALPHA * (service - prev_service)
+        if tokens is not None and tokens > 0:
+            per_seq = tokens / max(1, res.request.cost.sequences)
+            prev = self._seq_len.get(model)
+            self._seq_len[model] = per_seq if prev is None else prev + SEQ_LEN_ALPHA * (per_seq - prev)
+        if linger_s > 0:
+            res.lingering_until = now + linger_s
+            self._lingering += 1
+        else:
+            self._free(request_id)
+        self._pump(now)
+        return True
+
+    def tick(self) -> None:
+        """Time passes: lingering reservations end, queue deadlines pass, the limit may move."""
+        now = self._now()
+        self._expire(now)
+        watermark = self.watermark(now)
+        delay = self.queue_delay_s(now)
+        near_limit = self._inflight >= max(1, self.limit.value - 1)
+        self.last_limit_move = self.limit.update(now, watermark, delay, self._demand or near_limit)
+        if self.last_limit_move != "hold":
+            self._demand = False
+        self._pump(now)
+
+    @property
+    def has_events(self) -> bool:
+        return bool(self._granted or self._expired)
+
+    def take_events(self) -> Events:
+        events = Events(self._granted, self._expired)
+        self._granted, self._expired = [], []
+        return events
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _reserve(self, request: Request, now: float) -> None:
+        model = self.model_policy(request.model)
+        cost = request.cost
+        kv_scopes = (f"pool:{model.name}",) if model.kv is not None else ()
+        res = _Reservation(
+            request, now, kv_scopes, tuple(model.devices), kv_bytes=cost.kv_bytes,
+            extra_bytes=cost.prefill_bytes + cost.request_bytes, prefill_bytes=cost.prefill_bytes,
+            kv_on_device=model.kv is not None and not model.kv.preallocated,
+        )
+        self._reservations[request.id] = res
+        for scope in kv_scopes:
+            self._reserved_scope[scope] += res.kv_bytes
+        for scope in res.device_scopes:
+            self._reserved_scope[scope] += res.device_bytes
+        self._reserved_kv[request.model] += cost.kv_bytes
+        self._inflight += 1
+        self._inflight_model[request.model] += 1
+        self._sequences_model[request.model] += cost.sequences
+
+    def _free(self, request_id: Hashable) -> None:
+        res = self._reservations.pop(request_id)
+        for scope in res.kv_scopes:
+            self._reserved_scope[scope] -= res.kv_bytes
+        for scope in res.device_scopes:
+            self._reserved_scope[scope] -= res.device_bytes
+        self._reserved_kv[res.request.model] -= res.kv_bytes
+        if res.lingering_until is not None:
+            self._lingering -= 1
+
+    def _expire(self, now: float) -> None:
+        if self._lingering:
+            for rid in [r for r, res in self._reservations.items()
+                        if res.lingering_until is not None and res.lingering_until <= now]:
+                self._free(rid)
+        for rid in [r for r, w in self._waiting.items() if w.deadline <= now]:
+            waiting = self._waiting.pop(rid)
+            klass = self.class_policy(waiting.request.klass)
+            wait_s = self.expected_wait_s(waiting.request.model, 1, now)
+            verdict = self.verdict(waiting.request, now)
+            blocked = verdict.blocked or self._head_blocker(now, waiting.request.model)
+            self._expired.append(Decision(
+                Action.REJECT, rid, QUEUE_TIMEOUT, retry_after_s=self.retry_after_s(wait_s),
+                waited_s=now - waiting.enqueued_at, headroom_bytes=verdict.headroom_bytes,
+                limit=blocked.name if blocked else "queue_order",
+                limit_capacity=blocked.capacity if blocked else None,
+                limit_used=blocked.used if blocked else None,
+                detail=f"waited {1000 * (now - waiting.enqueued_at):.0f} ms, class {klass.name!r}'s "
+                f"longest queue wait, without room being made",
+            ))
+
+    def _pump(self, now: float | None = None, expire: bool = True) -> None:
+        """Grant waiting requests in effective order while they fit."""
+        if not self._waiting:
+            return
+        now = self._now() if now is None else now
+        if expire:
+            self._expire(now)
+        held_models: set[str] = set()
+        for waiting in self._order(now):
+            request = waiting.request
+            if request.model in held_models:
+                continue
+            memory, slots = self.rooms(request, now)
+            verdict = decide(request.cost, memory, slots)
+            if verdict.ok:
+                del self._waiting[request.id]
+                self._reserve(request, now)
+                self._granted.append(Decision(
+                    Action.ADMIT, request.id, "admitted", headroom_bytes=verdict.headroom_bytes,
+                    waited_s=now - waiting.enqueued_at,
+                ))
+                continue
+            assert verdict.blocked is not None
+            if verdict.blocked.shared:
+                break
+            held_models.add(request.model)
+
+    # -- measurements -----------------------------------------------------------------------------
+
+    def drain_rate(self, model: str, now: float | None = None) -> float | None:
+        """Requests of `model` that finish per second. While some are in flight: in flight / mean
+        service time (Little's law; it does not lag behind a burst that follows a quiet spell);
+        otherwise the completions of the last window. None before anything finished."""
+        now = self._now() if now is None else now
+        inflight = self._inflight_model.get(model, 0)
+        service = self._service_s.get(model)
+        if inflight > 0 and service:
+            return inflight / max(service, 1e-3)
+        done = self._completions.get(model)
+        if not done:
+            return None
+        while done and done[0] < now - DRAIN_WINDOW_S:
+            done.popleft()
+        if len(done) < DRAIN_MIN_SAMPLES:
+            return None
+        return len(done) / max(now - done[0], 0.05)
+
+    def upstream_latency_s(self, model: str) -> float | None:
+        """A high quantile of admission -> first response (streams) or -> end (unary), recent samples."""
+        samples = self._upstream_latency.get(model)
+        if not samples or len(samples) < LATENCY_MIN_SAMPLES:
+            return None
+        ordered = sorted(samples)
+        return ordered[min(len(ordered) - 1, int(LATENCY_QUANTILE * len(ordered)))]
+
+    def allowed_wait_s(self, model: str, klass: ClassPolicy) -> float:
+        """How long a request may wait in the queue: the class's longest wait, and no longer than its
+        latency target minus what the upstream part usually takes, so the ones served meet the target."""
+        allowed = klass.max_queue_wait_ms / 1000
+        upstream = self.upstream_latency_s(model)
+        if upstream is not None:
+            allowed = min(allowed, klass.p99_ms / 1000 - upstream)
+        return max(0.0, allowed)
+
+    def expected_wait_s(self, model: str, position: int, now: float) -> float | None:
+        rate = self.drain_rate(model, now)
+        if rate is None or rate <= 0:
+            return None
+        return position / rate
+
+    def retry_after_s(self, wait_s: float | None) -> float:
+        """Seconds before a retry can expect room: the drain-rate estimate, at least 1, capped."""
+        cap = self.policy.limits.max_retry_after_s
+        if wait_s is None:
+            return 1.0
+        return float(min(cap, max(1, math.ceil(wait_s))))
+
+    def queue_delay_s(self, now: float) -> float | None:
+        snap = self._fresh_snapshot(now)
+        if snap is None or not snap.queue_delay_s:
+            return None
+        return max(snap.queue_delay_s.values())
+
+    def watermark(self, now: float | None = None) -> float:
+        """The fullest memory limit: reserved / capacity, over every model's quota and scope."""
+        now = self._now() if now is None else now
+        worst = 0.0
+        for model in self.policy.models:
+            if model.memory_quota_bytes:
+                worst = max(worst, self._reserved_kv[model.name] / model.memory_quota_bytes)
+            scopes = list(model.devices) + ([f"pool:{model.name}"] if model.kv is not None else [])
+            for scope in scopes:
+                cap = self.capacity(scope, now)
+                if cap is None:
+                    continue
+                used = self._reserved_scope.get(scope, 0)
+                worst = max(worst, 1.0 if cap <= 0 else used / cap)
+        return worst
+
+    def oom_risk(self, model: str) -> float | None:
+        """The leading out-of-memory indicator: in-flight sequences x mean sequence length x KV bytes
+        per token, over the model's KV budget. Above 1 an engine that allocates as it goes runs out."""
+        policy = self.policy.model_named(model)
+        if policy is None or policy.kv is None or not policy.memory_quota_bytes:
+            return None
+        seqs = self._sequences_model.get(model, 0)
+        mean = self._seq_len.get(model)
+        if mean is None:
+            live = [r.request.cost.tokens / max(1, r.request.cost.sequences)
+                    for r in self._reservations.values() if r.request.model == model and r.lingering_until is None]
+            mean = sum(live) / len(live) if live else 0.0
+        return seqs * mean * policy.kv.bytes_per_token / policy.memory_quota_bytes
+
+    # -- read-only views --------------------------------------------------------------------------
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    def inflight_of(self, model: str) -> int:
+        return self._inflight_model.get(model, 0)
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Every byte still reserved (lingering reservations included)."""
+        return sum(res.held_bytes for res in self._reservations.values())
+
+    def reserved_of(self, model: str) -> int:
+        return sum(r.held_bytes for r in self._reservations.values() if r.request.model == model)
+
+    def reserved_scope(self, scope: str) -> int:
+        return self._reserved_scope.get(scope, 0)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def waiting_by_class(self) -> dict[str, int]:
+        out = {c.name: 0 for c in self.policy.classes}
+        for w in self._waiting.values():
+            out[w.request.klass] = out.get(w.request.klass, 0) + 1
+        return out
+
+    @property
+    def lingering(self) -> int:
+        return self._lingering
+
+    @property
+    def snapshot(self) -> HeadroomSnapshot | None:
+        return self._snapshot
+
+    def status(self) -> dict[str, object]:
+        now = self._now()
+        models = {}
+        names = {m.name for m in self.policy.models} | {r.request.model for r in self._reservations.values()}
+        for name in sorted(names):
+            models[name] = {
+                "inflight": self.inflight_of(name),
+                "reserved_bytes": self.reserved_of(name),
+                "oom_risk": self.oom_risk(name),
+                "drain_rate_per_s": self.drain_rate(name, now),
+            }
+        scopes = {}
+        for scope in sorted({d.id for d in self.policy.devices} | {f"pool:{m.name}" for m in self.policy.models if m.kv}):
+            reading = self.reading(scope, now)
+            cap = self.capacity(scope, now)
+            scopes[scope] = {
+                "source": reading.source if reading else None,
+                "total_bytes": reading.total_bytes if reading else None,
+                "used_bytes": reading.used_bytes if reading else None,
+                "capacity_bytes": cap,
+                "reserved_bytes": self.reserved_scope(scope),
+            }
+        snap = self._snapshot
+        return {
+            "inflight": self._inflight,
+            "reserved_bytes": self.reserved_bytes,
+            "lingering": self._lingering,
+            "waiting": self.waiting_by_class(),
+            "concurrency_limit": self.limit.value,
+            "watermark": round(self.watermark(now), 4),
+            "queue_delay_s": self.queue_delay_s(now),
+            "models": models,
+            "scopes": scopes,
+            "headroom_failures": dict(snap.failures) if snap else {},
+            "headroom_age_s": None if snap is None else round(now - snap.taken_at, 3),
+        }
+

@@ -1,0 +1,464 @@
+"""Wiring and lifecycle: the policy, the admission state and its owner, headroom polling, the
+upstream probe, the HTTP and gRPC proxies, the metrics endpoint, and policy reloads (SIGHUP, a
+changed file, or the token-protected reload endpoint).
+
+    sidecar = Sidecar(SidecarConfig(policy_path=..., upstream="127.0.0.1:8000"))
+    await sidecar.start()      # binds, starts background tasks; raises PolicyError on a bad policy
+    ...
+    await sidecar.stop()       # in-flight requests end, tasks stop, ports close
+
+`SidecarThread` runs one in a background thread with its own event loop (tests, embedding).
+Every I/O source can be injected: the clock, the headroom sources (through `sources`), the
+NVML module, the Prometheus registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from sidecar.admission import AdmissionState
+from sidecar.controller import AdmissionController
+from sidecar.grpc_proxy import GrpcProxy
+from sidecar.headroom import (
+    HeadroomChain,
+    HeadroomSource,
+    NvmlSource,
+    StaticSource,
+    TritonMetricsSource,
+)
+from sidecar.http_proxy import Admin, HttpProxy
+from sidecar.metrics import SidecarMetrics
+from sidecar.policy import PolicyError, SidecarPolicy, load_policy
+from sidecar.upstream import UpstreamHealth
+
+log = logging.getLogger("tritongen.sidecar")
+
+
+class _QuietBadRequests(logging.Filter):
+    """aiohttp logs a malformed request (a header over the size limit, say) as an error with a
+    traceback; it is the client's fault and already answered with a 400: one line is enough."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and type(exc).__module__.startswith("aiohttp.http_exceptions"):
+            record.msg, record.args = "malformed HTTP request refused with 400: %s", (str(exc).splitlines()[0][:200],)
+            record.exc_info, record.levelno, record.levelname = None, logging.WARNING, "WARNING"
+        return True
+
+
+logging.getLogger("aiohttp.server").addFilter(_QuietBadRequests())
+
+SourceFactory = Callable[[SidecarPolicy, "Sidecar"], Sequence[HeadroomSource]]
+
+
+def split_address(text: str, default_port: int) -> tuple[str, int]:
+    """'HOST:PORT', ':PORT' or 'PORT' -> (host, port); the host defaults to 127.0.0.1."""
+    text = text.strip()
+    if "://" in text:
+        text = text.split("://", 1)[1].split("/", 1)[0]
+    if text.isdigit():
+        return "127.0.0.1", int(text)
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        return text or "127.0.0.1", default_port
+    if not port.isdigit():
+        raise ValueError(f"{text!r}: the port must be a number")
+    return (host.strip("[]") or "127.0.0.1"), int(port)
+
+
+@dataclass
+class SidecarConfig:
+    policy_path: Path
+    upstream: str  # Triton HTTP: host:port or http://host:port
+    grpc_upstream: str | None = None  # Triton gRPC host:port; None: no gRPC proxy
+    triton_metrics_url: str | None = None  # default: http://<upstream host>:8002/metrics
+    listen: str = "127.0.0.1:9000"
+    grpc_listen: str = "127.0.0.1:9001"
+    metrics_listen: str = "127.0.0.1:9002"
+    token: str | None = None
+    watch_interval_s: float = 1.0
+    health_interval_s: float = 1.0
+    install_signal_handlers: bool = True
+
+    def metrics_url(self) -> str:
+        if self.triton_metrics_url:
+            return self.triton_metrics_url
+        host, _ = split_address(self.upstream, 8000)
+        return f"http://{host}:8002/metrics"
+
+
+def default_sources(policy: SidecarPolicy, sidecar: Sidecar) -> list[HeadroomSource]:
+    devices = [d.id for d in policy.devices]
+    pools = [m.name for m in policy.models if m.kv is not None]
+    out: list[HeadroomSource] = []
+    for name in policy.headroom.sources:
+        if name == "nvml":
+            out.append(NvmlSource(devices, nvml=sidecar.nvml, clock=sidecar.clock))
+        elif name == "triton_metrics":
+            out.append(TritonMetricsSource(sidecar.fetch_triton_metrics, devices, pools))
+        else:
+            out.append(StaticSource(policy))
+    return out
+
+
+class Sidecar:
+    def __init__(
+        self,
+        config: SidecarConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sources: SourceFactory | None = None,
+        nvml: Any = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.nvml = nvml
+        self._source_factory = sources or default_sources
+        self.metrics = SidecarMetrics(registry)
+        self.policy: SidecarPolicy | None = None
+        self.state: AdmissionState | None = None
+        self.controller: AdmissionController | None = None
+        self.chain: HeadroomChain | None = None
+        self.health: UpstreamHealth | None = None
+        self.http: HttpProxy | None = None
+        self.grpc: GrpcProxy | None = None
+        self.http_port = self.grpc_port = self.metrics_port = 0
+        self.last_reload: dict[str, Any] = {}
+        self._runners: list[web.AppRunner] = []
+        self._grpc_server: grpc.aio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._side_session: aiohttp.ClientSession | None = None
+        self._policy_stat: tuple[int, int] | None = None
+        self._stopped = asyncio.Event()
+        self._reported_failures: dict[str, int] = {}
+        self._reload_lock = asyncio.Lock()
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> Sidecar:
+        try:
+            return await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> Sidecar:
+        cfg = self.config
+        self.policy = load_policy(cfg.policy_path)
+        self._policy_stat = self._stat()
+        self.state = AdmissionState(self.policy, self.clock)
+        self.controller = AdmissionController(self.state, self.metrics, self.clock)
+        self._side_session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0))
+        self.chain = HeadroomChain(self._source_factory(self.policy, self), self.clock)
+        base = cfg.upstream if "://" in cfg.upstream else f"http://{cfg.upstream}"
+        ready_url = base.rstrip("/") + "/v2/health/ready"
+
+        async def probe() -> bool:
+            assert self._side_session is not None
+            async with self._side_session.get(ready_url, timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
+                await resp.read()
+                return resp.status == 200
+
+        self.health = UpstreamHealth(probe, interval_s=cfg.health_interval_s)
+        self.health.on_change(lambda up: self.metrics.upstream_up.set(1 if up else 0))
+        policy = lambda: self._policy()
+        admin = Admin(token=cfg.token, status=self.status, reload=self.reload)
+        self.http = HttpProxy(cfg.upstream, self.controller, self.health, self.metrics, policy, admin)
+        await self.http.start()
+        limits = self.policy.limits
+        runner = web.AppRunner(
+            self.http.application(), handler_cancellation=True, access_log=None,
+            max_line_size=limits.max_header_bytes, max_field_size=limits.max_header_bytes,
+        )
+        await runner.setup()
+        self._runners.append(runner)
+        host, port = split_address(cfg.listen, 9000)
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+        await site.start()
+        self.http_port = _bound_port(runner)
+
+        if cfg.grpc_upstream:
+            self.grpc = GrpcProxy(cfg.grpc_upstream, self.controller, self.health, self.metrics, policy)
+            await self.grpc.start()
+            server = grpc.aio.server(options=[
+                ("grpc.max_receive_message_length", limits.max_body_bytes),
+                ("grpc.max_send_message_length", -1),
+                ("grpc.max_metadata_size", limits.max_header_bytes),
+            ])
+            server.add_generic_rpc_handlers((self.grpc.handler(),))
+            host, port = split_address(cfg.grpc_listen, 9001)
+            self.grpc_port = server.add_insecure_port(f"{host}:{port}")
+            if not self.grpc_port:
+                raise OSError(f"cannot bind the gRPC listener on {host}:{port}")
+            await server.start()
+            self._grpc_server = server
+
+        metrics_app = web.Application()
+        metrics_app.router.add_get("/metrics", self._metrics_handler)
+        mrunner = web.AppRunner(metrics_app, access_log=None)
+        await mrunner.setup()
+        self._runners.append(mrunner)
+        host, port = split_address(cfg.metrics_listen, 9002)
+        await web.TCPSite(mrunner, host, port, reuse_address=True).start()
+        self.metrics_port = _bound_port(mrunner)
+
+        self.metrics.policy_info.labels(self.policy.digest(), self.policy.deployment).set(1)
+        await self.health.check()
+        self.metrics.upstream_up.set(1 if self.health.up else 0)
+        await self._poll_headroom_once()
+        self.controller.start()
+        self.health.start()
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._headroom_loop(), name="sidecar-headroom"))
+        self._tasks.append(loop.create_task(self._watch_policy(), name="sidecar-policy-watch"))
+        if cfg.install_signal_handlers and threading.current_thread() is threading.main_thread():
+            loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self.reload("SIGHUP")))
+        log.info(
+            "sidecar %s (policy %s) on http %s:%d%s, metrics :%d, upstream %s%s",
+            self.policy.deployment, self.policy.digest(), host, self.http_port,
+            f", grpc :{self.grpc_port}" if self.grpc_port else "", self.metrics_port, cfg.upstream,
+            "" if self.health.up else f" (not ready: {self.health.reason})",
+        )
+        return self
+
+    async def stop(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self.config.install_signal_handlers and threading.current_thread() is threading.main_thread():
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(signal.SIGHUP)
+        for task in self._tasks:
+            task.cancel()
+
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self._grpc_server is not None:
+            await self._grpc_server.stop(grace=1.0)
+            self._grpc_server = None
+        for runner in self._runners:
+            await runner.cleanup()
+        self._runners.clear()
+        if self.health is not None:
+            await self.health.stop()
+        if self.controller is not None:
+            await self.controller.stop()
+        if self.http is not None:
+            await self.http.close()
+        if self.grpc is not None:
+            await self.grpc.close()
+        if self._side_session is not None:
+            await self._side_session.close()
+        if self.chain is not None:
+            for source in self.chain.sources:
+                close = getattr(source, "close", None)
+                if close is not None:
+                    close()
+        self._stopped.set()
+
+    def request_stop(self) -> None:
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    # -- policy -----------------------------------------------------------------------------------
+
+    def _policy(self) -> SidecarPolicy:
+        assert self.policy is not None
+        return self.policy
+
+    def _stat(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.config.policy_path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size)
+
+    async def reload(self, why: str) -> tuple[bool, str]:
+        """Read the policy file again; a policy that does not validate is refused, the old one stays."""
+        async with self._reload_lock:
+            assert self.state is not None and self.policy is not None
+            self._policy_stat = self._stat()
+            try:
+                new = load_policy(self.config.policy_path)
+            except PolicyError as err:
+                message = f"policy reload ({why}) refused; keeping policy {self.policy.digest()}: {err}"
+                log.error("%s", message)
+                self.metrics.reloads.labels("refused").inc()
+                self.last_reload = {"ok": False, "why": why, "message": str(err), "at": time.time()}
+                return False, message
+            old = self.policy
+            if new.digest() == old.digest():
+                self.last_reload = {"ok": True, "why": why, "message": "unchanged", "at": time.time()}
+                return True, f"policy {old.digest()} unchanged"
+            if new.limits != old.limits:
+                log.warning("policy reload: `limits` (body and header sizes) take effect at the next start")
+            self.policy = new
+            self.state.apply_policy(new)
+            assert self.controller is not None
+            self.controller.dispatch()
+            self.controller.wake()
+            if self.chain is not None:
+                self.chain.sources = list(self._source_factory(new, self))
+            self.metrics.policy_info.labels(old.digest(), old.deployment).set(0)
+            self.metrics.policy_info.labels(new.digest(), new.deployment).set(1)
+            self.metrics.reloads.labels("ok").inc()
+            message = f"policy reloaded ({why}): {old.digest()} -> {new.digest()}"
+            log.warning("%s", message)
+            self.last_reload = {"ok": True, "why": why, "message": message, "at": time.time()}
+            return True, message
+
+    async def _watch_policy(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.watch_interval_s)
+            stat = self._stat()
+            if stat is not None and stat != self._policy_stat:
+                await self.reload("file changed")
+
+    # -- headroom ---------------------------------------------------------------------------------
+
+    async def fetch_triton_metrics(self) -> str:
+        assert self._side_session is not None
+        async with self._side_session.get(self.config.metrics_url()) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"GET {self.config.metrics_url()} answered {resp.status}")
+            return await resp.text()
+
+    async def _poll_headroom_once(self) -> None:
+        assert self.chain is not None and self.state is not None and self.controller is not None
+        snapshot = await self.chain.sample()
+        self.state.observe_headroom(snapshot)
+        self.controller.dispatch()
+        m = self.metrics
+        for source in self.chain.sources:
+            failed = source.name in snapshot.failures
+            m.source_up.labels(source.name).set(0 if failed else 1)
+            total = self.chain.failures_total.get(source.name, 0)
+            delta = total - self._reported_failures.get(source.name, 0)
+            if delta > 0:
+                m.source_failures.labels(source.name).inc(delta)
+            self._reported_failures[source.name] = total
+        now = self.clock()
+        m.headroom.clear()
+        m.capacity.clear()
+        for scope in self.state.status()["scopes"]:  # type: ignore[union-attr]
+            reading = self.state.reading(scope, now)
+            cap = self.state.capacity(scope, now)
+            if reading is None or cap is None:
+                continue
+            m.capacity.labels(scope, reading.source).set(cap)
+            m.headroom.labels(scope, reading.source).set(cap - self.state.reserved_scope(scope))
+        for device, util in snapshot.gpu_utilization.items():
+            m.gpu_utilization.labels(device).set(util)
+
+    async def _headroom_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._policy().headroom.poll_interval_ms / 1000)
+            try:
+                await self._poll_headroom_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("headroom poll failed")
+
+    # -- status and metrics -----------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        assert self.state is not None and self.policy is not None and self.health is not None
+        out = dict(self.state.status())
+        out["policy"] = {"digest": self.policy.digest(), "deployment": self.policy.deployment,
+                         "path": str(self.config.policy_path)}
+        out["last_reload"] = self.last_reload
+        out["upstream"] = {"up": self.health.up, "reason": self.health.reason, "http": self.config.upstream,
+                           "grpc": self.config.grpc_upstream}
+        out["headroom_sources"] = dict(self.chain.state) if self.chain else {}
+        return out
+
+    async def _metrics_handler(self, request: web.Request) -> web.Response:
+        if self.controller is not None:
+            self.controller.publish()
+        return web.Response(body=self.metrics.exposition(), content_type="text/plain", charset="utf-8")
+
+
+def _bound_port(runner: web.AppRunner) -> int:
+    for site in runner.sites:
+        server = getattr(site, "_server", None)
+        if server is not None and server.sockets:
+            return int(server.sockets[0].getsockname()[1])
+    raise RuntimeError("the listener is not bound")
+
+
+async def serve(config: SidecarConfig, **kwargs: Any) -> None:
+    """Run until SIGINT or SIGTERM (the CLI's entry point)."""
+    sidecar = Sidecar(config, **kwargs)
+    await sidecar.start()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, sidecar.request_stop)
+    try:
+        await sidecar.wait_stopped()
+    finally:
+        await sidecar.stop()
+
+
+class SidecarThread:
+    """A sidecar on its own event loop in a background thread (tests and embedding).
+
+        with SidecarThread(SidecarConfig(...)) as sc:
+            url = f"http://127.0.0.1:{sc.sidecar.http_port}"
+    """
+
+    def __init__(self, config: SidecarConfig, **kwargs: Any) -> None:
+        config.install_signal_handlers = False
+        self.sidecar = Sidecar(config, **kwargs)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="sidecar", daemon=True)
+        self._started = False
+
+    def start(self) -> SidecarThread:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self.sidecar.start(), self.loop).result(timeout=30)
+        self._started = True
+        return self
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run a plain function on the sidecar's loop (state is single-threaded) and return its result."""
+        async def run() -> Any:
+            return fn()
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=10)
+
+    def run(self, coro: Any, timeout: float = 30) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=timeout)
+
+    def stop(self) -> None:
+        if self._started:
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self.sidecar.stop(), self.loop).result(timeout=30)
+            self._started = False
+        if self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
+        if not self.loop.is_closed() and not self.loop.is_running():
+            self.loop.close()
+
+    def __enter__(self) -> SidecarThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

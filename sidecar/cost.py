@@ -1,0 +1,90 @@
+"""A request's memory cost from what it asks for. Pure arithmetic over the policy's cost model.
+
+LLM: for each sequence, (prompt tokens + requested output tokens), clamped to max_context and
+rounded up to whole KV blocks, x KV bytes per token; plus the profiled prefill peak for the prompt
+length (held only until the first token). Classic: the per-request memory the policy names.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sidecar.admission import Cost
+from sidecar.policy import KVCost, ModelPolicy, PrefillPoint
+
+
+@dataclass(frozen=True)
+class LLMFacts:
+    """What the request says about its sequences (None where it does not say)."""
+
+    prompt_bytes: Sequence[int | None]  # UTF-8 bytes of each prompt; None: unknown (shared memory)
+    max_tokens: Sequence[int | None]  # per sequence; None: not given
+
+    def __post_init__(self) -> None:
+        if len(self.max_tokens) not in (0, 1, len(self.prompt_bytes)):
+            raise ValueError(
+                f"{len(self.prompt_bytes)} prompts but {len(self.max_tokens)} max_tokens values; "
+                "give one per prompt or one for all"
+            )
+
+
+def prefill_peak_bytes(points: Sequence[PrefillPoint], prompt_tokens: int) -> int:
+    """The profiled prefill peak at a prompt length: linear between measured lengths, the first
+    point's peak below it, and growing with the square of the length above the longest one
+    (attention scores are prompt x prompt)."""
+    if not points or prompt_tokens <= 0:
+        return 0
+    if prompt_tokens <= points[0].prompt_tokens:
+        return points[0].peak_bytes
+    last = points[-1]
+    if prompt_tokens >= last.prompt_tokens:
+        return math.ceil(last.peak_bytes * (prompt_tokens / last.prompt_tokens) ** 2)
+    for lo, hi in zip(points, points[1:]):
+        if lo.prompt_tokens <= prompt_tokens <= hi.prompt_tokens:
+            span = hi.prompt_tokens - lo.prompt_tokens
+            frac = (prompt_tokens - lo.prompt_tokens) / span
+            return math.ceil(lo.peak_bytes + frac * (hi.peak_bytes - lo.peak_bytes))
+    return last.peak_bytes  # pragma: no cover - the loop covers every length in range
+
+
+def sequence_tokens(kv: KVCost, prompt_bytes: int | None, max_tokens: int | None) -> tuple[int, int]:
+    """(prompt tokens, total tokens) one sequence may hold, clamped to max_context."""
+    if prompt_bytes is None:
+        return kv.max_context, kv.max_context  # unknown prompt: assume the worst
+    prompt = math.ceil(prompt_bytes / kv.prompt_bytes_per_token)
+    if max_tokens is None or max_tokens < 0:
+        output = kv.default_max_tokens if kv.default_max_tokens is not None else kv.max_context - prompt
+    else:
+        output = max_tokens
+    return min(prompt, kv.max_context), min(kv.max_context, prompt + max(0, output))
+
+
+def kv_bytes_for(kv: KVCost, tokens: int) -> int:
+    blocks = math.ceil(tokens / kv.block_tokens)
+    return math.ceil(blocks * kv.block_tokens * kv.bytes_per_token)
+
+
+def llm_cost(kv: KVCost, facts: LLMFacts) -> Cost:
+    prompts = list(facts.prompt_bytes) or [None]
+    if len(facts.max_tokens) == len(prompts):
+        outputs = list(facts.max_tokens)
+    else:
+        outputs = [facts.max_tokens[0] if facts.max_tokens else None] * len(prompts)
+    kv_total = prefill = tokens = prompt_total = 0
+    for prompt_bytes, max_tokens in zip(prompts, outputs):
+        prompt_tokens, total = sequence_tokens(kv, prompt_bytes, max_tokens)
+        kv_total += kv_bytes_for(kv, total)
+        prefill += prefill_peak_bytes(kv.prefill_peak, prompt_tokens)
+        tokens += total
+        prompt_total += prompt_tokens
+    return Cost(kv_bytes=kv_total, prefill_bytes=prefill, tokens=tokens, prompt_tokens=prompt_total,
+                sequences=len(prompts))
+
+
+def cost_for(model: ModelPolicy, facts: LLMFacts | None) -> Cost:
+    """The cost of one request to `model`; LLMs without facts are charged a full context."""
+    if model.kv is not None:
+        return llm_cost(model.kv, facts or LLMFacts(prompt_bytes=[None], max_tokens=[]))
+    return Cost(request_bytes=model.request_bytes)

@@ -1,0 +1,407 @@
+"""The gRPC side: Triton's `inference.GRPCInferenceService` through admission (grpc.aio).
+
+`ModelInfer` and `ModelStreamInfer` go through admission; every other method is passed through
+as raw bytes. Client metadata is forwarded; the only change to a request is its `priority`
+parameter (set from its class) and, on streams, an internal request id (mapped back on every
+response) plus `triton_enable_empty_final_response`, so the sidecar sees each request's end.
+Empty final responses the client did not ask for are not forwarded.
+
+Refusals: `RESOURCE_EXHAUSTED` with the JSON body as details and `retry-after` in the trailing
+metadata (unary), or a stream response whose `error_message` carries the same JSON (streams).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from tritonclient.grpc import service_pb2 as pb
+
+from sidecar import protocol
+from sidecar.controller import (
+    AdmissionController,
+    Rejected,
+    Ticket,
+    refusal,
+    unavailable,
+)
+from sidecar.cost import cost_for
+from sidecar.metrics import SidecarMetrics
+from sidecar.policy import SidecarPolicy
+from sidecar.upstream import UpstreamHealth
+
+log = logging.getLogger("tritongen.sidecar.grpc")
+
+SERVICE = "/inference.GRPCInferenceService/"
+MODEL_INFER = SERVICE + "ModelInfer"
+MODEL_STREAM_INFER = SERVICE + "ModelStreamInfer"
+_DROP_METADATA = ("user-agent", "content-type", "te", "authority", "host")
+_FINAL = "triton_final_response"
+_EMPTY_FINAL = "triton_enable_empty_final_response"
+_GRPC_STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+                429: grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
+def _metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, Any], ...]:
+    return tuple(
+        (k, v) for k, v in (context.invocation_metadata() or ())
+        if not k.startswith(":") and not k.startswith("grpc-") and k not in _DROP_METADATA
+    )
+
+
+def _header(metadata: tuple[tuple[str, Any], ...], name: str) -> str | None:
+    for key, value in metadata:
+        if key == name:
+            return value if isinstance(value, str) else value.decode("utf-8", "replace")
+    return None
+
+
+@dataclass
+class _Pending:
+    ticket: Ticket
+    client_id: str
+    model: str
+    wants_empty_final: bool
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class GrpcProxy:
+    def __init__(
+        self,
+        upstream: str,
+        controller: AdmissionController,
+        health: UpstreamHealth,
+        metrics: SidecarMetrics,
+        policy: Callable[[], SidecarPolicy],
+    ) -> None:
+        self.upstream = upstream.split("://", 1)[-1]
+        self.controller = controller
+        self.health = health
+        self.metrics = metrics
+        self.policy = policy
+        self._ids = itertools.count(1)
+        self.channel: grpc.aio.Channel | None = None
+        self._unary_calls: dict[str, Any] = {}
+        self._retired: list[grpc.aio.Channel] = []
+        self._lost = False
+        self.connect_timeout_s = 3.0
+        health.on_change(self._upstream_changed)
+
+    # -- upstream channel -------------------------------------------------------------------------
+
+    def _new_channel(self) -> grpc.aio.Channel:
+        self._unary_calls = {}
+        return grpc.aio.insecure_channel(
+            self.upstream,
+            options=[
+                ("grpc.max_receive_message_length", -1),
+                ("grpc.max_send_message_length", -1),
+                ("grpc.use_local_subchannel_pool", 1),  # a new channel must not inherit a dead one's backoff
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.min_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1000),
+            ],
+        )
+
+    async def start(self) -> None:
+        self.channel = self._new_channel()
+
+    async def close(self) -> None:
+        for channel in (*self._retired, self.channel):
+            if channel is not None:
+                await channel.close(grace=None)
+        self._retired.clear()
+        self.channel = None
+
+    async def _upstream_changed(self, up: bool) -> None:
+        if not up:
+            self._lost = True
+        elif self._lost and self.channel is not None:
+            # The old connection went to a dead process: start over.
+            self._lost = False
+            self._retired.append(self.channel)
+            self.channel = self._new_channel()
+            while len(self._retired) > 1:
+                await self._retired.pop(0).close(grace=None)
+
+    async def _ready(self, context: grpc.aio.ServicerContext) -> None:
+        """Make sure the upstream channel is connected (Triton may just have come back), or answer
+        UNAVAILABLE; a connected channel costs one state check."""
+        if not await self._connected():
+            await self._abort_down(context)
+
+    def _unary(self, method: str) -> Any:
+        call = self._unary_calls.get(method)
+        if call is None:
+            assert self.channel is not None
+            call = self._unary_calls[method] = self.channel.unary_unary(method)
+        return call
+
+    # -- the server side --------------------------------------------------------------------------
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        proxy = self
+
+        class _Handler(grpc.GenericRpcHandler):
+            def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+                method = details.method
+                if method == MODEL_INFER:
+                    return grpc.unary_unary_rpc_method_handler(proxy.model_infer)
+                if method == MODEL_STREAM_INFER:
+                    return grpc.stream_stream_rpc_method_handler(proxy.model_stream_infer)
+                if method.startswith(SERVICE):
+
+                    async def passthrough(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+                        return await proxy.passthrough(method, request, context)
+
+                    return grpc.unary_unary_rpc_method_handler(passthrough)
+                return None
+
+        return _Handler()
+
+    async def _abort_down(self, context: grpc.aio.ServicerContext) -> None:
+        self.metrics.unavailable.labels("grpc").inc()
+        context.set_trailing_metadata((("retry-after", "1"),))
+        await context.abort(grpc.StatusCode.UNAVAILABLE, json.dumps(unavailable(self.health.reason)))
+
+    async def passthrough(self, method: str, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        if not self.health.up:
+            await self._abort_down(context)
+        await self._ready(context)
+        try:
+            return await self._unary(method)(request, metadata=_metadata(context), timeout=context.time_remaining())
+        except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.UNAVAILABLE:
+                self.health.mark_down(f"gRPC UNAVAILABLE: {err.details()}")
+            await context.abort(err.code(), err.details() or "")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _prepare(self, request: Any, metadata: tuple[tuple[str, Any], ...]) -> tuple[Any, Any, Any]:
+        """(model policy, class policy, cost) of one ModelInferRequest; sets its priority."""
+        policy = self.policy()
+        model = self.controller.state.model_policy(request.model_name)
+        klass = protocol.resolve_class(
+            policy, _header(metadata, policy.class_header), protocol.grpc_class(request, policy.class_parameter)
+        )
+        facts = protocol.grpc_llm_facts(request, model.kv) if model.kv else None
+        cost = cost_for(model, facts)
+        if model.priority_levels and (klass.priority != model.default_priority or "priority" in request.parameters):
+            protocol.grpc_set_priority(request, klass.priority)
+        return model, klass, cost
+
+    async def _refuse(self, context: grpc.aio.ServicerContext, rejected: Rejected) -> None:
+        status, body = refusal(rejected.decision, rejected.model, rejected.klass)
+        if rejected.decision.retry_after_s is not None and status == 429:
+            context.set_trailing_metadata((("retry-after", str(int(rejected.decision.retry_after_s))),))
+        await context.abort(_GRPC_STATUS.get(status, grpc.StatusCode.RESOURCE_EXHAUSTED), json.dumps(body))
+
+    async def model_infer(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        if not self.health.up:
+            await self._abort_down(context)
+        await self._ready(context)
+        metadata = _metadata(context)
+        try:
+            request = pb.ModelInferRequest.FromString(raw)
+            _, klass, cost = self._prepare(request, metadata)
+        except (protocol.BadRequest, ValueError) as err:
+            self.metrics.malformed.labels("grpc").inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {err}")
+        except Exception as err:  # protobuf DecodeError
+            self.metrics.malformed.labels("grpc").inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {type(err).__name__}: {err}")
+        payload = request.SerializeToString()
+        try:
+            async with self.controller.admit(request.model_name, klass.name, cost) as ticket:
+                ticket.sent = True
+                try:
+                    response = await self._unary(MODEL_INFER)(
+                        payload, metadata=metadata, timeout=context.time_remaining()
+                    )
+                except grpc.aio.AioRpcError as err:
+                    ticket.completed = True
+                    ticket.outcome = "upstream_error"
+                    if err.code() == grpc.StatusCode.UNAVAILABLE:
+                        ticket.outcome = "upstream_failed"
+                        self.health.mark_down(f"gRPC UNAVAILABLE: {err.details()}")
+                    error = err
+                else:
+                    ticket.completed = True
+                    return response
+        except Rejected as rejected:
+            await self._refuse(context, rejected)
+        await context.abort(error.code(), error.details() or "")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- streams ----------------------------------------------------------------------------------
+
+    async def _connected(self) -> bool:
+        channel = self.channel
+        assert channel is not None
+        if channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
+            return True
+        try:
+            await asyncio.wait_for(channel.channel_ready(), self.connect_timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            self.health.mark_down(f"gRPC upstream {self.upstream} did not connect within {self.connect_timeout_s:g} s")
+            return False
+
+    async def _stream_unavailable(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
+        """Triton is down: answer every request of the stream with UNAVAILABLE, the way Triton itself
+        reports per-request errors on a stream (aborting a stream the client is still writing to can
+        reach the client as INTERNAL instead)."""
+        body = json.dumps(unavailable(self.health.reason))
+        async for raw in requests:
+            self.metrics.unavailable.labels("grpc").inc()
+            try:
+                request = pb.ModelInferRequest.FromString(raw)
+            except Exception:
+                request = pb.ModelInferRequest()
+            out = pb.ModelStreamInferResponse(error_message=f"UNAVAILABLE: {body}")
+            out.infer_response.id = request.id
+            out.infer_response.model_name = request.model_name
+            await context.write(out.SerializeToString())
+
+    async def model_stream_infer(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
+        if not self.health.up or not await self._connected():
+            await self._stream_unavailable(requests, context)
+            return
+        assert self.channel is not None
+        metadata = _metadata(context)
+        upstream = self.channel.stream_stream(MODEL_STREAM_INFER)(metadata=metadata, timeout=context.time_remaining())
+        pending: dict[str, _Pending] = {}
+        write_lock = asyncio.Lock()
+        up_lock = asyncio.Lock()
+        tasks: set[asyncio.Task[None]] = set()
+        upstream_failed: list[str] = []
+
+        async def to_client(message: Any) -> None:
+            async with write_lock:
+                await context.write(message.SerializeToString())
+
+        def error_response(request_id: str, model: str, message: str) -> Any:
+            out = pb.ModelStreamInferResponse(error_message=message)
+            out.infer_response.id = request_id
+            out.infer_response.model_name = model
+            return out
+
+        async def one(request: Any) -> None:
+            client_id = request.id
+            try:
+                _, klass, cost = self._prepare(request, metadata)
+            except (protocol.BadRequest, ValueError) as err:
+                self.metrics.malformed.labels("grpc").inc()
+                await to_client(error_response(client_id, request.model_name, f"malformed request: {err}"))
+                return
+            uid = f"sidecar-{next(self._ids)}"
+            try:
+                async with self.controller.admit(request.model_name, klass.name, cost) as ticket:
+                    entry = _Pending(ticket, client_id, request.model_name,
+                                     _EMPTY_FINAL in request.parameters and request.parameters[_EMPTY_FINAL].bool_param)
+                    pending[uid] = entry
+                    try:
+                        request.id = uid
+                        request.parameters[_EMPTY_FINAL].bool_param = True
+                        async with up_lock:
+                            if upstream_failed:
+                                raise ConnectionError(upstream_failed[0])
+                            ticket.sent = True
+                            await upstream.write(request.SerializeToString())
+                        await entry.done.wait()
+                    finally:
+                        pending.pop(uid, None)
+            except Rejected as rejected:
+                status, body = refusal(rejected.decision, rejected.model, rejected.klass)
+                code = _GRPC_STATUS.get(status, grpc.StatusCode.RESOURCE_EXHAUSTED).name
+                await to_client(error_response(client_id, request.model_name, f"{code}: {json.dumps(body)}"))
+            except (ConnectionError, grpc.aio.AioRpcError, asyncio.InvalidStateError) as err:
+                await to_client(error_response(client_id, request.model_name, f"UNAVAILABLE: Triton stream failed: {err}"))
+
+        async def read_client() -> None:
+            async for raw in requests:
+                try:
+                    request = pb.ModelInferRequest.FromString(raw)
+                except Exception as err:
+                    self.metrics.malformed.labels("grpc").inc()
+                    await to_client(error_response("", "", f"malformed request: {type(err).__name__}: {err}"))
+                    continue
+                if not self.health.up or upstream_failed:
+                    body = unavailable(self.health.reason or (upstream_failed[0] if upstream_failed else None))
+                    await to_client(error_response(request.id, request.model_name, f"UNAVAILABLE: {json.dumps(body)}"))
+                    continue
+                task = asyncio.ensure_future(one(request))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            while tasks:
+                await asyncio.gather(*list(tasks), return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await upstream.done_writing()
+
+        async def read_upstream() -> None:
+            try:
+                async for raw in upstream:
+                    message = pb.ModelStreamInferResponse.FromString(raw)
+                    await self._route(message, pending, to_client)
+            except grpc.aio.AioRpcError as err:
+                if err.code() == grpc.StatusCode.CANCELLED:
+                    return
+                reason = f"{err.code().name}: {err.details()}"
+                upstream_failed.append(reason)
+                if err.code() == grpc.StatusCode.UNAVAILABLE:
+                    self.health.mark_down(f"gRPC stream: {reason}")
+            finally:
+                for uid, entry in list(pending.items()):
+                    if not entry.done.is_set():
+                        entry.ticket.completed = True
+                        entry.ticket.outcome = "upstream_failed"
+                        await _quiet(to_client(error_response(
+                            entry.client_id, entry.model,
+                            f"UNAVAILABLE: Triton stream ended before the request did ({upstream_failed[0] if upstream_failed else 'closed'})",
+                        )))
+                        entry.done.set()
+
+        reader = asyncio.ensure_future(read_client())
+        pump = asyncio.ensure_future(read_upstream())
+        try:
+            # If Triton's side fails first, the requests in flight were answered with UNAVAILABLE and
+            # the ones still to come are too (see one()), until the client closes its side.
+            await reader
+            await pump
+        finally:
+            for task in (reader, pump, *tasks):
+                task.cancel()
+            upstream.cancel()
+            await asyncio.gather(reader, pump, *tasks, return_exceptions=True)
+
+    async def _route(self, message: Any, pending: dict[str, _Pending], to_client: Callable[[Any], Any]) -> None:
+        response = message.infer_response
+        entry = pending.get(response.id)
+        if entry is None:
+            await to_client(message)  # not ours (should not happen): pass it on untouched
+            return
+        params = response.parameters
+        final = bool(message.error_message) or (_FINAL in params and params[_FINAL].bool_param)
+        empty = not message.error_message and not len(response.outputs)
+        if not message.error_message and len(response.outputs):
+            entry.ticket.first_token()
+            entry.ticket.tokens += 1
+        response.id = entry.client_id
+        if not (final and empty and not entry.wants_empty_final):
+            await to_client(message)
+        if final:
+            entry.ticket.completed = True
+            if message.error_message:
+                entry.ticket.outcome = "upstream_error"
+            entry.done.set()
+
+
+async def _quiet(awaitable: Any) -> None:
+    with contextlib.suppress(Exception):
+        await awaitable

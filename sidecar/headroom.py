@@ -1,0 +1,390 @@
+"""Where live memory headroom comes from, behind one interface, and a chain that falls through.
+
+Sources, in the policy's order (default `nvml`, `triton_metrics`, `static`):
+  * `NvmlSource`: NVML through `pynvml`: per-GPU total/used memory and utilisation, and the
+    memory of Triton's own processes where the driver reports them. With no GPU, `nvmlInit`
+    raises `NVMLError_LibraryNotFound`; the source then fails cleanly (and retries init rarely).
+  * `TritonMetricsSource`: Triton's Prometheus endpoint: `nv_gpu_memory_{total,used}_bytes` per
+    GPU, a model's own KV-pool gauges (`<prefix>_kv_blocks_used/_total`, `_kv_bytes_per_token`,
+    `_kv_block_tokens`, labelled `model=<name>`, as `tinyllm` exports them) and, from the
+    `nv_inference_queue_duration_us` counters, the queueing delay Triton measured per model.
+  * `StaticSource`: the plan's arithmetic from the policy; it always answers.
+
+Every source is given its I/O (the NVML module, the metrics fetcher): tests inject fakes, the app
+injects the real thing. The chain reads every source; for each scope the first source that
+answered wins, and a source that failed is named in the snapshot (`failures`), the metrics and
+the log (once per change, not once per poll).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from sidecar.admission import HeadroomSnapshot, Reading
+from sidecar.policy import SidecarPolicy
+
+log = logging.getLogger("tritongen.sidecar.headroom")
+
+
+class SourceFailed(Exception):
+    """A headroom source could not answer; str() says why."""
+
+
+@dataclass
+class SourceReading:
+    readings: list[Reading] = field(default_factory=list)
+    gpu_utilization: dict[str, float] = field(default_factory=dict)
+    queue_delay_s: dict[str, float] = field(default_factory=dict)
+    process_used_bytes: dict[str, int] = field(default_factory=dict)  # device -> Triton's processes
+
+
+class HeadroomSource(Protocol):
+    name: str
+
+    async def read(self) -> SourceReading:
+        """One reading; raises (SourceFailed or anything else) when the source cannot answer."""
+        ...
+
+
+# ------------------------------------------------------------------------------------------------
+# NVML
+
+
+class NvmlSource:
+    """Per-GPU memory from NVML. `nvml` is the `pynvml` module (or a fake with the same functions)."""
+
+    name = "nvml"
+
+    def __init__(
+        self,
+        device_ids: Sequence[str],
+        nvml: Any = None,
+        pids: Callable[[], Iterable[int]] | None = None,
+        clock: Callable[[], float] | None = None,
+        retry_init_s: float = 30.0,
+    ) -> None:
+        self.device_ids = [d for d in device_ids if d.startswith("gpu")]
+        self._nvml = nvml
+        self._pids = pids
+        self._clock = clock
+        self._retry_init_s = retry_init_s
+        self._initialised = False
+        self._init_error: str | None = None
+        self._init_failed_at: float | None = None
+
+    def _module(self) -> Any:
+        if self._nvml is None:
+            try:
+                import pynvml  # nvidia-ml-py
+            except ImportError as err:  # pragma: no cover - a declared dependency
+                raise SourceFailed(f"NVML unavailable: pynvml is not installed ({err})") from None
+            self._nvml = pynvml
+        return self._nvml
+
+    def _ensure_init(self) -> Any:
+        nvml = self._module()
+        if self._initialised:
+            return nvml
+        now = self._clock() if self._clock else None
+        if (self._init_error is not None and now is not None and self._init_failed_at is not None
+                and now - self._init_failed_at < self._retry_init_s):
+            raise SourceFailed(self._init_error)
+        try:
+            nvml.nvmlInit()
+        except Exception as err:  # pynvml.NVMLError_LibraryNotFound, _DriverNotLoaded, ...
+            self._init_error = f"NVML unavailable: {_nvml_message(err)}"
+            self._init_failed_at = now
+            raise SourceFailed(self._init_error) from None
+        self._initialised = True
+        self._init_error = None
+        return nvml
+
+    async def read(self) -> SourceReading:
+        if not self.device_ids:
+            raise SourceFailed("no GPU devices in the policy")
+        nvml = self._ensure_init()
+        out = SourceReading()
+        pids = set(self._pids()) if self._pids else set()
+        for device in self.device_ids:
+            index = int(device[3:])
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+            except Exception as err:
+                raise SourceFailed(f"NVML cannot read {device}: {_nvml_message(err)}") from None
+            out.readings.append(Reading(device, int(mem.total), int(mem.used), self.name, live=True))
+            try:
+                util = nvml.nvmlDeviceGetUtilizationRates(handle)
+                out.gpu_utilization[device] = float(util.gpu) / 100.0
+            except Exception:  # not supported on every device (MIG slices): not an error
+                pass
+            if pids:
+                try:
+                    procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                    used = sum(int(p.usedGpuMemory or 0) for p in procs if int(p.pid) in pids)
+                    out.process_used_bytes[device] = used
+                except Exception:  # per-process accounting is not available everywhere
+                    pass
+        return out
+
+    def close(self) -> None:
+        if self._initialised:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:
+                pass
+            self._initialised = False
+
+
+def _nvml_message(err: BaseException) -> str:
+    text = str(err) or type(err).__name__
+    return f"{type(err).__name__}: {text}" if type(err).__name__ not in text else text
+
+
+# ------------------------------------------------------------------------------------------------
+# Triton's metrics endpoint
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+def parse_prometheus(text: str, wanted: Callable[[str], bool] | None = None) -> list[Sample]:
+    """Prometheus text exposition: the samples (comments and malformed lines are skipped); with
+    `wanted`, only lines whose metric name it accepts are parsed (Triton's page is long)."""
+    out: list[Sample] = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        if wanted is not None and not wanted(line.split("{", 1)[0].split(" ", 1)[0]):
+            continue
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        name, _, labels_text, value = match.groups()
+        try:
+            number = float(value)
+        except ValueError:
+            continue
+        if math.isnan(number):
+            continue
+        labels = {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in _LABEL.findall(labels_text or "")}
+        out.append(Sample(name, labels, number))
+    return out
+
+
+_WANTED_EXACT = frozenset({
+    "nv_gpu_memory_total_bytes", "nv_gpu_memory_used_bytes", "nv_gpu_utilization",
+    "nv_inference_queue_duration_us", "nv_inference_request_success", "nv_inference_request_failure",
+})
+_WANTED_SUFFIX = ("_kv_blocks_used", "_kv_blocks_total", "_kv_bytes_per_token", "_kv_block_tokens")
+
+
+def _wanted(name: str) -> bool:
+    return name in _WANTED_EXACT or name.endswith(_WANTED_SUFFIX)
+
+
+class TritonMetricsSource:
+    """GPU memory, model KV pools and queueing delay from Triton's /metrics. `fetch` returns the text."""
+
+    name = "triton_metrics"
+
+    def __init__(self, fetch: Callable[[], Awaitable[str]], device_ids: Sequence[str], pool_models: Sequence[str]) -> None:
+        self._fetch = fetch
+        self.device_ids = [d for d in device_ids if d.startswith("gpu")]
+        self.pool_models = list(pool_models)
+        self._last_queue: dict[str, tuple[float, float]] = {}  # model -> (queue_us, requests)
+
+    async def read(self) -> SourceReading:
+        try:
+            text = await self._fetch()
+        except SourceFailed:
+            raise
+        except Exception as err:
+            raise SourceFailed(f"Triton metrics unreachable: {type(err).__name__}: {err}") from None
+        samples = parse_prometheus(text, _wanted)
+        if not any(s.name.startswith("nv_") for s in samples) and "nv_" not in text:
+            raise SourceFailed("the metrics endpoint answered without any nv_* family; is it Triton's?")
+        out = SourceReading()
+        out.readings.extend(self._gpus(samples))
+        out.readings.extend(self._pools(samples))
+        out.queue_delay_s.update(self._queue_delay(samples))
+        for s in samples:
+            if s.name == "nv_gpu_utilization":
+                index = self._gpu_index(samples, s.labels.get("gpu_uuid", ""))
+                if index is not None and f"gpu{index}" in self.device_ids:
+                    out.gpu_utilization[f"gpu{index}"] = s.value
+        return out
+
+    @staticmethod
+    def _gpu_order(samples: list[Sample]) -> list[str]:
+        order: list[str] = []
+        for s in samples:
+            if s.name == "nv_gpu_memory_total_bytes":
+                uuid = s.labels.get("gpu_uuid", "")
+                if uuid not in order:
+                    order.append(uuid)
+        return order
+
+    def _gpu_index(self, samples: list[Sample], uuid: str) -> int | None:
+        order = self._gpu_order(samples)
+        return order.index(uuid) if uuid in order else None
+
+    def _gpus(self, samples: list[Sample]) -> list[Reading]:
+        """Triton labels GPUs by UUID only; they are numbered in the order Triton lists them."""
+        order = self._gpu_order(samples)
+        total = {s.labels.get("gpu_uuid", ""): s.value for s in samples if s.name == "nv_gpu_memory_total_bytes"}
+        used = {s.labels.get("gpu_uuid", ""): s.value for s in samples if s.name == "nv_gpu_memory_used_bytes"}
+        out = []
+        for index, uuid in enumerate(order):
+            device = f"gpu{index}"
+            if device in self.device_ids and uuid in used:
+                out.append(Reading(device, int(total[uuid]), int(used[uuid]), self.name, live=True))
+        return out
+
+    def _pools(self, samples: list[Sample]) -> list[Reading]:
+        out = []
+        for model in self.pool_models:
+            mine = [s for s in samples if s.labels.get("model") == model]
+
+            def pick(suffix: str, combine: Callable[[list[float]], float], mine: list[Sample] = mine) -> float | None:
+                values = [s.value for s in mine if s.name.endswith(suffix)]
+                return combine(values) if values else None
+
+            used = pick("_kv_blocks_used", sum)
+            blocks = pick("_kv_blocks_total", sum)
+            bpt = pick("_kv_bytes_per_token", max)
+            block_tokens = pick("_kv_block_tokens", max) or 1.0
+            if used is None or blocks is None or not bpt:
+                continue
+            per_block = block_tokens * bpt
+            out.append(Reading(f"pool:{model}", int(blocks * per_block), int(used * per_block), self.name, live=True))
+        return out
+
+    def _queue_delay(self, samples: list[Sample]) -> dict[str, float]:
+        """Mean time requests spent in Triton's queue since the previous reading, per model."""
+        queue_us: dict[str, float] = {}
+        requests: dict[str, float] = {}
+        for s in samples:
+            model = s.labels.get("model")
+            if model is None:
+                continue
+            if s.name == "nv_inference_queue_duration_us":
+                queue_us[model] = queue_us.get(model, 0.0) + s.value
+            elif s.name in ("nv_inference_request_success", "nv_inference_request_failure"):
+                requests[model] = requests.get(model, 0.0) + s.value
+        out: dict[str, float] = {}
+        for model, q in queue_us.items():
+            n = requests.get(model, 0.0)
+            last = self._last_queue.get(model)
+            self._last_queue[model] = (q, n)
+            if last is None:
+                continue
+            dq, dn = q - last[0], n - last[1]
+            if dn > 0 and dq >= 0:
+                out[model] = dq / dn / 1e6
+            elif dn == 0:
+                out[model] = 0.0
+        return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Static fallback
+
+
+class StaticSource:
+    """The plan's arithmetic: device memory x utilisation cap, minus what the plan placed there."""
+
+    name = "static"
+
+    def __init__(self, policy: SidecarPolicy) -> None:
+        self.policy = policy
+
+    async def read(self) -> SourceReading:
+        return SourceReading(
+            readings=[
+                Reading(d.id, int(d.memory_bytes * d.utilization_cap), d.static_used_bytes, self.name, live=False)
+                for d in self.policy.devices
+            ]
+        )
+
+
+# ------------------------------------------------------------------------------------------------
+# The chain
+
+
+class HeadroomChain:
+    """Reads every source in order; per scope, the first answer wins; failures are recorded."""
+
+    def __init__(
+        self,
+        sources: Sequence[HeadroomSource],
+        clock: Callable[[], float],
+        timeout_s: float = 2.0,
+        on_change: Callable[[str, str | None], None] | None = None,
+    ) -> None:
+        self.sources = list(sources)
+        self._clock = clock
+        self._timeout_s = timeout_s
+        self._on_change = on_change
+        self.state: dict[str, str | None] = {}  # source -> None (ok) or the last failure
+        self.failures_total: dict[str, int] = {s.name: 0 for s in self.sources}
+        self.last_process_used: dict[str, int] = {}
+
+    async def sample(self) -> HeadroomSnapshot:
+        readings: dict[str, Reading] = {}
+        failures: dict[str, str] = {}
+        utilization: dict[str, float] = {}
+        delays: dict[str, float] = {}
+        for source in self.sources:
+            try:
+                got = await asyncio.wait_for(source.read(), self._timeout_s)
+            except asyncio.CancelledError:
+                raise
+            except asyncio.TimeoutError:
+                failures[source.name] = f"no answer within {self._timeout_s:g} s"
+            except Exception as err:
+                failures[source.name] = str(err) or type(err).__name__
+            else:
+                for reading in got.readings:
+                    readings.setdefault(reading.scope, reading)
+                for key, value in got.gpu_utilization.items():
+                    utilization.setdefault(key, value)
+                for key, value in got.queue_delay_s.items():
+                    delays.setdefault(key, value)
+                self.last_process_used.update(got.process_used_bytes)
+            self._record(source.name, failures.get(source.name))
+        return HeadroomSnapshot(self._clock(), readings, failures, utilization, delays)
+
+    def _record(self, name: str, failure: str | None) -> None:
+        if failure is not None:
+            self.failures_total[name] = self.failures_total.get(name, 0) + 1
+        before = self.state.get(name, "unknown")
+        self.state[name] = failure
+        if before == failure or (before is not None and before != "unknown" and failure is not None):
+            return  # unchanged (a failing source that keeps failing is logged once)
+        if failure is None:
+            if before not in (None, "unknown"):
+                log.warning("headroom source %s is back", name)
+        else:
+            nxt = self._next_after(name)
+            log.warning("headroom source %s failed: %s; using %s", name, failure, nxt)
+        if self._on_change is not None:
+            self._on_change(name, failure)
+
+    def _next_after(self, name: str) -> str:
+        names = [s.name for s in self.sources]
+        later = names[names.index(name) + 1:] if name in names else []
+        return ", ".join(later) or "nothing"

@@ -1,0 +1,325 @@
+"""The HTTP/REST side: Triton's v2 API through admission (aiohttp server and client).
+
+Admission applies to `POST /v2/models/<m>[/versions/<v>]/{infer,generate,generate_stream}`;
+everything else (health, metadata, config, statistics, repository, ...) is passed through.
+Bodies and headers are forwarded as they came (binary tensor data included); the only change is
+the `priority` parameter the request's class sets, written into the JSON (header) part. Request
+bodies sent gzip- or deflate-compressed are forwarded decompressed (aiohttp decodes them, and the
+size limit applies after decoding); responses pass through as Triton compressed them.
+
+Also served here, behind a bearer token: `GET /sidecar/status` and `POST /sidecar/reload`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from sidecar import protocol
+from sidecar.controller import (
+    AdmissionController,
+    Rejected,
+    Ticket,
+    refusal,
+    unavailable,
+)
+from sidecar.cost import cost_for
+from sidecar.metrics import SidecarMetrics
+from sidecar.policy import SidecarPolicy
+from sidecar.upstream import UpstreamHealth
+
+log = logging.getLogger("tritongen.sidecar.http")
+
+_HOP = frozenset(
+    h.lower()
+    for h in (
+        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
+        "trailer", "trailers", "transfer-encoding", "upgrade", "content-length", "host",
+    )
+)
+# aiohttp's server decodes gzip/deflate request bodies (and counts the size limit after decoding):
+# bodies go upstream decoded, so their Content-Encoding does not.
+_REQUEST_DROP = _HOP | {"content-encoding"}
+_MODEL_OPS = ("infer", "generate", "generate_stream")
+_SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+
+
+def _forward_headers(headers: Any, drop: frozenset[str] = _HOP, **override: str | None) -> CIMultiDict[str]:
+    out: CIMultiDict[str] = CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in drop])
+    for key, value in override.items():
+        name = key.replace("_", "-")
+        out.popall(name, None)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def _json_response(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        status=status, body=json.dumps(body).encode(), content_type="application/json", headers=headers
+    )
+
+
+@dataclass
+class Admin:
+    """What the token-protected endpoints call."""
+
+    token: str | None
+    status: Callable[[], dict[str, Any]]
+    reload: Callable[[str], Awaitable[tuple[bool, str]]]
+
+
+class HttpProxy:
+    def __init__(
+        self,
+        upstream: str,
+        controller: AdmissionController,
+        health: UpstreamHealth,
+        metrics: SidecarMetrics,
+        policy: Callable[[], SidecarPolicy],
+        admin: Admin,
+    ) -> None:
+        self.base = upstream if "://" in upstream else f"http://{upstream}"
+        self.base = self.base.rstrip("/")
+        self.controller = controller
+        self.health = health
+        self.metrics = metrics
+        self.policy = policy
+        self.admin = admin
+        self.session: aiohttp.ClientSession | None = None
+        self._retired: list[aiohttp.ClientSession] = []
+        self._lost = False
+        health.on_change(self._upstream_changed)
+
+    # -- upstream session -------------------------------------------------------------------------
+
+    def _new_session(self) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, force_close=False, enable_cleanup_closed=True),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=3.0),
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+        )
+
+    async def start(self) -> None:
+        self.session = self._new_session()
+
+    async def close(self) -> None:
+        for session in (*self._retired, self.session):
+            if session is not None:
+                await session.close()
+        self._retired.clear()
+        self.session = None
+
+    async def _upstream_changed(self, up: bool) -> None:
+        if not up:
+            self._lost = True
+        elif self._lost and self.session is not None:
+            # Pooled connections went to a dead process: start over.
+            self._lost = False
+            self._retired.append(self.session)
+            self.session = self._new_session()
+            while len(self._retired) > 1:
+                await self._retired.pop(0).close()
+
+    # -- the application --------------------------------------------------------------------------
+
+    def application(self) -> web.Application:
+        limits = self.policy().limits
+        app = web.Application(client_max_size=limits.max_body_bytes)
+        app.router.add_get("/sidecar/status", self.status)
+        app.router.add_post("/sidecar/reload", self.reload)
+        app.router.add_post("/v2/models/{model}/versions/{version}/{op}", self.model_op)
+        app.router.add_post("/v2/models/{model}/{op}", self.model_op)
+        app.router.add_route("*", "/{tail:.*}", self.passthrough)
+        return app
+
+    # -- admin ------------------------------------------------------------------------------------
+
+    def _authorised(self, request: web.Request) -> web.Response | None:
+        if not self.admin.token:
+            return _json_response(403, {"error": "status and reload are disabled: start the sidecar with --token-file"})
+        given = request.headers.get("Authorization", "")
+        token = given[7:].strip() if given.lower().startswith("bearer ") else request.headers.get("X-Sidecar-Token", "")
+        if not token or not hmac.compare_digest(token.encode(), self.admin.token.encode()):
+            return _json_response(
+                401, {"error": "a valid token is required: send `Authorization: Bearer <token>`"},
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        return None
+
+    async def status(self, request: web.Request) -> web.Response:
+        denied = self._authorised(request)
+        if denied is not None:
+            return denied
+        return _json_response(200, self.admin.status())
+
+    async def reload(self, request: web.Request) -> web.Response:
+        denied = self._authorised(request)
+        if denied is not None:
+            return denied
+        ok, message = await self.admin.reload("reload endpoint")
+        return _json_response(200 if ok else 422, {"reloaded": ok, "message": message})
+
+    # -- admission --------------------------------------------------------------------------------
+
+    def _bad(self, reason: str) -> web.Response:
+        self.metrics.malformed.labels("http").inc()
+        return _json_response(400, {"error": f"malformed request: {reason}", "reason": "malformed_request"})
+
+    def _down(self) -> web.Response:
+        self.metrics.unavailable.labels("http").inc()
+        return _json_response(503, unavailable(self.health.reason), headers={"Retry-After": "1"})
+
+    async def model_op(self, request: web.Request) -> web.StreamResponse:
+        op = request.match_info["op"]
+        if op not in _MODEL_OPS:
+            return await self.passthrough(request)
+        model_name = request.match_info["model"]
+        body = await request.read()
+        if not self.health.up:
+            return self._down()
+        policy = self.policy()
+        state = self.controller.state
+        model = state.model_policy(model_name)
+        header_class = request.headers.get(policy.class_header)
+        override: dict[str, str | None] = {}
+        try:
+            if op == "infer":
+                header_length = request.headers.get(protocol.HEADER_LENGTH)
+                valid_length = header_length is None or (header_length.isdigit() and int(header_length) <= len(body))
+                head = body[: int(header_length)] if header_length and valid_length else body
+                needs_parse = (
+                    model.kv is not None
+                    or not valid_length
+                    or b'"priority"' in head
+                    or f'"{policy.class_parameter}"'.encode() in head
+                )
+                parsed = protocol.parse_infer(body, header_length) if needs_parse else None
+                klass = protocol.resolve_class(
+                    policy, header_class, protocol.infer_class(parsed, policy.class_parameter) if parsed else None
+                )
+                facts = protocol.infer_llm_facts(parsed, model.kv) if parsed is not None and model.kv else None
+                client_priority = bool(parsed and isinstance(parsed.parameters, dict) and "priority" in parsed.parameters)
+                if model.priority_levels and (klass.priority != model.default_priority or client_priority):
+                    if parsed is None:
+                        parsed = protocol.parse_infer(body, header_length)
+                    body, new_length = protocol.infer_with_priority(parsed, klass.priority)
+                    if new_length is not None:
+                        override[protocol.HEADER_LENGTH] = new_length
+            else:
+                doc = protocol.parse_generate(body)
+                klass = protocol.resolve_class(policy, header_class, protocol.generate_class(doc, policy.class_parameter))
+                facts = protocol.generate_llm_facts(doc, model.kv) if model.kv else None
+                client_priority = "priority" in (doc.get("parameters") or {})
+                if model.priority_levels and (klass.priority != model.default_priority or client_priority):
+                    body = protocol.generate_with_priority(doc, klass.priority)
+            cost = cost_for(model, facts)
+        except protocol.BadRequest as err:
+            return self._bad(str(err))
+        except ValueError as err:
+            return self._bad(str(err))
+        url = f"{self.base}{request.path_qs}"
+        headers = _forward_headers(request.headers, _REQUEST_DROP, **override)
+        try:
+            async with self.controller.admit(model_name, klass.name, cost) as ticket:
+                if op == "generate_stream":
+                    return await self._stream(request, ticket, url, body, headers)
+                return await self._unary(ticket, url, body, headers)
+        except Rejected as rejected:
+            status, payload = refusal(rejected.decision, model_name, klass.name)
+            extra = {}
+            if rejected.decision.retry_after_s is not None and status == 429:
+                extra["Retry-After"] = str(int(rejected.decision.retry_after_s))
+            return _json_response(status, payload, headers=extra)
+
+    async def _unary(self, ticket: Ticket, url: str, body: bytes, headers: CIMultiDict[str]) -> web.Response:
+        assert self.session is not None
+        try:
+            ticket.sent = True
+            async with self.session.post(url, data=body, headers=headers) as up:
+                data = await up.read()
+                ticket.completed = True
+                if up.status >= 400:
+                    ticket.outcome = "upstream_error"
+                return web.Response(status=up.status, body=data, headers=_forward_headers(up.headers))
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as err:
+            ticket.completed = True  # the connection is gone; so is the request upstream
+            ticket.outcome = "upstream_failed"
+            self.health.mark_down(f"{type(err).__name__}: {err}")
+            return self._down()
+
+    async def _stream(
+        self, request: web.Request, ticket: Ticket, url: str, body: bytes, headers: CIMultiDict[str]
+    ) -> web.StreamResponse:
+        assert self.session is not None
+        response: web.StreamResponse | None = None
+        try:
+            ticket.sent = True
+            async with self.session.post(url, data=body, headers=headers) as up:
+                response = web.StreamResponse(status=up.status, headers=_forward_headers(up.headers))
+                await response.prepare(request)
+                async for chunk in up.content.iter_any():
+                    ticket.first_token()
+                    ticket.tokens += chunk.count(b"data:")
+                    await response.write(chunk)
+                ticket.completed = True
+                if up.status >= 400:
+                    ticket.outcome = "upstream_error"
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as err:
+            if isinstance(err, aiohttp.ClientConnectionResetError) or _client_gone(request):
+                ticket.outcome = "client_disconnect"
+                return response or web.Response(status=499)
+            ticket.completed = True
+            ticket.outcome = "upstream_failed"
+            self.health.mark_down(f"{type(err).__name__}: {err}")
+            if response is None:
+                return self._down()
+            event = json.dumps({"error": f"Triton failed mid-stream: {type(err).__name__}: {err}"})
+            try:
+                await response.write(f"data: {event}\n\n".encode())
+            except (ConnectionError, aiohttp.ClientConnectionError):
+                pass
+        except ConnectionError:
+            ticket.outcome = "client_disconnect"
+            return response or web.Response(status=499)
+        assert response is not None
+        try:
+            await response.write_eof()
+        except (ConnectionError, aiohttp.ClientConnectionError):
+            ticket.outcome = ticket.outcome or "client_disconnect"
+        return response
+
+    # -- everything else --------------------------------------------------------------------------
+
+    async def passthrough(self, request: web.Request) -> web.StreamResponse:
+        if request.path.startswith("/sidecar/"):
+            return _json_response(404, {"error": f"no sidecar endpoint {request.path}"})
+        if not self.health.up:
+            return self._down()
+        assert self.session is not None
+        body = await request.read() if request.body_exists else None
+        url = f"{self.base}{request.path_qs}"
+        try:
+            async with self.session.request(
+                request.method, url, data=body, headers=_forward_headers(request.headers, _REQUEST_DROP)
+            ) as up:
+                data = await up.read()
+                return web.Response(status=up.status, body=data, headers=_forward_headers(up.headers))
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as err:
+            self.health.mark_down(f"{type(err).__name__}: {err}")
+            return self._down()
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()

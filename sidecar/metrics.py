@@ -1,0 +1,68 @@
+"""The sidecar's Prometheus metrics, on an explicit registry (tests use a fresh one)."""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+WAIT_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class SidecarMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.admitted = Counter("sidecar_requests_admitted", "Requests admitted upstream.", ["class", "model"], registry=r)
+        self.queued = Counter("sidecar_requests_queued", "Requests that had to wait in the sidecar's queue.",
+                              ["class", "model"], registry=r)
+        self.rejected = Counter("sidecar_requests_rejected", "Requests refused by the sidecar, by the limit hit.",
+                                ["class", "model", "reason"], registry=r)
+        self.outcomes = Counter("sidecar_requests_finished", "Admitted requests by how they ended.",
+                                ["class", "model", "outcome"], registry=r)
+        self.inflight = Gauge("sidecar_inflight_requests", "Requests admitted and not yet finished.", ["model"], registry=r)
+        self.inflight_total = Gauge("sidecar_inflight_requests_total", "All requests in flight.", registry=r)
+        self.waiting = Gauge("sidecar_queue_depth", "Requests waiting in the sidecar's queue.", ["class"], registry=r)
+        self.reserved = Gauge("sidecar_reserved_bytes", "Memory reserved by admitted requests (lingering included).",
+                              ["model"], registry=r)
+        self.reserved_total = Gauge("sidecar_reserved_bytes_total", "All memory reserved by the sidecar.", registry=r)
+        self.oom_risk = Gauge("sidecar_oom_risk_ratio", "Leading OOM indicator: in-flight sequences x mean sequence "
+                              "length x KV bytes per token / KV budget (>= 1: an engine that allocates as it goes "
+                              "runs out).", ["model"], registry=r)
+        self.headroom = Gauge("sidecar_headroom_bytes", "Memory the sidecar may still reserve on a scope.",
+                              ["scope", "source"], registry=r)
+        self.capacity = Gauge("sidecar_memory_capacity_bytes", "Memory the sidecar may hold on a scope in all.",
+                              ["scope", "source"], registry=r)
+        self.source_up = Gauge("sidecar_headroom_source_up", "1 when the headroom source answered at its last poll.",
+                               ["source"], registry=r)
+        self.source_failures = Counter("sidecar_headroom_source_failures", "Failed polls of a headroom source.",
+                                       ["source"], registry=r)
+        self.limit = Gauge("sidecar_concurrency_limit", "The adaptive in-flight limit.", registry=r)
+        self.watermark = Gauge("sidecar_memory_watermark_ratio", "Fullest memory limit: reserved / capacity.", registry=r)
+        self.triton_queue_delay = Gauge("sidecar_triton_queue_delay_seconds",
+                                        "Triton's measured queueing delay (worst model).", registry=r)
+        self.gpu_utilization = Gauge("sidecar_gpu_utilization_ratio", "GPU utilisation from NVML (0..1).", ["device"],
+                                     registry=r)
+        self.upstream_up = Gauge("sidecar_upstream_up", "1 when Triton answered its last readiness probe.", registry=r)
+        self.reloads = Counter("sidecar_policy_reloads", "Policy reloads by result.", ["result"], registry=r)
+        self.policy_info = Gauge("sidecar_policy_info", "The policy in force (value 1).", ["digest", "deployment"],
+                                 registry=r)
+        self.queue_wait = Histogram("sidecar_queue_wait_seconds", "Time admitted requests waited in the sidecar.",
+                                    ["class"], buckets=WAIT_BUCKETS, registry=r)
+        self.latency = Histogram("sidecar_request_duration_seconds", "End-to-end time of admitted requests.",
+                                 ["class", "model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("sidecar_time_to_first_token_seconds", "Arrival to first streamed response.",
+                              ["class", "model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.unavailable = Counter("sidecar_requests_upstream_unavailable",
+                                   "Requests answered 503 / UNAVAILABLE at once because Triton was down.",
+                                   ["protocol"], registry=r)
+        self.malformed = Counter("sidecar_requests_malformed", "Requests refused with 400 before admission.",
+                                 ["protocol"], registry=r)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,330 @@
+"""The sidecar's policy file: a strict, versioned JSON document that `tritongen render` writes.
+
+`build_sidecar_policy` (tritongen/core/sidecar_policy.py) derives every number here from the
+deployment spec, its plan and any profiles; the sidecar only reads it. Unknown keys, impossible
+values and contradictions are refused with the field path, both values and the fix, and a policy
+that fails validation on reload is refused while the old one stays in force.
+
+Units are in the field names: `_bytes` bytes, `_ms` milliseconds, `_s` seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from tritongen.errors import BadInput
+
+POLICY_VERSION = 1
+POLICY_FILE = "sidecar_policy.json"
+
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=128)]
+DEVICE_ID = re.compile(r"^(cpu|gpu[0-9]+)$")
+
+
+class PolicyError(BadInput):
+    """The policy file is missing, not JSON, or does not validate; the message lists every problem."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class ClassPolicy(_Strict):
+    """A traffic class: its Triton priority and how long and how many of it may wait in the sidecar."""
+
+    name: Name = Field(description="Class name clients put in the class header or request parameter.")
+    kind: Literal["interactive", "normal", "batch"] = Field(description="Latency-sensitive, normal or offline.")
+    priority: int = Field(ge=1, le=16, description="Triton priority level forwarded upstream; 1 is served first.")
+    p99_ms: float = Field(gt=0, description="The class's P99 latency target (TTFT for streaming LLMs).")
+    max_queue_wait_ms: float = Field(
+        gt=0, description="A request waits at most this long in the sidecar's queue, then gets a 429."
+    )
+    queue_cap: int = Field(ge=0, description="Requests of this class waiting at once; one more gets a 429 at once.")
+    budget_fraction: float = Field(
+        gt=0, le=1, description="Share of every memory and concurrency limit this class may fill; the rest is "
+        "kept for higher classes (1.0 for the most latency-sensitive class)."
+    )
+
+
+class PrefillPoint(_Strict):
+    prompt_tokens: int = Field(ge=1, description="Prompt length the peak was measured at.")
+    peak_bytes: int = Field(ge=0, description="Transient memory over steady state while that prompt is prefilled.")
+
+
+class KVCost(_Strict):
+    """How an LLM request's memory is computed: (prompt + output tokens) x bytes per token."""
+
+    bytes_per_token: float = Field(gt=0, description="KV-cache bytes per token (per rank).")
+    bytes_per_token_source: Literal["profile", "analytic"] = Field(description="Where bytes_per_token comes from.")
+    block_tokens: int = Field(default=1, ge=1, description="Paged engines allocate whole blocks of this many tokens.")
+    max_context: int = Field(ge=1, description="Prompt + output tokens at most; requested lengths are clamped to it.")
+    default_max_tokens: int | None = Field(
+        default=None, ge=0, description="Output tokens assumed when a request names none (None: up to max_context)."
+    )
+    prompt_bytes_per_token: float = Field(
+        default=1.0, gt=0, description="UTF-8 bytes per prompt token; 1.0 (byte-level tokenizer) is the safe bound."
+    )
+    prompt_input: str = Field(default="text_input", min_length=1, description="Input tensor holding the prompt.")
+    max_tokens_input: str = Field(default="max_tokens", min_length=1, description="Input tensor holding max_tokens.")
+    preallocated: bool = Field(
+        default=True, description="The engine allocates its KV pool up front: KV costs count against the model's "
+        "pool, not against free device memory."
+    )
+    prefill_peak: list[PrefillPoint] = Field(
+        default_factory=list, description="Profiled prefill memory peak by prompt length (empty: no profile)."
+    )
+    prefill_peak_source: Literal["profile", "none"] = Field(default="none")
+
+    @field_validator("prefill_peak")
+    @classmethod
+    def _sorted(cls, points: list[PrefillPoint]) -> list[PrefillPoint]:
+        lengths = [p.prompt_tokens for p in points]
+        if lengths != sorted(set(lengths)):
+            raise ValueError(f"prefill_peak prompt lengths {lengths} must be strictly increasing")
+        return points
+
+
+class ModelPolicy(_Strict):
+    """One Triton model entry the sidecar admits requests for."""
+
+    name: Name = Field(description="Triton model name, as clients address it.")
+    kind: Literal["llm", "classic"]
+    streaming: bool = Field(default=False, description="Decoupled: one response per token.")
+    devices: list[str] = Field(min_length=1, description="Device ids (see `devices`) the model's memory lives on.")
+    engines: int = Field(default=1, ge=1, description="Independent engines (instances x replicas), each with its own pool.")
+    kv: KVCost | None = Field(default=None, description="LLMs: the KV cost model.")
+    request_bytes: int = Field(
+        default=0, ge=0, description="Classic models: device memory one request holds while it runs."
+    )
+    request_bytes_source: Literal["profile", "analytic"] = Field(default="analytic")
+    memory_quota_bytes: int | None = Field(
+        default=None, gt=0, description="KV bytes this model may hold at once (LLMs: KV budget x engines)."
+    )
+    max_inflight: int = Field(ge=1, description="Requests of this model in flight at once (its concurrency quota).")
+    classes: list[str] | None = Field(default=None, description="Classes this model serves; None: all.")
+    priority_levels: int = Field(
+        default=0, ge=0, le=16, description="The model's Triton priority levels (0: none, priority is not forwarded)."
+    )
+    default_priority: int = Field(
+        default=0, ge=0, le=16, description="The level Triton gives requests that name none (no rewrite is needed "
+        "for a class at this level)."
+    )
+    release_grace_ms: float = Field(
+        default=0, ge=0, description="After a cancellation the engine may hold memory until it notices; the "
+        "reservation is kept this long before it is released."
+    )
+
+    @model_validator(mode="after")
+    def _kind(self) -> ModelPolicy:
+        if self.kind == "llm" and self.kv is None:
+            raise ValueError(f"model {self.name!r} is an llm: it needs `kv` (bytes_per_token, max_context, ...)")
+        if self.kind == "classic" and self.kv is not None:
+            raise ValueError(f"model {self.name!r} is classic: remove `kv` or set kind 'llm'")
+        bad = [d for d in self.devices if not DEVICE_ID.match(d)]
+        if bad:
+            raise ValueError(f"model {self.name!r}: device ids {bad} must be 'cpu' or 'gpu<N>'")
+        return self
+
+
+class DevicePolicy(_Strict):
+    """A device's memory, for the static fallback and to cap live readings."""
+
+    id: str = Field(description="'cpu' or 'gpu<N>' (N = the NVML index).")
+    memory_bytes: int = Field(gt=0, description="Physical memory of the device.")
+    utilization_cap: float = Field(gt=0, le=1, description="Static fallback: plan for this fraction of it.")
+    static_used_bytes: int = Field(
+        ge=0, description="Static fallback: weights, framework reserve and pre-allocated KV pools placed here."
+    )
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str) -> str:
+        if not DEVICE_ID.match(value):
+            raise ValueError(f"device id {value!r} must be 'cpu' or 'gpu<N>'")
+        return value
+
+    @property
+    def index(self) -> int | None:
+        return None if self.id == "cpu" else int(self.id[3:])
+
+
+class ConcurrencyPolicy(_Strict):
+    """The adaptive in-flight limit: slides between min and max with hysteresis."""
+
+    min: int = Field(ge=1, description="Lowest the limit goes.")
+    max: int = Field(ge=1, description="Highest the limit goes.")
+    initial: int | None = Field(default=None, ge=1, description="Starting limit (default: max).")
+    high_watermark: float = Field(default=0.9, gt=0, le=1, description="Memory reserved/budget at or above this: step down.")
+    low_watermark: float = Field(default=0.7, gt=0, le=1, description="At or below this (and short queues): step up.")
+    queue_delay_high_ms: float = Field(gt=0, description="Triton's measured queueing delay at or above this: step down.")
+    queue_delay_low_ms: float = Field(gt=0, description="At or below this (and a low watermark): step up.")
+    adjust_interval_ms: float = Field(default=1000, gt=0, description="At most one change per interval.")
+    increase_hold_ms: float = Field(
+        default=3000, ge=0, description="After a step down, no step up for this long (hysteresis in time)."
+    )
+    decrease_factor: float = Field(default=0.9, gt=0, lt=1, description="Multiplicative step down.")
+    increase_step: int = Field(default=1, ge=1, description="Additive step up.")
+
+    @model_validator(mode="after")
+    def _order(self) -> ConcurrencyPolicy:
+        if self.min > self.max:
+            raise ValueError(f"concurrency.min {self.min} exceeds concurrency.max {self.max}; swap them")
+        if self.initial is not None and not self.min <= self.initial <= self.max:
+            raise ValueError(f"concurrency.initial {self.initial} is outside [min {self.min}, max {self.max}]")
+        if self.low_watermark >= self.high_watermark:
+            raise ValueError(
+                f"concurrency.low_watermark {self.low_watermark} must be below high_watermark "
+                f"{self.high_watermark}; the gap between them is the hysteresis band"
+            )
+        if self.queue_delay_low_ms >= self.queue_delay_high_ms:
+            raise ValueError(
+                f"concurrency.queue_delay_low_ms {self.queue_delay_low_ms} must be below queue_delay_high_ms "
+                f"{self.queue_delay_high_ms}"
+            )
+        return self
+
+
+class HeadroomPolicy(_Strict):
+    sources: list[Literal["nvml", "triton_metrics", "static"]] = Field(
+        default_factory=lambda: ["nvml", "triton_metrics", "static"],
+        description="Headroom sources, tried in this order; 'static' always answers.",
+    )
+    safety_pad_bytes: int = Field(ge=0, description="Device memory kept free beyond reservations (prefill spikes).")
+    poll_interval_ms: float = Field(default=500, gt=0, description="How often the sources are read.")
+    stale_after_ms: float = Field(default=5000, gt=0, description="A live reading older than this is ignored.")
+
+    @field_validator("sources")
+    @classmethod
+    def _static_last(cls, sources: list[str]) -> list[str]:
+        if len(set(sources)) != len(sources):
+            raise ValueError(f"headroom.sources {sources} name a source twice")
+        if "static" not in sources:
+            raise ValueError(f"headroom.sources {sources} must end with 'static', the fallback that always answers")
+        if sources[-1] != "static":
+            raise ValueError(f"headroom.sources {sources}: put 'static' last; sources after it would never be used")
+        return sources
+
+
+class LimitsPolicy(_Strict):
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above).")
+    max_header_bytes: int = Field(default=16 * 1024, ge=1024, description="Largest single header line accepted.")
+    max_retry_after_s: int = Field(default=30, ge=1, description="Retry-After never says more than this.")
+
+
+class SidecarPolicy(_Strict):
+    version: Literal[1] = Field(description="Policy format version.")
+    deployment: str = Field(min_length=1, description="The spec's deployment name.")
+    class_header: str = Field(default="x-traffic-class", pattern=r"^[a-z0-9-]+$", description="Header naming the class.")
+    class_parameter: str = Field(default="traffic_class", min_length=1, description="Request parameter naming the class.")
+    default_class: str = Field(description="Class of requests that name none.")
+    starvation_guard_ms: float = Field(gt=0, description="A queued request is promoted one level per this much waiting.")
+    classes: list[ClassPolicy] = Field(min_length=1)
+    devices: list[DevicePolicy] = Field(min_length=1)
+    models: list[ModelPolicy] = Field(default_factory=list)
+    concurrency: ConcurrencyPolicy
+    headroom: HeadroomPolicy
+    limits: LimitsPolicy = Field(default_factory=LimitsPolicy)
+    notes: list[str] = Field(default_factory=list, description="How the numbers were derived (for humans).")
+
+    @model_validator(mode="after")
+    def _cross(self) -> SidecarPolicy:
+        for where, names in (
+            ("classes", [c.name for c in self.classes]),
+            ("models", [m.name for m in self.models]),
+            ("devices", [d.id for d in self.devices]),
+        ):
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                raise ValueError(f"{where}: names {dupes} appear more than once")
+        classes = {c.name for c in self.classes}
+        if self.default_class not in classes:
+            raise ValueError(f"default_class {self.default_class!r} is not one of the classes {sorted(classes)}")
+        levels = [c.priority for c in self.classes]
+        if len(set(levels)) != len(levels):
+            raise ValueError(f"classes use priorities {levels}; give each class its own level")
+        devices = {d.id for d in self.devices}
+        for model in self.models:
+            missing = sorted(set(model.devices) - devices)
+            if missing:
+                raise ValueError(f"model {model.name!r}: devices {missing} are not in `devices` {sorted(devices)}")
+            unknown = sorted(set(model.classes or []) - classes)
+            if unknown:
+                raise ValueError(f"model {model.name!r}: classes {unknown} are not in `classes` {sorted(classes)}")
+        return self
+
+    # -- lookups ---------------------------------------------------------------------------------
+
+    def class_named(self, name: str) -> ClassPolicy | None:
+        return next((c for c in self.classes if c.name == name), None)
+
+    def model_named(self, name: str) -> ModelPolicy | None:
+        return next((m for m in self.models if m.name == name), None)
+
+    def device_named(self, name: str) -> DevicePolicy | None:
+        return next((d for d in self.devices if d.id == name), None)
+
+    def digest(self) -> str:
+        """A short fingerprint of the policy's content (status and logs say which policy is in force)."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def _describe(error: dict[str, Any]) -> str:
+    kind = error.get("type", "")
+    if kind == "extra_forbidden":
+        return "unknown key; check the spelling"
+    if kind == "missing":
+        return "required key is missing"
+    msg = str(error.get("msg", ""))
+    return msg.removeprefix("Value error, ")
+
+
+def parse_policy(data: Any, source: str = "policy") -> SidecarPolicy:
+    """Validate a decoded policy document; PolicyError lists every problem with its field path."""
+    if isinstance(data, dict) and "version" in data and data["version"] != POLICY_VERSION:
+        raise PolicyError(
+            f"{source}: policy version {data['version']!r} is not supported (this sidecar reads version "
+            f"{POLICY_VERSION}); render the policy again with this tritongen"
+        )
+    try:
+        return SidecarPolicy.model_validate(data)
+    except ValidationError as err:
+        problems = [f"  {_loc(tuple(e['loc']))}: {_describe(e)}" for e in err.errors()]
+        noun = "problem" if len(problems) == 1 else "problems"
+        raise PolicyError(f"{source}: {len(problems)} {noun} in the sidecar policy:\n" + "\n".join(problems)) from None
+
+
+def parse_policy_text(text: str, source: str = "policy") -> SidecarPolicy:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise PolicyError(f"{source}:{err.lineno}:{err.colno}: not valid JSON: {err.msg}") from None
+    return parse_policy(data, source)
+
+
+def load_policy(path: Path) -> SidecarPolicy:
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise PolicyError(f"cannot read the sidecar policy {path}: {err.strerror or err}") from None
+    return parse_policy_text(text, str(path))

@@ -1,0 +1,91 @@
+"""Is Triton there? A readiness probe, told at once by the proxies when a connection fails.
+
+While Triton is down every request gets a 503 (gRPC UNAVAILABLE) at once instead of a connection
+error; the probe runs fast until Triton is ready again, then the proxies reconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+log = logging.getLogger("tritongen.sidecar.upstream")
+
+
+class UpstreamHealth:
+    def __init__(
+        self,
+        probe: Callable[[], Awaitable[bool]],
+        interval_s: float = 1.0,
+        down_interval_s: float = 0.2,
+    ) -> None:
+        self._probe = probe
+        self.interval_s = interval_s
+        self.down_interval_s = down_interval_s
+        self.up = False
+        self.reason: str | None = "not probed yet"
+        self._listeners: list[Callable[[bool], Awaitable[None] | None]] = []
+        self._kick = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def on_change(self, listener: Callable[[bool], Awaitable[None] | None]) -> None:
+        self._listeners.append(listener)
+
+    async def check(self) -> bool:
+        try:
+            ok = await self._probe()
+            reason = None if ok else "Triton is not ready (GET /v2/health/ready)"
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            ok, reason = False, f"{type(err).__name__}: {err}"
+        await self._set(ok, reason)
+        return ok
+
+    def mark_down(self, reason: str) -> None:
+        """A proxy saw the connection fail: stop sending until the probe says otherwise."""
+        if self.up:
+            self.up = False
+            self.reason = reason
+            log.warning("upstream down: %s", reason)
+            for listener in self._listeners:
+                result = listener(False)
+                if asyncio.iscoroutine(result):
+                    asyncio.ensure_future(result)
+        self._kick.set()
+
+    async def _set(self, ok: bool, reason: str | None) -> None:
+        changed = ok != self.up
+        self.up, self.reason = ok, reason
+        if not changed:
+            return
+        if ok:
+            log.warning("upstream ready")
+        else:
+            log.warning("upstream down: %s", reason)
+        for listener in self._listeners:
+            result = listener(ok)
+            if asyncio.iscoroutine(result):
+                await result
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="sidecar-upstream-probe")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await self.check()
+            self._kick.clear()
+            try:
+                await asyncio.wait_for(self._kick.wait(), self.interval_s if self.up else self.down_interval_s)
+            except asyncio.TimeoutError:
+                pass

@@ -1,0 +1,659 @@
+"""The sidecar in front of a real tritonserver: out-of-memory kills versus friendly 429s, and the
+HTTP and gRPC pass-through.
+
+One server and one sidecar (started through `tritongen sidecar`, as a user would) for the module.
+The repository is built here: `tinyllm` gets the KV pool the plan computes for a small memory quota,
+but a `max_num_seqs` of 32 instead of the plan's bound, as an operator chasing throughput might set
+it; so the engine admits more sequences than its pool can hold and direct traffic is killed with
+"out of memory: KV cache pool exhausted". The sidecar's policy is built from the same spec and
+plan with `build_sidecar_policy` and told about the raised `max_num_seqs` (max_inflight 32):
+only memory admission stands between the burst and an out-of-memory error.
+
+tinyllm runs without Triton's dynamic batcher here (max_batch_size 0): on this 2-core machine the
+batcher in front of a decoupled Python model held streams for up to 0.5 s, which would measure
+Triton's queue rather than the sidecar. `ranker` keeps its batcher and priority levels, so the
+priority the sidecar forwards is exercised there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import httpx
+import numpy as np
+import pytest
+
+from sidecar.policy import parse_policy
+from tritongen.core.architecture import Architecture
+from tritongen.core.plan import plan_deployment
+from tritongen.core.sidecar_policy import build_sidecar_policy
+from tritongen.core.spec import DeploymentSpec
+from tritongen.server import ServerOptions, TritonServer, free_port
+
+pytestmark = pytest.mark.integration
+
+grpcclient = pytest.importorskip("tritonclient.grpc")
+httpclient = pytest.importorskip("tritonclient.http")
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pbg
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "test-token-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+ARCH = {"family": "llama", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_kv_heads": 2,
+        "head_dim": 16, "dtype": "fp32", "attention": "gqa", "vocab_size": 256}
+PROMPT_BYTES = 21  # "request NNN says hello"
+# Chat-like interactive requests are short, batch requests long: 21 + 8 = 29 tokens (2 blocks of 16),
+# 21 + 24 = 45 (3 blocks), 21 + 40 = 61 (4 blocks); the pool of 12 blocks holds 3 to 6 sequences.
+MAX_TOKENS = {"interactive": 8, "normal": 24, "batch": 40}
+POOL_BLOCKS = 12
+# About 40 requests/s fit through the pool (~4 sequences, ~0.1 s each); the burst offers five times that.
+BURST_REQUESTS = 100
+BURST_SECONDS = 0.5
+CLASSES = ("interactive", "normal", "batch")
+
+
+def spec_doc(memory_quota_mb: float = 1.69) -> dict[str, Any]:
+    tensors = {
+        "inputs": [{"name": "text_input", "data_type": "STRING", "dims": [1]},
+                   {"name": "max_tokens", "data_type": "INT32", "dims": [1], "optional": True}],
+        "outputs": [{"name": "text_output", "data_type": "STRING", "dims": [1]}],
+    }
+    return {
+        "version": 1, "name": "sidecar-it", "hardware": {"gpus": [], "cpu_memory_mb": 64},
+        "models": [
+            {"name": "ranker", "backend": "python", "kind": "classic", "max_batch_size": 32,
+             "weights": {"parameters": 2177, "dtype": "fp32"},
+             "inputs": [{"name": "FEATURES", "data_type": "FP32", "dims": [32]}],
+             "outputs": [{"name": "SCORES", "data_type": "FP32", "dims": [1]}],
+             "parameters": {"overhead_ms": "4.0", "per_item_ms": "0.25", "seed": "7"}},
+            # quota 1.69 MiB - weights 0.595 - reserve 0.5 - pad 0.5 = 97.3 KiB: 12 blocks x 16 tokens x 512 B
+            {"name": "tinyllm", "backend": "python", "kind": "llm", "streaming": True, "architecture": ARCH,
+             "weights": {"parameters": 155968, "dtype": "fp32"}, "kv_dtype": "fp32", "max_context": 128,
+             "memory_quota_mb": memory_quota_mb, **tensors, "parameters": {"seed": "11", "default_max_tokens": "16"}},
+        ],
+        "traffic_classes": [
+            {"name": "interactive", "kind": "interactive", "priority": 1, "p99_ms": 250, "share": 0.35},
+            {"name": "normal", "kind": "normal", "priority": 2, "p99_ms": 1000, "share": 0.35},
+            {"name": "batch", "kind": "batch", "priority": 3, "p99_ms": 5000, "share": 0.3},
+        ],
+        "policy": {"kv_safety_pad_mb": 0.5, "framework_reserve_mb": 0.5},
+    }
+
+
+def _params(params: dict[str, str]) -> str:
+    return "\n".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}' for k, v in sorted(params.items()))
+
+
+def write_repository(root: Path, tinyllm_params: dict[str, str], ranker_params: dict[str, str]) -> Path:
+    for name in ("ranker", "tinyllm"):
+        version = root / name / "1"
+        version.mkdir(parents=True)
+        for py in (ROOT / "model_repository" / name / "1").glob("*.py"):
+            shutil.copy(py, version / py.name)
+    (root / "tinyllm" / "config.pbtxt").write_text(f"""name: "tinyllm"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy {{ decoupled: true }}
+input [ {{ name: "text_input" data_type: TYPE_STRING dims: [ 1 ] }},
+        {{ name: "max_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true }} ]
+output [ {{ name: "text_output" data_type: TYPE_STRING dims: [ 1 ] }} ]
+instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+{_params(tinyllm_params)}
+""")
+    (root / "ranker" / "config.pbtxt").write_text(f"""name: "ranker"
+backend: "python"
+max_batch_size: 32
+input [ {{ name: "FEATURES" data_type: TYPE_FP32 dims: [ 32 ] }} ]
+output [ {{ name: "SCORES" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+dynamic_batching {{ max_queue_delay_microseconds: 2000 priority_levels: 3 default_priority_level: 2 }}
+instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+{_params(ranker_params)}
+""")
+    return root
+
+
+def build(tmp: Path, memory_quota_mb: float = 1.69, pool_blocks: int = POOL_BLOCKS) -> tuple[Path, dict[str, Any], int]:
+    spec = DeploymentSpec.model_validate(spec_doc(memory_quota_mb))
+    plan = plan_deployment(spec, {"tinyllm": Architecture(**ARCH)})
+    entry = plan.entry("tinyllm")
+    assert entry.kv is not None and entry.kv.pool_blocks == pool_blocks and entry.kv.block_tokens == 16
+    tinyllm_params = {**entry.parameters, "max_num_seqs": "32"}  # the operator's override
+    write_repository(tmp / "repo", tinyllm_params, plan.entry("ranker").parameters)
+    policy = build_sidecar_policy(spec, plan)
+    for model in policy["models"]:
+        if model["name"] == "tinyllm":
+            model["max_inflight"] = 32  # told about the override: only memory admission is left
+    policy["concurrency"].update(min=32, max=96)
+    policy["limits"]["max_body_bytes"] = 1024 * 1024
+    parse_policy(policy)
+    return tmp / "repo", policy, entry.kv.pool_blocks
+
+
+@dataclass
+class Deployment:
+    server: TritonServer
+    sidecar: subprocess.Popen[bytes]
+    policy_path: Path
+    policy: dict[str, Any]
+    http: str  # sidecar base URL
+    grpc: str  # sidecar gRPC host:port
+    metrics: str  # sidecar metrics URL
+    log_path: Path
+
+    @property
+    def direct(self) -> str:
+        return f"http://{self.server.http_url}"
+
+    def status(self) -> dict[str, Any]:
+        resp = httpx.get(f"{self.http}/sidecar/status", headers=AUTH, timeout=5)
+        assert resp.status_code == 200, resp.text
+        return resp.json()
+
+    def wait_idle(self, timeout: float = 5.0) -> dict[str, Any]:
+        """Until nothing is reserved, in flight or waiting (lingering reservations expire by then)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.status()
+            if status["reserved_bytes"] == 0 and status["inflight"] == 0 and not any(status["waiting"].values()):
+                return status
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the sidecar did not return to idle: {status}")
+            time.sleep(0.1)
+
+
+def start_sidecar(policy_path: Path, server: TritonServer, token_file: Path, log_path: Path) -> tuple[subprocess.Popen[bytes], int, int, int]:
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from tritongen.cli.main import run; run()", "sidecar",
+         "--policy", str(policy_path), "--upstream", server.http_url, "--grpc-upstream", server.grpc_url,
+         "--triton-metrics", server.metrics_url, "--listen", f"127.0.0.1:{http_port}",
+         "--grpc-listen", f"127.0.0.1:{grpc_port}", "--metrics-listen", f"127.0.0.1:{metrics_port}",
+         "--token-file", str(token_file), "--log-level", os.environ.get("SIDECAR_LOG", "info")],  # debug: one line a request
+        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+    )
+    log.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the sidecar exited with {proc.returncode}:\n{log_path.read_text()}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=1).status_code == 200:
+                return proc, http_port, grpc_port, metrics_port
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"the sidecar did not become ready:\n{log_path.read_text()}")
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    tmp = tmp_path_factory.mktemp("sidecar")
+    repo, policy, _ = build(tmp)
+    policy_path = tmp / "sidecar_policy.json"
+    policy_path.write_text(json.dumps(policy, indent=2))
+    token_file = tmp / "token"
+    token_file.write_text(TOKEN + "\n")
+    with TritonServer(ServerOptions(repository=repo)) as server:
+        log_path = tmp / "sidecar.log"
+        proc, http_port, grpc_port, metrics_port = start_sidecar(policy_path, server, token_file, log_path)
+        try:
+            yield Deployment(server, proc, policy_path, policy, f"http://127.0.0.1:{http_port}",
+                             f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{metrics_port}/metrics", log_path)
+        finally:
+            stop_process(proc)
+    assert proc.returncode == 0, log_path.read_text()  # SIGTERM is a clean stop
+
+
+# ------------------------------------------------------------------------------------------------
+# the burst: out-of-memory kills versus 429s
+
+
+def triton_oom_count(server: TritonServer) -> float:
+    text = httpx.get(server.metrics_url, timeout=5).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("tinyllm_oom_errors_total{"))
+
+
+async def _one(session: aiohttp.ClientSession, url: str, n: int, klass: str) -> dict[str, Any]:
+    body = {"text_input": f"request {n:03d} says hello", "max_tokens": MAX_TOKENS[klass]}
+    out: dict[str, Any] = {"class": klass, "status": None, "retry_after": None, "error": None, "ttft": None,
+                           "tokens": 0, "body": None}
+    t0 = time.perf_counter()
+    try:
+        async with session.post(url, json=body, headers={"x-traffic-class": klass}) as resp:
+            out["status"], out["retry_after"] = resp.status, resp.headers.get("Retry-After")
+            if resp.status != 200:
+                out["body"] = await resp.text()
+                try:
+                    out["error"] = json.loads(out["body"]).get("error")
+                except ValueError:
+                    out["error"] = out["body"]
+                return out
+            async for line in resp.content:
+                if not line.startswith(b"data:"):
+                    continue
+                event = json.loads(line[5:])
+                if "error" in event:
+                    out["error"] = event["error"]
+                    break
+                if out["ttft"] is None:
+                    out["ttft"] = time.perf_counter() - t0
+                out["tokens"] += 1
+    except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+        out["error"] = f"{type(err).__name__}: {err}"
+    return out
+
+
+def burst(base: str, requests: int = BURST_REQUESTS, seconds: float = BURST_SECONDS) -> list[dict[str, Any]]:
+    """Open loop: `requests` arrivals spread evenly over `seconds`, whatever the answers; bounded
+    (every request has a 20 s client timeout) and over in a few seconds."""
+
+    async def main() -> list[dict[str, Any]]:
+        timeout = aiohttp.ClientTimeout(total=20)
+        url = f"{base}/v2/models/tinyllm/generate_stream"
+        async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+            start = time.perf_counter()
+
+            async def arrival(n: int) -> dict[str, Any]:
+                await asyncio.sleep(max(0.0, start + n * seconds / requests - time.perf_counter()))
+                return await _one(session, url, n, CLASSES[n % 3])
+
+            return await asyncio.gather(*(arrival(n) for n in range(requests)))
+
+    return asyncio.run(main())
+
+
+def ttft_histogram(deployment: Deployment, klass: str) -> dict[str, float]:
+    """Cumulative bucket counts of the sidecar's time-to-first-token histogram for a class."""
+    text = httpx.get(deployment.metrics, timeout=5).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("sidecar_time_to_first_token_seconds_bucket{") and f'class="{klass}"' in line:
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out[le] = out.get(le, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def ttft_within(deployment: Deployment, klass: str, target_s: float, before: dict[str, float]) -> tuple[int, int]:
+    """(first tokens within target_s, all first tokens) since `before`; target_s must be a bucket bound."""
+    after = ttft_histogram(deployment, klass)
+    bound = next(le for le in after if le != "+Inf" and abs(float(le) - target_s) < 1e-9)
+    return (int(after[bound] - before.get(bound, 0.0)), int(after["+Inf"] - before.get("+Inf", 0.0)))
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+def test_burst_direct_is_killed_by_oom_sidecar_answers_429(deployment: Deployment) -> None:
+    server = deployment.server
+    # Directly against Triton: the engine admits up to 32 sequences into a pool that holds 3 to 6.
+    before = triton_oom_count(server)
+    direct = burst(deployment.direct)
+    direct_oom = [r for r in direct if r["error"] and "out of memory" in r["error"]]
+    assert direct_oom, f"expected out-of-memory failures directly against Triton, got {direct[:3]}"
+    assert triton_oom_count(server) - before >= len(direct_oom)
+
+    # The direct traffic is over; wait until the sidecar's live reading of the pool says so (it would
+    # rightly count blocks still held by traffic that bypassed it as taken).
+    deadline = time.monotonic() + 5
+    while deployment.status()["scopes"]["pool:tinyllm"]["used_bytes"] != 0:
+        assert time.monotonic() < deadline, "the KV pool did not drain after the direct burst"
+        time.sleep(0.1)
+
+    # Through the sidecar: served, or refused early with 429 and Retry-After; nothing killed.
+    before = triton_oom_count(server)
+    sidecar_before = ttft_histogram(deployment, "interactive")
+    through = burst(deployment.http)
+    ok = [r for r in through if r["status"] == 200 and r["error"] is None and r["tokens"] == MAX_TOKENS[r["class"]]]
+    refused = [r for r in through if r["status"] == 429]
+    others = [r for r in through if r not in ok and r not in refused]
+    assert others == [], f"through the sidecar every request is served or gets a 429: {others[:3]}"
+    assert triton_oom_count(server) == before, "no request may be killed by an out-of-memory error"
+    assert refused, "five times the capacity must overflow into 429s"
+    for r in refused:
+        assert r["retry_after"] is not None and int(r["retry_after"]) >= 1
+        body = json.loads(r["body"])
+        assert body["reason"] in ("queue_full", "queue_wait_exceeds_target", "queue_timeout")
+        assert body["limit"] and "headroom_bytes" in body and body["retry_after_s"] >= 1
+        assert body["model"] == "tinyllm" and body["class"] == r["class"]
+    interactive = [r["ttft"] for r in ok if r["class"] == "interactive"]
+    assert len(interactive) >= 5, "interactive requests must be served under overload, not only refused"
+    target_s = next(c["p99_ms"] for c in deployment.policy["classes"] if c["name"] == "interactive") / 1000
+    # The sidecar's own measurement (arrival at the sidecar to the first token it forwards): on this
+    # 2-core machine the test's client shares the CPU with Triton and the sidecar, and what it adds
+    # is not the sidecar's. The client's view is printed beside it.
+    within, total = ttft_within(deployment, "interactive", target_s, sidecar_before)
+    assert total == len(interactive)
+    assert within >= math.ceil(0.99 * total), (
+        f"interactive P99 time to first token over its {target_s * 1000:.0f} ms target: only {within} of "
+        f"{total} within it (client view: {sorted(round(x * 1000) for x in interactive)} ms)"
+    )
+    print(
+        f"\nburst of {len(direct)} requests in {BURST_SECONDS} s (KV pool of {POOL_BLOCKS} blocks): direct "
+        f"{len(direct_oom)} killed by OOM; through the sidecar {len(ok)} served, {len(refused)} x 429, 0 OOM; "
+        f"interactive TTFT: {within}/{total} within {target_s * 1000:.0f} ms at the sidecar, client-side P99 "
+        f"{p99(interactive) * 1000:.0f} ms"
+    )
+    status = deployment.wait_idle()
+    assert status["lingering"] == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# pass-through: HTTP
+
+
+def features(rows: int, seed: int = 0) -> np.ndarray:
+    return np.random.RandomState(seed).rand(rows, 32).astype(np.float32)
+
+
+@pytest.mark.parametrize(("binary", "compression"), [(False, None), (True, None), (True, "gzip"), (False, "deflate")])
+def test_http_infer_passes_tensors_through(deployment: Deployment, binary: bool, compression: str | None) -> None:
+    x = features(3)
+    results = []
+    for url in (deployment.server.http_url, deployment.http.removeprefix("http://")):
+        client = httpclient.InferenceServerClient(url)
+        tensor = httpclient.InferInput("FEATURES", [3, 32], "FP32")
+        tensor.set_data_from_numpy(x, binary_data=binary)
+        out = httpclient.InferRequestedOutput("SCORES", binary_data=binary)
+        result = client.infer("ranker", [tensor], outputs=[out], request_id="req-42",
+                              headers={"x-traffic-class": "batch"},  # batch: the priority is rewritten
+                              request_compression_algorithm=compression, response_compression_algorithm=compression)
+        results.append(result)
+        client.close()
+    direct, through = results
+    np.testing.assert_array_equal(direct.as_numpy("SCORES"), through.as_numpy("SCORES"))
+    assert through.get_response()["id"] == "req-42"
+
+
+def test_http_infer_with_class_parameter_and_client_priority(deployment: Deployment) -> None:
+    doc = {"id": "p1", "parameters": {"traffic_class": "interactive", "priority": 3},
+           "inputs": [{"name": "FEATURES", "shape": [1, 32], "datatype": "FP32", "data": features(1).ravel().tolist()}]}
+    resp = httpx.post(f"{deployment.http}/v2/models/ranker/infer", json=doc, timeout=10)
+    assert resp.status_code == 200 and resp.json()["id"] == "p1"
+
+
+def test_http_generate_stream_text_matches_direct(deployment: Deployment) -> None:
+    def text(base: str) -> tuple[str, str]:
+        body = {"text_input": "the sidecar passes tokens through", "max_tokens": 20}
+        with httpx.stream("POST", f"{base}/v2/models/tinyllm/generate_stream", json=body, timeout=20) as resp:
+            assert resp.status_code == 200
+            pieces = [json.loads(line[5:])["text_output"] for line in resp.iter_lines() if line.startswith("data:")]
+            return "".join(pieces), resp.headers["content-type"]
+
+    assert text(deployment.direct) == text(deployment.http)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/v2/health/live", "/v2/health/ready", "/v2", "/v2/models/ranker", "/v2/models/ranker/config",
+     "/v2/models/tinyllm/versions/1", "/v2/models/ranker/ready"],
+)
+def test_http_metadata_passes_through(deployment: Deployment, path: str) -> None:
+    direct = httpx.get(deployment.direct + path, timeout=5)
+    through = httpx.get(deployment.http + path, timeout=5)
+    assert (through.status_code, through.content) == (direct.status_code, direct.content)
+
+
+def test_http_stats_and_unknown_model(deployment: Deployment) -> None:
+    stats = httpx.get(f"{deployment.http}/v2/models/ranker/stats", timeout=5)
+    assert stats.status_code == 200 and stats.json()["model_stats"][0]["name"] == "ranker"
+    missing = httpx.post(f"{deployment.http}/v2/models/nope/infer", json={"inputs": []}, timeout=5)
+    direct = httpx.post(f"{deployment.direct}/v2/models/nope/infer", json={"inputs": []}, timeout=5)
+    assert (missing.status_code, missing.json()) == (direct.status_code, direct.json())
+
+
+# ------------------------------------------------------------------------------------------------
+# pass-through: gRPC
+
+
+def test_grpc_infer_passes_tensors_through(deployment: Deployment) -> None:
+    x = features(4, seed=3)
+    outs = []
+    for url in (deployment.server.grpc_url, deployment.grpc):
+        client = grpcclient.InferenceServerClient(url)
+        tensor = grpcclient.InferInput("FEATURES", [4, 32], "FP32")
+        tensor.set_data_from_numpy(x)  # raw_input_contents: binary
+        result = client.infer("ranker", [tensor], request_id="g-7", headers={"x-traffic-class": "interactive"})
+        outs.append((result.as_numpy("SCORES"), result.get_response().id))
+        assert client.is_server_ready() and client.is_model_ready("ranker")
+        assert client.get_model_metadata("ranker").name == "ranker"
+        assert client.get_model_config("tinyllm").config.model_transaction_policy.decoupled
+        assert client.get_inference_statistics("ranker").model_stats[0].name == "ranker"
+        client.close()
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    assert outs[1][1] == "g-7"
+
+
+STREAM_REQUESTS = [("client-0", "first prompt", 12), ("client-1", "a second, longer prompt", 12),
+                   ("client-2", "no tokens asked", 0)]  # max_tokens 0: the model sends a flags-only final
+
+
+def stream_run(url: str, empty_final: bool) -> dict[str, dict[str, Any]]:
+    responses: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    for rid, prompt, max_tokens in STREAM_REQUESTS:
+        text = grpcclient.InferInput("text_input", [1], "BYTES")
+        text.set_data_from_numpy(np.array([prompt.encode()], dtype=np.object_))
+        mt = grpcclient.InferInput("max_tokens", [1], "INT32")
+        mt.set_data_from_numpy(np.array([max_tokens], dtype=np.int32))
+        client.async_stream_infer("tinyllm", [text, mt], request_id=rid, enable_empty_final_response=empty_final)
+    expected = {"client-0", "client-1"} | ({"client-2"} if empty_final else set())
+    got: dict[str, dict[str, Any]] = {}
+    finished: set[str] = set()
+
+    def take(timeout: float) -> None:
+        result, error = responses.get(timeout=timeout)
+        assert error is None, error
+        response = result.get_response()
+        entry = got.setdefault(response.id, {"text": "", "responses": 0, "finals": 0})
+        entry["responses"] += 1
+        output = result.as_numpy("text_output")
+        if output is not None:
+            entry["text"] += b"".join(output.ravel()).decode()
+        if response.parameters["triton_final_response"].bool_param:
+            entry["finals"] += 1
+            finished.add(response.id)
+
+    deadline = time.monotonic() + 20
+    while not expected <= finished and time.monotonic() < deadline:
+        take(10)
+    time.sleep(0.3)  # anything more (there should be nothing) would show here
+    while not responses.empty():
+        take(1)
+    client.stop_stream()
+    client.close()
+    return got
+
+
+@pytest.mark.parametrize("empty_final", [False, True])
+def test_grpc_stream_passes_through(deployment: Deployment, empty_final: bool) -> None:
+    direct = stream_run(deployment.server.grpc_url, empty_final)
+    through = stream_run(deployment.grpc, empty_final)
+    assert through == direct
+    assert {"client-0", "client-1"} <= set(through) and all(v["finals"] == 1 for v in through.values())
+    assert ("client-2" in through) == empty_final  # the flags-only final only when the client asked
+    deployment.wait_idle()
+
+
+# ------------------------------------------------------------------------------------------------
+# bad requests, admin endpoints, reloads
+
+
+def test_malformed_requests_get_400_with_a_reason(deployment: Deployment) -> None:
+    base = deployment.http
+    bad_json = httpx.post(f"{base}/v2/models/tinyllm/generate_stream", content=b"{nope", timeout=5)
+    assert bad_json.status_code == 400 and bad_json.json()["reason"] == "malformed_request"
+    assert "not valid" in bad_json.json()["error"]
+    bad_length = httpx.post(f"{base}/v2/models/ranker/infer", content=b'{"inputs": []}',
+                            headers={"Inference-Header-Content-Length": "999"}, timeout=5)
+    assert bad_length.status_code == 400 and "outside the body" in bad_length.json()["error"]
+    bad_class = httpx.post(f"{base}/v2/models/ranker/infer", json={"inputs": []},
+                           headers={"x-traffic-class": "platinum"}, timeout=5)
+    assert bad_class.status_code == 400 and "unknown traffic class 'platinum'" in bad_class.json()["error"]
+    bad_tokens = httpx.post(f"{base}/v2/models/tinyllm/generate_stream",
+                            json={"text_input": "x", "max_tokens": "lots"}, timeout=5)
+    assert bad_tokens.status_code == 400 and "must hold integers" in bad_tokens.json()["error"]
+    too_big = httpx.post(f"{base}/v2/models/ranker/infer", content=b" " * (2 * 1024 * 1024), timeout=10)
+    assert too_big.status_code == 413
+    huge_header = httpx.get(f"{base}/v2/health/ready", headers={"x-junk": "a" * 20000}, timeout=5)
+    assert huge_header.status_code == 400
+    with grpc.insecure_channel(deployment.grpc) as channel:
+        stub = pbg.GRPCInferenceServiceStub(channel)
+        request = pb.ModelInferRequest(model_name="ranker")
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ModelInfer(request, metadata=(("x-traffic-class", "platinum"),), timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "unknown traffic class" in err.value.details()
+    text = httpx.get(deployment.metrics, timeout=5).text
+    assert 'sidecar_requests_malformed_total{protocol="http"}' in text
+
+
+def test_status_and_reload_need_the_token(deployment: Deployment) -> None:
+    base = deployment.http
+    assert httpx.get(f"{base}/sidecar/status", timeout=5).status_code == 401
+    assert httpx.get(f"{base}/sidecar/status", headers={"Authorization": "Bearer wrong"}, timeout=5).status_code == 401
+    assert httpx.post(f"{base}/sidecar/reload", timeout=5).status_code == 401
+    status = deployment.status()
+    assert {"inflight", "reserved_bytes", "concurrency_limit", "scopes", "policy", "upstream"} <= set(status)
+    assert status["upstream"]["up"] is True
+    assert status["scopes"]["pool:tinyllm"]["source"] == "triton_metrics"  # tinyllm's own KV gauges
+    assert status["scopes"]["pool:tinyllm"]["total_bytes"] == POOL_BLOCKS * 16 * 512
+    reload = httpx.post(f"{base}/sidecar/reload", headers=AUTH, timeout=5)
+    assert reload.status_code == 200 and reload.json()["reloaded"] is True
+
+
+def test_metrics_endpoint(deployment: Deployment) -> None:
+    text = httpx.get(deployment.metrics, timeout=5).text
+    for family in ("sidecar_requests_admitted_total", "sidecar_inflight_requests", "sidecar_reserved_bytes",
+                   "sidecar_oom_risk_ratio", "sidecar_headroom_bytes", "sidecar_concurrency_limit",
+                   "sidecar_queue_wait_seconds_bucket", "sidecar_request_duration_seconds_bucket",
+                   "sidecar_time_to_first_token_seconds_bucket", "sidecar_headroom_source_up",
+                   "sidecar_upstream_up 1.0"):
+        assert family in text, family
+    assert 'sidecar_headroom_source_up{source="triton_metrics"} 1.0' in text
+
+
+def _edit_keeping_stat(path: Path, text: str) -> None:
+    """Replace the file with `text` (same length) carrying the old mtime: only SIGHUP can notice."""
+    st = path.stat()
+    assert len(text.encode()) == st.st_size
+    staged = path.with_suffix(".staged")
+    staged.write_text(text)
+    os.utime(staged, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(staged, path)
+
+
+def wait_reload(deployment: Deployment, after: float, timeout: float = 5.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        last = deployment.status()["last_reload"]
+        if last and last["at"] > after:
+            return last
+        time.sleep(0.05)
+    raise AssertionError("no reload happened")
+
+
+def test_sighup_reload_refuses_an_invalid_policy_and_applies_a_valid_one(deployment: Deployment) -> None:
+    path = deployment.policy_path
+    good = path.read_text()
+    digest = deployment.status()["policy"]["digest"]
+    # 1. invalid (not JSON), same size and mtime: only SIGHUP triggers the reload
+    t0 = time.time()
+    _edit_keeping_stat(path, "{" + good[1:-1].replace('"version": 1', '"version": X') + "}")
+    deployment.sidecar.send_signal(signal.SIGHUP)
+    last = wait_reload(deployment, t0)
+    assert last["ok"] is False and last["why"] == "SIGHUP" and "not valid JSON" in last["message"]
+    assert deployment.status()["policy"]["digest"] == digest  # the old policy stays
+    assert httpx.get(f"{deployment.http}/v2/health/ready", timeout=5).status_code == 200  # still serving
+    assert "policy reload (SIGHUP) refused" in deployment.log_path.read_text()
+
+    # 2. valid and stricter: ranker at one request in flight, batch may not queue
+    policy = json.loads(good)
+    for model in policy["models"]:
+        if model["name"] == "ranker":
+            model["max_inflight"] = 1
+    for klass in policy["classes"]:
+        if klass["name"] == "batch":
+            klass["queue_cap"] = 0
+    t0 = time.time()
+    path.write_text(json.dumps(policy, indent=2))
+    deployment.sidecar.send_signal(signal.SIGHUP)
+    last = wait_reload(deployment, t0)
+    assert last["ok"] is True, last
+    assert deployment.status()["policy"]["digest"] != digest
+    try:
+        # 8 concurrent batch requests against 1 slot: the rest are refused at once, on both protocols
+        async def http_burst() -> list[httpx.Response]:
+            doc = {"inputs": [{"name": "FEATURES", "shape": [1, 32], "datatype": "FP32",
+                               "data": features(1).ravel().tolist()}]}
+            async with httpx.AsyncClient(timeout=10) as client:
+                return await asyncio.gather(*(client.post(f"{deployment.http}/v2/models/ranker/infer", json=doc,
+                                                          headers={"x-traffic-class": "batch"}) for _ in range(8)))
+
+        statuses = [r.status_code for r in asyncio.run(http_burst())]
+        assert 200 in statuses and 429 in statuses and set(statuses) <= {200, 429}
+
+        async def grpc_burst() -> list[Any]:
+            async with grpc.aio.insecure_channel(deployment.grpc) as channel:
+                stub = pbg.GRPCInferenceServiceStub(channel)
+                request = pb.ModelInferRequest(model_name="ranker")
+                tensor = request.inputs.add(name="FEATURES", datatype="FP32", shape=[1, 32])
+                request.raw_input_contents.append(features(1).tobytes())
+                del tensor
+
+                async def one() -> Any:
+                    call = stub.ModelInfer(request, metadata=(("x-traffic-class", "batch"),), timeout=10)
+                    try:
+                        await call
+                        return "ok"
+                    except grpc.aio.AioRpcError as err:
+                        return err
+
+                return await asyncio.gather(*(one() for _ in range(8)))
+
+        answers = asyncio.run(grpc_burst())
+        errors = [a for a in answers if a != "ok"]
+        assert "ok" in answers and errors
+        for err in errors:
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            body = json.loads(err.details())
+            assert body["reason"] == "queue_full" and body["limit"] == "model_concurrency_quota:ranker"
+            assert int(dict(err.trailing_metadata())["retry-after"]) >= 1
+    finally:
+        # 3. the file watcher also reloads: restore the original policy by writing it
+        t0 = time.time()
+        path.write_text(good + "\n")
+        last = wait_reload(deployment, t0)
+        assert last["ok"] is True and last["why"] == "file changed"
+        assert deployment.status()["policy"]["digest"] == digest
+    deployment.wait_idle()
