@@ -69,7 +69,24 @@ def test_tinyllm_streams_what_its_engine_generates(triton_server) -> None:
 
 
 def test_demo_runs_end_to_end() -> None:
-    result = cli("demo", "--requests", "2")
+    result = cli("demo", "--smoke", "--requests", "2")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "demo summary" in result.stdout
     assert "2/2" in result.stdout and "demo finished" in result.stdout
+
+
+def test_demo_before_after(tmp_path: Path) -> None:
+    """The whole product on the embedded server: profile, tune, render, sidecar, same load twice."""
+    out = tmp_path / "demo-out"
+    result = cli("demo", "--requests", "400", "-o", str(out))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = {
+        tuple(cells[:2]): cells
+        for line in result.stdout.splitlines()
+        if (cells := [c.strip() for c in line.strip("│ ").split("│")]) and len(cells) == 8
+    }
+    for model in ("ranker", "tinyllm"):
+        assert (model, "before") in rows and (model, "after") in rows, result.stdout[-3000:]
+    assert rows[("tinyllm", "after")][6] == "0"  # behind the sidecar nothing is killed by OOM
+    assert (out / "report.html").read_text().count("<svg") == 2
+    assert (out / "profiles" / "ranker.json").is_file() and (out / "tune.txt").read_text()

@@ -13,4 +13,6 @@ from tritongen.cli import (  # noqa: F401
     schema_cmd,
     serve_cmd,
     sidecar_cmd,
+    simulate_cmd,
+    tune_cmd,
 )

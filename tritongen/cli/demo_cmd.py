@@ -6,8 +6,10 @@ removed afterwards; the committed `model_repository/` supplies only the model co
 from __future__ import annotations
 
 import shutil
+import sys
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import typer
@@ -22,33 +24,62 @@ from tritongen.profiles import measured_pads_mb, read_profiles
 from tritongen.render import render_repository, write_repository
 from tritongen.repository import check_repository
 from tritongen.server import ServerOptions, TritonServer
+from tritongen.showcase import copy_model_code, run_showcase
 from tritongen.specio import load_spec
 
-console = Console()
-
-
-def copy_model_code(source: Path, into: Path) -> None:
-    """Version folders (model code) of every model in `source`, without their configs."""
-    for model_dir in sorted(p for p in source.iterdir() if p.is_dir()):
-        for version in sorted(p for p in model_dir.iterdir() if p.name.isdigit()):
-            if version.is_symlink():
-                (into / model_dir.name).mkdir(parents=True, exist_ok=True)
-                (into / model_dir.name / version.name).symlink_to(version.readlink())
-            elif version.is_dir():
-                shutil.copytree(version, into / model_dir.name / version.name,
-                                ignore=shutil.ignore_patterns("__pycache__"))
+console = Console(width=None if sys.stdout.isatty() else 120)
 
 
 @app.command("demo")
 def demo(
     spec: Path = typer.Option(Path("examples/deployment.yaml"), help="Deployment spec to demonstrate."),
     code: Path = typer.Option(Path("model_repository"), help="Repository holding the models' code."),
-    requests: int = typer.Option(5, min=1, max=100, help="Requests per model."),
-    profiles: Path = typer.Option(Path("examples/profiles"), help="Profiles for measured safety pads (skipped if missing)."),
+    naive: Path = typer.Option(Path("examples/naive_repository"), help="The hand-written 'before' configs."),
+    traffic: Path = typer.Option(Path("examples/traffic/bursty.yaml"), help="The bursty two-class traffic."),
+    out: Path = typer.Option(Path("demo-out"), "-o", "--out", help="Where the report, profiles and tune output go."),
+    requests: int = typer.Option(1200, min=100, max=20000, help="Requests per model and setup."),
+    smoke: bool = typer.Option(False, "--smoke", help="Only render, check, serve and send a few requests."),
+    profiles: Path = typer.Option(Path("examples/profiles"), help="--smoke: profiles for measured pads."),
 ) -> None:
-    """Render, check, serve and exercise the example deployment end to end."""
-    if not code.is_dir():
-        raise BadInput(f"--code {code}: not a directory (run the demo from the repository root)")
+    """Before/after on the embedded server: naive configs direct vs profiled, tuned, rendered and guarded."""
+    for path, what in ((code, "--code"), (naive, "--naive")):
+        if not path.is_dir():
+            raise BadInput(f"{what} {path}: not a directory (run the demo from the repository root)")
+    if smoke:
+        smoke_run(spec, code, min(requests, 100), profiles)
+    else:
+        before_after(spec, code, naive, traffic, out, requests)
+
+
+def before_after(spec: Path, code: Path, naive: Path, traffic: Path, out: Path, requests: int) -> None:
+    load_spec(spec)  # a bad spec fails here, before any server starts
+    workdir = Path(tempfile.mkdtemp(prefix="tritongen-demo-"))
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    try:
+        show = run_showcase(spec, code, naive, traffic, out, workdir,
+                            say=lambda line: console.print(f"[bold]>[/] {line}"), requests=requests)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    table = Table(title="before (hand-written, direct) vs after (tuned + sidecar), same bursty traffic")
+    for column in ("model", "setup", "req/s", "P99 interactive ms", "P99 batch ms", "utilisation", "OOM kills", "rejected (429/503)"):
+        table.add_column(column, justify="right" if column not in ("model", "setup") else "left")
+    for run in show.runs:
+        p99 = {c.name: (c.ttft_p99_ms if run.model == "tinyllm" and c.ttft_p99_ms else c.p99_ms) for c in run.stats()}
+        fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
+        table.add_row(
+            run.model, run.setup, f"{run.throughput:.1f}", fmt(p99.get("interactive")), fmt(p99.get("batch")),
+            "-" if run.utilisation is None else f"{run.utilisation:.0%}", str(run.oom), str(run.rejected),
+        )
+    console.print(table)
+    console.print("(tinyllm: P99 is time to first token; ranker: end-to-end latency)")
+    console.print(" | ".join(f"{name} {secs:.0f} s" for name, secs in show.steps)
+                  + f" | total {time.perf_counter() - started:.0f} s")
+    console.print(f"report: {out / 'report.html'}, tuning notes: {out / 'tune.txt'}, profiles: {out / 'profiles'}")
+
+
+def smoke_run(spec: Path, code: Path, requests: int, profiles: Path) -> None:
+    """Render, check, serve, a few requests per model: the quick end-to-end check."""
     loaded = load_spec(spec)
     workdir = Path(tempfile.mkdtemp(prefix="tritongen-demo-"))
     try:

@@ -1,0 +1,303 @@
+"""Issue evidence: the simulator predicts what the embedded Triton does with `ranker`.
+
+Three configs x three load levels of two-class Poisson traffic (30% interactive at priority 1,
+70% batch at priority 2), each sent open-loop to the real server and simulated with the same
+arrivals:
+
+  plain   max_batch_size 8, a 2 ms window, no queue policy (Triton prefetches batches)
+  tuned   the shape `render` writes: preferred 4/8/16, a 4 ms window, two priority levels with
+          REJECT and DELAY timeouts, queue limits, a rate-limiter resource
+  multi   two instances, max_batch_size 4, no window, priority levels; the top load is above
+          capacity, so a small queue limit rejects and throughput is the server's own limit
+
+The ranker runs 10 ms + 1.5 ms per row (its parameters), which is the curve the simulator gets.
+Calibration comes first, on traffic of its own (other seeds, loads between the cells'): the
+per-request and per-batch overheads from Triton's statistics (`fit_overheads`), then the batcher's
+wake-up race (see `tritongen.core.simulator`) from the mean batch size and P99 of the two configs
+with queue policies (`fit_wake_race`), since how often Triton's end-of-execution notify is lost
+depends on how busy the host is. Each cell is then measured twice, and a third time only when the
+two live P99s disagree by more than 15% (the median counts); that rule looks at the measurements
+only, never at the prediction.
+
+Asserts: P99 within 15% and throughput within 10% in every cell. The host is shared: a run during
+which other processes took more than `QUIET_CORES` of CPU is repeated after a pause (until
+`DEADLINE_S`); cells still measured under heavy foreign load are left out, and the test skips,
+saying so, if too few remain. Run this
+file directly (`python -m tests.integration.test_sim_fidelity`) to print the table for the README.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.integration
+
+from tritongen.core.simulator import (  # noqa: E402
+    EMBEDDED_CPU_OVERHEADS,
+    ServerSim,
+    ServiceCurve,
+    Simulation,
+    fit_overheads,
+    fit_wake_race,
+    measurement_window,
+    model_sim_from_config,
+)
+from tritongen.core.traffic import TrafficSpec, generate_arrivals  # noqa: E402
+from tritongen.loadgen import LoadTarget  # noqa: E402
+from tritongen.pbtxt import parse_model_config  # noqa: E402
+from tritongen.server import ServerOptions, TritonServer  # noqa: E402
+from tritongen.tuner.verify import measure  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+RANKER_CODE = ROOT / "model_repository" / "ranker" / "1"
+OVERHEAD_MS, PER_ITEM_MS = 10.0, 1.5
+CURVE = ServiceCurve(fixed_ms=OVERHEAD_MS, per_item_ms=PER_ITEM_MS)
+FLAGS = ["--rate-limit=execution_count", "--rate-limit-resource=compute:2"]
+CLASSES = [{"name": "interactive", "share": 0.3, "priority": 1}, {"name": "batch", "share": 0.7, "priority": 2}]
+REQUESTS = int(os.environ.get("TRITONGEN_FIDELITY_REQUESTS", "1000"))  # per run, at least 4 s of traffic
+# Calibration runs: loads between the cells' (the wake race is fitted from the policy configs')
+CALIBRATION = [("plain", 140.0), ("tuned", 130.0), ("tuned", 250.0), ("multi", 230.0)]
+P99_TOLERANCE, THROUGHPUT_TOLERANCE = 0.15, 0.10
+QUIET_CORES = float(os.environ.get("TRITONGEN_FIDELITY_QUIET_CORES", "0.4"))  # other processes' CPU a run tolerates
+NOISY_CORES = 0.6  # a cell measured with more than this is not evidence either way
+DEADLINE_S = float(os.environ.get("TRITONGEN_FIDELITY_DEADLINE_S", "420"))  # stop waiting for a quiet host
+MIN_CLEAN_CELLS = 6
+
+
+def _policies(queue: int) -> str:
+    return (
+        "priority_levels: 2 default_priority_level: 2 "
+        f"priority_queue_policy {{ key: 1 value {{ timeout_action: REJECT default_timeout_microseconds: 400000 allow_timeout_override: true max_queue_size: {queue} }} }} "
+        f"priority_queue_policy {{ key: 2 value {{ timeout_action: DELAY default_timeout_microseconds: 800000 allow_timeout_override: true max_queue_size: {queue} }} }} "
+        f"default_queue_policy {{ timeout_action: DELAY default_timeout_microseconds: 800000 allow_timeout_override: true max_queue_size: {queue} }}"
+    )
+
+
+CONFIGS = {
+    "plain": dict(mbs=8, count=1, rl=False, batching="max_queue_delay_microseconds: 2000", loads=(100, 180, 260)),
+    "tuned": dict(mbs=16, count=1, rl=True, loads=(100, 200, 300),
+                  batching="preferred_batch_size: [4, 8, 16] max_queue_delay_microseconds: 4000 " + _policies(96)),
+    "multi": dict(mbs=4, count=2, rl=False, loads=(150, 300, 520),
+                  batching="max_queue_delay_microseconds: 0 " + _policies(24)),
+}
+
+
+def config_text(name: str) -> str:
+    c = CONFIGS[name]
+    rl = 'rate_limiter { resources { name: "compute" count: 1 } }' if c["rl"] else ""
+    return f"""name: "{name}"
+backend: "python"
+max_batch_size: {c["mbs"]}
+input {{ name: "FEATURES" data_type: TYPE_FP32 dims: [ 32 ] }}
+output {{ name: "SCORES" data_type: TYPE_FP32 dims: [ 1 ] }}
+instance_group {{ kind: KIND_CPU count: {c["count"]} {rl} }}
+dynamic_batching {{ {c["batching"]} }}
+parameters {{ key: "overhead_ms" value {{ string_value: "{OVERHEAD_MS}" }} }}
+parameters {{ key: "per_item_ms" value {{ string_value: "{PER_ITEM_MS}" }} }}
+"""
+
+
+def traffic(rate: float, n: int, seed: int):
+    spec = TrafficSpec(shape="poisson", rate_per_s=rate, duration_s=n / rate, warmup_s=min(1.0, 0.1 * n / rate), classes=CLASSES)
+    return generate_arrivals(spec, seed=seed)
+
+
+def sim_server(name: str, overheads) -> ServerSim:
+    model = model_sim_from_config(parse_model_config(config_text(name)), curve=CURVE)
+    return ServerSim(models=[model], rate_limit=True, resources={"compute": 2}, overheads=overheads)
+
+
+def simulated(name: str, arrivals, overheads, seeds: int = 5) -> tuple[float, float]:
+    """(P99 ms over the measured window, throughput /s): medians over a few simulation seeds (the
+    simulator draws execution noise and lost batcher wake-ups), i.e. the expected figures."""
+    p99s, thrs = [], []
+    for seed in range(seeds):
+        sim = Simulation(sim_server(name, overheads), arrivals, seed)
+        res = sim.run()
+        w0, w1 = measurement_window(arrivals.t, arrivals.warmup_s)
+        status = np.asarray(sim.status)
+        keep = (status == 1) & (arrivals.t >= w0) & (arrivals.t <= w1)
+        p99s.append(float(np.percentile((np.asarray(sim.t_done) - arrivals.t)[keep], 99) * 1000.0))
+        thrs.append(res.throughput_per_s)
+    return statistics.median(p99s), statistics.median(thrs)
+
+
+@dataclass
+class Cell:
+    config: str
+    rate: float
+    live_p99: float
+    sim_p99: float
+    live_thr: float
+    sim_thr: float
+    runs: int
+    live_batch: float
+    sim_batch: float
+    rejected: int
+    foreign: float = 0.0
+
+    @property
+    def p99_error(self) -> float:
+        return (self.sim_p99 - self.live_p99) / self.live_p99
+
+    @property
+    def thr_error(self) -> float:
+        return (self.sim_thr - self.live_thr) / self.live_thr
+
+
+def run_fidelity(log=print) -> tuple[list[Cell], object, float]:
+    import tempfile
+
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="tritongen-fidelity-") as tmp:
+        repo = Path(tmp)
+        for name in CONFIGS:
+            (repo / name / "1").mkdir(parents=True)
+            for f in ("model.py", "ranker_net.py"):
+                shutil.copy(RANKER_CODE / f, repo / name / "1" / f)
+            (repo / name / "config.pbtxt").write_text(config_text(name))
+        with TritonServer(ServerOptions(repository=repo, extra_args=FLAGS)) as server:
+            url = server.http_url
+            warm = traffic(200.0, 40, 999)
+
+            pid = server.process.pid if server.process else None
+            attempts = [0]
+
+            def live(name: str, arrivals, seed: int):
+                """One measurement on a quiet host: a run during which other processes took more than
+                QUIET_CORES of CPU is repeated after a pause, until DEADLINE_S; the quietest is kept."""
+                targets = {c["name"]: LoadTarget(name) for c in CLASSES}
+                best = None
+                while True:
+                    attempts[0] += 1
+                    run = measure(url, arrivals, targets, {name: CONFIGS[name]["count"]}, warmup=warm, seed=seed, server_pid=pid)
+                    if best is None or (run.foreign_cores or 0.0) < (best.foreign_cores or 0.0):
+                        best = run
+                    if (run.foreign_cores or 0.0) <= QUIET_CORES or time.perf_counter() - started > DEADLINE_S:
+                        break
+                    log(f"  {name}: other processes took {run.foreign_cores:.2f} cores during the run; measuring again")
+                    time.sleep(2.0)
+                return best
+
+            # 1. calibration, on traffic of its own (other seeds, loads between the cells'): per-request
+            #    and per-batch overheads from Triton's stats, then the batcher's wake race from the P99s
+            #    of the configs with queue policies.
+            calibration = []
+            for i, (name, rate) in enumerate(CALIBRATION):
+                arrivals = traffic(rate, 900, 500 + i)
+                calibration.append((name, arrivals, live(name, arrivals, 500 + i)))
+            overheads = fit_overheads([run.observation(name) for name, _, run in calibration], CURVE, base=EMBEDDED_CPU_OVERHEADS)
+            race = [
+                (sim_server(name, overheads), arrivals, run.latency_percentile_ms(99), run.stats[name].mean_batch_rows)
+                for name, arrivals, run in calibration
+                if not sim_server(name, overheads).models[0].batcher().prefetching
+            ]
+            p_slot, p_idle = fit_wake_race(race)
+            overheads = overheads.model_copy(update={"completion_wake_p": p_slot, "completion_wake_p_idle": p_idle})
+            log(f"fitted overheads: {overheads}")
+            # 2. the cells
+            cells = []
+            for name, c in CONFIGS.items():
+                for j, rate in enumerate(c["loads"]):
+                    arrivals = traffic(float(rate), max(REQUESTS, int(4 * rate)), 10 * j + 7)
+                    runs = []
+                    while True:
+                        runs.append(live(name, arrivals, len(runs)))
+                        if len(runs) == 2:
+                            a, b = (r.latency_percentile_ms(99) for r in runs)
+                            if abs(a - b) <= P99_TOLERANCE * min(a, b):
+                                break
+                        if len(runs) >= 3:
+                            break
+                    p99s = [r.latency_percentile_ms(99) for r in runs]
+                    thrs = [r.throughput_per_s for r in runs]
+                    live_p99 = statistics.median(p99s)
+                    live_thr = statistics.median(thrs)
+                    sim_p99, sim_thr = simulated(name, arrivals, overheads)
+                    res = Simulation(sim_server(name, overheads), arrivals, 0).run()
+                    cell = Cell(
+                        config=name, rate=float(rate), live_p99=live_p99, sim_p99=sim_p99, live_thr=live_thr,
+                        sim_thr=sim_thr, runs=len(runs),
+                        live_batch=statistics.median(r.stats[name].mean_batch_rows or 0.0 for r in runs),
+                        sim_batch=res.models[0].mean_batch_rows or 0.0,
+                        rejected=int(statistics.median(sum(k.rejected for k in r.classes) for r in runs)),
+                        foreign=max(r.foreign_cores or 0.0 for r in runs),
+                    )
+                    cells.append(cell)
+                    log(
+                        f"{name:6s} {rate:4.0f}/s  P99 live {live_p99:6.1f} sim {sim_p99:6.1f} ({cell.p99_error:+.0%})  "
+                        f"thr live {live_thr:6.1f} sim {sim_thr:6.1f} ({cell.thr_error:+.1%})  "
+                        f"batch {cell.live_batch:.2f}/{cell.sim_batch:.2f}  p99s {[round(p, 1) for p in p99s]} "
+                        f"foreign {[round(r.foreign_cores or 0.0, 2) for r in runs]}"
+                    )
+            log(f"{attempts[0]} live runs")
+    return cells, overheads, time.perf_counter() - started
+
+
+def markdown(cells: list[Cell], overheads, seconds: float) -> str:
+    lines = [
+        "| config | load (req/s) | P99 measured (ms) | P99 simulated (ms) | error | throughput measured (/s) | throughput simulated (/s) | error | other load (cores) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in cells:
+        lines.append(
+            f"| {c.config} | {c.rate:.0f} | {c.live_p99:.1f} | {c.sim_p99:.1f} | {c.p99_error:+.1%} | "
+            f"{c.live_thr:.1f} | {c.sim_thr:.1f} | {c.thr_error:+.1%} | {c.foreign:.2f} |"
+        )
+    lines.append("")
+    lines.append(
+        f"Fitted overheads: request {overheads.request_ms} ms, batch {overheads.batch_ms} ms + "
+        f"{overheads.request_exec_ms} ms/request; {len(cells)} cells in {seconds:.0f} s."
+    )
+    return "\n".join(lines)
+
+
+@pytest.fixture(scope="module")
+def fidelity():
+    return run_fidelity(log=lambda m: print(m, file=sys.stderr))
+
+
+def clean_cells(cells: list[Cell]) -> list[Cell]:
+    """Cells measured while other processes left the host alone; skip when too few are."""
+    clean = [c for c in cells if c.foreign <= NOISY_CORES]
+    noisy = [f"{c.config}@{c.rate:.0f} ({c.foreign:.2f} cores)" for c in cells if c.foreign > NOISY_CORES]
+    if len(clean) < MIN_CLEAN_CELLS or len({c.config for c in clean}) < 3:
+        pytest.skip(f"the host was too busy to measure: other processes took more than {NOISY_CORES} cores during {noisy}")
+    return clean
+
+
+def test_simulated_p99_is_within_15_percent_of_measured(fidelity) -> None:
+    cells, overheads, seconds = fidelity
+    print("\n" + markdown(cells, overheads, seconds))
+    assert len(cells) == 9 and len({c.config for c in cells}) == 3
+    misses = [f"{c.config}@{c.rate:.0f}: {c.p99_error:+.0%}" for c in clean_cells(cells) if abs(c.p99_error) > P99_TOLERANCE]
+    assert not misses, f"P99 off by more than {P99_TOLERANCE:.0%}: {misses}"
+
+
+def test_simulated_throughput_is_within_10_percent_of_measured(fidelity) -> None:
+    cells, _, _ = fidelity
+    misses = [f"{c.config}@{c.rate:.0f}: {c.thr_error:+.1%}" for c in clean_cells(cells) if abs(c.thr_error) > THROUGHPUT_TOLERANCE]
+    assert not misses, f"throughput off by more than {THROUGHPUT_TOLERANCE:.0%}: {misses}"
+    overload = [c for c in cells if c.config == "multi" and c.rate == max(CONFIGS["multi"]["loads"])][0]
+    if overload.foreign <= NOISY_CORES:
+        assert overload.rejected > 0 and overload.live_thr < overload.rate * 0.97  # the top load is over capacity
+
+
+def test_the_fitted_overheads_are_plausible(fidelity) -> None:
+    _, overheads, _ = fidelity
+    assert 0.2 < overheads.request_ms < 10.0
+    assert 0.05 < overheads.batch_ms < 5.0
+
+
+if __name__ == "__main__":
+    cells, ov, secs = run_fidelity()
+    print(markdown(cells, ov, secs))

@@ -1,0 +1,495 @@
+"""The simulator against scenarios computed by hand, one scheduling rule at a time.
+
+Unless a test says otherwise: no overheads, a curve of `fixed + per_item x rows` ms, and requests
+given as explicit send times (seconds). Latencies are asserted to the microsecond.
+"""
+
+from __future__ import annotations
+
+
+import numpy as np
+import pytest
+
+from tritongen.core.simulator import (
+    OK,
+    OOM,
+    QUEUE_FULL,
+    TIMEOUT,
+    TOO_LARGE,
+    BatcherConfig,
+    LiveObservation,
+    LLMCurve,
+    LLMEngineConfig,
+    ModelSim,
+    Overheads,
+    QueuePolicy,
+    ServerSim,
+    ServiceCurve,
+    fit_overheads,
+    measurement_window,
+    model_sim_from_config,
+    rate_limit_from_flags,
+    simulate,
+    simulate_detail,
+    summarize_requests,
+)
+from tritongen.core.traffic import (
+    Arrivals,
+    Bursty,
+    TrafficSpec,
+    TraceError,
+    bursty_rates,
+    generate_arrivals,
+    parse_trace_csv,
+    scale_rate,
+)
+from tritongen.pbtxt import parse_model_config
+
+MS = 1e-3
+
+
+def arrivals(times_ms, classes=None, names=("a",), priorities=(0,), prompt=None, output=None, models=None) -> Arrivals:
+    n = len(times_ms)
+    return Arrivals(
+        t=np.asarray(times_ms, dtype=float) * MS,
+        cls=np.asarray(classes if classes is not None else [0] * n, dtype=np.int64),
+        prompt=np.asarray(prompt if prompt is not None else [0] * n, dtype=np.int64),
+        output=np.asarray(output if output is not None else [0] * n, dtype=np.int64),
+        rows=np.ones(n, dtype=np.int64),
+        class_names=list(names),
+        class_priority=list(priorities),
+        class_model=list(models) if models else [],
+    )
+
+
+def model(name="m", mbs=8, fixed=5.0, per_item=1.0, **kw) -> ModelSim:
+    return ModelSim(name=name, max_batch_size=mbs, curve=ServiceCurve(fixed_ms=fixed, per_item_ms=per_item), **kw)
+
+
+def run(models, arr, overheads=None, **server_kw):
+    server = ServerSim(models=models if isinstance(models, list) else [models], overheads=overheads or Overheads(), **server_kw)
+    return simulate_detail(server, arr)
+
+
+def lat_ms(sim, i) -> float:
+    return round((sim.t_done[i] - sim.t_send[i]) * 1000.0, 6)
+
+
+def start_ms(sim, i) -> float:
+    return round(sim.t_start[i] * 1000.0, 6)
+
+
+POLICY = QueuePolicy(max_queue_size=100)  # any policy turns prefetching off: batches form on a free instance
+
+
+# ---------------------------------------------------------------------------------------------
+# The dynamic batcher
+
+
+def test_a_single_batch_forms_when_the_oldest_request_has_waited_max_queue_delay() -> None:
+    m = model(mbs=8, dynamic_batching=BatcherConfig(max_queue_delay_us=10_000))
+    sim = run(m, arrivals([0, 2, 4]))
+    # preferred defaults to [8]; three requests never fill it, so the batch leaves at 0 + 10 ms
+    assert [start_ms(sim, i) for i in range(3)] == [10.0, 10.0, 10.0]
+    # exec = 5 + 3 x 1 = 8 ms -> done at 18 ms
+    assert [lat_ms(sim, i) for i in range(3)] == [18.0, 16.0, 14.0]
+    assert sim.result.models[0].executions == 1
+    assert sim.result.models[0].mean_batch_rows == 3
+
+
+def test_a_batch_leaves_at_once_when_it_reaches_a_preferred_size() -> None:
+    m = model(mbs=8, dynamic_batching=BatcherConfig(preferred_batch_sizes=[2, 4], max_queue_delay_us=100_000, default_queue_policy=POLICY))
+    sim = run(m, arrivals([0, 1]))
+    assert [start_ms(sim, i) for i in range(2)] == [1.0, 1.0]  # not 100 ms later
+    assert lat_ms(sim, 0) == 1.0 + 7.0
+
+
+def test_the_batcher_takes_the_largest_preferred_size_it_can_fill() -> None:
+    # r0, r1 fill preferred 2 at once and run 0..7 ms; r2..r6 queue meanwhile. At 7 ms the scan
+    # reaches 2, then 4, then 5 > the largest preferred 4: the batch is the 4 oldest (the delay has
+    # not expired), and r6, alone and below every preferred size, waits out its 100 ms delay.
+    m = model(mbs=8, dynamic_batching=BatcherConfig(preferred_batch_sizes=[2, 4], max_queue_delay_us=100_000, default_queue_policy=POLICY))
+    sim = run(m, arrivals([0, 0, 1, 2, 3, 4, 5]))
+    assert [start_ms(sim, i) for i in range(7)] == [0.0, 0.0, 7.0, 7.0, 7.0, 7.0, 105.0]
+
+
+def test_when_the_delay_has_expired_everything_up_to_max_batch_size_goes() -> None:
+    # r0 executes 0..(5+1)=6 ms with a 1 ms window (r0 starts at 1 ms, ends at 7); r1..r9 queue;
+    # at 7 ms the oldest waited 6 ms > 1 ms: the batch takes everything up to max_batch_size 8.
+    m = model(mbs=8, dynamic_batching=BatcherConfig(preferred_batch_sizes=[2], max_queue_delay_us=1_000, default_queue_policy=POLICY))
+    sim = run(m, arrivals([0] + [1.5 + 0.5 * i for i in range(9)]))
+    assert start_ms(sim, 0) == 1.0
+    second = [i for i in range(1, 10) if start_ms(sim, i) == 7.0]
+    assert second == list(range(1, 9))  # 8 requests, beyond the preferred 2
+    assert start_ms(sim, 9) == 7.0 + 5.0 + 8.0
+
+
+def test_strict_priority_serves_level_one_first_whatever_the_arrival_order() -> None:
+    b = BatcherConfig(max_queue_delay_us=0, priority_levels=2, default_priority_level=2, default_queue_policy=POLICY)
+    m = model(mbs=1, fixed=10.0, per_item=0.0, dynamic_batching=b)
+    # r0 (low) occupies the instance 0..10; r1 (low) at 1, r2 (high) at 2: r2 runs before r1
+    sim = run(m, arrivals([0, 1, 2], classes=[0, 0, 1], names=("low", "high"), priorities=(2, 1)))
+    assert start_ms(sim, 2) == 10.0
+    assert start_ms(sim, 1) == 20.0
+
+
+def test_a_priority_outside_the_levels_falls_to_the_default_level() -> None:
+    b = BatcherConfig(max_queue_delay_us=0, priority_levels=2, default_priority_level=1, default_queue_policy=POLICY)
+    m = model(mbs=1, fixed=10.0, per_item=0.0, dynamic_batching=b)
+    # priority 0 -> default level 1 (high): r2 (priority 0) overtakes r1 (priority 2)
+    sim = run(m, arrivals([0, 1, 2], classes=[0, 0, 1], names=("low", "none"), priorities=(2, 0)))
+    assert start_ms(sim, 2) == 10.0 and start_ms(sim, 1) == 20.0
+
+
+def test_strict_priority_starves_the_low_level_while_high_traffic_keeps_the_instance_busy() -> None:
+    b = BatcherConfig(max_queue_delay_us=0, priority_levels=2, default_priority_level=2, default_queue_policy=POLICY)
+    m = model(mbs=1, fixed=10.0, per_item=0.0, dynamic_batching=b)
+    highs = [5.0 * i for i in range(100)]  # 200/s against 100/s of capacity: the high queue only grows
+    times = sorted([1.0] + highs)
+    classes = [0 if t == 1.0 else 1 for t in times]
+    sim = run(m, arrivals(times, classes=classes, names=("low", "high"), priorities=(2, 1)))
+    low = times.index(1.0)
+    last_high_start = max(start_ms(sim, i) for i in range(len(times)) if i != low)
+    assert start_ms(sim, low) > last_high_start  # served only after every high request
+    assert start_ms(sim, low) == 1000.0  # 100 highs x 10 ms
+
+
+def test_a_full_level_rejects_at_once() -> None:
+    b = BatcherConfig(max_queue_delay_us=0, default_queue_policy=QueuePolicy(max_queue_size=2))
+    m = model(mbs=1, fixed=10.0, per_item=0.0, dynamic_batching=b)
+    sim = run(m, arrivals([0, 1, 2, 3, 4]), overheads=Overheads(request_ms=0.5))
+    # r0 executes; r1, r2 fill the queue; r3, r4 are refused on arrival (+ the request overhead)
+    assert [sim.status[i] for i in range(5)] == [OK, OK, OK, QUEUE_FULL, QUEUE_FULL]
+    assert lat_ms(sim, 3) == 0.5 and lat_ms(sim, 4) == 0.5
+    assert sim.result.classes[0].rejected_queue_full in (1, 2)  # the window drops the first and last sends
+
+
+def test_reject_timeouts_are_enforced_when_the_batcher_looks_not_when_they_expire() -> None:
+    b = BatcherConfig(max_queue_delay_us=0, default_queue_policy=QueuePolicy(timeout_us=100_000, action="REJECT"))
+    m = model(mbs=1, fixed=300.0, per_item=0.0, dynamic_batching=b)
+    sim = run(m, arrivals([0, 10]))
+    # r1 expires at 110 ms but the batcher only scans it when the instance frees, at 300 ms
+    assert sim.status[1] == TIMEOUT
+    assert lat_ms(sim, 1) == 290.0
+
+
+def test_a_long_execution_rejects_on_the_batchers_500_ms_tick() -> None:
+    # The server observed here: a 100 ms timeout during a 1.5 s execution fired at ~1.0 s. The
+    # batcher sleeps 500 ms on an empty queue (from 0), then waits for a slot in 500 ms ticks.
+    b = BatcherConfig(max_queue_delay_us=0, default_queue_policy=QueuePolicy(timeout_us=100_000, action="REJECT"))
+    m = model(mbs=1, fixed=1500.0, per_item=0.0, dynamic_batching=b)
+    sim = run(m, arrivals([0, 10, 300, 700]))
+    assert [sim.status[i] for i in (1, 2, 3)] == [TIMEOUT] * 3
+    assert [round(sim.t_done[i] * 1000, 3) for i in (1, 2, 3)] == [1000.0, 1000.0, 1000.0]
+
+
+def test_delay_timeouts_move_a_request_behind_the_live_ones_of_its_level() -> None:
+    b = BatcherConfig(max_queue_delay_us=0, default_queue_policy=QueuePolicy(timeout_us=50_000, action="DELAY"))
+    m = model(mbs=1, fixed=100.0, per_item=0.0, dynamic_batching=b)
+    sim = run(m, arrivals([0, 1, 60]))
+    # at 100 ms r1 (expired at 51) is delayed; r2 (live until 110) goes first
+    assert [sim.status[i] for i in range(3)] == [OK, OK, OK]
+    assert start_ms(sim, 2) == 100.0
+    assert start_ms(sim, 1) == 200.0
+
+
+def test_instances_execute_in_parallel() -> None:
+    m = model(mbs=1, fixed=10.0, per_item=0.0, instances=2, dynamic_batching=BatcherConfig(max_queue_delay_us=0, default_queue_policy=POLICY))
+    sim = run(m, arrivals([0, 0, 0]))
+    assert sorted(lat_ms(sim, i) for i in range(3)) == [10.0, 10.0, 20.0]
+
+
+def test_the_rate_limiter_caps_executions_across_models() -> None:
+    a = model("a", mbs=1, fixed=10.0, per_item=0.0, resources={"compute": 1}, route="a")
+    b = model("b", mbs=1, fixed=10.0, per_item=0.0, resources={"compute": 1}, route="b")
+    arr = arrivals([0, 0], classes=[0, 1], names=("ca", "cb"), priorities=(0, 0), models=("a", "b"))
+    limited = run([a, b], arr, rate_limit=True, resources={"compute": 1})
+    assert sorted(lat_ms(limited, i) for i in range(2)) == [10.0, 20.0]
+    free = run([a, b], arr, rate_limit=False)
+    assert sorted(lat_ms(free, i) for i in range(2)) == [10.0, 10.0]
+    declared_two = run([a, b], arr, rate_limit=True, resources={"compute": 2})
+    assert sorted(lat_ms(declared_two, i) for i in range(2)) == [10.0, 10.0]
+
+
+def test_a_model_asking_for_more_than_the_server_declares_is_refused() -> None:
+    a = model("a", mbs=1, resources={"compute": 3})
+    with pytest.raises(ValueError, match="declares 2"):
+        run(a, arrivals([0]), rate_limit=True, resources={"compute": 2})
+
+
+def test_without_dynamic_batching_each_request_is_its_own_execution() -> None:
+    m = model(mbs=8, fixed=10.0, per_item=1.0)
+    sim = run(m, arrivals([0, 1, 2]))
+    assert [lat_ms(sim, i) for i in range(3)] == [11.0, 21.0, 31.0]
+
+
+def test_overheads_add_where_they_belong() -> None:
+    m = model(mbs=8, fixed=5.0, per_item=1.0, dynamic_batching=BatcherConfig(max_queue_delay_us=0))
+    ov = Overheads(request_ms=2.0, batch_ms=0.5, request_exec_ms=0.25)
+    sim = run(m, arrivals([0]), overheads=ov)
+    # 5 + 1 (curve) + 0.5 (batch) + 0.25 (one request) + 2 (outside the server)
+    assert lat_ms(sim, 0) == 8.75
+
+
+def test_a_lost_completion_wake_leaves_the_request_for_the_next_arrival() -> None:
+    # Without prefetching Triton forms a batch only for a free instance, and the end of an
+    # execution often fails to wake the batcher (measured: see EMBEDDED_CPU_OVERHEADS).
+    m = model(mbs=4, fixed=10.0, per_item=0.0, dynamic_batching=BatcherConfig(max_queue_delay_us=0, default_queue_policy=POLICY))
+    lost = Overheads(completion_wake_p=0.0, completion_wake_p_idle=0.0)
+    sim = run(m, arrivals([0, 5, 30]), overheads=lost)
+    assert start_ms(sim, 1) == 30.0  # free at 10 ms, noticed when r2 arrives
+    alone = run(m, arrivals([0, 5]), overheads=lost)
+    assert start_ms(alone, 1) == 500.0  # nobody else comes: the batcher's 500 ms wait ends
+    prompt = run(m, arrivals([0, 5, 30]))
+    assert start_ms(prompt, 1) == 10.0
+
+
+def test_prefetching_forms_the_next_batch_while_the_instance_is_busy() -> None:
+    # no queue policy at all: a second payload waits ahead and grows until the instance frees
+    m = model(mbs=8, fixed=10.0, per_item=0.0, dynamic_batching=BatcherConfig(max_queue_delay_us=0))
+    sim = run(m, arrivals([0, 2, 4, 6]), overheads=Overheads(completion_wake_p=0.0, completion_wake_p_idle=0.0))
+    assert [start_ms(sim, i) for i in range(4)] == [0.0, 10.0, 10.0, 10.0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Streaming LLMs: continuous batching and the KV budget
+
+CURVE = LLMCurve(prefill_ms_per_token=0.1, decode_fixed_ms=1.0, decode_ms_per_seq=0.5)
+
+
+def llm_model(policy: str, pool: int, seqs: int = 8) -> ModelSim:
+    engine = LLMEngineConfig(max_num_seqs=seqs, kv_pool_blocks=pool, kv_block_tokens=16, kv_policy=policy, curve=CURVE)
+    return ModelSim(name="llm", max_batch_size=8, llm=engine)
+
+
+def test_continuous_batching_token_by_token() -> None:
+    sim = run(llm_model("oom", pool=64), arrivals([0], prompt=[10], output=[3]))
+    # step 1: prefill 10 x 0.1 = 1 ms -> token 1 at 1 ms; decode (1 + 0.5) -> token 2 at 2.5 ms;
+    # step 2: decode -> token 3 at 4 ms, done
+    assert round(sim.t_first[0] * 1000, 6) == 1.0
+    assert lat_ms(sim, 0) == 4.0
+
+
+def test_kv_oom_policy_kills_a_request_when_the_pool_runs_dry() -> None:
+    # each request: prompt 16 (1 block) + 40 tokens -> grows to 4 blocks; the pool has 6
+    arr = arrivals([0, 0], prompt=[16, 16], output=[41, 41])
+    sim = run(llm_model("oom", pool=6), arr)
+    assert sorted(sim.status[:2]) == [OK, OOM]
+    assert sim.result.classes[0].oom_killed + sim.result.classes[0].completed <= 2
+
+
+def test_kv_admission_policy_holds_a_request_back_instead() -> None:
+    arr = arrivals([0, 0], prompt=[16, 16], output=[41, 41])
+    sim = run(llm_model("admission", pool=6), arr)
+    assert sim.status[:2] == [OK, OK]
+    # the second is admitted only when the first has finished and freed its 4 blocks
+    assert sim.t_first[1] >= sim.t_done[0] - 1e-12
+
+
+def test_kv_admission_refuses_a_request_that_can_never_fit() -> None:
+    sim = run(llm_model("admission", pool=2), arrivals([0], prompt=[16], output=[41]))
+    assert sim.status[0] == TOO_LARGE
+
+
+def test_max_num_seqs_caps_the_running_batch() -> None:
+    sim = run(llm_model("oom", pool=64, seqs=1), arrivals([0, 0], prompt=[4, 4], output=[2, 2]))
+    # one at a time: the second's first token comes after the first finished
+    assert sim.t_first[1] > sim.t_done[0] - 1e-12
+
+
+def test_lanes_route_by_prompt_length() -> None:
+    short = ModelSim(name="m_short", route="m", max_batch_size=8, llm=llm_model("oom", 64).llm, prompt_tokens_max=32)
+    long = ModelSim(name="m_long", route="m", max_batch_size=8, llm=llm_model("oom", 64).llm)
+    sim = run([short, long], arrivals([0, 0, 0], prompt=[10, 100, 32], output=[2, 2, 2]))
+    assert sim.route == [0, 1, 0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Determinism, outputs, conversions
+
+
+def spec(rate=300.0, shape="poisson", **kw) -> TrafficSpec:
+    return TrafficSpec(
+        shape=shape, rate_per_s=rate, duration_s=20, warmup_s=1,
+        classes=[{"name": "hi", "share": 0.3, "priority": 1}, {"name": "lo", "share": 0.7, "priority": 2}], **kw,
+    )
+
+
+def busy_server(jitter=0.05) -> ServerSim:
+    b = BatcherConfig(preferred_batch_sizes=[4, 8], max_queue_delay_us=2000, priority_levels=2, default_priority_level=2,
+                      default_queue_policy=QueuePolicy(timeout_us=200_000, max_queue_size=64))
+    return ServerSim(
+        models=[model(mbs=8, fixed=4.0, per_item=0.5, dynamic_batching=b)],
+        overheads=Overheads(request_ms=1.0, batch_ms=0.5, jitter_cv=jitter, completion_wake_p=0.3, completion_wake_p_idle=0.7),
+    )
+
+
+def test_the_same_seed_gives_the_same_result_and_another_seed_another() -> None:
+    arr = generate_arrivals(spec(), seed=3)
+    a = simulate(busy_server(), arr, seed=1)
+    b = simulate(busy_server(), arr, seed=1)
+    c = simulate(busy_server(), arr, seed=2)
+    assert a.model_dump() == b.model_dump()
+    assert a.model_dump() != c.model_dump()
+    assert generate_arrivals(spec(), seed=3).t.tolist() == arr.t.tolist()
+    assert generate_arrivals(spec(), seed=4).t.tolist() != arr.t.tolist()
+
+
+def test_results_hold_together() -> None:
+    arr = generate_arrivals(spec(rate=500.0), seed=5)
+    res = simulate(busy_server(), arr, seed=0)
+    for c in res.classes:
+        assert c.completed + c.rejected + c.oom_killed + c.other_errors == c.sent
+        assert c.p50_ms <= c.p90_ms <= c.p99_ms
+    hi, lo = res.klass("hi"), res.klass("lo")
+    assert hi.p99_ms < lo.p99_ms  # priority buys the tail
+    assert 0.0 < res.models[0].utilisation <= 1.0
+    assert res.throughput_per_s == pytest.approx(sum(c.throughput_per_s for c in res.classes))
+    assert res.throughput_per_s == pytest.approx(500.0 * (1 - sum(c.failed_fraction * c.sent for c in res.classes) / sum(c.sent for c in res.classes)), rel=0.1)
+
+
+def test_summaries_use_one_window_and_one_definition() -> None:
+    t = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
+    window = measurement_window(t, warmup_s=1.0)
+    assert window[0] == 1.0 and 4.0 < window[1] < 5.0
+    done = t + np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
+    status = np.array([OK, OK, QUEUE_FULL, OK, OK, OK])
+    stats, total = summarize_requests(t, done, status, np.zeros(6, dtype=np.int64), ["a"], window)
+    s = stats[0]
+    assert s.sent == 4 and s.completed == 3 and s.rejected_queue_full == 1
+    assert s.p50_ms == pytest.approx(400.0)
+
+
+def test_a_config_pbtxt_becomes_the_same_model() -> None:
+    text = """
+name: "ranker"
+backend: "python"
+max_batch_size: 16
+input { name: "FEATURES" data_type: TYPE_FP32 dims: [ 32 ] }
+output { name: "SCORES" data_type: TYPE_FP32 dims: [ 1 ] }
+instance_group { kind: KIND_CPU count: 2 rate_limiter { resources { name: "compute" count: 1 } } }
+dynamic_batching {
+  preferred_batch_size: [ 4, 8 ]
+  max_queue_delay_microseconds: 3000
+  priority_levels: 2
+  default_priority_level: 2
+  default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 9000 max_queue_size: 7 }
+  priority_queue_policy { key: 1 value { timeout_action: REJECT default_timeout_microseconds: 5000 max_queue_size: 3 } }
+}
+"""
+    m = model_sim_from_config(parse_model_config(text), curve=ServiceCurve(fixed_ms=1, per_item_ms=1))
+    b = m.dynamic_batching
+    assert m.max_batch_size == 16 and m.instances == 2 and m.resources == {"compute": 1}
+    assert b.preferred_batch_sizes == [4, 8] and b.max_queue_delay_us == 3000 and not b.prefetching
+    assert b.policy(1) == QueuePolicy(timeout_us=5000, action="REJECT", max_queue_size=3)
+    assert b.policy(2) == QueuePolicy(timeout_us=9000, action="DELAY", max_queue_size=7)
+    assert rate_limit_from_flags(["--rate-limit=execution_count", "--rate-limit-resource=compute:2"]) == (True, {"compute": 2})
+    assert rate_limit_from_flags(["--rate-limit-resource=compute:4:1"]) == (False, {"compute:1": 4})
+
+
+def test_no_preferred_size_means_max_batch_size_as_the_server_fills_it_in() -> None:
+    m = model(mbs=12, dynamic_batching=BatcherConfig(max_queue_delay_us=1))
+    assert m.batcher().preferred_batch_sizes == [12]
+
+
+def test_fit_overheads_recovers_what_was_put_in() -> None:
+    curve = ServiceCurve(fixed_ms=10.0, per_item_ms=1.5)
+    batches = {rows: (100, curve.ms(rows) + 0.8 + 0.1 * rows) for rows in (1, 2, 4, 8)}
+    obs = [LiveObservation(client_mean_ms=30.0, server_mean_ms=27.5, batches=batches)]
+    ov = fit_overheads(obs, curve)
+    assert ov.request_ms == pytest.approx(2.5)
+    assert ov.batch_ms == pytest.approx(0.8, abs=1e-3)
+    assert ov.request_exec_ms == pytest.approx(0.1, abs=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Traffic
+
+
+def test_poisson_rate_and_class_mix() -> None:
+    arr = generate_arrivals(spec(rate=200.0), seed=1)
+    assert arr.mean_rate == pytest.approx(200.0, rel=0.05)
+    share_hi = float(np.mean(arr.cls == 0))
+    assert share_hi == pytest.approx(0.3, abs=0.03)
+    assert np.all(np.diff(arr.t) >= 0)
+    assert arr.priorities().tolist()[:5] == [1 if c == 0 else 2 for c in arr.cls[:5]]
+
+
+def test_bursty_traffic_has_the_mean_rate_and_its_bursts() -> None:
+    s = spec(rate=100.0, shape="bursty", bursty=Bursty(on_s=1.0, off_s=4.0, burst_factor=5.0))
+    on, off = bursty_rates(s.bursty, 100.0)
+    assert on == pytest.approx(5 * off) and (on * 1 + off * 4) / 5 == pytest.approx(100.0)
+    arr = generate_arrivals(s.model_copy(update={"duration_s": 200.0}), seed=2)
+    phase = np.mod(arr.t, 5.0)
+    in_burst = float(np.mean(phase < 1.0))
+    assert in_burst == pytest.approx(on * 1 / (on * 1 + off * 4), abs=0.03)
+    assert arr.mean_rate == pytest.approx(100.0, rel=0.05)
+
+
+def test_daily_traffic_peaks_where_asked() -> None:
+    s = spec(rate=100.0, shape="daily", daily={"period_s": 100.0, "peak_to_trough": 4.0, "peak_at": 0.25})
+    arr = generate_arrivals(s.model_copy(update={"duration_s": 400.0}), seed=3)
+    counts = np.histogram(np.mod(arr.t, 100.0), bins=4, range=(0, 100))[0]
+    assert int(np.argmax(counts)) == 0 or counts[0] + counts[1] > counts[2] + counts[3]
+    peak = np.sum((np.mod(arr.t, 100.0) > 20) & (np.mod(arr.t, 100.0) < 30))
+    trough = np.sum((np.mod(arr.t, 100.0) > 70) & (np.mod(arr.t, 100.0) < 80))
+    assert peak / trough == pytest.approx(4.0, rel=0.35)
+
+
+def test_requests_sets_the_count_and_scale_rate_compresses_time() -> None:
+    arr = generate_arrivals(spec(rate=50.0), seed=1, requests=1234)
+    assert len(arr) == 1234
+    fast = scale_rate(arr, 2.0)
+    assert fast.mean_rate == pytest.approx(2 * arr.mean_rate)
+    assert fast.cls.tolist() == arr.cls.tolist()
+
+
+def test_trace_replay_parses_sorts_and_checks() -> None:
+    text = "timestamp,class,prompt_tokens,output_tokens\n100.5,lo,10,5\n100.0,hi,20,8\n# comment\n\n101.0,lo,30,2\n"
+    s = TrafficSpec(shape="trace", trace={"path": "t.csv", "time_scale": 2.0},
+                    classes=[{"name": "hi", "share": 0.5, "priority": 1}, {"name": "lo", "share": 0.5, "priority": 2}])
+    arr = parse_trace_csv(text, s)
+    assert arr.t.tolist() == [0.0, 0.25, 0.5]
+    assert [arr.class_names[c] for c in arr.cls] == ["hi", "lo", "lo"]
+    assert arr.prompt.tolist() == [20, 10, 30] and arr.output.tolist() == [8, 5, 2]
+    assert generate_arrivals(s, trace_text=text).t.tolist() == arr.t.tolist()
+    with pytest.raises(TraceError, match=":3: class 'mid'"):
+        parse_trace_csv("timestamp,class,prompt_tokens,output_tokens\n1,hi,1,1\n2,mid,1,1\n", s)
+    with pytest.raises(TraceError, match="lacks"):
+        parse_trace_csv("time,class\n1,hi\n", s)
+    with pytest.raises(TraceError, match=":2:"):
+        parse_trace_csv("timestamp,class,prompt_tokens,output_tokens\nsoon,hi,1,1\n", s)
+
+
+def test_traffic_spec_refuses_contradictions() -> None:
+    with pytest.raises(ValueError, match="add up"):
+        TrafficSpec(shape="poisson", rate_per_s=1, classes=[{"name": "a", "share": 0.5}])
+    with pytest.raises(ValueError, match="needs a `bursty:`"):
+        TrafficSpec(shape="bursty", rate_per_s=1, classes=[{"name": "a", "share": 1}])
+    with pytest.raises(ValueError, match="rate_per_s"):
+        TrafficSpec(shape="poisson", classes=[{"name": "a", "share": 1}])
+    with pytest.raises(ValueError):
+        TrafficSpec(shape="poisson", rate_per_s=1, classes=[{"name": "a", "share": 1}], surprise=1)
+
+
+def test_fit_wake_race_recovers_the_race_that_made_the_tail() -> None:
+    from tritongen.core.simulator import fit_wake_race
+
+    b = BatcherConfig(preferred_batch_sizes=[4, 8], max_queue_delay_us=2000, default_queue_policy=POLICY)
+    m = model(mbs=8, fixed=10.0, per_item=1.0, dynamic_batching=b)
+    arr = generate_arrivals(spec(rate=70.0).model_copy(update={"duration_s": 10.0}), seed=4)
+    truth = Overheads(completion_wake_p=0.05, completion_wake_p_idle=0.3)
+    server = ServerSim(models=[m], overheads=truth)
+    p99s, rows = [], []
+    for seed in range(3):
+        sim = simulate_detail(server, arr, seed=seed)
+        w0, w1 = measurement_window(arr.t, arr.warmup_s)
+        keep = (np.asarray(sim.status) == OK) & (arr.t >= w0) & (arr.t <= w1)
+        p99s.append(float(np.percentile((np.asarray(sim.t_done) - arr.t)[keep], 99) * 1000))
+        rows.append(sim.result.models[0].mean_batch_rows)
+    live, live_rows = float(np.median(p99s)), float(np.mean(rows))
+    ideal = ServerSim(models=[m], overheads=Overheads())
+    assert simulate(ideal, arr).klass("hi").p99_ms < live  # the race lengthens the tail
+    grid = dict(p_idle_grid=(0.3, 1.0), p_slot_grid=(0.05, 1.0))
+    assert fit_wake_race([(ideal, arr, live, live_rows)], **grid) == (0.05, 0.3)
+    assert fit_wake_race([(ideal, arr, live, None)], **grid) == (0.05, 0.3)

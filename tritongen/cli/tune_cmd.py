@@ -1,0 +1,290 @@
+"""`tritongen tune SPEC --profiles DIR --traffic T [--verify] [-o DIR]`.
+
+Searches max batch size, preferred sizes, queue window, instance count and priority policy of
+every model with the simulator (`tritongen.core.tune`), optionally confirms the best few on the
+embedded server under the same traffic (`tritongen.tuner.verify`), and renders the winner. The
+output explains itself: chosen values against the plan's, predicted (and measured) figures, and
+the runner-up. Exit 0 when every model has a config that meets its targets, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tritongen.cli.main import app
+from tritongen.cli.simulate_cmd import arrivals_from, parse_overheads, read_traffic
+from tritongen.core.plan import DeploymentPlan, ModelEntryPlan
+from tritongen.core.sidecar_policy import build_sidecar_policy
+from tritongen.core.simulator import LLMCurve, Overheads, ServiceCurve, rate_limit_from_flags
+from tritongen.core.traffic import Arrivals
+from tritongen.core.tune import (
+    Evaluation,
+    Params,
+    TuneInputs,
+    TuneResult,
+    apply_candidate,
+    apply_results,
+    baseline_params,
+    evaluate,
+    memory_budget,
+    tune_model,
+)
+from tritongen.errors import BadInput
+from tritongen.profiles import measured_pads_mb, read_profiles
+from tritongen.render import write_repository
+from tritongen.render_plan import render_entry_config, render_plan
+from tritongen.core.plan import plan_deployment
+from tritongen.specio import load_spec
+
+console = Console()
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def entry_arrivals(arrivals: Arrivals, plan: DeploymentPlan, entry: ModelEntryPlan, spec) -> Arrivals:
+    """The requests this entry serves: its model's classes (traffic `model:` permitting), its lane."""
+    model = next(m for m in spec.models if m.name == entry.spec_model)
+    served = {c.name for c in spec.classes_of(model)}
+    keep_class = [
+        (name in served) and (arrivals.class_model[i] in (None, entry.spec_model))
+        for i, name in enumerate(arrivals.class_names)
+    ]
+    mask = np.asarray(keep_class, dtype=bool)[arrivals.cls] if len(arrivals) else np.zeros(0, dtype=bool)
+    if entry.lane == "short" and entry.prompt_tokens_max is not None:
+        mask &= arrivals.prompt <= entry.prompt_tokens_max
+    elif entry.lane == "long":
+        short = next((e for e in plan.entries if e.spec_model == entry.spec_model and e.lane == "short"), None)
+        if short is not None and short.prompt_tokens_max is not None:
+            mask &= arrivals.prompt > short.prompt_tokens_max
+    out = arrivals.take(mask)
+    out.class_model = [None] * len(out.class_names)
+    return out
+
+
+def explain(result: TuneResult, baseline: Evaluation | None, measured: dict[str, object] | None) -> None:
+    w, r = result.winner, result.runner_up
+    table = Table(title=f"{result.model}: {result.candidates} candidates simulated, {result.feasible} meet every target")
+    table.add_column("")
+    table.add_column("plan (baseline)")
+    table.add_column("winner", style="green")
+    table.add_column("runner-up")
+    cols = [baseline, w, r]
+
+    def cell(e: Evaluation | None, f) -> str:
+        return "-" if e is None else f(e)
+
+    rows = [
+        ("max_batch_size", lambda e: str(e.params.max_batch_size)),
+        ("preferred sizes", lambda e: " ".join(map(str, e.params.preferred)) or "(= max)"),
+        ("queue window", lambda e: f"{e.params.delay_us / 1000:g} ms"),
+        ("instances", lambda e: str(e.params.instances)),
+        ("priority policy", lambda e: e.params.policy),
+    ]
+    if any(e is not None and e.params.max_num_seqs for e in cols):
+        rows.append(("max_num_seqs", lambda e: str(e.params.max_num_seqs)))
+    for name in w.p99_ms:
+        rows.append((f"{name} P99 ms (pred.)", lambda e, n=name: _ms(e.p99_ms.get(n))))
+    rows += [
+        ("throughput /s (pred.)", lambda e: f"{e.throughput_per_s:.1f}"),
+        ("capacity within targets", lambda e: "-" if e.capacity_factor is None else f"x{e.capacity_factor:.2f} = {e.capacity_factor * e.offered_per_s:.0f}/s"),
+        ("utilisation (pred.)", lambda e: f"{e.utilisation:.0%}"),
+        ("meets targets", lambda e: "yes" if e.feasible else f"no: {e.reason}"),
+    ]
+    for label, f in rows:
+        table.add_row(label, *[cell(e, f) for e in cols])
+    if measured:
+        for label, values in measured.items():
+            table.add_row(label, *values)  # type: ignore[arg-type]
+    console.print(table)
+    for note in result.notes:
+        console.print(f"[yellow]note:[/] {note}")
+
+
+@app.command("tune")
+def tune(
+    spec: Path = typer.Argument(..., help="Deployment spec (YAML)."),
+    profiles: Path = typer.Option(..., "--profiles", help="Directory of profiles from `tritongen profile`."),
+    traffic: Path = typer.Option(..., "--traffic", help="Traffic file (examples/traffic/*.yaml); classes named as in the spec."),
+    verify: bool = typer.Option(False, "--verify", help="Run the best candidates on the embedded server and keep the measured winner."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Write the tuned repository here (default: print only)."),
+    repository: Optional[Path] = typer.Option(
+        None, "--repository", help="Where the models' code is, for --verify (default: -o DIR, else ./model_repository)."
+    ),
+    requests: int = typer.Option(4000, "--requests", min=200, help="Requests per simulation during the search."),
+    verify_requests: int = typer.Option(2000, "--verify-requests", min=100, help="Requests per live run with --verify."),
+    verify_top: int = typer.Option(3, "--verify-top", min=1, max=6, help="Candidates per model to run live."),
+    seed: int = typer.Option(0, "--seed"),
+    overheads: Optional[str] = typer.Option(None, "--overheads", help="'embedded' (default), 'none', or key=value,..."),
+    max_error: float = typer.Option(0.01, "--max-error", min=0.0, max=1.0, help="Largest share of a class that may be rejected or killed."),
+    only: Optional[list[str]] = typer.Option(None, "--model", help="Tune only these model entries (repeat); the rest keep the plan."),
+) -> None:
+    """Find each model's best config for the traffic with the simulator; optionally confirm it live."""
+    loaded = load_spec(spec)
+    profs = read_profiles(profiles)
+    plan = plan_deployment(loaded.spec, loaded.architectures, measured_pads_mb(profs))
+    tspec, trace_text = read_traffic(traffic)
+    spec_classes = {c.name: c for c in loaded.spec.traffic_classes}
+    unknown = [c.name for c in tspec.classes if c.name not in spec_classes]
+    if unknown:
+        raise BadInput(f"{traffic}: classes {unknown} are not traffic classes of {spec} ({sorted(spec_classes)})")
+    arrivals = arrivals_from(tspec, trace_text, seed, requests if tspec.shape != "trace" else None, str(traffic))
+    arrivals = arrivals.with_priorities({name: c.priority for name, c in spec_classes.items()})
+    ov: Overheads = parse_overheads(overheads, None)
+    flags = plan.server_flags
+    rate_limit, resources = rate_limit_from_flags(flags)
+    started = time.perf_counter()
+    results: dict[str, TuneResult] = {}
+    inputs_by: dict[str, TuneInputs] = {}
+    baselines: dict[str, Evaluation] = {}
+    names = {e.name for e in plan.entries}
+    unknown_models = sorted(set(only or []) - names)
+    if unknown_models:
+        raise BadInput(f"--model {unknown_models}: not entries of the plan ({sorted(names)})")
+    for entry in plan.entries:
+        if only and entry.name not in only:
+            continue
+        profile = profs.get(entry.name) or profs.get(entry.spec_model)
+        if profile is None:
+            console.print(f"[yellow]skip[/] {entry.name}: no profile in {profiles}; it keeps the plan's settings")
+            continue
+        curve: ServiceCurve | None = None
+        llm_curve: LLMCurve | None = None
+        try:
+            if profile.kind == "streaming":
+                llm_curve = LLMCurve.from_profile(profile)
+            else:
+                curve = ServiceCurve.from_profile(profile)
+        except ValueError as err:
+            raise BadInput(f"profile of {entry.name}: {err}") from None
+        if entry.kind == "llm" and llm_curve is None or entry.kind != "llm" and curve is None:
+            console.print(f"[yellow]skip[/] {entry.name}: its profile is {profile.kind}, the plan says {entry.kind}")
+            continue
+        if entry.backend == "vllm":
+            console.print(f"[yellow]skip[/] {entry.name}: the vLLM backend batches inside its engine (model.json)")
+            continue
+        arr = entry_arrivals(arrivals, plan, entry, loaded.spec)
+        if len(arr) < 50:
+            console.print(f"[yellow]skip[/] {entry.name}: the traffic sends it {len(arr)} requests")
+            continue
+        model = next(m for m in loaded.spec.models if m.name == entry.spec_model)
+        available, per_instance = memory_budget(plan, entry)
+        inputs = TuneInputs(
+            spec=loaded.spec, entry=entry, arrivals=arr, classes=loaded.spec.classes_of(model), curve=curve,
+            llm_curve=llm_curve, overheads=ov, memory_available_bytes=available, instance_bytes=per_instance,
+            rate_limit=rate_limit, resources=resources, kv_policy="oom" if entry.backend == "python" else "admission",
+            max_error_fraction=max_error, seed=seed,
+        )
+        with console.status(f"tuning {entry.name} ({len(arr)} requests per simulation)..."):
+            results[entry.name] = tune_model(inputs)
+            baselines[entry.name] = evaluate(inputs, baseline_params(entry))[0]
+        inputs_by[entry.name] = inputs
+    if not results:
+        raise BadInput(f"nothing to tune: no plan entry of {spec} has a profile in {profiles}")
+    search_s = time.perf_counter() - started
+    choices: dict[str, Params] = {name: r.winner.params for name, r in results.items()}
+    measured_rows: dict[str, dict[str, object]] = {}
+    if verify:
+        choices, measured_rows = _verify(
+            loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed, verify_requests, verify_top,
+            repository or out or Path("model_repository"), spec.name,
+        )
+    for name, result in results.items():
+        explain(result, baselines.get(name), measured_rows.get(name))
+        if verify and choices[name] != result.winner.params:
+            console.print(f"[bold]{name}:[/] the live measurement preferred [green]{choices[name].label()}[/] over the simulator's pick")
+    tuned = apply_results(
+        plan,
+        {name: apply_candidate(plan.entry(name), p, inputs_by[name].classes, loaded.spec) for name, p in choices.items()},
+    )
+    rendered = render_plan(tuned, spec.name, sidecar_policy=build_sidecar_policy(loaded.spec, tuned, profs))
+    console.print(f"[dim]search: {sum(r.candidates for r in results.values())} simulations in {search_s:.1f} s[/]")
+    if out is not None:
+        changed = write_repository(rendered, out)
+        console.print(f"{len(changed)} file(s) written to {out}" + (": " + ", ".join(changed) if changed else " (already up to date)"))
+    else:
+        for name in choices:
+            console.print(f"[bold]{name}/config.pbtxt[/] (pass -o DIR to write):")
+            console.print(rendered.files[f"{name}/config.pbtxt"], highlight=False, markup=False)
+    if not all(r.winner.feasible for r in results.values()):
+        raise typer.Exit(code=1)
+
+
+def _verify(loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed, n, top, repository: Path, spec_name: str):
+    """Run the top candidates live; keep the measured winner per model."""
+    from tritongen.loadgen import LoadTarget
+    from tritongen.tuner.verify import Candidate, verify_candidates
+
+    if not repository.is_dir():
+        raise BadInput(f"--verify needs the models' code: {repository} is not a directory (use --repository DIR)")
+    arrivals_all = arrivals_from(tspec, trace_text, seed + 1, n if tspec.shape != "trace" else None, "traffic")
+    arrivals_all = arrivals_all.with_priorities({c.name: c.priority for c in loaded.spec.traffic_classes})
+    choices: dict[str, Params] = {}
+    measured_rows: dict[str, dict[str, object]] = {}
+    for name, result in results.items():
+        inputs: TuneInputs = inputs_by[name]
+        entry = plan.entry(name)
+        picks: list[Evaluation] = []
+        for e in [result.winner, result.runner_up, *result.table]:
+            if e is not None and e.params not in [p.params for p in picks] and (e.feasible or not picks):
+                picks.append(e)
+            if len(picks) >= top:
+                break
+        cands = []
+        for i, e in enumerate(picks):
+            tuned = apply_results(plan, {name: apply_candidate(entry, e.params, inputs.classes, loaded.spec)})
+            cands.append(Candidate(label=f"#{i + 1} {e.params.label()}", model=name, config_text=render_entry_config(tuned, name, spec_name)))
+        arr = entry_arrivals(arrivals_all, plan, entry, loaded.spec)
+        streaming = entry.kind == "llm" and entry.decoupled
+        target = LoadTarget(name, streaming=streaming, batched=entry.max_batch_size > 0)
+
+        def targets_for(c, _t=target, _arr=arr, _e=entry):
+            return {cn: _t for cn in _arr.class_names}, {_e.name: 1}, ([_e.name] if streaming else [])
+
+        warm = arr.take(np.arange(len(arr)) < min(200, len(arr)))
+        with console.status(f"verifying {len(cands)} candidates of {name} on the embedded server..."):
+            verified = verify_candidates(
+                repository, cands, arr, targets_for, server_flags=plan.server_flags, warmup=warm, seed=seed,
+            )
+        best: tuple | None = None
+        row_p99: dict[str, list[str]] = {}
+        rows: dict[str, object] = {}
+        measured_by_params: dict[Params, str] = {}
+        for e, v in zip(picks, verified):
+            if v.run is None:
+                measured_by_params[e.params] = f"failed: {v.error}"
+                continue
+            worst = 0.0
+            lost = 0.0
+            for c in v.run.classes:
+                target_ms = next(k.p99_ms for k in inputs.classes if k.name == c.name)
+                value = c.ttft_p99_ms if streaming else c.p99_ms
+                worst = max(worst, (value or float("inf")) / target_ms)
+                lost = max(lost, (c.sent - c.completed) / c.sent if c.sent else 0.0)
+                row_p99.setdefault(c.name, [])
+            ok = worst <= 1.0 and lost <= inputs.max_error_fraction
+            # Meeting the targets live comes first; then throughput, in steps of 2% of the offered
+            # rate (smaller differences are noise under open-loop load); then the simulator's order.
+            step = max(1e-9, 0.02 * arr.mean_rate)
+            key = (0 if ok else 1, -math.floor(v.run.throughput_per_s / step), picks.index(e))
+            if best is None or key < best[0]:
+                best = (key, e.params)
+            measured_by_params[e.params] = (
+                f"{v.run.throughput_per_s:.1f}/s, worst P99/target {worst:.2f}" + ("" if ok else " (misses)")
+            )
+        choices[name] = best[1] if best is not None else result.winner.params
+        cols = [baselines.get(name), result.winner, result.runner_up]
+        rows["measured (live)"] = [
+            "-" if e is None else measured_by_params.get(e.params, "not run") for e in cols
+        ]
+        measured_rows[name] = rows
+    return choices, measured_rows

@@ -1,0 +1,1468 @@
+"""A seeded discrete-event simulation of Triton's scheduler, fast enough to search configs with.
+
+What it models (server 2.51, the binary in nvidia-pytriton; each point was read in Triton's core
+sources and checked on the embedded server, see tests/unit/test_simulator.py and the fidelity test):
+
+* **Dynamic batcher** (`dynamic_batch_scheduler.cc`), one batcher thread per model:
+  - Requests queue per priority level (strict: level 1 first, no aging); a request's priority of 0
+    or above `priority_levels` falls to `default_priority_level`. Each level has a policy: a queue
+    timeout with REJECT or DELAY, and `max_queue_size` (a full level answers "Exceeds maximum
+    queue size" at once).
+  - A batch forms by scanning the queue in priority order: it is released at once when it reaches
+    a preferred batch size (the largest one it can fill), or when it cannot grow past the largest
+    preferred size; otherwise it waits until the oldest request has waited
+    `max_queue_delay_microseconds`, then takes everything up to `max_batch_size`. With no
+    preferred size Triton uses `[max_batch_size]` (it fills that in when it loads the config).
+  - The batcher only forms a batch when it has a *payload slot*: with priority levels or any queue
+    policy (the usual tritongen config), a slot is an idle instance, so batches form when an
+    instance frees up; with no policy at all ("prefetching") up to 2 x instances batches may wait
+    ahead, and a waiting batch keeps growing until it is full or an instance takes it.
+  - Timeouts are enforced lazily, as the server does: a request is rejected (or, with DELAY, moved
+    behind its level's live requests) only when the batcher scans it, or on the batcher's 500 ms
+    tick while it waits for a slot. So a 0.5 s timeout fires between 0.5 s and the end of the
+    execution that was running (the facts file saw ~0.8 s).
+  - A batcher that finds an empty queue sleeps up to 500 ms; an arrival wakes it only if a slot
+    is free (and the queue reaches the next preferred size); an execution's start wakes it.
+  - An execution's *end* often does not: the notify races the instance thread getting back to
+    wait for work, and a batcher that checks too early goes back to sleep. Traced on the embedded
+    server (300 req/s, one instance, queue policies), 74% of hand-offs started only when the next
+    request arrived (a median 0.06 ms after it) and the gap between executions was 1.3 ms at the
+    median, 12 ms at P99, against 0.1 ms without queue policies. The simulator draws that race:
+    `completion_wake_p` (batcher blocked on a slot) and `completion_wake_p_idle` (asleep on an
+    empty queue) are the chances the end wakes it; otherwise the next arrival or the 500 ms tick
+    does. Another idle instance always answers the notify, so two instances rarely stall.
+* **Instances** execute one batch at a time: `curve(rows) + batch_ms + request_exec_ms x requests`.
+* **Rate limiter** (`--rate-limit=execution_count`): an execution needs its instance's resources
+  (e.g. `compute: 1`) out of the server's totals; payloads wait in arrival order (then instance
+  priority) and the head blocks the rest, as Triton's staging queue does.
+* **Length-tiered lanes**: several model entries serve one route; a request goes to the first
+  whose prompt-length range holds it.
+* **Streaming LLMs** (decoupled models with an `llm` engine): Triton's batcher hands requests to
+  the engine (instance time is only the hand-off), and the engine does continuous batching at
+  token granularity, as tinyllm's engine does: each step admits waiting requests up to
+  `max_num_seqs`, prefills them one by one (each emits its first token), then runs one decode step
+  for the whole running batch. KV memory is a pool of `kv_pool_blocks` blocks of
+  `kv_block_tokens`; with `kv_policy: oom` blocks are taken as tokens arrive and a request that
+  finds the pool empty is killed ("out of memory", tinyllm's behaviour); with `admission` a
+  request is admitted only when its whole prompt + max_tokens fits, otherwise held back.
+
+Overheads (`Overheads`, fitted from live runs on the embedded server, see `fit_overheads`):
+  request_ms       time a request spends outside the scheduler and the instance: client encode,
+                   HTTP parse, response send and decode. Adds latency, occupies nothing.
+  batch_ms         per execution, the instance time outside the profiled curve: Python-backend
+                   IPC to the stub, input/output tensor copies, the batcher-to-instance hand-off.
+  request_exec_ms  per request inside an execution (response objects, per-request IPC).
+  wake_ms          the batcher thread's wake-up latency after a notify.
+  completion_wake_p, completion_wake_p_idle
+                   the wake race above (1.0 = an ideal server).
+  jitter_cv        relative noise of execution times on a shared host (lognormal, mean 1).
+
+Pure and deterministic: the same inputs and seed give the same result. No I/O.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tritongen.core.traffic import Arrivals
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServiceCurve(_Strict):
+    """Execution time of one batch: `fixed_ms + per_item_ms x rows`, bending at `breakpoint`.
+
+    `points` (rows, ms), when given, are interpolated linearly between measured batch sizes and
+    the fit is used outside them.
+    """
+
+    fixed_ms: float = Field(ge=0, description="Fixed cost of one execution.")
+    per_item_ms: float = Field(ge=0, description="Cost per row (below the breakpoint).")
+    breakpoint: float | None = Field(default=None, gt=0, description="Rows where the slope changes.")
+    per_item_ms_after: float | None = Field(default=None, ge=0, description="Per-row cost above the breakpoint.")
+    points: list[tuple[float, float]] = Field(default_factory=list, description="Measured (rows, ms), optional.")
+
+    def fit_ms(self, rows: float) -> float:
+        y = self.fixed_ms + self.per_item_ms * rows
+        if self.breakpoint is not None and rows > self.breakpoint:
+            after = self.per_item_ms if self.per_item_ms_after is None else self.per_item_ms_after
+            y += (after - self.per_item_ms) * (rows - self.breakpoint)
+        return max(0.0, y)
+
+    def ms(self, rows: float) -> float:
+        pts = self.points
+        if len(pts) >= 2 and pts[0][0] <= rows <= pts[-1][0]:
+            xs = [p[0] for p in pts]
+            i = bisect.bisect_left(xs, rows)
+            if xs[i] == rows:
+                return pts[i][1]
+            (x0, y0), (x1, y1) = pts[i - 1], pts[i]
+            return y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
+        return self.fit_ms(rows)
+
+    @classmethod
+    def from_fit(cls, fit, extra_ms: float = 0.0) -> "ServiceCurve":
+        """From a profile's `CurveFit` (duck-typed: overhead_ms, per_item_ms, breakpoint, per_item_ms_after)."""
+        return cls(
+            fixed_ms=max(0.0, float(fit.overhead_ms) + extra_ms),
+            per_item_ms=max(0.0, float(fit.per_item_ms)),
+            breakpoint=fit.breakpoint if getattr(fit, "kind", "linear") == "piecewise" else None,
+            per_item_ms_after=fit.per_item_ms_after if getattr(fit, "kind", "linear") == "piecewise" else None,
+        )
+
+    @classmethod
+    def from_profile(cls, profile) -> "ServiceCurve":
+        """From a `Profile`: its fit of compute_infer, plus the mean compute_input/output time
+        (Triton's batch_stats) as part of the fixed cost, since the instance is busy for it too."""
+        if profile.fit is None:
+            raise ValueError(f"profile of {profile.model!r} has no latency-versus-batch fit (was it a classic model with load?)")
+        extra = 0.0
+        total = sum(p.count for p in profile.curve)
+        if total:
+            extra = sum((p.compute_total_ms - p.compute_infer_ms) * p.count for p in profile.curve) / total
+        return cls.from_fit(profile.fit, extra_ms=max(0.0, extra))
+
+
+class LLMCurve(_Strict):
+    """Step times of a continuous-batching engine."""
+
+    prefill_fixed_ms: float = Field(default=0.0, ge=0, description="Fixed cost of one prefill.")
+    prefill_ms_per_token: float = Field(ge=0, description="Prefill cost per prompt token.")
+    decode_fixed_ms: float = Field(ge=0, description="Fixed cost of one decode step.")
+    decode_ms_per_seq: float = Field(ge=0, description="Decode step cost per sequence in the batch.")
+    decode_ms_per_context_token: float = Field(default=0.0, ge=0, description="Decode cost per cached token (attention).")
+
+    def prefill_ms(self, tokens: int) -> float:
+        return self.prefill_fixed_ms + self.prefill_ms_per_token * tokens
+
+    def decode_ms(self, seqs: int, context_tokens: int) -> float:
+        return self.decode_fixed_ms + self.decode_ms_per_seq * seqs + self.decode_ms_per_context_token * context_tokens
+
+    @classmethod
+    def from_profile(cls, profile) -> "LLMCurve":
+        """From a streaming `Profile`.
+
+        Decode: at concurrency c the engine makes c tokens per step, so a step takes
+        c / (tokens per second); a line through those points gives the fixed and per-sequence
+        cost. (Client-side inter-token gaps are not used: responses arrive in bursts.) Prefill:
+        the smallest median TTFT over the levels, less one step, spread over the prompt tokens.
+        """
+        section = profile.streaming
+        if section is None or not section.levels:
+            raise ValueError(f"profile of {profile.model!r} has no streaming levels")
+        levels = [lv for lv in section.levels if lv.tokens_per_s and lv.tokens_per_s > 0]
+        if not levels:
+            raise ValueError(f"profile of {profile.model!r}: no level measured tokens per second")
+        xs = np.array([lv.concurrency for lv in levels], dtype=float)
+        ys = np.array([lv.concurrency * 1000.0 / lv.tokens_per_s for lv in levels], dtype=float)
+        if len(set(xs.tolist())) >= 2:
+            slope, intercept = np.polyfit(xs, ys, 1)
+        else:
+            slope, intercept = 0.0, float(ys[0])
+        per_seq = max(0.0, float(slope))
+        fixed = max(0.0, float(intercept))
+        prefill = None
+        for lv, step in zip(levels, ys):
+            if lv.ttft_p50_ms is not None:
+                value = max(0.0, lv.ttft_p50_ms - float(step))
+                prefill = value if prefill is None else min(prefill, value)
+        return cls(
+            prefill_ms_per_token=(prefill or 0.0) / max(1, section.prompt_tokens),
+            decode_fixed_ms=fixed,
+            decode_ms_per_seq=per_seq,
+        )
+
+
+class Overheads(_Strict):
+    """Costs outside the profiled curve; see the module docstring."""
+
+    request_ms: float = Field(default=0.0, ge=0, description="Per request, outside scheduler and instance (client, HTTP).")
+    batch_ms: float = Field(default=0.0, ge=0, description="Per execution, instance time outside the curve.")
+    request_exec_ms: float = Field(default=0.0, ge=0, description="Per request inside an execution.")
+    wake_ms: float = Field(default=0.0, ge=0, description="Batcher thread wake-up latency after a notify (busy host).")
+    completion_wake_p: float = Field(
+        default=1.0, ge=0, le=1,
+        description="Chance that an execution's end wakes a batcher already blocked waiting for a free instance "
+        "(the rest wait for the next arrival or the 500 ms tick); applies without prefetching.",
+    )
+    completion_wake_p_idle: float = Field(
+        default=1.0, ge=0, le=1,
+        description="The same chance for a batcher that went to sleep on an empty queue.",
+    )
+    jitter_cv: float = Field(default=0.0, ge=0, le=2, description="Relative noise of execution times.")
+
+
+# The embedded server of this project (tritonserver 2.51 from nvidia-pytriton, Python backend, on a
+# 2-core host shared with the HTTP client), fitted from live ranker runs (tests/integration/
+# test_sim_fidelity.py re-fits the first three on every run):
+#   request_ms 2.0    client-side latency minus Triton's request duration (HTTP, loopback, client)
+#   batch_ms 0.6      instance time per execution beyond the curve (Python-backend IPC)
+#   request_exec_ms 0.08  the same per request in the execution (responses, output copies)
+#   wake_ms 0.1       batcher thread wake-up after a notify
+#   completion_wake_p 0.3 / completion_wake_p_idle 0.75
+#                     with queue policies the end of an execution woke the batcher at once in a
+#                     share of hand-offs that depends on how busy the host is; otherwise the next
+#                     arrival did (Triton trace of 300 batches at 300 req/s on a busy host: median
+#                     gap to the next execution 1.3 ms vs 0.1 ms without policies, the late starts
+#                     a median 0.06 ms after the next request arrived). Fits per run ranged from
+#                     0.15 / 0.5 on a busy host to 0.75 / 0.8 on a quiet one (`fit_wake_race`).
+#   jitter_cv 0.03    execution-time noise of the sleep-based ranker on a busy host
+EMBEDDED_CPU_OVERHEADS = Overheads(
+    request_ms=2.0, batch_ms=0.6, request_exec_ms=0.08, wake_ms=0.1,
+    completion_wake_p=0.3, completion_wake_p_idle=0.75, jitter_cv=0.03,
+)
+
+
+class QueuePolicy(_Strict):
+    timeout_us: int = Field(default=0, ge=0, description="Queue timeout; 0 = none.")
+    action: Literal["REJECT", "DELAY"] = "REJECT"
+    allow_timeout_override: bool = False
+    max_queue_size: int = Field(default=0, ge=0, description="Requests one level may hold; 0 = unbounded.")
+
+    @property
+    def is_default(self) -> bool:
+        return self.timeout_us == 0 and not self.allow_timeout_override and self.max_queue_size == 0
+
+
+class BatcherConfig(_Strict):
+    """`dynamic_batching { ... }` as the server normalises it."""
+
+    preferred_batch_sizes: list[int] = Field(default_factory=list)
+    max_queue_delay_us: int = Field(default=0, ge=0)
+    priority_levels: int = Field(default=0, ge=0)
+    default_priority_level: int = Field(default=0, ge=0)
+    default_queue_policy: QueuePolicy = Field(default_factory=QueuePolicy)
+    priority_queue_policy: dict[int, QueuePolicy] = Field(default_factory=dict)
+
+    @property
+    def prefetching(self) -> bool:
+        """Triton lets batches queue ahead (2 per instance) only when no queue policy is in play."""
+        return self.priority_levels == 0 and self.default_queue_policy.is_default
+
+    def policy(self, level: int) -> QueuePolicy:
+        return self.priority_queue_policy.get(level, self.default_queue_policy)
+
+    def level_of(self, priority: int) -> int:
+        if self.priority_levels == 0:
+            return 0
+        if priority <= 0 or priority > self.priority_levels:
+            return self.default_priority_level
+        return priority
+
+
+class LLMEngineConfig(_Strict):
+    """A continuous-batching engine behind a decoupled model (tinyllm, or an LLM backend)."""
+
+    max_num_seqs: int = Field(ge=1)
+    kv_pool_blocks: int = Field(ge=1)
+    kv_block_tokens: int = Field(ge=1)
+    kv_policy: Literal["oom", "admission"] = Field(
+        default="oom", description="oom: take blocks as tokens come, kill on exhaustion; admission: reserve at admission."
+    )
+    curve: LLMCurve
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.kv_block_tokens)
+
+
+class ModelSim(_Strict):
+    """One Triton model entry as the simulator sees it."""
+
+    name: str
+    route: str | None = Field(default=None, description="Requests for this route come here (default: the name).")
+    max_batch_size: int = Field(default=0, ge=0)
+    dynamic_batching: BatcherConfig | None = None
+    instances: int = Field(default=1, ge=1)
+    devices: list[int] = Field(default_factory=lambda: [-1], description="Device of each instance group copy; -1 = CPU.")
+    resources: dict[str, int] = Field(default_factory=dict, description="Rate-limiter resources per execution.")
+    rate_limiter_priority: int = Field(default=0, ge=0)
+    curve: ServiceCurve | None = None
+    llm: LLMEngineConfig | None = None
+    prompt_tokens_min: int = Field(default=0, ge=0, description="Lanes: shortest prompt this entry takes.")
+    prompt_tokens_max: int | None = Field(default=None, ge=0, description="Lanes: longest prompt this entry takes.")
+
+    @model_validator(mode="after")
+    def _service(self) -> "ModelSim":
+        if self.curve is None and self.llm is None:
+            raise ValueError(f"model {self.name!r}: give a service curve (classic) or an llm engine (streaming)")
+        if self.dynamic_batching is not None:
+            pref = self.dynamic_batching.preferred_batch_sizes
+            top = max(1, self.max_batch_size)
+            bad = [p for p in pref if p < 1 or p > top]
+            if bad:
+                raise ValueError(f"model {self.name!r}: preferred batch sizes {bad} must lie in 1..max_batch_size {top}")
+        return self
+
+    @property
+    def route_key(self) -> str:
+        return self.route or self.name
+
+    @property
+    def instance_count(self) -> int:
+        return self.instances * max(1, len(self.devices))
+
+    def batcher(self) -> BatcherConfig | None:
+        """The batcher as the server runs it: no preferred size means [max_batch_size]."""
+        b = self.dynamic_batching
+        if b is None or self.max_batch_size == 0:
+            return None
+        if not b.preferred_batch_sizes:
+            return b.model_copy(update={"preferred_batch_sizes": [self.max_batch_size]})
+        return b
+
+
+class ServerSim(_Strict):
+    """Everything one simulation runs: the models, the rate limiter and the overheads."""
+
+    models: list[ModelSim] = Field(min_length=1)
+    rate_limit: bool = Field(default=False, description="--rate-limit=execution_count")
+    resources: dict[str, int] = Field(
+        default_factory=dict, description="Declared totals, 'name' or 'name:device'; undeclared = largest single need."
+    )
+    overheads: Overheads = Field(default_factory=Overheads)
+
+    @model_validator(mode="after")
+    def _names(self) -> "ServerSim":
+        names = [m.name for m in self.models]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"models {dupes} appear more than once")
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs
+
+OK, QUEUE_FULL, TIMEOUT, OOM, NO_ROUTE, TOO_LARGE = 1, 2, 3, 4, 5, 6
+STATUS_NAMES = {0: "pending", OK: "ok", QUEUE_FULL: "queue_full", TIMEOUT: "timeout", OOM: "oom", NO_ROUTE: "no_route", TOO_LARGE: "too_large"}
+
+
+class ClassStats(BaseModel):
+    name: str
+    sent: int = Field(description="Requests sent in the measured window.")
+    completed: int
+    rejected_queue_full: int
+    rejected_timeout: int
+    oom_killed: int
+    other_errors: int
+    p50_ms: float | None
+    p90_ms: float | None
+    p99_ms: float | None
+    mean_ms: float | None
+    ttft_p50_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    queue_p50_ms: float | None = None
+    queue_p99_ms: float | None = None
+    throughput_per_s: float
+
+    @property
+    def rejected(self) -> int:
+        return self.rejected_queue_full + self.rejected_timeout
+
+    @property
+    def failed_fraction(self) -> float:
+        return 0.0 if self.sent == 0 else (self.sent - self.completed) / self.sent
+
+
+class ModelStats(BaseModel):
+    name: str
+    executions: int
+    mean_batch_rows: float | None
+    utilisation: float = Field(description="Instance busy time / (instances x window).")
+    busy_fraction: float = Field(description="Share of the window with at least one instance (or the engine) busy.")
+
+
+class SimResult(BaseModel):
+    window_s: float
+    classes: list[ClassStats]
+    models: list[ModelStats]
+    throughput_per_s: float
+    device_busy: dict[int, float] = Field(default_factory=dict, description="Per device (-1 = CPU): share of the window busy.")
+    requests: int
+
+    def klass(self, name: str) -> ClassStats:
+        for c in self.classes:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def model(self, name: str) -> ModelStats:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+
+def percentile_ms(values_s: np.ndarray, q: float) -> float | None:
+    if len(values_s) == 0:
+        return None
+    return float(np.percentile(values_s, q) * 1000.0)
+
+
+def summarize_requests(
+    send_t: np.ndarray,
+    done_t: np.ndarray,
+    status: np.ndarray,
+    cls: np.ndarray,
+    class_names: Sequence[str],
+    window: tuple[float, float],
+    first_t: np.ndarray | None = None,
+    start_t: np.ndarray | None = None,
+) -> tuple[list[ClassStats], float]:
+    """Per-class figures over a window, the same way for simulated and measured requests.
+
+    Latency percentiles cover successful requests *sent* in [w0, w1]; throughput counts successes
+    *completed* in [w0, w1] divided by the window. `done_t` and `first_t` are client-side times
+    (response received), `start_t` the execution start (queue time = start - send).
+    """
+    w0, w1 = window
+    span = max(1e-9, w1 - w0)
+    sent_in = (send_t >= w0) & (send_t <= w1)
+    ok = status == OK
+    done_in = ok & (done_t >= w0) & (done_t <= w1)
+    out: list[ClassStats] = []
+    total_done = 0
+    for i, name in enumerate(class_names):
+        mine = cls == i
+        s = sent_in & mine
+        good = s & ok
+        lat = done_t[good] - send_t[good]
+        ttft = None
+        if first_t is not None:
+            ft = first_t[good]
+            ft_ok = np.isfinite(ft)
+            ttft = ft[ft_ok] - send_t[good][ft_ok]
+        queue = None
+        if start_t is not None:
+            st = start_t[good]
+            st_ok = np.isfinite(st)
+            queue = st[st_ok] - send_t[good][st_ok]
+        n_done = int((done_in & mine).sum())
+        total_done += n_done
+        st_mine = status[s]
+        out.append(
+            ClassStats(
+                name=name,
+                sent=int(s.sum()),
+                completed=int(good.sum()),
+                rejected_queue_full=int((st_mine == QUEUE_FULL).sum()),
+                rejected_timeout=int((st_mine == TIMEOUT).sum()),
+                oom_killed=int((st_mine == OOM).sum()),
+                other_errors=int(((st_mine != OK) & (st_mine != QUEUE_FULL) & (st_mine != TIMEOUT) & (st_mine != OOM)).sum()),
+                p50_ms=percentile_ms(lat, 50),
+                p90_ms=percentile_ms(lat, 90),
+                p99_ms=percentile_ms(lat, 99),
+                mean_ms=float(lat.mean() * 1000.0) if len(lat) else None,
+                ttft_p50_ms=percentile_ms(ttft, 50) if ttft is not None else None,
+                ttft_p99_ms=percentile_ms(ttft, 99) if ttft is not None else None,
+                queue_p50_ms=percentile_ms(queue, 50) if queue is not None else None,
+                queue_p99_ms=percentile_ms(queue, 99) if queue is not None else None,
+                throughput_per_s=n_done / span,
+            )
+        )
+    return out, total_done / span
+
+
+def measurement_window(t: np.ndarray, warmup_s: float) -> tuple[float, float]:
+    """The stretch whose figures count: after the warm-up, and before a short cool-down.
+
+    The cool-down (5% of the traffic, at most 1 s) leaves out the last requests, which would
+    otherwise be measured with nothing arriving behind them: a server that notices work on the
+    next arrival (Triton's batcher often does, see the module docstring) treats them unlike the
+    requests of a running stream. The same window serves simulated and live runs.
+    """
+    if len(t) == 0:
+        return (0.0, 0.0)
+    first, last = float(t[0]), float(t[-1])
+    start = first + warmup_s
+    end = last - min(1.0, 0.05 * (last - first))
+    if end <= start:
+        return (first, last)
+    return (start, end)
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine
+
+_TIMER, _EXEC_DONE, _TICK, _STEP, _WAKE = 1, 2, 3, 4, 5
+_UNINIT, _READY, _REQUESTED, _EXECUTING = 0, 1, 2, 3
+_IDLE_WAIT_S = 0.5  # Triton's default_wait_microseconds: 500 ms
+
+
+class _Payload:
+    __slots__ = ("reqs", "rows", "state", "seq")
+
+    def __init__(self, seq: int) -> None:
+        self.reqs: list[int] = []
+        self.rows = 0
+        self.state = _UNINIT
+        self.seq = seq
+
+
+class _Model:
+    """Run-time state of one model entry."""
+
+    def __init__(self, index: int, cfg: ModelSim, overheads: Overheads) -> None:
+        self.index = index
+        self.cfg = cfg
+        self.batcher = cfg.batcher()
+        b = self.batcher
+        self.max_batch = max(1, cfg.max_batch_size)
+        if b is not None:
+            self.preferred = sorted(set(b.preferred_batch_sizes))
+            self.pref_set = set(self.preferred)
+            self.max_pref = max(self.preferred) if self.preferred else 0
+            self.delay_s = b.max_queue_delay_us / 1e6
+            self.prefetch = b.prefetching
+            levels = sorted({0} if b.priority_levels == 0 else set(range(1, b.priority_levels + 1)))
+        else:
+            self.preferred, self.pref_set, self.max_pref, self.delay_s, self.prefetch = [], set(), 0, 0.0, True
+            levels = [0]
+        self.levels = levels
+        self.queue: dict[int, deque[int]] = {lv: deque() for lv in levels}
+        self.delayed: dict[int, deque[int]] = {lv: deque() for lv in levels}
+        self.policy: dict[int, QueuePolicy] = {lv: (b.policy(lv) if b else QueuePolicy()) for lv in levels}
+        self.qsize = 0
+        self.queued_rows = 0
+        self.curr = _Payload(0)
+        self.saturated = False
+        self.next_pref = 0
+        self.pending: deque[_Payload] = deque()  # enqueued to the rate limiter, not started
+        self.bstate = "empty"  # empty (waiting, queue empty) | idle (timed wait) | slot | running
+        self.idle_since = 0.0
+        self.wake_pending = False
+        self.token = 0
+        self.n_inst = cfg.instance_count
+        devices = cfg.devices or [-1]
+        self.inst_device = [devices[i // cfg.instances] if i // cfg.instances < len(devices) else devices[-1] for i in range(self.n_inst)]
+        self.idle: list[int] = list(range(self.n_inst))
+        self.curve = cfg.curve
+        self.batch_s = overheads.batch_ms / 1000.0
+        self.req_exec_s = overheads.request_exec_ms / 1000.0
+        self.busy_s = 0.0
+        self.executions = 0
+        self.exec_rows = 0
+        self.any_busy_since: float | None = None
+        self.any_busy_s = 0.0
+        self.running_count = 0
+        self.payload_seq = 1
+        # engine
+        self.llm = cfg.llm
+        self.waiting: deque[int] = deque()
+        self.running: list[int] = []
+        self.engine_busy = False
+        self.free_blocks = cfg.llm.kv_pool_blocks if cfg.llm else 0
+
+
+class Simulation:
+    """One run. Use `simulate()`; this class holds the state while it runs."""
+
+    def __init__(self, server: ServerSim, arrivals: Arrivals, seed: int = 0) -> None:
+        self.server = server
+        self.arr = arrivals
+        self.ov = server.overheads
+        self.models = [_Model(i, m, server.overheads) for i, m in enumerate(server.models)]
+        self.rng = np.random.default_rng(seed)
+        n = len(arrivals)
+        self.n = n
+        self.t_send = arrivals.t.tolist()
+        self.rows = arrivals.rows.tolist()
+        self.prompt = arrivals.prompt.tolist()
+        self.output = arrivals.output.tolist()
+        self.prio = arrivals.priorities().tolist()
+        self.route = self._route(arrivals)
+        self.level = [0] * n
+        self.deadline = [0.0] * n
+        self.status = [0] * n
+        self.t_done = [math.nan] * n
+        self.t_start = [math.nan] * n
+        self.t_first = [math.nan] * n
+        # LLM sequence state, by request index
+        self.cache_len = [0] * n
+        self.generated = [0] * n
+        self.blocks = [0] * n
+        self.heap: list[tuple] = []
+        self.seq = 0
+        self.now = 0.0
+        self.window = measurement_window(arrivals.t, arrivals.warmup_s)
+        # rate limiter
+        self.rl = server.rate_limit and any(m.resources for m in server.models)
+        self.free_res: dict[tuple[str, int], int] = self._resource_totals() if self.rl else {}
+        self.staged_seq = 0
+        # devices
+        self.dev_busy_count: dict[int, int] = {}
+        self.dev_busy_since: dict[int, float] = {}
+        self.dev_busy_s: dict[int, float] = {}
+        self.wake_s = self.ov.wake_ms / 1000.0
+        self._uni_buf: list[float] = []
+        self._jitter = self.ov.jitter_cv > 0
+        if self._jitter:
+            sigma = math.sqrt(math.log(1.0 + self.ov.jitter_cv**2))
+            self._jit_mu = -sigma * sigma / 2.0
+            self._jit_sigma = sigma
+            self._jit_buf: list[float] = []
+
+    # -- set-up ----------------------------------------------------------------------------
+
+    def _route(self, arrivals: Arrivals) -> list[int]:
+        """Model index per request: by the class's model (route) and the lane's prompt range."""
+        by_route: dict[str, list[int]] = {}
+        for i, m in enumerate(self.server.models):
+            by_route.setdefault(m.route_key, []).append(i)
+        routes = list(by_route)
+        out = np.full(len(arrivals), -1, dtype=np.int64)
+        for c, name in enumerate(arrivals.class_names):
+            target = arrivals.class_model[c] if c < len(arrivals.class_model) else None
+            if target is None:
+                if len(routes) != 1:
+                    raise ValueError(
+                        f"traffic class {name!r} names no model and the simulation serves {len(routes)} routes "
+                        f"({routes}); set `model:` on the class"
+                    )
+                target = routes[0]
+            if target not in by_route:
+                raise ValueError(f"traffic class {name!r} goes to model {target!r}, which is not simulated ({routes})")
+            mask = arrivals.cls == c
+            prompts = arrivals.prompt[mask]
+            chosen = np.full(len(prompts), -1, dtype=np.int64)
+            for mi in by_route[target]:
+                m = self.server.models[mi]
+                lo = m.prompt_tokens_min
+                hi = m.prompt_tokens_max if m.prompt_tokens_max is not None else np.iinfo(np.int64).max
+                fits = (chosen < 0) & (prompts >= lo) & (prompts <= hi)
+                chosen[fits] = mi
+            out[mask] = chosen
+        return out.tolist()
+
+    def _resource_totals(self) -> dict[tuple[str, int], int]:
+        totals: dict[tuple[str, int], int] = {}
+        for key, count in self.server.resources.items():
+            name, _, dev = key.partition(":")
+            totals[(name, int(dev) if dev else -1)] = count
+        for m in self.models:
+            for name, need in m.cfg.resources.items():
+                for dev in set(m.inst_device):
+                    k = (name, dev) if (name, dev) in totals else (name, -1)
+                    if k not in totals or totals[k] < need:
+                        if k in totals and k in self._declared_keys():
+                            raise ValueError(
+                                f"model {m.cfg.name!r} needs {need} of resource {name!r} but the server declares "
+                                f"{totals[k]}; Triton refuses to load it"
+                            )
+                        totals[k] = max(totals.get(k, 0), need)
+        return totals
+
+    def _declared_keys(self) -> set[tuple[str, int]]:
+        out = set()
+        for key in self.server.resources:
+            name, _, dev = key.partition(":")
+            out.add((name, int(dev) if dev else -1))
+        return out
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _push(self, t: float, kind: int, a: int, b: object = None) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, a, b))
+
+    def _jitter_factor(self) -> float:
+        if not self._jitter:
+            return 1.0
+        if not self._jit_buf:
+            self._jit_buf = self.rng.lognormal(self._jit_mu, self._jit_sigma, 4096).tolist()
+        return self._jit_buf.pop()
+
+    def _uniform(self) -> float:
+        if not self._uni_buf:
+            self._uni_buf = self.rng.random(4096).tolist()
+        return self._uni_buf.pop()
+
+    def _finish(self, r: int, status: int, t: float) -> None:
+        self.status[r] = status
+        self.t_done[r] = t + self.ov.request_ms / 1000.0
+
+    def _window_overlap(self, a: float, b: float) -> float:
+        w0, w1 = self.window
+        return max(0.0, min(b, w1) - max(a, w0))
+
+    # -- arrivals --------------------------------------------------------------------------
+
+    def _arrive(self, r: int, now: float) -> None:
+        mi = self.route[r]
+        if mi < 0:
+            self._finish(r, NO_ROUTE, now)
+            return
+        m = self.models[mi]
+        if m.batcher is None:  # default scheduler: every request is its own execution
+            p = _Payload(m.payload_seq)
+            m.payload_seq += 1
+            p.reqs.append(r)
+            p.rows = self.rows[r]
+            p.state = _REQUESTED
+            self.staged_seq += 1
+            p.seq = self.staged_seq
+            m.pending.append(p)
+            self._dispatch(now)
+            return
+        level = m.batcher.level_of(self.prio[r])
+        pol = m.policy[level]
+        if pol.max_queue_size and len(m.queue[level]) + len(m.delayed[level]) >= pol.max_queue_size:
+            self._finish(r, QUEUE_FULL, now)
+            return
+        self.level[r] = level
+        self.deadline[r] = now + pol.timeout_us / 1e6 if pol.timeout_us else 0.0
+        m.queue[level].append(r)
+        m.qsize += 1
+        m.queued_rows += self.rows[r]
+        if m.bstate == "running":
+            return
+        wake = self._slot_available(m) and (
+            m.saturated or m.curr.state == _EXECUTING or m.queued_rows >= m.next_pref
+        )
+        if wake:
+            self._notify(m, now)
+        elif m.bstate == "empty":
+            # Not woken: the batcher notices the request at the end of its current 500 ms wait.
+            k = math.floor((now - m.idle_since) / _IDLE_WAIT_S) + 1
+            m.bstate = "idle"
+            m.token += 1
+            self._push(m.idle_since + k * _IDLE_WAIT_S, _TIMER, m.index, m.token)
+
+    # -- the batcher thread ----------------------------------------------------------------
+
+    def _slot_available(self, m: _Model) -> bool:
+        if m.prefetch:
+            return len(m.pending) < 2 * m.n_inst
+        return len(m.idle) - len(m.pending) > 0
+
+    def _notify(self, m: _Model, now: float) -> None:
+        if m.batcher is None or m.bstate == "running":
+            return
+        if self.wake_s > 0.0:
+            if not m.wake_pending:  # the thread wakes a little later and looks at the state then
+                m.wake_pending = True
+                self._push(now + self.wake_s, _WAKE, m.index, None)
+            return
+        self._notify_now(m, now)
+
+    def _notify_now(self, m: _Model, now: float) -> None:
+        if m.bstate == "running":
+            return
+        if m.bstate in ("idle", "empty"):
+            m.token += 1
+            self._batcher_run(m, now, from_slot=False)
+        elif m.bstate == "slot" and self._slot_available(m):
+            m.token += 1
+            self._batcher_run(m, now, from_slot=True)
+
+    def _wait(self, m: _Model, now: float, seconds: float, state: str) -> None:
+        m.token += 1
+        if state == "empty":  # cv_.wait_for(500 ms) over an empty queue: wakes every 500 ms, no event needed
+            m.bstate = "empty"
+            m.idle_since = now
+            return
+        m.bstate = state
+        self._push(now + seconds, _TIMER if state == "idle" else _TICK, m.index, m.token)
+
+    def _batcher_run(self, m: _Model, now: float, from_slot: bool) -> None:
+        m.bstate = "running"
+        for _ in range(100000):
+            if not from_slot:
+                if m.saturated or m.curr.state == _EXECUTING:
+                    m.curr = _Payload(m.payload_seq)
+                    m.payload_seq += 1
+                    m.saturated = False
+                    m.next_pref = 0
+                if m.qsize == 0:
+                    self._wait(m, now, _IDLE_WAIT_S, "empty")
+                    return
+                if m.saturated:
+                    continue
+                if not self._slot_available(m):
+                    self._wait(m, now, _IDLE_WAIT_S, "slot")
+                    return
+            from_slot = False
+            if m.curr.state == _EXECUTING:
+                continue
+            wait_s = self._dynamic_batch(m, now)
+            if wait_s > 0:
+                self._wait(m, now, wait_s, "idle")
+                return
+            if m.curr.state == _READY:
+                m.curr.state = _REQUESTED
+                self.staged_seq += 1
+                m.curr.seq = self.staged_seq
+                m.pending.append(m.curr)
+                self._dispatch(now)
+        raise RuntimeError(f"simulator: the batcher of {m.cfg.name!r} did not settle (a bug)")
+
+    def _dynamic_batch(self, m: _Model, now: float) -> float:
+        """GetDynamicBatch: scan the queue, move a batch into the current payload or say how long to wait."""
+        payload_rows = m.curr.rows
+        max_pref = m.max_pref
+        max_batch = m.max_batch
+        pref = m.pref_set
+        rows = self.rows
+        deadline = self.deadline
+        pending: list[tuple[int, bool, int]] = []  # (level, delayed?, request)
+        pending_rows = 0
+        best_rows = 0
+        mark = 0
+        send_now = False
+        oldest = math.inf
+        closest = math.inf
+        stop = False
+        for level in m.levels:
+            pol = m.policy[level]
+            for delayed in (False, True):
+                q = m.delayed[level] if delayed else m.queue[level]
+                i = 0
+                while i < len(q):
+                    r = q[i]
+                    if not delayed and deadline[r] and now > deadline[r]:
+                        del q[i]
+                        if pol.action == "DELAY":
+                            m.delayed[level].append(r)
+                            deadline[r] = 0.0
+                        else:
+                            m.qsize -= 1
+                            m.queued_rows -= rows[r]
+                            self._finish(r, TIMEOUT, now)
+                        continue
+                    bs = rows[r]
+                    if payload_rows + len(pending) != 0:
+                        if payload_rows + pending_rows + bs > max_pref and best_rows == 0:
+                            best_rows = pending_rows
+                            mark = len(pending)
+                            m.saturated = True
+                        if payload_rows + pending_rows + bs > max_batch:
+                            send_now = True
+                            stop = True
+                            break
+                    pending.append((level, delayed, r))
+                    pending_rows += bs
+                    t_enq = self.t_send[r]
+                    if t_enq < oldest:
+                        oldest = t_enq
+                    if not delayed and deadline[r] and deadline[r] < closest:
+                        closest = deadline[r]
+                    if pending_rows + payload_rows in pref:
+                        best_rows = pending_rows
+                        mark = len(pending)
+                    i += 1
+                if stop:
+                    break
+            if stop:
+                break
+        delay = m.delay_s
+        exceeded = delay > 0 and (now - oldest) >= delay - 1e-9
+        if best_rows and not exceeded:
+            if delay == 0:
+                m.saturated = True
+            self._take(m, pending[:mark])
+            return 0.0
+        if not pending:
+            return 0.0
+        if send_now or payload_rows + pending_rows >= max_pref:
+            m.saturated = True
+            self._take(m, pending)
+            return 0.0
+        if exceeded or delay == 0:
+            self._take(m, pending)
+            return 0.0
+        j = bisect.bisect_right(m.preferred, pending_rows + payload_rows)
+        nxt = m.preferred[j] if j < len(m.preferred) else (m.preferred[0] if m.preferred else 0)
+        m.next_pref = nxt - payload_rows if nxt else 0
+        if not m.saturated and payload_rows and payload_rows not in pref:
+            self._take(m, pending)
+            return 0.0
+        wait = delay - (now - oldest)
+        if closest < math.inf:
+            wait = min(closest - now, wait) if now <= closest else 1e-6
+        return max(wait, 1e-6)
+
+    def _take(self, m: _Model, items: list[tuple[int, bool, int]]) -> None:
+        p = m.curr
+        rows = self.rows
+        for level, delayed, r in items:
+            (m.delayed[level] if delayed else m.queue[level]).remove(r)
+            p.reqs.append(r)
+            p.rows += rows[r]
+            m.qsize -= 1
+            m.queued_rows -= rows[r]
+        if items and p.state == _UNINIT:
+            p.state = _READY
+
+    def _reject_timeouts(self, m: _Model, now: float) -> None:
+        """RejectTimeoutRequests: the 500 ms tick of a batcher waiting for a slot (REJECT only)."""
+        for level in m.levels:
+            if m.policy[level].action != "REJECT" or not m.policy[level].timeout_us:
+                continue
+            q = m.queue[level]
+            expired = [r for r in q if self.deadline[r] and now > self.deadline[r]]
+            if not expired:
+                continue
+            keep = deque(r for r in q if not (self.deadline[r] and now > self.deadline[r]))
+            m.queue[level] = keep
+            for r in expired:
+                m.qsize -= 1
+                m.queued_rows -= self.rows[r]
+                self._finish(r, TIMEOUT, now)
+
+    # -- instances and the rate limiter ----------------------------------------------------
+
+    def _fits(self, m: _Model, inst: int) -> bool:
+        dev = m.inst_device[inst]
+        for name, need in m.cfg.resources.items():
+            k = (name, dev) if (name, dev) in self.free_res else (name, -1)
+            if self.free_res.get(k, 0) < need:
+                return False
+        return True
+
+    def _take_resources(self, m: _Model, inst: int, sign: int) -> None:
+        dev = m.inst_device[inst]
+        for name, need in m.cfg.resources.items():
+            k = (name, dev) if (name, dev) in self.free_res else (name, -1)
+            self.free_res[k] = self.free_res.get(k, 0) - sign * need
+
+    def _dispatch(self, now: float) -> None:
+        """Start waiting payloads on idle instances (FIFO per model; the rate limiter across models)."""
+        if not self.rl:
+            for m in self.models:
+                while m.pending and m.idle:
+                    self._start(m, m.idle.pop(0), m.pending.popleft(), now)
+            return
+        while True:
+            best: tuple | None = None
+            for m in self.models:
+                if m.pending and m.idle:
+                    key = (m.cfg.rate_limiter_priority, m.pending[0].seq, m.index)
+                    if best is None or key < best[0]:
+                        best = (key, m)
+            if best is None:
+                return
+            m = best[1]
+            inst = m.idle[0]
+            if m.cfg.resources and not self._fits(m, inst):
+                return  # the head of the staging queue waits; so does everything behind it
+            m.idle.pop(0)
+            if m.cfg.resources:
+                self._take_resources(m, inst, +1)
+            self._start(m, inst, m.pending.popleft(), now)
+
+    def _start(self, m: _Model, inst: int, p: _Payload, now: float) -> None:
+        p.state = _EXECUTING
+        n_req = len(p.reqs)
+        service = (m.curve.ms(p.rows) / 1000.0 if m.curve is not None else 0.0)
+        dur = (service + m.batch_s + m.req_exec_s * n_req) * self._jitter_factor()
+        for r in p.reqs:
+            self.t_start[r] = now
+        m.running_count += 1
+        if m.llm is None:  # an LLM's device time is its engine's steps, not the hand-off
+            m.executions += 1
+            m.exec_rows += p.rows
+            m.busy_s += self._window_overlap(now, now + dur)
+            if m.running_count == 1:
+                m.any_busy_since = now
+            self._device_busy(m.inst_device[inst], now, +1)
+        self._push(now + dur, _EXEC_DONE, m.index, (inst, p))
+        self._notify(m, now)  # the payload's callback wakes the batcher
+
+    def _device_busy(self, dev: int, now: float, delta: int) -> None:
+        count = self.dev_busy_count.get(dev, 0)
+        if delta > 0 and count == 0:
+            self.dev_busy_since[dev] = now
+        elif delta < 0 and count == 1:
+            self.dev_busy_s[dev] = self.dev_busy_s.get(dev, 0.0) + self._window_overlap(self.dev_busy_since[dev], now)
+        self.dev_busy_count[dev] = count + delta
+
+    def _exec_done(self, m: _Model, inst: int, p: _Payload, now: float) -> None:
+        m.running_count -= 1
+        if m.llm is None:
+            if m.running_count == 0 and m.any_busy_since is not None:
+                m.any_busy_s += self._window_overlap(m.any_busy_since, now)
+            self._device_busy(m.inst_device[inst], now, -1)
+        if m.llm is not None:
+            for r in p.reqs:
+                m.waiting.append(r)
+            if not m.engine_busy and m.waiting:
+                m.engine_busy = True
+                self._engine_busy(m, now, +1)
+                self._push(now, _STEP, m.index, None)
+        else:
+            for r in p.reqs:
+                self._finish(r, OK, now)
+        if m.cfg.resources and self.rl:
+            self._take_resources(m, inst, -1)
+        m.idle.append(inst)
+        m.idle.sort()
+        self._dispatch(now)
+        chance = self.ov.completion_wake_p if m.bstate == "slot" else self.ov.completion_wake_p_idle
+        # The race is lost only when this instance is the batcher's one chance of a slot: if another
+        # instance already waits idle (its own wake was lost), this notify finds that one.
+        others_idle = len(m.idle) - len(m.pending) > 1
+        if m.prefetch or others_idle or chance >= 1.0 or self._uniform() < chance:
+            self._notify(m, now)
+        # else: the notify raced the instance thread and was lost; the next arrival (a slot is now
+        # free, so it wakes the batcher) or the batcher's own timer picks the instance up.
+
+    # -- the LLM engine --------------------------------------------------------------------
+
+    def _engine_busy(self, m: _Model, now: float, delta: int) -> None:
+        if delta > 0:
+            m.any_busy_since = now
+            self._device_busy(m.inst_device[0], now, +1)
+        else:
+            if m.any_busy_since is not None:
+                m.any_busy_s += self._window_overlap(m.any_busy_since, now)
+            self._device_busy(m.inst_device[0], now, -1)
+
+    def _engine_step(self, m: _Model, now: float) -> None:
+        eng = m.llm
+        assert eng is not None
+        curve = eng.curve
+        t = now
+        cache_len, generated, blocks = self.cache_len, self.generated, self.blocks
+        admitted: list[int] = []
+        while m.waiting and len(m.running) + len(admitted) < eng.max_num_seqs:
+            r = m.waiting[0]
+            prompt, out = self.prompt[r], self.output[r]
+            if out <= 0:
+                m.waiting.popleft()
+                self._finish(r, OK, t)
+                continue
+            if eng.kv_policy == "admission":
+                need = eng.blocks_for(prompt + out - 1)
+                if need > eng.kv_pool_blocks:
+                    m.waiting.popleft()
+                    self._finish(r, TOO_LARGE, t)
+                    continue
+                if need > m.free_blocks:
+                    break  # held back until running sequences free their blocks
+            else:
+                need = eng.blocks_for(prompt)
+                if need > m.free_blocks:
+                    m.waiting.popleft()
+                    self._finish(r, OOM, t)
+                    continue
+            m.waiting.popleft()
+            m.free_blocks -= need
+            blocks[r] = need
+            admitted.append(r)
+        for r in admitted:
+            t += curve.prefill_ms(self.prompt[r]) / 1000.0
+            self.t_start[r] = now
+            self.t_first[r] = t + self.ov.request_ms / 1000.0
+            cache_len[r] = self.prompt[r]
+            generated[r] = 1
+            if self.output[r] <= 1:
+                self._retire(m, r, t)
+            else:
+                m.running.append(r)
+        batch: list[int] = []
+        context = 0
+        T = eng.kv_block_tokens
+        oom_policy = eng.kv_policy == "oom"
+        for r in m.running:
+            c = cache_len[r]
+            if oom_policy and c // T >= blocks[r]:
+                if m.free_blocks == 0:
+                    self._retire(m, r, t, status=OOM)
+                    continue
+                m.free_blocks -= 1
+                blocks[r] += 1
+            batch.append(r)
+            context += c + 1
+        if batch:
+            t += curve.decode_ms(len(batch), context) / 1000.0
+            output = self.output
+            for r in batch:
+                cache_len[r] += 1
+                g = generated[r] + 1
+                generated[r] = g
+                if g >= output[r]:
+                    self._retire(m, r, t)
+        m.running = [r for r in m.running if self.status[r] == 0]
+        if not admitted and not batch and not m.running and m.waiting:
+            # Nothing ran and nothing can: the head can never be admitted (a safety net).
+            r = m.waiting.popleft()
+            self._finish(r, TOO_LARGE, t)
+        if t > now or m.running or m.waiting:
+            # The step occupies the engine until t: newcomers wait for the next step there.
+            self._push(t, _STEP, m.index, None)
+        else:
+            m.engine_busy = False
+            self._engine_busy(m, t, -1)
+        m.busy_s += self._window_overlap(now, t)
+        if batch or admitted:
+            m.executions += 1
+            m.exec_rows += len(batch) or len(admitted)
+
+    def _retire(self, m: _Model, r: int, t: float, status: int = OK) -> None:
+        m.free_blocks += self.blocks[r]
+        self.blocks[r] = 0
+        self._finish(r, status, t)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        heap = self.heap
+        t_send = self.t_send
+        n = self.n
+        i = 0
+        models = self.models
+        pop = heapq.heappop
+        while heap or i < n:
+            if heap and (i >= n or heap[0][0] <= t_send[i]):
+                t, _, kind, a, b = pop(heap)
+                self.now = t
+                m = models[a]
+                if kind == _EXEC_DONE:
+                    self._exec_done(m, b[0], b[1], t)
+                elif kind == _STEP:
+                    self._engine_step(m, t)
+                elif kind == _WAKE:
+                    m.wake_pending = False
+                    self._notify_now(m, t)
+                elif b == m.token:  # a live timer (a notify supersedes the pending one)
+                    if kind == _TIMER:
+                        self._batcher_run(m, t, from_slot=False)
+                    elif self._slot_available(m):
+                        self._batcher_run(m, t, from_slot=True)
+                    else:
+                        self._reject_timeouts(m, t)
+                        self._wait(m, t, _IDLE_WAIT_S, "slot")
+            else:
+                t = t_send[i]
+                self.now = t
+                self._arrive(i, t)
+                i += 1
+        return self._result()
+
+    def _result(self) -> SimResult:
+        arr = self.arr
+        w0, w1 = self.window
+        span = max(1e-9, w1 - w0)
+        status = np.asarray(self.status, dtype=np.int64)
+        first = np.asarray(self.t_first, dtype=float)
+        classes, total = summarize_requests(
+            arr.t, np.asarray(self.t_done, dtype=float), status, arr.cls, arr.class_names, self.window,
+            first_t=first if np.isfinite(first).any() else None, start_t=np.asarray(self.t_start, dtype=float),
+        )
+        models = []
+        for m in self.models:
+            models.append(
+                ModelStats(
+                    name=m.cfg.name,
+                    executions=m.executions,
+                    mean_batch_rows=(m.exec_rows / m.executions) if m.executions else None,
+                    utilisation=min(1.0, m.busy_s / (span * (1 if m.llm else m.n_inst))),
+                    busy_fraction=min(1.0, m.any_busy_s / span),
+                )
+            )
+        return SimResult(
+            window_s=span,
+            classes=classes,
+            models=models,
+            throughput_per_s=total,
+            device_busy={d: min(1.0, s / span) for d, s in sorted(self.dev_busy_s.items())},
+            requests=self.n,
+        )
+
+
+def simulate(server: ServerSim, arrivals: Arrivals, seed: int = 0) -> SimResult:
+    """Run `arrivals` through `server`; deterministic for a given seed."""
+    if len(arrivals) == 0:
+        raise ValueError("no arrivals to simulate")
+    return Simulation(server, arrivals, seed).run()
+
+
+def simulate_detail(server: ServerSim, arrivals: Arrivals, seed: int = 0) -> "Simulation":
+    """Like `simulate` but returns the finished run, for per-request inspection (tests, debugging)."""
+    sim = Simulation(server, arrivals, seed)
+    sim.result = sim.run()  # type: ignore[attr-defined]
+    return sim
+
+
+# ---------------------------------------------------------------------------------------------
+# From Triton configs and from plans
+
+
+def _policy_from_proto(p) -> QueuePolicy:
+    action = "DELAY" if int(p.timeout_action) == 1 else "REJECT"
+    return QueuePolicy(
+        timeout_us=int(p.default_timeout_microseconds),
+        action=action,
+        allow_timeout_override=bool(p.allow_timeout_override),
+        max_queue_size=int(p.max_queue_size),
+    )
+
+
+def _int_param(parameters: Mapping, key: str) -> int | None:
+    entry = parameters.get(key)
+    if entry is None:
+        return None
+    text = getattr(entry, "string_value", entry)
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        return None
+
+
+def model_sim_from_config(
+    config,
+    curve: ServiceCurve | None = None,
+    llm_curve: LLMCurve | None = None,
+    route: str | None = None,
+    kv_policy: Literal["oom", "admission"] = "oom",
+    prompt_tokens_max: int | None = None,
+    prompt_tokens_min: int = 0,
+) -> ModelSim:
+    """A `ModelSim` from Triton's `ModelConfig` proto (a parsed config.pbtxt).
+
+    Decoupled models with `kv_pool_blocks`/`kv_block_tokens`/`max_num_seqs` parameters (tinyllm's
+    convention, rendered by tritongen) become an LLM engine driven by `llm_curve`.
+    """
+    batcher = None
+    if config.HasField("dynamic_batching"):
+        db = config.dynamic_batching
+        batcher = BatcherConfig(
+            preferred_batch_sizes=sorted(set(int(x) for x in db.preferred_batch_size)),
+            max_queue_delay_us=int(db.max_queue_delay_microseconds),
+            priority_levels=int(db.priority_levels),
+            default_priority_level=int(db.default_priority_level),
+            default_queue_policy=_policy_from_proto(db.default_queue_policy) if db.HasField("default_queue_policy") else QueuePolicy(),
+            priority_queue_policy={int(k): _policy_from_proto(v) for k, v in db.priority_queue_policy.items()},
+        )
+    count = 0
+    devices: list[int] = []
+    resources: dict[str, int] = {}
+    rl_priority = 0
+    for group in config.instance_group or []:
+        count = max(count, int(group.count) or 1)
+        devices.extend(int(g) for g in group.gpus)
+        if group.HasField("rate_limiter"):
+            for res in group.rate_limiter.resources:
+                resources[res.name] = int(res.count)
+            rl_priority = int(group.rate_limiter.priority)
+    if not config.instance_group:
+        count = 1
+    llm = None
+    decoupled = config.HasField("model_transaction_policy") and config.model_transaction_policy.decoupled
+    if decoupled:
+        params = config.parameters
+        pool = _int_param(params, "kv_pool_blocks")
+        block = _int_param(params, "kv_block_tokens")
+        seqs = _int_param(params, "max_num_seqs")
+        if pool and block and seqs:
+            if llm_curve is None:
+                raise ValueError(f"model {config.name!r} is a streaming LLM: the simulation needs its LLM curve (a streaming profile)")
+            llm = LLMEngineConfig(max_num_seqs=seqs, kv_pool_blocks=pool, kv_block_tokens=block, kv_policy=kv_policy, curve=llm_curve)
+    if llm is None and curve is None:
+        raise ValueError(f"model {config.name!r}: the simulation needs its service curve (a classic profile)")
+    return ModelSim(
+        name=config.name,
+        route=route,
+        max_batch_size=int(config.max_batch_size),
+        dynamic_batching=batcher,
+        instances=count,
+        devices=devices or [-1],
+        resources=resources,
+        rate_limiter_priority=rl_priority,
+        curve=curve if llm is None else None,
+        llm=llm,
+        prompt_tokens_min=prompt_tokens_min,
+        prompt_tokens_max=prompt_tokens_max,
+    )
+
+
+def rate_limit_from_flags(flags: Sequence[str]) -> tuple[bool, dict[str, int]]:
+    """(`--rate-limit=execution_count` given?, declared resources) from server flags."""
+    enabled = False
+    resources: dict[str, int] = {}
+    for flag in flags:
+        flag = flag.strip()
+        if flag.startswith("--rate-limit="):
+            enabled = flag.split("=", 1)[1] == "execution_count"
+        elif flag.startswith("--rate-limit-resource="):
+            parts = flag.split("=", 1)[1].split(":")
+            if len(parts) < 2:
+                raise ValueError(f"{flag}: expected NAME:COUNT[:DEVICE]")
+            key = parts[0] if len(parts) == 2 else f"{parts[0]}:{parts[2]}"
+            resources[key] = int(parts[1])
+    return enabled, resources
+
+
+def model_sim_from_plan(
+    entry,
+    curve: ServiceCurve | None = None,
+    llm_curve: LLMCurve | None = None,
+    kv_policy: Literal["oom", "admission"] = "oom",
+) -> ModelSim:
+    """A `ModelSim` from a planned `ModelEntryPlan` (what `render` would write)."""
+    batcher = None
+    db = entry.dynamic_batching
+    if db is not None:
+        def pol(view) -> QueuePolicy:
+            return QueuePolicy(
+                timeout_us=view.timeout_us, action=view.action, allow_timeout_override=True, max_queue_size=view.max_queue_size
+            )
+
+        batcher = BatcherConfig(
+            preferred_batch_sizes=list(db.preferred_batch_sizes),
+            max_queue_delay_us=db.max_queue_delay_us,
+            priority_levels=db.priority_levels,
+            default_priority_level=db.default_priority_level,
+            default_queue_policy=pol(db.default_queue_policy),
+            priority_queue_policy={p.level: pol(p) for p in db.priority_queue_policies if p.level is not None},
+        )
+    group = entry.instance_groups[0]
+    resources = {"compute": group.compute_units} if group.compute_units else {}
+    llm = None
+    if entry.kind == "llm" and entry.kv is not None and entry.decoupled:
+        if llm_curve is None:
+            raise ValueError(f"model {entry.name!r} is a streaming LLM: the simulation needs its LLM curve")
+        llm = LLMEngineConfig(
+            max_num_seqs=entry.kv.max_sequences, kv_pool_blocks=entry.kv.pool_blocks,
+            kv_block_tokens=entry.kv.block_tokens, kv_policy=kv_policy, curve=llm_curve,
+        )
+    if llm is None and curve is None:
+        raise ValueError(f"model {entry.name!r}: the simulation needs its service curve")
+    lo = 0
+    if entry.lane == "long":
+        lo = 0  # the short lane takes the short prompts first; the long lane takes the rest
+    return ModelSim(
+        name=entry.name,
+        route=entry.spec_model,
+        max_batch_size=entry.max_batch_size,
+        dynamic_batching=batcher,
+        instances=group.count,
+        devices=list(group.gpus) or [-1],
+        resources=resources,
+        curve=curve if llm is None else None,
+        llm=llm,
+        prompt_tokens_min=lo,
+        prompt_tokens_max=entry.prompt_tokens_max if entry.lane == "short" else None,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration
+
+
+@dataclass(frozen=True)
+class LiveObservation:
+    """What one live run of a classic model saw, for `fit_overheads`.
+
+    `batches` maps a batch size (rows) to (executions, mean ms the instance spent on one, i.e.
+    Triton's compute_input + compute_infer + compute_output); `curve` is the profiled curve the
+    simulator will use, so what is left over is overhead by definition.
+    """
+
+    client_mean_ms: float  # mean client-side latency of successful requests
+    server_mean_ms: float  # Triton's mean request duration (stats: success ns / count)
+    batches: Mapping[int, tuple[int, float]]
+    requests_per_execution: float = 1.0  # rows per request are 1 in the fidelity runs
+
+
+def fit_overheads(observations: Sequence[LiveObservation], curve: ServiceCurve, base: Overheads | None = None) -> Overheads:
+    """Per-request and per-batch overheads from live runs, by their definitions:
+
+    request_ms      = mean client latency - mean server-side request duration (client encode and
+                      decode, HTTP, loopback), the median over runs;
+    batch_ms, request_exec_ms
+                    = intercept and slope of (instance time per execution - curve(rows)) against
+                      the requests in the execution (Python backend IPC per call, and per request
+                      the response objects and output copies), a least-squares fit weighted by
+                      executions over every batch size of every run.
+    Fields this cannot measure (wake_ms, completion_wake_p, jitter_cv) are kept from `base`.
+    """
+    if not observations:
+        raise ValueError("fit_overheads needs at least one observation")
+    base = base or Overheads()
+    req = [max(0.0, o.client_mean_ms - o.server_mean_ms) for o in observations]
+    xs: list[float] = []
+    ys: list[float] = []
+    ws: list[float] = []
+    for o in observations:
+        for rows, (count, ms) in o.batches.items():
+            if count <= 0:
+                continue
+            xs.append(rows / max(1e-9, o.requests_per_execution))
+            ys.append(ms - curve.ms(rows))
+            ws.append(float(count))
+    batch_ms, per_req = base.batch_ms, base.request_exec_ms
+    if len(set(xs)) >= 2:
+        w = np.sqrt(np.asarray(ws))
+        a = np.vstack([np.ones(len(xs)), np.asarray(xs)]).T * w[:, None]
+        coef, *_ = np.linalg.lstsq(a, np.asarray(ys) * w, rcond=None)
+        batch_ms, per_req = float(coef[0]), float(coef[1])
+        if per_req < 0:  # a flat residual: all of it is per execution
+            batch_ms, per_req = float(np.average(ys, weights=ws)), 0.0
+    elif xs:
+        batch_ms = float(np.average(ys, weights=ws))
+    return base.model_copy(
+        update={
+            "request_ms": round(float(np.median(req)), 3),
+            "batch_ms": round(max(0.0, batch_ms), 3),
+            "request_exec_ms": round(max(0.0, per_req), 4),
+        }
+    )
+
+
+def fit_wake_race(
+    runs: Sequence[tuple[ServerSim, Arrivals, float, float | None]],
+    p_idle_grid: Sequence[float] = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+    p_slot_grid: Sequence[float] = (0.05, 0.15, 0.3, 0.5, 0.75),
+    seeds: int = 3,
+) -> tuple[float, float]:
+    """(completion_wake_p, completion_wake_p_idle) that best reproduce live runs.
+
+    `runs`: (server with the other overheads fitted, the arrivals sent, the live P99 in ms over
+    `measurement_window`, Triton's mean batch rows or None). How often Triton's end-of-execution
+    notify is lost depends on how the host schedules its threads (rarer on a quiet host), so it is
+    fitted per host from runs of configs with queue policies. The error of a run is
+    2 |log(simulated / measured mean batch)| + |log(simulated / measured P99)|: the mean batch (over
+    hundreds of executions) is the steadier witness of late hand-offs, the P99 the one that matters.
+    """
+    if not runs:
+        return EMBEDDED_CPU_OVERHEADS.completion_wake_p, EMBEDDED_CPU_OVERHEADS.completion_wake_p_idle
+    best = (EMBEDDED_CPU_OVERHEADS.completion_wake_p, EMBEDDED_CPU_OVERHEADS.completion_wake_p_idle)
+    best_err = math.inf
+    for p_idle in p_idle_grid:
+        for p_slot in p_slot_grid:
+            errs = []
+            for server, arrivals, live_p99, live_rows in runs:
+                ov = server.overheads.model_copy(update={"completion_wake_p": p_slot, "completion_wake_p_idle": p_idle})
+                srv = server.model_copy(update={"overheads": ov})
+                p99s, rows = [], []
+                for seed in range(seeds):
+                    sim = Simulation(srv, arrivals, seed)
+                    res = sim.run()
+                    w0, w1 = measurement_window(arrivals.t, arrivals.warmup_s)
+                    status = np.asarray(sim.status)
+                    keep = (status == OK) & (arrivals.t >= w0) & (arrivals.t <= w1)
+                    p99s.append(float(np.percentile((np.asarray(sim.t_done) - arrivals.t)[keep], 99) * 1000.0))
+                    rows.append(res.models[0].mean_batch_rows or 0.0)
+                err = abs(math.log(float(np.median(p99s)) / live_p99))
+                if live_rows:
+                    err += 2.0 * abs(math.log(max(1e-9, float(np.mean(rows))) / live_rows))
+                errs.append(err)
+            err = float(np.mean(errs))
+            if err < best_err - 1e-9:
+                best, best_err = (p_slot, p_idle), err
+    return best

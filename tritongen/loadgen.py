@@ -1,0 +1,373 @@
+"""Open-loop load: replay an arrival list against a live Triton and time every request.
+
+Open loop means each request is sent at its scheduled time whether or not earlier ones came back,
+as real users do (a closed loop, N clients each waiting for its answer, hides queueing: it slows
+down exactly when the server does). The arrival list is the same `Arrivals` the simulator runs,
+so a prediction and a measurement see the same requests.
+
+* Classic models: HTTP/REST through tritonclient's asyncio client (one event loop, pooled
+  connections), each request a `[rows, ...]` tensor of random features, the class's Triton
+  priority on the request.
+* Streaming (decoupled) models: one gRPC bidirectional stream per request (tritonclient's asyncio
+  gRPC client); time to first token is the first non-empty response, the request ends with the
+  final-response flag.
+
+Bounded and self-stopping: at most `max_in_flight` requests are outstanding (one over the bound
+is not sent and is recorded as a client drop), each has a deadline, and the run ends at the last
+arrival plus `drain_s` whatever is still outstanding (recorded as client timeouts). Connections
+and streams are closed before `run_load` returns, on errors and on Ctrl-C too.
+
+Per-request records (times relative to the start of the run, seconds): scheduled send, actual
+send, response (`done`), first token, status (the simulator's status codes), tokens, and the first
+few distinct error messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tritongen.core.simulator import OK, OOM, QUEUE_FULL, TIMEOUT, ClassStats, measurement_window, summarize_requests
+from tritongen.core.traffic import Arrivals
+
+CLIENT_ERROR = 7  # anything else: transport errors, client drops, client timeouts
+
+
+def classify_error(message: str) -> int:
+    """The simulator's status for an error message from Triton (or the model)."""
+    text = message.lower()
+    if "exceeds maximum queue size" in text or "[429]" in text or "resource_exhausted" in text:
+        return QUEUE_FULL  # Triton's queue cap, or the sidecar's "try later" (HTTP 429 / gRPC)
+    if "request timeout expired" in text:
+        return TIMEOUT
+    if "out of memory" in text:
+        return OOM
+    return CLIENT_ERROR
+
+
+@dataclass(frozen=True)
+class LoadTarget:
+    """Where a request goes and what it carries."""
+
+    model: str
+    streaming: bool = False
+    batched: bool = True  # max_batch_size > 0: tensors carry a leading batch dimension
+    # classic models
+    input_name: str = "FEATURES"
+    input_dims: tuple[int, ...] = (32,)
+    input_dtype: str = "FP32"
+    # streaming models (tinyllm's / Triton's generate names)
+    prompt_input: str = "text_input"
+    max_tokens_input: str | None = "max_tokens"
+    output_name: str = "text_output"
+    # Through the policy sidecar: send the class name as this request parameter (e.g. "traffic_class").
+    class_parameter: str | None = None
+
+
+@dataclass
+class LoadResult:
+    """What a run measured, request by request, in the arrivals' order."""
+
+    scheduled_t: np.ndarray
+    send_t: np.ndarray
+    done_t: np.ndarray
+    first_t: np.ndarray
+    status: np.ndarray
+    tokens: np.ndarray
+    cls: np.ndarray
+    class_names: list[str]
+    warmup_s: float
+    errors: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def window(self) -> tuple[float, float]:
+        """The simulator's measurement window over the same send times."""
+        return measurement_window(self.scheduled_t, self.warmup_s)
+
+    def send_lag_ms(self, q: float = 99) -> float:
+        """How late the client sent (percentile, ms): a big lag means the client, not the server, was slow."""
+        sent = np.isfinite(self.send_t)
+        if not sent.any():
+            return 0.0
+        return float(np.percentile((self.send_t[sent] - self.scheduled_t[sent]) * 1000.0, q))
+
+    def summary(self) -> tuple[list[ClassStats], float]:
+        """Per-class figures with the simulator's own definitions (`summarize_requests`).
+
+        Latency counts from the *scheduled* send time, so a late client shows as latency rather
+        than hiding it; the window is the arrivals' (warm-up left out)."""
+        first = self.first_t if np.isfinite(self.first_t).any() else None
+        return summarize_requests(
+            self.scheduled_t, self.done_t, self.status, self.cls, self.class_names, self.window, first_t=first
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _features(target: LoadTarget, rows: int, rng: np.random.Generator) -> np.ndarray:
+    shape = ([rows] if target.batched else []) + list(target.input_dims)
+    dtype = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64, "INT32": np.int32, "INT64": np.int64}[target.input_dtype]
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def prompt_text(tokens: int) -> bytes:
+    """A byte-level prompt of exactly `tokens` tokens (tinyllm: one byte = one token)."""
+    base = b"The quick brown fox jumps over the lazy dog. "
+    return (base * (tokens // len(base) + 1))[: max(1, tokens)]
+
+
+class _Runner:
+    def __init__(
+        self,
+        http_url: str | None,
+        grpc_url: str | None,
+        arrivals: Arrivals,
+        route: Callable[[int], LoadTarget | None],
+        max_in_flight: int,
+        request_timeout_s: float,
+        drain_s: float,
+        seed: int,
+        prewarm: int = 32,
+    ) -> None:
+        self.prewarm = prewarm
+        self.http_url = http_url
+        self.grpc_url = grpc_url
+        self.arr = arrivals
+        self.route = route
+        self.max_in_flight = max_in_flight
+        self.request_timeout_s = request_timeout_s
+        self.drain_s = drain_s
+        n = len(arrivals)
+        self.send_t = np.full(n, np.nan)
+        self.done_t = np.full(n, np.nan)
+        self.first_t = np.full(n, np.nan)
+        self.status = np.zeros(n, dtype=np.int64)
+        self.tokens = np.zeros(n, dtype=np.int64)
+        self.errors: list[str] = []
+        self.in_flight = 0
+        self.rng = np.random.default_rng(seed)
+        self._tensor_cache: dict[tuple[str, int], np.ndarray] = {}
+        self.t0 = 0.0
+
+    def _error(self, i: int, message: str, now: float) -> None:
+        self.status[i] = classify_error(message)
+        self.done_t[i] = now
+        short = " ".join(message.split())[:200]
+        if len(self.errors) < 5 and short not in self.errors:
+            self.errors.append(short)
+
+    def _now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def _class_parameters(self, i: int, target: LoadTarget) -> dict[str, str] | None:
+        if target.class_parameter is None:
+            return None
+        return {target.class_parameter: self.arr.class_names[int(self.arr.cls[i])]}
+
+    async def _classic(self, i: int, target: LoadTarget, http) -> None:
+        import tritonclient.http.aio as aioclient
+
+        rows = int(self.arr.rows[i])
+        key = (target.model, rows)
+        data = self._tensor_cache.get(key)
+        if data is None:
+            data = _features(target, rows, self.rng)
+            self._tensor_cache[key] = data
+        tensor = aioclient.InferInput(target.input_name, list(data.shape), target.input_dtype)
+        tensor.set_data_from_numpy(data, binary_data=True)
+        priority = int(self.arr.class_priority[int(self.arr.cls[i])])
+        parameters = self._class_parameters(i, target)
+        self.send_t[i] = self._now()
+        try:
+            await asyncio.wait_for(
+                http.infer(target.model, [tensor], priority=priority, parameters=parameters), self.request_timeout_s
+            )
+        except asyncio.TimeoutError:
+            self._error(i, f"client timeout after {self.request_timeout_s:.0f} s", self._now())
+            return
+        except Exception as err:  # tritonclient raises InferenceServerException for 4xx/5xx
+            self._error(i, str(err), self._now())
+            return
+        self.done_t[i] = self._now()
+        self.status[i] = OK
+
+    async def _stream(self, i: int, target: LoadTarget, grpc) -> None:
+        import tritonclient.grpc.aio as grpcaio
+
+        prompt = np.array([prompt_text(int(self.arr.prompt[i]))], dtype=np.object_)
+        shape = [1, 1] if target.batched else [1]
+        inputs = []
+        text = grpcaio.InferInput(target.prompt_input, shape, "BYTES")
+        text.set_data_from_numpy(prompt.reshape(shape))
+        inputs.append(text)
+        if target.max_tokens_input:
+            mt = grpcaio.InferInput(target.max_tokens_input, shape, "INT32")
+            mt.set_data_from_numpy(np.array([int(self.arr.output[i])], dtype=np.int32).reshape(shape))
+            inputs.append(mt)
+        priority = int(self.arr.class_priority[int(self.arr.cls[i])])
+        finished = asyncio.Event()
+
+        request = {
+            "model_name": target.model, "inputs": inputs, "priority": priority,
+            "enable_empty_final_response": True,
+        }
+        parameters = self._class_parameters(i, target)
+        if parameters:
+            request["parameters"] = parameters
+
+        async def requests():
+            yield request
+            await finished.wait()  # keep our side open until the last response
+
+        self.send_t[i] = self._now()
+        stream = grpc.stream_infer(requests())
+        try:
+            async with asyncio.timeout(self.request_timeout_s) if hasattr(asyncio, "timeout") else _null():
+                async for result, error in stream:
+                    now = self._now()
+                    if error is not None:
+                        self._error(i, str(error), now)
+                        return
+                    value = result.as_numpy(target.output_name)
+                    if value is not None and value.size:
+                        if math.isnan(self.first_t[i]):
+                            self.first_t[i] = now
+                        self.tokens[i] += 1
+                    final = result.get_response().parameters.get("triton_final_response")
+                    if final is not None and final.bool_param:
+                        self.done_t[i] = now
+                        self.status[i] = OK
+                        return
+            self._error(i, "stream ended without a final response", self._now())
+        except (asyncio.TimeoutError, TimeoutError):
+            self._error(i, f"client timeout after {self.request_timeout_s:.0f} s", self._now())
+        except Exception as err:
+            self._error(i, str(err), self._now())
+        finally:
+            finished.set()
+            try:
+                stream.cancel()
+            except Exception:
+                pass
+
+    async def _one(self, i: int, target: LoadTarget, http, grpc) -> None:
+        self.in_flight += 1
+        try:
+            if target.streaming:
+                await self._stream(i, target, grpc)
+            else:
+                await self._classic(i, target, http)
+        finally:
+            self.in_flight -= 1
+
+    async def run(self) -> None:
+        http = grpc = None
+        tasks: set[asyncio.Task] = set()
+        try:
+            if self.http_url:
+                import tritonclient.http.aio as aioclient
+
+                http = aioclient.InferenceServerClient(self.http_url, conn_limit=max(16, self.max_in_flight))
+                # Open the pooled connections before the clock starts: a TCP connect in the middle
+                # of a burst would show up as server latency.
+                await asyncio.gather(*(http.is_server_live() for _ in range(self.prewarm)))
+            if self.grpc_url:
+                import tritonclient.grpc.aio as grpcaio
+
+                grpc = grpcaio.InferenceServerClient(self.grpc_url)
+            times = self.arr.t
+            self.t0 = time.perf_counter() - float(times[0]) + 0.05 if len(times) else time.perf_counter()
+            for i in range(len(times)):
+                delay = float(times[i]) - self._now()
+                if delay > 0.0005:
+                    await asyncio.sleep(delay)
+                target = self.route(i)
+                if target is None:
+                    self._error(i, "no model for this request", self._now())
+                    continue
+                if self.in_flight >= self.max_in_flight:
+                    self._error(i, f"client drop: {self.max_in_flight} requests already in flight", self._now())
+                    continue
+                task = asyncio.get_running_loop().create_task(self._one(i, target, http, grpc))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                done, pending = await asyncio.wait(set(tasks), timeout=self.drain_s)
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    await asyncio.gather(*pending, return_exceptions=True)
+            for i in np.nonzero(self.status == 0)[0]:
+                self._error(int(i), f"client: no answer {self.drain_s:.0f} s after the last arrival", self._now())
+        finally:
+            for task in list(tasks):
+                task.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            if http is not None:
+                await http.close()
+            if grpc is not None:
+                await grpc.close()
+
+
+class _null:
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        return False
+
+
+def run_load(
+    arrivals: Arrivals,
+    targets: Mapping[str, LoadTarget] | Callable[[int], LoadTarget | None],
+    http_url: str | None = None,
+    grpc_url: str | None = None,
+    max_in_flight: int = 1024,
+    request_timeout_s: float = 60.0,
+    drain_s: float = 30.0,
+    seed: int = 0,
+    prewarm_connections: int = 32,
+) -> LoadResult:
+    """Send `arrivals` open-loop and wait for the answers; blocks until done (bounded).
+
+    `targets`: class name -> target, or a function of the request index (lanes route by prompt).
+    """
+    if callable(targets):
+        route = targets
+    else:
+        names = arrivals.class_names
+        by_class = [targets.get(name) for name in names]
+        missing = [n for n, t in zip(names, by_class) if t is None]
+        if missing:
+            raise ValueError(f"no load target for classes {missing}")
+
+        def route(i: int) -> LoadTarget | None:
+            return by_class[int(arrivals.cls[i])]
+
+    needs_grpc = any(t.streaming for t in (targets.values() if not callable(targets) else []))
+    if needs_grpc and not grpc_url:
+        raise ValueError("streaming targets need a gRPC url")
+    runner = _Runner(http_url, grpc_url, arrivals, route, max_in_flight, request_timeout_s, drain_s, seed, prewarm_connections)
+    start = time.perf_counter()
+    asyncio.run(runner.run())
+    return LoadResult(
+        scheduled_t=arrivals.t.copy(),
+        send_t=runner.send_t,
+        done_t=runner.done_t,
+        first_t=runner.first_t,
+        status=runner.status,
+        tokens=runner.tokens,
+        cls=arrivals.cls.copy(),
+        class_names=list(arrivals.class_names),
+        warmup_s=arrivals.warmup_s,
+        errors=runner.errors,
+        wall_s=time.perf_counter() - start,
+    )

@@ -1,0 +1,284 @@
+"""The demo's before/after run: the whole product on the embedded server, end to end.
+
+Before: the example models under hand-written fixed-batch configs (`examples/naive_repository`),
+clients straight to Triton. After: profile, tune, render, restart on the tuned configs behind the
+policy sidecar. Both face the same bursty two-class traffic (the same arrival list), and the table
+compares what clients saw: throughput, P99 per class, instance utilisation, out-of-memory kills
+and rejections. Each step runs the real command (`tritongen profile`, `tritongen tune`,
+`tritongen sidecar`) as a subprocess, exactly as a user would.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from tritongen.cli.serve_cmd import server_flags_from
+from tritongen.core.simulator import OK, OOM
+from tritongen.core.traffic import Arrivals, generate_arrivals, scale_rate
+from tritongen.errors import RunFailed
+from tritongen.loadgen import LoadResult, LoadTarget, run_load
+from tritongen.profiler.report import PALETTE, Chart, Series, svg_chart
+from tritongen.render import SIDECAR_POLICY_FILE
+from tritongen.server import ServerOptions, TritonServer, free_port
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class ModelRun:
+    """What clients saw for one model in one configuration."""
+
+    model: str
+    setup: str  # "before" | "after"
+    result: LoadResult
+    utilisation: float | None  # busy fraction of the model's instances over the run
+
+    def stats(self):
+        return self.result.summary()[0]
+
+    @property
+    def throughput(self) -> float:
+        return sum(c.throughput_per_s for c in self.stats())
+
+    @property
+    def oom(self) -> int:
+        return int((self.result.status == OOM).sum())
+
+    @property
+    def rejected(self) -> int:
+        ok_or_oom = (self.result.status == OK) | (self.result.status == OOM)
+        return int((~ok_or_oom).sum())
+
+
+@dataclass
+class Showcase:
+    runs: list[ModelRun] = field(default_factory=list)
+    steps: list[tuple[str, float]] = field(default_factory=list)
+
+
+def tritongen_cmd(*args: str, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run a tritongen command as the user would; its failure is the demo's failure."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "from tritongen.cli.main import run; run()", *args],
+        capture_output=True, text=True, timeout=timeout_s,
+        env={**os.environ, "COLUMNS": "120"},
+    )
+    if proc.returncode not in (0, 1):
+        raise RunFailed(f"`tritongen {' '.join(args)}` failed ({proc.returncode}):\n{proc.stderr.strip()[-2000:]}")
+    return proc
+
+
+def copy_model_code(source: Path, into: Path) -> None:
+    """Version folders (model code) of every model in `source`, without configs."""
+    for model_dir in sorted(p for p in source.iterdir() if p.is_dir()):
+        for version in sorted(p for p in model_dir.iterdir() if p.name.isdigit()):
+            target = into / model_dir.name / version.name
+            if version.is_symlink():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.symlink_to(version.readlink())
+            elif version.is_dir():
+                shutil.copytree(version, target, ignore=shutil.ignore_patterns("__pycache__"))
+
+
+def compute_busy_ns(http_url: str, model: str) -> int:
+    """Sum of compute_infer time over the model's executions (Triton statistics)."""
+    stats = httpx.get(f"http://{http_url}/v2/models/{model}/stats", timeout=10).json()
+    return sum(int(b["compute_infer"]["ns"]) for s in stats["model_stats"] for b in s.get("batch_stats", []))
+
+
+class Sidecar:
+    """`tritongen sidecar` as a child process on free ports; stopped by its PID."""
+
+    def __init__(self, policy: Path, server: TritonServer, log: Path) -> None:
+        self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.log = log
+        self.args = [
+            "sidecar", "--policy", str(policy), "--upstream", server.http_url,
+            "--grpc-upstream", server.grpc_url, "--triton-metrics", server.metrics_url,
+            "--listen", f"127.0.0.1:{self.http_port}", "--grpc-listen", f"127.0.0.1:{self.grpc_port}",
+            "--metrics-listen", f"127.0.0.1:{self.metrics_port}", "--log-level", "warning",
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def __enter__(self) -> "Sidecar":
+        handle = open(self.log, "wb")  # noqa: SIM115 - owned by the child
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from tritongen.cli.main import run; run()", *self.args],
+            stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RunFailed(f"the sidecar exited with {self.proc.returncode}:\n{self.log.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"http://{self.http_url}/v2/health/ready", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.__exit__()
+        raise RunFailed(f"the sidecar was not ready after 30 s:\n{self.log.read_text()[-2000:]}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def drive(
+    model: str, setup: str, arrivals: Arrivals, server: TritonServer, streaming: bool,
+    via: Sidecar | None, class_parameter: str | None,
+) -> ModelRun:
+    target = LoadTarget(model=model, streaming=streaming, batched=True, class_parameter=class_parameter)
+    http_url = via.http_url if via else server.http_url
+    grpc_url = via.grpc_url if via else server.grpc_url
+    busy_before = compute_busy_ns(server.http_url, model)
+    result = run_load(
+        arrivals, {name: target for name in arrivals.class_names}, http_url=http_url, grpc_url=grpc_url,
+        request_timeout_s=30, drain_s=20, max_in_flight=512,
+    )
+    busy = (compute_busy_ns(server.http_url, model) - busy_before) / 1e9
+    instances = 1
+    utilisation = None if streaming else min(1.0, busy / max(1e-9, result.wall_s * instances))
+    return ModelRun(model=model, setup=setup, result=result, utilisation=utilisation)
+
+
+def load_phase(
+    setup: str, repo: Path, workloads: dict[str, tuple[Arrivals, bool]], say: Say, workdir: Path,
+    behind_sidecar: bool,
+) -> list[ModelRun]:
+    options = ServerOptions(repository=repo, extra_args=server_flags_from(repo))
+    runs: list[ModelRun] = []
+    with TritonServer(options, log_path=workdir / f"triton-{setup}.log") as server:
+        say(f"{setup}: tritonserver ready on {server.http_url}")
+        if behind_sidecar:
+            with Sidecar(repo / SIDECAR_POLICY_FILE, server, workdir / "sidecar.log") as sidecar:
+                say(f"{setup}: sidecar on {sidecar.http_url} (gRPC {sidecar.grpc_url}) in front of Triton")
+                for model, (arrivals, streaming) in workloads.items():
+                    say(f"{setup}: {len(arrivals)} bursty requests to {model} through the sidecar")
+                    runs.append(drive(model, setup, arrivals, server, streaming, sidecar, "traffic_class"))
+        else:
+            for model, (arrivals, streaming) in workloads.items():
+                say(f"{setup}: {len(arrivals)} bursty requests to {model}, straight to Triton")
+                runs.append(drive(model, setup, arrivals, server, streaming, None, None))
+    return runs
+
+
+def run_showcase(
+    spec: Path, code: Path, naive: Path, traffic: Path, out_dir: Path, workdir: Path, say: Say,
+    requests: int = 1200, ranker_rate_factor: float = 8.0, llm_rate_factor: float = 4.0,
+) -> Showcase:
+    from tritongen.cli.simulate_cmd import read_traffic
+
+    show = Showcase()
+    clock = time.perf_counter()
+
+    def step(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        show.steps.append((name, now - clock))
+        clock = now
+
+    before, after, profiles = workdir / "before", workdir / "after", out_dir / "profiles"
+    copy_model_code(code, before)
+    copy_model_code(code, after)
+    for model_dir in naive.iterdir():
+        if (model_dir / "config.pbtxt").is_file():
+            shutil.copy(model_dir / "config.pbtxt", before / model_dir.name / "config.pbtxt")
+    say(f"1/5 profile the models ({naive.name} configs, embedded server) -> {profiles}")
+    tritongen_cmd("profile", str(spec), "--repo", str(before), "-o", str(profiles), "--quick")
+    step("profile")
+    say(f"2/5 tune against {traffic.name} with the simulator, render the winner -> {after}")
+    tuned = tritongen_cmd("tune", str(spec), "--profiles", str(profiles), "--traffic", str(traffic), "-o", str(after))
+    (out_dir / "tune.txt").write_text(tuned.stdout)
+    if not (after / SIDECAR_POLICY_FILE).is_file():
+        raise RunFailed(f"`tritongen tune -o {after}` wrote no {SIDECAR_POLICY_FILE}:\n{tuned.stdout[-1500:]}")
+    step("tune + render")
+
+    traffic_spec, trace = read_traffic(traffic)
+    # The traffic file's shape and class mix, scaled so that each model's bursts exceed its capacity.
+    llm_arrivals = scale_rate(generate_arrivals(traffic_spec, seed=1, trace_text=trace, requests=requests), llm_rate_factor)
+    ranker_arrivals = scale_rate(generate_arrivals(traffic_spec, seed=2, trace_text=trace, requests=requests), ranker_rate_factor)
+    workloads = {"ranker": (ranker_arrivals, False), "tinyllm": (llm_arrivals, True)}
+    say("3/5 before: the same bursty two-class load against the hand-written configs")
+    show.runs += load_phase("before", before, workloads, say, workdir, behind_sidecar=False)
+    step("load before")
+    say("4/5 after: the tuned configs behind the sidecar, the same load")
+    show.runs += load_phase("after", after, workloads, say, workdir, behind_sidecar=True)
+    step("load after")
+    say(f"5/5 report -> {out_dir / 'report.html'}")
+    write_report(show, out_dir / "report.html")
+    step("report")
+    return show
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+def latency_series(run: ModelRun, klass: int, color: str, dashed: bool) -> Series:
+    """Latency of each completed request (ms) against its send time: bursts show as spikes."""
+    r = run.result
+    first = r.first_t if run.model == "tinyllm" else r.done_t
+    mask = (r.cls == klass) & (r.status == OK) & np.isfinite(first)
+    points = sorted(zip(r.scheduled_t[mask].tolist(), ((first[mask] - r.scheduled_t[mask]) * 1000).tolist()))
+    step = max(1, len(points) // 400)
+    name = f"{run.setup} {r.class_names[klass]}"
+    return Series(name=name, points=points[::step], color=color, lines=False, markers=True, dashed=dashed)
+
+
+def write_report(show: Showcase, path: Path) -> None:
+    charts = []
+    for model in dict.fromkeys(r.model for r in show.runs):
+        runs = [r for r in show.runs if r.model == model]
+        series = []
+        for i, run in enumerate(runs):
+            for k in range(len(run.result.class_names)):
+                series.append(latency_series(run, k, PALETTE[(2 * i + k) % len(PALETTE)], run.setup == "before"))
+        what = "time to first token" if model == "tinyllm" else "latency"
+        charts.append(svg_chart(Chart(title=f"{model}: {what} per request", x_label="send time (s)",
+                                      y_label=f"{what} (ms)", series=series), width=620, height=320))
+    rows = "".join(
+        f"<tr><td>{html.escape(r.model)}</td><td>{r.setup}</td>"
+        + "".join(f"<td>{c.name}: {c.p99_ms or float('nan'):.0f}</td>" for c in r.stats())
+        + f"<td>{r.throughput:.1f}</td><td>{'-' if r.utilisation is None else f'{r.utilisation:.0%}'}</td>"
+        f"<td>{r.oom}</td><td>{r.rejected}</td></tr>"
+        for r in show.runs
+    )
+    page = (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>tritongen demo: before and after</title>"
+        "<style>body{font-family:system-ui,sans-serif;margin:24px}td,th{border:1px solid #ccc;padding:3px 8px}"
+        "table{border-collapse:collapse}svg{border:1px solid #ddd;margin:8px}</style></head><body>"
+        "<h1>Before (hand-written configs) and after (tuned + sidecar)</h1>"
+        "<table><tr><th>model</th><th>setup</th><th colspan=2>P99 ms per class</th><th>req/s</th>"
+        f"<th>utilisation</th><th>OOM kills</th><th>rejected</th></tr>{rows}</table>"
+        + "".join(charts) + "</body></html>\n"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(page)
+    os.replace(tmp, path)

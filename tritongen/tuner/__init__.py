@@ -1,0 +1,1 @@
+"""Live side of `tritongen tune`: confirm the simulator's best candidates on a real server."""
