@@ -51,7 +51,8 @@ def sample_inputs(
     return {t.name: sample_input(t, rows, rng, prompt, max_tokens) for t in entry.inputs}
 
 
-def _infer_inputs(module, inputs: Mapping[str, np.ndarray]) -> list:
+def infer_inputs(module, inputs: Mapping[str, np.ndarray]) -> list:
+    """tritonclient InferInputs (of `module`: tritonclient.http or .grpc) holding `inputs`."""
     from tritonclient.utils import np_to_triton_dtype
 
     out = []
@@ -75,7 +76,7 @@ def infer_http(url: str, model: str, inputs: Mapping[str, np.ndarray], output_na
     client = httpclient.InferenceServerClient(url, connection_timeout=10, network_timeout=60)
     try:
         start = time.perf_counter()
-        result = client.infer(model, _infer_inputs(httpclient, inputs), priority=priority)
+        result = client.infer(model, infer_inputs(httpclient, inputs), priority=priority)
         latency = time.perf_counter() - start
         return UnaryResult(latency_s=latency, outputs={n: result.as_numpy(n) for n in output_names})
     finally:
@@ -112,7 +113,7 @@ def stream_grpc(
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
         client.async_stream_infer(
-            model, _infer_inputs(grpcclient, inputs), enable_empty_final_response=True, priority=priority
+            model, infer_inputs(grpcclient, inputs), enable_empty_final_response=True, priority=priority
         )
         deadline = start + timeout_s
         while True:

@@ -263,7 +263,7 @@ def plan_batching(
         return None  # Triton's dynamic batcher needs a batch dimension
     classes = spec.classes_of(model)
     depth = spec.policy.queue_depth_batches * max_batch_size * total_instances
-    default_class = _default_class(classes)
+    fallback = default_class(classes)
     levels = len(spec.traffic_classes) if len(classes) > 1 else 0
     # Levels keep their global numbers so one client-side priority means the same on every model.
     policies = [queue_policy_for(c, c.priority, spec, depth) for c in sorted(classes, key=lambda c: c.priority)]
@@ -271,13 +271,13 @@ def plan_batching(
         preferred_batch_sizes=preferred,
         max_queue_delay_us=int(window_ms * 1000),
         priority_levels=levels,
-        default_priority_level=default_class.priority if levels else 0,
-        default_queue_policy=queue_policy_for(default_class, None, spec, depth),
+        default_priority_level=fallback.priority if levels else 0,
+        default_queue_policy=queue_policy_for(fallback, None, spec, depth),
         priority_queue_policies=policies if levels else [],
     )
 
 
-def _default_class(classes: list[TrafficClass]) -> TrafficClass:
+def default_class(classes: list[TrafficClass]) -> TrafficClass:
     """Requests that name no class are treated as 'normal' (or the lowest priority there is)."""
     normal = [c for c in classes if c.kind == "normal"]
     if normal:

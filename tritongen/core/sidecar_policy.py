@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tritongen.core.kv import weight_bytes
-from tritongen.core.plan import DeploymentPlan, ModelEntryPlan
+from tritongen.core.plan import DeploymentPlan, ModelEntryPlan, default_class
 from tritongen.core.profile_types import Profile
 from tritongen.core.spec import MIB, DeploymentSpec, ModelSpec, TensorSpec, TrafficClass
 
@@ -39,12 +39,6 @@ TENSOR_BYTES = {
     "INT64": 8, "FP16": 2, "FP32": 4, "FP64": 8, "BF16": 2, "STRING": 0,
 }
 DEFAULT_GRACE_MS = 500.0
-
-
-def _default_class(classes: list[TrafficClass]) -> TrafficClass:
-    """Requests that name no class are 'normal' (or the lowest priority there is), as in the plan."""
-    normal = [c for c in classes if c.kind == "normal"]
-    return min(normal, key=lambda c: c.priority) if normal else max(classes, key=lambda c: c.priority)
 
 
 def _profile_for(profiles: Mapping[str, Profile], entry: ModelEntryPlan) -> Profile | None:
@@ -208,7 +202,7 @@ def build_sidecar_policy(
         "deployment": spec.name,
         "class_header": "x-traffic-class",
         "class_parameter": "traffic_class",
-        "default_class": _default_class(spec.traffic_classes).name,
+        "default_class": default_class(spec.traffic_classes).name,
         "starvation_guard_ms": spec.policy.starvation_guard_ms,
         "classes": classes,
         "devices": _devices(spec, plan),

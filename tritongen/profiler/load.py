@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tritongen.client import infer_inputs
 from tritongen.errors import RunFailed
 
 
@@ -234,19 +235,6 @@ class StreamRecord:
         return self.token_times[0] - self.start if self.token_times else None
 
 
-def _grpc_inputs(inputs: Mapping[str, np.ndarray]):
-    import tritonclient.grpc as grpcclient
-    from tritonclient.utils import np_to_triton_dtype
-
-    out = []
-    for name, value in inputs.items():
-        dtype = "BYTES" if value.dtype == np.object_ else np_to_triton_dtype(value.dtype)
-        tensor = grpcclient.InferInput(name, list(value.shape), dtype)
-        tensor.set_data_from_numpy(value)
-        out.append(tensor)
-    return out
-
-
 class StreamWorker(threading.Thread):
     """One gRPC stream sending requests one after another until stopped (or `limit` are done)."""
 
@@ -287,7 +275,7 @@ class StreamWorker(threading.Thread):
             return
         try:
             client.start_stream(callback=lambda result, error: responses.put((time.perf_counter(), result, error)))
-            tensors = _grpc_inputs(self.inputs)
+            tensors = infer_inputs(grpcclient, self.inputs)
             self.ready.set()
             while self.go is not None and not self.go.wait(0.05):
                 if self.stop.is_set():
