@@ -234,6 +234,8 @@ def simulate_cmd(
         except ValueError as err:
             raise BadInput(f"{path}: {err}") from None
         label = path.parent.name if path.name == "config.pbtxt" else path.stem
+        if label in labels and path.name == "config.pbtxt":
+            label = f"{path.resolve().parent.parent.name}/{path.parent.name}"
         while label in labels:
             label += "'"
         labels.append(label)
