@@ -26,6 +26,20 @@ import httpx
 from tritongen.errors import BadInput, RunFailed
 
 
+def die_with_parent() -> None:
+    """preexec_fn: the child gets SIGKILL when the process that started it dies (Linux prctl).
+
+    A server in its own session would otherwise outlive a killed parent (a test timeout, a
+    SIGKILLed CLI) and keep its ports and memory.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:  # not glibc/Linux: the PID-based stop still applies
+        pass
+
+
 def free_port() -> int:
     """A port the kernel just handed out on 127.0.0.1 (racy by nature, but collisions are rare)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -185,6 +199,7 @@ class TritonServer:
             env=self.environment(install),
             cwd=self._workdir,
             start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         try:
             self.wait_ready(opts.start_timeout_s)

@@ -31,7 +31,7 @@ from tritongen.errors import RunFailed
 from tritongen.loadgen import LoadResult, LoadTarget, run_load
 from tritongen.profiler.report import PALETTE, Chart, Series, svg_chart
 from tritongen.render import SIDECAR_POLICY_FILE
-from tritongen.server import ServerOptions, TritonServer, free_port
+from tritongen.server import ServerOptions, TritonServer, die_with_parent, free_port
 
 Say = Callable[[str], None]
 
@@ -124,7 +124,7 @@ class Sidecar:
         handle = open(self.log, "wb")  # noqa: SIM115 - owned by the child
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from tritongen.cli.main import run; run()", *self.args],
-            stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
