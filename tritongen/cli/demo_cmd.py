@@ -37,7 +37,7 @@ def demo(
     naive: Path = typer.Option(Path("examples/naive_repository"), help="The hand-written 'before' configs."),
     traffic: Path = typer.Option(Path("examples/traffic/bursty.yaml"), help="The bursty two-class traffic."),
     out: Path = typer.Option(Path("demo-out"), "-o", "--out", help="Where the report, profiles and tune output go."),
-    requests: int = typer.Option(1200, min=100, max=20000, help="Requests per model and setup."),
+    requests: int = typer.Option(1200, min=1, max=20000, help="Requests per model and setup (--smoke: per model, at most 100)."),
     smoke: bool = typer.Option(False, "--smoke", help="Only render, check, serve and send a few requests."),
     profiles: Path = typer.Option(Path("examples/profiles"), help="--smoke: profiles for measured pads."),
 ) -> None:
