@@ -70,15 +70,33 @@ class UnaryResult:
     outputs: dict[str, np.ndarray]
 
 
-def infer_http(url: str, model: str, inputs: Mapping[str, np.ndarray], output_names: list[str], priority: int = 0) -> UnaryResult:
+STALL_TIMEOUT = "Request timeout expired"
+
+
+def infer_http(
+    url: str, model: str, inputs: Mapping[str, np.ndarray], output_names: list[str], priority: int = 0,
+    retry_stall: bool = False,
+) -> UnaryResult:
+    """One request. `retry_stall`: send once more when Triton answers "Request timeout expired" to
+    a lone request: tritonserver 2.51 sometimes holds a request ~500 ms in a batcher that has queue
+    policies (README, "Known server behaviour"), and a shorter REJECT timeout turns that into an
+    error. Smoke checks retry it; load measurements never do."""
     import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
 
     client = httpclient.InferenceServerClient(url, connection_timeout=10, network_timeout=60)
     try:
-        start = time.perf_counter()
-        result = client.infer(model, infer_inputs(httpclient, inputs), priority=priority)
-        latency = time.perf_counter() - start
-        return UnaryResult(latency_s=latency, outputs={n: result.as_numpy(n) for n in output_names})
+        for attempt in (1, 2):
+            start = time.perf_counter()
+            try:
+                result = client.infer(model, infer_inputs(httpclient, inputs), priority=priority)
+            except InferenceServerException as err:
+                if retry_stall and attempt == 1 and STALL_TIMEOUT in str(err):
+                    continue
+                raise
+            latency = time.perf_counter() - start
+            return UnaryResult(latency_s=latency, outputs={n: result.as_numpy(n) for n in output_names})
+        raise AssertionError("unreachable")
     finally:
         client.close()
 
@@ -99,9 +117,22 @@ class StreamResult:
 
 
 def stream_grpc(
-    url: str, model: str, inputs: Mapping[str, np.ndarray], output: str, timeout_s: float = 60.0, priority: int = 0
+    url: str, model: str, inputs: Mapping[str, np.ndarray], output: str, timeout_s: float = 60.0, priority: int = 0,
+    retry_stall: bool = False,
 ) -> StreamResult:
-    """One decoupled request over gRPC streaming; TTFT is the first non-empty response."""
+    """One decoupled request over gRPC streaming; TTFT is the first non-empty response.
+
+    `retry_stall`: as for `infer_http`, one more try when the only answer was Triton's stalled-batcher
+    "Request timeout expired" before any token."""
+    result = _stream_once(url, model, inputs, output, timeout_s, priority)
+    if retry_stall and not result.chunks and result.error and STALL_TIMEOUT in result.error:
+        result = _stream_once(url, model, inputs, output, timeout_s, priority)
+    return result
+
+
+def _stream_once(
+    url: str, model: str, inputs: Mapping[str, np.ndarray], output: str, timeout_s: float, priority: int
+) -> StreamResult:
     import tritonclient.grpc as grpcclient
 
     responses: queue.Queue = queue.Queue()

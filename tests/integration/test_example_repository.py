@@ -48,7 +48,7 @@ def test_ranker_answers_what_its_network_computes(triton_server) -> None:
         int(entry.parameters["seed"])
     )
     inputs = sample_inputs(entry, batch=6, seed=3)
-    result = infer_http(triton_server.http_url, "ranker", inputs, ["SCORES"], priority=1)
+    result = infer_http(triton_server.http_url, "ranker", inputs, ["SCORES"], priority=1, retry_stall=True)
     expected = net.scores(inputs["FEATURES"])
     assert result.outputs["SCORES"].shape == (6, 1)
     np.testing.assert_allclose(result.outputs["SCORES"], expected.reshape(6, 1), rtol=1e-5, atol=1e-6)
@@ -61,7 +61,7 @@ def test_tinyllm_streams_what_its_engine_generates(triton_server) -> None:
     assert config.kv_bytes_per_token == entry.kv.kv_bytes_per_token
     prompt = "The queue window is"
     inputs = sample_inputs(entry, batch=1, prompt=prompt, max_tokens=10)
-    result = stream_grpc(triton_server.grpc_url, "tinyllm", inputs, "text_output", priority=1)
+    result = stream_grpc(triton_server.grpc_url, "tinyllm", inputs, "text_output", priority=1, retry_stall=True)
     assert result.error is None
     assert result.ttft_s is not None and result.ttft_s <= result.total_s
     assert result.text() == engine.generate_text(config, prompt, 10)

@@ -148,7 +148,7 @@ def exercise(server: TritonServer, entry, count: int) -> tuple[list[str], int]:
         inputs = sample_inputs(entry, batch=rows, seed=i, prompt=f"Request {i}: hello", max_tokens=8)
         try:
             if entry.decoupled:
-                result = stream_grpc(server.grpc_url, entry.name, inputs, outputs[0])
+                result = stream_grpc(server.grpc_url, entry.name, inputs, outputs[0], retry_stall=True)
                 if result.error:
                     raise RunFailed(result.error)
                 latencies.append(result.total_s)
@@ -156,7 +156,7 @@ def exercise(server: TritonServer, entry, count: int) -> tuple[list[str], int]:
                     ttfts.append(result.ttft_s)
                 sample = repr(result.text(outputs[0]))[:40]
             else:
-                unary = infer_http(server.http_url, entry.name, inputs, outputs)
+                unary = infer_http(server.http_url, entry.name, inputs, outputs, retry_stall=True)
                 latencies.append(unary.latency_s)
                 value = unary.outputs[outputs[0]]
                 head = ", ".join(f"{v:.3f}" for v in value.reshape(-1)[:3].tolist())
