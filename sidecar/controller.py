@@ -33,6 +33,7 @@ from sidecar.admission import (
     Request,
 )
 from sidecar.metrics import SidecarMetrics
+from sidecar.tasks import BackgroundTask
 
 log = logging.getLogger("tritongen.sidecar")
 
@@ -111,7 +112,7 @@ class AdmissionController:
         self.clock = clock
         self._ids = itertools.count(1)
         self._waiters: dict[int, asyncio.Future[Decision]] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._background = BackgroundTask(self._ticker, "sidecar-admission-ticker")
         self._wake = asyncio.Event()
         self._known_models: set[str] = set()
         self._children: dict[tuple[str, ...], object] = {}
@@ -127,15 +128,10 @@ class AdmissionController:
     # -- lifecycle --------------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._ticker(), name="sidecar-admission-ticker")
+        self._background.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._background.stop()
 
     async def _ticker(self) -> None:
         while True:

@@ -7,9 +7,10 @@ error; the probe runs fast until Triton is ready again, then the proxies reconne
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+
+from sidecar.tasks import BackgroundTask
 
 log = logging.getLogger("tritongen.sidecar.upstream")
 
@@ -28,7 +29,7 @@ class UpstreamHealth:
         self.reason: str | None = "not probed yet"
         self._listeners: list[Callable[[bool], Awaitable[None] | None]] = []
         self._kick = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._background = BackgroundTask(self._run, "sidecar-upstream-probe")
 
     def on_change(self, listener: Callable[[bool], Awaitable[None] | None]) -> None:
         self._listeners.append(listener)
@@ -71,15 +72,10 @@ class UpstreamHealth:
                 await result
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="sidecar-upstream-probe")
+        self._background.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._background.stop()
 
     async def _run(self) -> None:
         while True:
