@@ -206,7 +206,7 @@ def live_part(seconds: float, log) -> list[dict]:
     from tritongen.core.simulator import EMBEDDED_CPU_OVERHEADS, LLMCurve as _L, ServiceCurve as _S
     from tritongen.loadgen import LoadTarget
     from tritongen.profiles import read_profiles
-    from tritongen.render_plan import render_plan
+    from tritongen.render import render_plan
     from tritongen.server import ServerOptions, TritonServer
     from tritongen.specio import load_spec
     from tritongen.tuner.verify import measure

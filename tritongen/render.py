@@ -197,3 +197,8 @@ def _rmdir_quiet(folder: Path) -> None:
         folder.rmdir()
     except OSError:
         pass
+
+
+def render_entry_config(plan: DeploymentPlan, entry_name: str, spec_name: str, templates: Path | None = None) -> str:
+    """The config.pbtxt text of one entry (what `tune --verify` loads on a live server)."""
+    return render_plan(plan, spec_name, templates).files[f"{entry_name}/config.pbtxt"]

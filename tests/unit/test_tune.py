@@ -25,7 +25,7 @@ from tritongen.core.tune import (
     tune_model,
 )
 from tritongen.pbtxt import parse_model_config
-from tritongen.render_plan import render_plan
+from tritongen.render import render_plan
 from tritongen.specio import load_spec
 
 LOADED = load_spec(EXAMPLES / "deployment.yaml")

@@ -39,8 +39,7 @@ from tritongen.core.tune import (
 )
 from tritongen.errors import BadInput
 from tritongen.profiles import measured_pads_mb, read_profiles
-from tritongen.render import write_repository
-from tritongen.render_plan import render_entry_config, render_plan
+from tritongen.render import render_entry_config, render_plan, write_repository
 from tritongen.core.plan import plan_deployment
 from tritongen.specio import load_spec
 
