@@ -171,8 +171,12 @@ def test_doctor_names_each_problem_on_the_misconfigured_server(servers: dict) ->
     assert _codes(report, "healthy") == set(), [f for f in report["findings"] if f["model"] == "healthy"]
     # The low-priority clients really starved while level 1 was served.
     load = servers["load"]
-    assert load.done.get("prio@1", 0) > 100
-    assert load.done.get("prio@2", 0) <= 2
+    served_high = load.done.get("prio@1", 0) / 12  # per client
+    served_low = load.done.get("prio@2", 0) / 2
+    assert served_high > 10, load.done
+    # A few low-priority requests slip into a batch with room while the queue first fills; after
+    # that they wait. Starved means served at a small fraction of the rate level 1 gets.
+    assert served_low < 0.1 * served_high, load.done
 
 
 def test_doctor_text_output_names_problem_and_fix(servers: dict) -> None:
