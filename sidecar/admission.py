@@ -16,6 +16,10 @@ Limits ("rooms"). Each request is checked against rooms; a room has a capacity, 
 used of it, and what this request needs:
   * `concurrency_limit`: the adaptive in-flight limit (shared by all models);
   * `model_concurrency_quota:<m>` and `model_memory_quota:<m>`: the model's own quotas;
+  * `tenant_concurrency_quota:<t>` and `tenant_memory_quota:<t>`: the tenant's quotas (its own, or
+    the policy's `default_tenant` quota for a tenant it does not list), over all models; the
+    memory quota counts every byte the tenant's requests hold (KV, prefill, request bytes,
+    lingering reservations);
   * `headroom:<scope>`: live headroom of a device (`gpu0`, `cpu`) or a model's KV pool
     (`pool:<m>`), from the latest `HeadroomSnapshot`, minus the safety pad on devices.
 A class may fill only `budget_fraction` of every room, which keeps room for higher classes.
@@ -29,6 +33,18 @@ Queueing is strict priority with aging: a waiting request is promoted one level 
 `starvation_guard_ms` it has waited, and requests of equal effective level leave in arrival order.
 A request blocked by a shared room (device headroom, the concurrency limit) holds everything behind
 it, so a large request cannot starve; one blocked by its own model's quota only holds its model.
+
+Tenants. A tenant over its quota is treated the way a model over its quota is: its request waits
+in the queue (subject to the class's queue cap, its longest wait and the wait estimate, which
+refuse it with 429 naming the tenant limit), and holds only the tenant's own requests behind it,
+never another tenant's; so one tenant at its quota cannot block the others. Two approximations:
+the wait estimate is the model's (a tenant's own drain rate is not measured), and a tenant's
+waiting requests count against its class's queue cap like any other (there is no per-tenant
+queue cap, so a tenant that floods the queue can fill its class's cap). A request that could
+never fit its tenant's memory quota (its class's share of it) is refused at once (413), and a
+class the tenant may not send is refused at once (403). Per-tenant counts are keyed by the name
+the request carries and dropped when they reach zero, so tenants the policy does not list cost
+nothing once their requests are gone; a reloaded policy re-reads the quotas and keeps the counts.
 """
 
 from __future__ import annotations
@@ -39,7 +55,15 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from sidecar.policy import ClassPolicy, ConcurrencyPolicy, ModelPolicy, SidecarPolicy
+from sidecar.policy import (
+    DEFAULT_TENANT,
+    OTHER_TENANTS,
+    ClassPolicy,
+    ConcurrencyPolicy,
+    ModelPolicy,
+    SidecarPolicy,
+    TenantQuota,
+)
 
 Clock = Callable[[], float]
 
@@ -61,6 +85,7 @@ class Action(str, Enum):
 # Reasons a request is refused (Decision.reason); the proxies map them to status codes.
 EXCEEDS_BUDGET = "exceeds_budget"  # can never fit this class's share of a static limit
 CLASS_NOT_SERVED = "class_not_served"
+TENANT_CLASS_NOT_ALLOWED = "tenant_class_not_allowed"  # the tenant may not send this class
 QUEUE_FULL = "queue_full"
 QUEUE_WAIT = "queue_wait_exceeds_target"  # the estimated wait is longer than the class may wait
 QUEUE_TIMEOUT = "queue_timeout"
@@ -76,6 +101,10 @@ class Cost:
     tokens: int = 0  # prompt + output tokens the KV cost was computed for (LLMs)
     prompt_tokens: int = 0
     sequences: int = 1
+    # Prompt tokens of each sequence whose prompt the request states (LLMs; the prompt-length
+    # histogram). A prompt the sidecar cannot read (shared memory) is charged a full context
+    # above but is not listed here: it is not a measured length.
+    prompt_lengths: tuple[int, ...] = ()
 
     @property
     def total_bytes(self) -> int:
@@ -88,6 +117,7 @@ class Request:
     model: str
     klass: str
     cost: Cost
+    tenant: str = DEFAULT_TENANT
 
 
 @dataclass(frozen=True)
@@ -99,8 +129,9 @@ class Room:
     used: float
     capacity: float
     need: float
-    shared: bool  # True: blocks every model behind it in the queue; False: only this model
+    shared: bool  # True: blocks every model behind it in the queue; False: see `holds`
     static: bool  # capacity does not change with live readings
+    holds: str = "model"  # not shared: whose requests wait behind one it blocks ("model" or "tenant")
 
     @property
     def free(self) -> float:
@@ -267,6 +298,8 @@ class AdmissionState:
         self._reserved_kv: dict[str, int] = defaultdict(int)
         self._inflight_model: dict[str, int] = defaultdict(int)
         self._sequences_model: dict[str, int] = defaultdict(int)
+        self._inflight_tenant: dict[str, int] = {}  # no zero entries (see _count_tenant)
+        self._reserved_tenant: dict[str, int] = {}
         self._inflight = 0
         self._lingering = 0
         self._seq = 0
@@ -303,6 +336,7 @@ class AdmissionState:
         self._models = {m.name: m for m in self.policy.models}
         self._classes = {c.name: c for c in self.policy.classes}
         self._devices = {d.id: d for d in self.policy.devices}
+        self._tenants = {t.name: t for t in self.policy.tenants}
         self._unknown_models: dict[str, ModelPolicy] = {}
 
     def model_policy(self, name: str) -> ModelPolicy:
@@ -325,6 +359,15 @@ class AdmissionState:
 
     def known_model(self, name: str) -> bool:
         return name in self._models
+
+    def tenant_quota(self, tenant: str) -> TenantQuota | None:
+        """The tenant's own quota, else the policy's `default_tenant` (None: unlimited)."""
+        return self._tenants.get(tenant, self.policy.default_tenant)
+
+    def tenant_label(self, tenant: str) -> str:
+        """The tenant's metrics label: listed tenants and `default` by name, any other `other`, so a
+        client cannot grow the label set by inventing names."""
+        return tenant if tenant in self._tenants or tenant == DEFAULT_TENANT else OTHER_TENANTS
 
     def class_policy(self, name: str | None) -> ClassPolicy:
         found = self._classes.get(name) if name else None
@@ -383,13 +426,15 @@ class AdmissionState:
         klass = self.class_policy(request.klass)
         frac = klass.budget_fraction
         cost = request.cost
-        slots = [
+        # The tenant's rooms come first in each list: a request over its tenant's quota is named as
+        # waiting for its tenant, and so holds only its tenant's requests, not its model's.
+        slots, memory = self._tenant_rooms(request, frac)
+        slots += [
             Room("concurrency_limit", "requests", self._inflight,
                  max(1, math.floor(self.limit.value * frac)), 1, shared=True, static=False),
             Room(f"model_concurrency_quota:{model.name}", "requests", self._inflight_model[model.name],
                  max(1, math.floor(model.max_inflight * frac)), 1, shared=False, static=True),
         ]
-        memory: list[Room] = []
         if model.memory_quota_bytes is not None:
             memory.append(Room(f"model_memory_quota:{model.name}", "bytes", self._reserved_kv[model.name],
                                math.floor(model.memory_quota_bytes * frac), cost.kv_bytes, shared=False, static=True))
@@ -408,6 +453,24 @@ class AdmissionState:
                                cap * frac, device_need, shared=True, static=False))
         return memory, slots
 
+    def _tenant_rooms(self, request: Request, frac: float) -> tuple[list[Room], list[Room]]:
+        """(concurrency rooms, memory rooms) of the request's tenant quota; none when unlimited."""
+        quota = self.tenant_quota(request.tenant)
+        slots: list[Room] = []
+        memory: list[Room] = []
+        if quota is None:
+            return slots, memory
+        tenant = request.tenant
+        if quota.max_inflight is not None:
+            slots.append(Room(f"tenant_concurrency_quota:{tenant}", "requests", self._inflight_tenant.get(tenant, 0),
+                              max(1, math.floor(quota.max_inflight * frac)), 1, shared=False, static=True,
+                              holds="tenant"))
+        if quota.max_reserved_bytes is not None:
+            memory.append(Room(f"tenant_memory_quota:{tenant}", "bytes", self._reserved_tenant.get(tenant, 0),
+                               math.floor(quota.max_reserved_bytes * frac), request.cost.total_bytes, shared=False,
+                               static=True, holds="tenant"))
+        return slots, memory
+
     def verdict(self, request: Request, now: float | None = None) -> Verdict:
         now = self._now() if now is None else now
         memory, slots = self.rooms(request, now)
@@ -424,6 +487,16 @@ class AdmissionState:
     def _order(self, now: float) -> list[_Waiting]:
         return sorted(self._waiting.values(), key=lambda w: (self.effective_level(w, now), w.enqueued_at, w.seq))
 
+    @staticmethod
+    def _hold_key(request: Request, room: Room) -> tuple[str, str]:
+        """The group a request blocked by a non-shared room holds in the queue: its model's requests
+        (a model quota or pool) or its tenant's (a tenant quota)."""
+        return ("tenant", request.tenant) if room.holds == "tenant" else ("model", request.model)
+
+    @staticmethod
+    def _groups(request: Request) -> tuple[tuple[str, str], tuple[str, str]]:
+        return ("model", request.model), ("tenant", request.tenant)
+
     # -- the main entry points --------------------------------------------------------------------
 
     def submit(self, request: Request) -> Decision:
@@ -438,6 +511,13 @@ class AdmissionState:
             return Decision(
                 Action.REJECT, request.id, CLASS_NOT_SERVED,
                 detail=f"model {model.name!r} does not serve class {klass.name!r}; it serves {model.classes}",
+            )
+        quota = self.tenant_quota(request.tenant)
+        if quota is not None and quota.classes is not None and klass.name not in quota.classes:
+            return Decision(
+                Action.REJECT, request.id, TENANT_CLASS_NOT_ALLOWED, limit=f"tenant_classes:{request.tenant}",
+                detail=f"tenant {request.tenant!r} may send classes {quota.classes}; class {klass.name!r} is not one "
+                "of them",
             )
         memory, slots = self.rooms(request, now)
         verdict = decide(request.cost, memory, slots)
@@ -465,7 +545,7 @@ class AdmissionState:
         # Not admitted: it waits, unless its queue is full or the wait would exceed the class's.
         del self._waiting[request.id]
         self._demand = True
-        blocked = verdict.blocked or self._head_blocker(now, request.model)
+        blocked = verdict.blocked or self._head_blocker(now, request)
         if blocked is None:
             limit_name, cap, used = "queue_order", None, None
         else:
@@ -506,13 +586,13 @@ class AdmissionState:
             if w.request.model == model and (self.effective_level(w, now), w.enqueued_at, w.seq) < key
         )
 
-    def _head_blocker(self, now: float, model: str | None = None) -> Room | None:
+    def _head_blocker(self, now: float, request: Request | None = None) -> Room | None:
         """The limit that holds the queue for a request that would fit itself: a shared one, or one
-        of its own model's (the requests of its model ahead of it wait for it)."""
+        that holds its model or its tenant (the requests of its group ahead of it wait for it)."""
+        groups = self._groups(request) if request is not None else ()
         for waiting in self._order(now):
-            verdict = self.verdict(waiting.request, now)
-            blocked = verdict.blocked
-            if blocked is not None and (blocked.shared or waiting.request.model == model):
+            blocked = self.verdict(waiting.request, now).blocked
+            if blocked is not None and (blocked.shared or self._hold_key(waiting.request, blocked) in groups):
                 return blocked
         return None
 
@@ -533,6 +613,7 @@ class AdmissionState:
             return
         for scope in res.device_scopes:
             self._reserved_scope[scope] -= res.prefill_bytes
+        self._count_tenant(res.request.tenant, reserved=-res.prefill_bytes)
         res.extra_bytes -= res.prefill_bytes
         res.prefill_bytes = 0
         self._pump()
@@ -551,6 +632,7 @@ class AdmissionState:
         self._inflight -= 1
         self._inflight_model[model] -= 1
         self._sequences_model[model] -= res.request.cost.sequences
+        self._count_tenant(res.request.tenant, inflight=-1)
         self._completions[model].append(now)
         service = now - res.admitted_at
         if res.first_response_at is None and linger_s == 0:
@@ -610,6 +692,7 @@ class AdmissionState:
         self._inflight += 1
         self._inflight_model[request.model] += 1
         self._sequences_model[request.model] += cost.sequences
+        self._count_tenant(request.tenant, inflight=1, reserved=res.held_bytes)
 
     def _free(self, request_id: Hashable) -> None:
         res = self._reservations.pop(request_id)
@@ -618,8 +701,20 @@ class AdmissionState:
         for scope in res.device_scopes:
             self._reserved_scope[scope] -= res.device_bytes
         self._reserved_kv[res.request.model] -= res.kv_bytes
+        self._count_tenant(res.request.tenant, reserved=-res.held_bytes)
         if res.lingering_until is not None:
             self._lingering -= 1
+
+    def _count_tenant(self, tenant: str, inflight: int = 0, reserved: int = 0) -> None:
+        """Move a tenant's in-flight count and reserved bytes. Entries that reach zero are removed:
+        the tenant names clients send are unbounded, the requests holding something are not."""
+        for counts, delta in ((self._inflight_tenant, inflight), (self._reserved_tenant, reserved)):
+            if delta:
+                value = counts.get(tenant, 0) + delta
+                if value:
+                    counts[tenant] = value
+                else:
+                    del counts[tenant]
 
     def _expire(self, now: float) -> None:
         if self._lingering:
@@ -631,7 +726,7 @@ class AdmissionState:
             klass = self.class_policy(waiting.request.klass)
             wait_s = self.expected_wait_s(waiting.request.model, 1, now)
             verdict = self.verdict(waiting.request, now)
-            blocked = verdict.blocked or self._head_blocker(now, waiting.request.model)
+            blocked = verdict.blocked or self._head_blocker(now, waiting.request)
             self._expired.append(Decision(
                 Action.REJECT, rid, QUEUE_TIMEOUT, retry_after_s=self.retry_after_s(wait_s),
                 waited_s=now - waiting.enqueued_at, headroom_bytes=verdict.headroom_bytes,
@@ -649,10 +744,10 @@ class AdmissionState:
         now = self._now() if now is None else now
         if expire:
             self._expire(now)
-        held_models: set[str] = set()
+        held: set[tuple[str, str]] = set()  # groups (model or tenant) held by a request ahead of them
         for waiting in self._order(now):
             request = waiting.request
-            if request.model in held_models:
+            if not held.isdisjoint(self._groups(request)):
                 continue
             memory, slots = self.rooms(request, now)
             verdict = decide(request.cost, memory, slots)
@@ -667,7 +762,7 @@ class AdmissionState:
             assert verdict.blocked is not None
             if verdict.blocked.shared:
                 break
-            held_models.add(request.model)
+            held.add(self._hold_key(request, verdict.blocked))
 
     # -- measurements -----------------------------------------------------------------------------
 
@@ -775,6 +870,23 @@ class AdmissionState:
     def reserved_scope(self, scope: str) -> int:
         return self._reserved_scope.get(scope, 0)
 
+    def inflight_of_tenant(self, tenant: str) -> int:
+        return self._inflight_tenant.get(tenant, 0)
+
+    def reserved_of_tenant(self, tenant: str) -> int:
+        """Bytes the tenant's requests hold (lingering reservations included)."""
+        return self._reserved_tenant.get(tenant, 0)
+
+    def tenant_usage(self) -> dict[str, tuple[int, int]]:
+        """(in flight, reserved bytes) per tenant metrics label: every listed tenant, `default` and
+        `other` (all tenants the policy does not list, together), zeros included."""
+        out = {label: (0, 0) for label in (*self._tenants, DEFAULT_TENANT, OTHER_TENANTS)}
+        for tenant in self._inflight_tenant.keys() | self._reserved_tenant.keys():
+            label = self.tenant_label(tenant)
+            inflight, reserved = out[label]
+            out[label] = (inflight + self.inflight_of_tenant(tenant), reserved + self.reserved_of_tenant(tenant))
+        return out
+
     @property
     def waiting(self) -> int:
         return len(self._waiting)
@@ -792,6 +904,18 @@ class AdmissionState:
     @property
     def snapshot(self) -> HeadroomSnapshot | None:
         return self._snapshot
+
+    def _tenant_status(self) -> dict[str, dict[str, object]]:
+        out: dict[str, dict[str, object]] = {}
+        for label, (inflight, reserved) in self.tenant_usage().items():
+            quota = self.tenant_quota(label) if label != OTHER_TENANTS else self.policy.default_tenant
+            out[label] = {
+                "inflight": inflight,
+                "reserved_bytes": reserved,
+                "max_inflight": quota.max_inflight if quota else None,
+                "max_reserved_bytes": quota.max_reserved_bytes if quota else None,
+            }
+        return out
 
     def status(self) -> dict[str, object]:
         now = self._now()
@@ -825,6 +949,7 @@ class AdmissionState:
             "watermark": round(self.watermark(now), 4),
             "queue_delay_s": self.queue_delay_s(now),
             "models": models,
+            "tenants": self._tenant_status(),
             "scopes": scopes,
             "headroom_failures": dict(snap.failures) if snap else {},
             "headroom_age_s": None if snap is None else round(now - snap.taken_at, 3),

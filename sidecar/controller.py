@@ -1,12 +1,16 @@
 """The asyncio owner of the admission state: capacity as a context manager.
 
-    async with controller.admit(model, klass, cost) as ticket:
+    async with controller.admit(model, klass, cost, tenant) as ticket:
         ...forward upstream; ticket.first_token(); ticket.completed = True...
 
 Whatever happens inside the block (completion, an error, cancellation, the client going away,
 the upstream failing), leaving it releases the reservation exactly once. A request that is still
 waiting when its task is cancelled leaves the queue; one that was granted in the instant it was
-cancelled is released. `Rejected` carries the decision for the 429/413/400 answer.
+cancelled is released. `Rejected` carries the decision for the 429/413/403/400 answer.
+
+The tenant's in-flight count and reserved bytes are part of the same reservation, so they are
+released with it, exactly once, on every way out of the block (see sidecar/admission.py for how a
+tenant over its quota waits or is refused).
 
 A request that was sent upstream and did not see its end (cancelled, client gone) keeps its bytes
 reserved for the model's `release_grace_ms`, because the engine may hold its KV blocks until it
@@ -26,6 +30,7 @@ from dataclasses import dataclass, field
 from sidecar.admission import (
     CLASS_NOT_SERVED,
     EXCEEDS_BUDGET,
+    TENANT_CLASS_NOT_ALLOWED,
     Action,
     AdmissionState,
     Cost,
@@ -33,6 +38,7 @@ from sidecar.admission import (
     Request,
 )
 from sidecar.metrics import SidecarMetrics
+from sidecar.policy import DEFAULT_TENANT
 from sidecar.tasks import BackgroundTask
 
 log = logging.getLogger("tritongen.sidecar")
@@ -41,9 +47,14 @@ log = logging.getLogger("tritongen.sidecar")
 UPSTREAM_UNAVAILABLE = "upstream_unavailable"
 
 
-def refusal(decision: Decision, model: str, klass: str) -> tuple[int, dict[str, object]]:
+_STATUS = {EXCEEDS_BUDGET: 413, CLASS_NOT_SERVED: 400, TENANT_CLASS_NOT_ALLOWED: 403}
+
+
+def refusal(
+    decision: Decision, model: str, klass: str, tenant: str = DEFAULT_TENANT
+) -> tuple[int, dict[str, object]]:
     """(HTTP status, JSON body) for a refused request; gRPC maps the status (see grpc_proxy)."""
-    status = {EXCEEDS_BUDGET: 413, CLASS_NOT_SERVED: 400}.get(decision.reason, 429)
+    status = _STATUS.get(decision.reason, 429)
     body: dict[str, object] = {
         "error": f"sidecar refused the request ({decision.reason}): {decision.detail}",
         "reason": decision.reason,
@@ -54,6 +65,7 @@ def refusal(decision: Decision, model: str, klass: str) -> tuple[int, dict[str, 
         "retry_after_s": decision.retry_after_s,
         "model": model,
         "class": klass,
+        "tenant": tenant,
     }
     if decision.queue_position is not None:
         body["queue_position"] = decision.queue_position
@@ -71,11 +83,12 @@ def unavailable(reason: str | None, retry_after_s: int = 1) -> dict[str, object]
 
 
 class Rejected(Exception):
-    def __init__(self, decision: Decision, model: str, klass: str) -> None:
+    def __init__(self, decision: Decision, model: str, klass: str, tenant: str = DEFAULT_TENANT) -> None:
         super().__init__(decision.detail or decision.reason)
         self.decision = decision
         self.model = model
         self.klass = klass
+        self.tenant = tenant
 
 
 @dataclass
@@ -93,6 +106,7 @@ class Ticket:
     outcome: str | None = None  # set by the proxy where it knows better ("client_disconnect", ...)
     tokens: int = 0  # responses streamed (≈ generated tokens)
     first_token_at: float | None = None
+    tenant: str = DEFAULT_TENANT
 
     def first_token(self) -> None:
         if self.first_token_at is None:
@@ -115,6 +129,7 @@ class AdmissionController:
         self._background = BackgroundTask(self._ticker, "sidecar-admission-ticker")
         self._wake = asyncio.Event()
         self._known_models: set[str] = set()
+        self._tenant_labels: set[str] = set()
         self._children: dict[tuple[str, ...], object] = {}
 
     def _child(self, metric: object, *labels: str) -> object:
@@ -154,11 +169,14 @@ class AdmissionController:
         return model if self.state.known_model(model) else "other"
 
     @contextlib.asynccontextmanager
-    async def admit(self, model: str, klass: str, cost: Cost) -> AsyncIterator[Ticket]:
+    async def admit(
+        self, model: str, klass: str, cost: Cost, tenant: str = DEFAULT_TENANT
+    ) -> AsyncIterator[Ticket]:
         rid = next(self._ids)
         arrived = self.clock()
         mlabel = self.label(model)
-        decision = self.state.submit(Request(rid, model, klass, cost))
+        tlabel = self.state.tenant_label(tenant)
+        decision = self.state.submit(Request(rid, model, klass, cost, tenant))
         future: asyncio.Future[Decision] | None = None
         if decision.action is Action.QUEUE:
             # Registered before anything else runs: handing out other grants below may grant this one.
@@ -166,8 +184,8 @@ class AdmissionController:
             self._waiters[rid] = future
         self.dispatch()
         if decision.action is Action.REJECT:
-            self._rejected(decision, klass, mlabel)
-            raise Rejected(decision, model, klass)
+            self._rejected(decision, klass, mlabel, tlabel)
+            raise Rejected(decision, model, klass, tenant)
         if future is not None:
             self._child(self.metrics.queued, klass, mlabel).inc()  # type: ignore[attr-defined]
             self._wake.set()
@@ -180,12 +198,11 @@ class AdmissionController:
                     self.dispatch()
                 raise
             if decision.action is Action.REJECT:
-                self._rejected(decision, klass, mlabel)
-                raise Rejected(decision, model, klass)
+                self._rejected(decision, klass, mlabel, tlabel)
+                raise Rejected(decision, model, klass, tenant)
         admitted = self.clock()
-        self._child(self.metrics.admitted, klass, mlabel).inc()  # type: ignore[attr-defined]
-        self._child(self.metrics.queue_wait, klass).observe(decision.waited_s)  # type: ignore[attr-defined]
-        ticket = Ticket(rid, model, klass, cost, arrived, admitted, decision.waited_s, self)
+        self._admitted(cost, klass, mlabel, tlabel, decision.waited_s)
+        ticket = Ticket(rid, model, klass, cost, arrived, admitted, decision.waited_s, self, tenant=tenant)
         outcome = "ok"
         try:
             yield ticket
@@ -212,8 +229,9 @@ class AdmissionController:
                 self._child(self.metrics.latency, klass, mlabel).observe(end - arrived)  # type: ignore[attr-defined]
             if log.isEnabledFor(logging.DEBUG):
                 ttft = "-" if ticket.first_token_at is None else f"{1000 * (ticket.first_token_at - arrived):.1f}"
-                log.debug("%s %s %s: waited %.1f ms, first response %s ms, total %.1f ms, %d responses",
-                          model, klass, outcome, 1000 * decision.waited_s, ttft, 1000 * (end - arrived), ticket.tokens)
+                log.debug("%s %s %s (tenant %s): waited %.1f ms, first response %s ms, total %.1f ms, %d responses",
+                          model, klass, outcome, tenant, 1000 * decision.waited_s, ttft, 1000 * (end - arrived),
+                          ticket.tokens)
             if grace:
                 self._wake.set()  # the ticker ends lingering reservations
 
@@ -223,8 +241,22 @@ class AdmissionController:
         assert ticket.first_token_at is not None
         self.metrics.ttft.labels(ticket.klass, self.label(ticket.model)).observe(ticket.first_token_at - ticket.arrived)
 
-    def _rejected(self, decision: Decision, klass: str, mlabel: str) -> None:
+    def _admitted(self, cost: Cost, klass: str, mlabel: str, tlabel: str, waited_s: float) -> None:
+        """Count an admission. Prompt lengths are observed here, not on arrival: the histogram
+        describes what reached Triton's queue (DR103 judges that queue), and a refused request
+        that is retried would otherwise be counted once per try."""
+        m = self.metrics
+        self._child(m.admitted, klass, mlabel).inc()  # type: ignore[attr-defined]
+        self._child(m.tenant_admitted, tlabel).inc()  # type: ignore[attr-defined]
+        self._child(m.queue_wait, klass).observe(waited_s)  # type: ignore[attr-defined]
+        if cost.prompt_lengths:
+            histogram = self._child(m.prompt_tokens, mlabel)
+            for length in cost.prompt_lengths:
+                histogram.observe(length)  # type: ignore[attr-defined]
+
+    def _rejected(self, decision: Decision, klass: str, mlabel: str, tlabel: str) -> None:
         self._child(self.metrics.rejected, klass, mlabel, decision.reason).inc()  # type: ignore[attr-defined]
+        self._child(self.metrics.tenant_rejected, tlabel, decision.reason).inc()  # type: ignore[attr-defined]
 
     def dispatch(self) -> None:
         """Hand grants and queue timeouts to the requests waiting for them."""
@@ -266,3 +298,18 @@ class AdmissionController:
         m.inflight.labels("other").set(
             state.inflight - sum(state.inflight_of(n) for n in {mp.name for mp in state.policy.models})
         )
+        self._publish_tenants()
+
+    def _publish_tenants(self) -> None:
+        """Per-tenant gauges; a tenant a reloaded policy no longer lists loses its series (its
+        requests still in flight are counted under `other` from then on)."""
+        m = self.metrics
+        usage = self.state.tenant_usage()
+        for gone in self._tenant_labels - usage.keys():
+            for gauge in (m.tenant_inflight, m.tenant_reserved):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(gone)
+        for label, (inflight, reserved) in usage.items():
+            m.tenant_inflight.labels(label).set(inflight)
+            m.tenant_reserved.labels(label).set(reserved)
+        self._tenant_labels = set(usage)

@@ -3,8 +3,16 @@
 `ModelInfer` and `ModelStreamInfer` go through admission; every other method is passed through
 as raw bytes. Client metadata is forwarded; the only change to a request is its `priority`
 parameter (set from its class) and, on streams, an internal request id (mapped back on every
-response) plus `triton_enable_empty_final_response`, so the sidecar sees each request's end.
-Empty final responses the client did not ask for are not forwarded.
+response, so the client sees its own ids) plus `triton_enable_empty_final_response`, so the
+sidecar sees each request's end. Empty final responses the client did not ask for are not
+forwarded. The tenant is the `tenant_header` metadata key (default `x-tenant`).
+
+Triton's response metadata comes back as Triton sent it, on every method: the initial metadata
+before the first message, the trailing metadata with the status (errors included). Only the keys
+the gRPC transport owns (pseudo-headers, `grpc-*`, content-type, ...) are left to the sidecar's own
+transport. One limit on streams: initial metadata goes out once, before the stream's first
+message; if the sidecar has to answer first (a refusal before Triton has said anything), the
+client gets the sidecar's (empty) initial metadata and Triton's, arriving later, is dropped.
 
 Refusals: `RESOURCE_EXHAUSTED` with the JSON body as details and `retry-after` in the trailing
 metadata (unary), or a stream response whose `error_message` carries the same JSON (streams).
@@ -17,7 +25,7 @@ import contextlib
 import itertools
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,15 +53,89 @@ MODEL_STREAM_INFER = SERVICE + "ModelStreamInfer"
 _DROP_METADATA = ("user-agent", "content-type", "te", "authority", "host")
 _FINAL = "triton_final_response"
 _EMPTY_FINAL = "triton_enable_empty_final_response"
-_GRPC_STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-                429: grpc.StatusCode.RESOURCE_EXHAUSTED}
+_GRPC_STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 403: grpc.StatusCode.PERMISSION_DENIED,
+                413: grpc.StatusCode.RESOURCE_EXHAUSTED, 429: grpc.StatusCode.RESOURCE_EXHAUSTED}
+_STATUS_WAIT_S = 1.0  # after Triton's last stream message, how long its status (and trailers) may take
+
+Metadata = tuple[tuple[str, Any], ...]
 
 
-def _metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, Any], ...]:
+def _forwardable(metadata: Any) -> Metadata:
+    """Metadata as the other side should see it: without what the gRPC transport owns and sets
+    itself on each hop (pseudo-headers, `grpc-*`, content-type, user-agent, ...)."""
     return tuple(
-        (k, v) for k, v in (context.invocation_metadata() or ())
+        (k, v) for k, v in (metadata or ())
         if not k.startswith(":") and not k.startswith("grpc-") and k not in _DROP_METADATA
     )
+
+
+def _metadata(context: grpc.aio.ServicerContext) -> Metadata:
+    return _forwardable(context.invocation_metadata())
+
+
+async def _relay_reply_metadata(call: Any, context: grpc.aio.ServicerContext) -> None:
+    """Triton's initial and trailing metadata of a finished unary call, onto the client's call.
+    Both have arrived with the response, so this waits for nothing."""
+    initial = _forwardable(await call.initial_metadata())
+    if initial:
+        await context.send_initial_metadata(initial)
+    trailing = _forwardable(await call.trailing_metadata())
+    if trailing:
+        context.set_trailing_metadata(trailing)
+
+
+async def _abort_like(context: grpc.aio.ServicerContext, err: grpc.aio.AioRpcError) -> None:
+    """End the client's call the way Triton ended the sidecar's: code, details and metadata."""
+    initial = _forwardable(err.initial_metadata())
+    if initial:
+        await context.send_initial_metadata(initial)
+    await context.abort(err.code(), err.details() or "", trailing_metadata=_forwardable(err.trailing_metadata()))
+
+
+async def _quiet_metadata(awaitable: Any) -> Any:
+    try:
+        return await awaitable
+    except (grpc.RpcError, grpc.aio.UsageError, asyncio.InvalidStateError):  # the call failed: nothing to relay
+        return ()
+
+
+class _StreamMetadata:
+    """Triton's response metadata on one stream, relayed to the client: its initial metadata just
+    before the first message the client gets, its trailing metadata when the stream ends."""
+
+    def __init__(self, upstream: Any) -> None:
+        self._upstream = upstream
+        self._initial: asyncio.Future[Any] = asyncio.ensure_future(_quiet_metadata(upstream.initial_metadata()))
+        self.sent = False
+
+    async def before_write(self, context: grpc.aio.ServicerContext, from_upstream: bool) -> None:
+        """Called under the write lock before each message. A message from Triton means its initial
+        metadata has arrived; a message of the sidecar's own (a refusal) does not wait for it."""
+        if self.sent:
+            return
+        self.sent = True
+        if from_upstream and not self._initial.done():
+            await asyncio.wait((self._initial,))
+        if self._initial.done() and not self._initial.cancelled() and self._initial.exception() is None:
+            initial = _forwardable(self._initial.result())
+            if initial:
+                await context.send_initial_metadata(initial)
+
+    async def finish(self, context: grpc.aio.ServicerContext) -> None:
+        """Triton's side of the stream is over: its trailing metadata for the client's status, and
+        its initial metadata too if the client was sent no message at all."""
+        try:
+            trailing = await asyncio.wait_for(_quiet_metadata(self._upstream.trailing_metadata()), _STATUS_WAIT_S)
+        except asyncio.TimeoutError:
+            trailing = ()
+        if not self.sent and self._initial.done():
+            await self.before_write(context, from_upstream=True)
+        trailing = _forwardable(trailing)
+        if trailing:
+            context.set_trailing_metadata(trailing)
+
+    def close(self) -> None:
+        self._initial.cancel()
 
 
 def _header(metadata: tuple[tuple[str, Any], ...], name: str) -> str | None:
@@ -175,29 +257,33 @@ class GrpcProxy:
         if not self.health.up:
             await self._abort_down(context)
         await self._ready(context)
+        call = self._unary(method)(request, metadata=_metadata(context), timeout=context.time_remaining())
         try:
-            return await self._unary(method)(request, metadata=_metadata(context), timeout=context.time_remaining())
+            response: bytes = await call
         except grpc.aio.AioRpcError as err:
             if err.code() == grpc.StatusCode.UNAVAILABLE:
                 self.health.mark_down(f"gRPC UNAVAILABLE: {err.details()}")
-            await context.abort(err.code(), err.details() or "")
-        raise AssertionError("unreachable")  # pragma: no cover
+            await _abort_like(context, err)
+            raise AssertionError("unreachable") from None  # pragma: no cover
+        await _relay_reply_metadata(call, context)
+        return response
 
-    def _prepare(self, request: Any, metadata: tuple[tuple[str, Any], ...]) -> tuple[Any, Any, Any]:
-        """(model policy, class policy, cost) of one ModelInferRequest; sets its priority."""
+    def _prepare(self, request: Any, metadata: Metadata) -> tuple[Any, Any, Any, str]:
+        """(model policy, class policy, cost, tenant) of one ModelInferRequest; sets its priority."""
         policy = self.policy()
         model = self.controller.state.model_policy(request.model_name)
         klass = protocol.resolve_class(
             policy, _header(metadata, policy.class_header), protocol.grpc_class(request, policy.class_parameter)
         )
+        tenant = protocol.resolve_tenant(_header(metadata, policy.tenant_header))
         facts = protocol.grpc_llm_facts(request, model.kv) if model.kv else None
         cost = cost_for(model, facts)
         if model.priority_levels and (klass.priority != model.default_priority or "priority" in request.parameters):
             protocol.grpc_set_priority(request, klass.priority)
-        return model, klass, cost
+        return model, klass, cost, tenant
 
     async def _refuse(self, context: grpc.aio.ServicerContext, rejected: Rejected) -> None:
-        status, body = refusal(rejected.decision, rejected.model, rejected.klass)
+        status, body = refusal(rejected.decision, rejected.model, rejected.klass, rejected.tenant)
         if rejected.decision.retry_after_s is not None and status == 429:
             context.set_trailing_metadata((("retry-after", str(int(rejected.decision.retry_after_s))),))
         await context.abort(_GRPC_STATUS.get(status, grpc.StatusCode.RESOURCE_EXHAUSTED), json.dumps(body))
@@ -209,7 +295,7 @@ class GrpcProxy:
         metadata = _metadata(context)
         try:
             request = pb.ModelInferRequest.FromString(raw)
-            _, klass, cost = self._prepare(request, metadata)
+            _, klass, cost, tenant = self._prepare(request, metadata)
         except (protocol.BadRequest, ValueError) as err:
             self.metrics.malformed.labels("grpc").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {err}")
@@ -218,12 +304,11 @@ class GrpcProxy:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {type(err).__name__}: {err}")
         payload = request.SerializeToString()
         try:
-            async with self.controller.admit(request.model_name, klass.name, cost) as ticket:
+            async with self.controller.admit(request.model_name, klass.name, cost, tenant) as ticket:
                 ticket.sent = True
+                call = self._unary(MODEL_INFER)(payload, metadata=metadata, timeout=context.time_remaining())
                 try:
-                    response = await self._unary(MODEL_INFER)(
-                        payload, metadata=metadata, timeout=context.time_remaining()
-                    )
+                    response = await call
                 except grpc.aio.AioRpcError as err:
                     ticket.completed = True
                     ticket.outcome = "upstream_error"
@@ -233,10 +318,11 @@ class GrpcProxy:
                     error = err
                 else:
                     ticket.completed = True
+                    await _relay_reply_metadata(call, context)
                     return response
         except Rejected as rejected:
             await self._refuse(context, rejected)
-        await context.abort(error.code(), error.details() or "")
+        await _abort_like(context, error)
         raise AssertionError("unreachable")  # pragma: no cover
 
     # -- streams ----------------------------------------------------------------------------------
@@ -276,14 +362,16 @@ class GrpcProxy:
         assert self.channel is not None
         metadata = _metadata(context)
         upstream = self.channel.stream_stream(MODEL_STREAM_INFER)(metadata=metadata, timeout=context.time_remaining())
+        reply_metadata = _StreamMetadata(upstream)
         pending: dict[str, _Pending] = {}
         write_lock = asyncio.Lock()
         up_lock = asyncio.Lock()
         tasks: set[asyncio.Task[None]] = set()
         upstream_failed: list[str] = []
 
-        async def to_client(message: Any) -> None:
+        async def to_client(message: Any, from_upstream: bool = False) -> None:
             async with write_lock:
+                await reply_metadata.before_write(context, from_upstream)
                 await context.write(message.SerializeToString())
 
         def error_response(request_id: str, model: str, message: str) -> Any:
@@ -295,14 +383,14 @@ class GrpcProxy:
         async def one(request: Any) -> None:
             client_id = request.id
             try:
-                _, klass, cost = self._prepare(request, metadata)
+                _, klass, cost, tenant = self._prepare(request, metadata)
             except (protocol.BadRequest, ValueError) as err:
                 self.metrics.malformed.labels("grpc").inc()
                 await to_client(error_response(client_id, request.model_name, f"malformed request: {err}"))
                 return
             uid = f"sidecar-{next(self._ids)}"
             try:
-                async with self.controller.admit(request.model_name, klass.name, cost) as ticket:
+                async with self.controller.admit(request.model_name, klass.name, cost, tenant) as ticket:
                     entry = _Pending(ticket, client_id, request.model_name,
                                      _EMPTY_FINAL in request.parameters and request.parameters[_EMPTY_FINAL].bool_param)
                     pending[uid] = entry
@@ -318,7 +406,7 @@ class GrpcProxy:
                     finally:
                         pending.pop(uid, None)
             except Rejected as rejected:
-                status, body = refusal(rejected.decision, rejected.model, rejected.klass)
+                status, body = refusal(rejected.decision, rejected.model, rejected.klass, rejected.tenant)
                 code = _GRPC_STATUS.get(status, grpc.StatusCode.RESOURCE_EXHAUSTED).name
                 await to_client(error_response(client_id, request.model_name, f"{code}: {json.dumps(body)}"))
             except (ConnectionError, grpc.aio.AioRpcError, asyncio.InvalidStateError) as err:
@@ -374,17 +462,22 @@ class GrpcProxy:
             # the ones still to come are too (see one()), until the client closes its side.
             await reader
             await pump
+            with contextlib.suppress(grpc.aio.UsageError):  # the call already ended (deadline): nothing to add
+                await reply_metadata.finish(context)
         finally:
+            reply_metadata.close()
             for task in (reader, pump, *tasks):
                 task.cancel()
             upstream.cancel()
             await asyncio.gather(reader, pump, *tasks, return_exceptions=True)
 
-    async def _route(self, message: Any, pending: dict[str, _Pending], to_client: Callable[[Any], Any]) -> None:
+    async def _route(
+        self, message: Any, pending: dict[str, _Pending], to_client: Callable[[Any, bool], Awaitable[None]]
+    ) -> None:
         response = message.infer_response
         entry = pending.get(response.id)
         if entry is None:
-            await to_client(message)  # not ours (should not happen): pass it on untouched
+            await to_client(message, True)  # not ours (should not happen): pass it on untouched
             return
         params = response.parameters
         final = bool(message.error_message) or (_FINAL in params and params[_FINAL].bool_param)
@@ -394,7 +487,7 @@ class GrpcProxy:
             entry.ticket.tokens += 1
         response.id = entry.client_id
         if not (final and empty and not entry.wants_empty_final):
-            await to_client(message)
+            await to_client(message, True)
         if final:
             entry.ticket.completed = True
             if message.error_message:

@@ -3,7 +3,8 @@
 Admission applies to `POST /v2/models/<m>[/versions/<v>]/{infer,generate,generate_stream}`;
 everything else (health, metadata, config, statistics, repository, ...) is passed through.
 Bodies and headers are forwarded as they came (binary tensor data included); the only change is
-the `priority` parameter the request's class sets, written into the JSON (header) part. Request
+the `priority` parameter the request's class sets, written into the JSON (header) part. The
+tenant is read from the policy's `tenant_header` (default `x-tenant`; none: tenant `default`). Request
 bodies sent gzip- or deflate-compressed are forwarded decompressed (aiohttp decodes them, and the
 size limit applies after decoding); responses pass through as Triton compressed them.
 
@@ -194,6 +195,7 @@ class HttpProxy:
         header_class = request.headers.get(policy.class_header)
         override: dict[str, str | None] = {}
         try:
+            tenant = protocol.resolve_tenant(request.headers.get(policy.tenant_header))
             if op == "infer":
                 header_length = request.headers.get(protocol.HEADER_LENGTH)
                 valid_length = header_length is None or (header_length.isdigit() and int(header_length) <= len(body))
@@ -231,12 +233,12 @@ class HttpProxy:
         url = f"{self.base}{request.path_qs}"
         headers = _forward_headers(request.headers, _REQUEST_DROP, **override)
         try:
-            async with self.controller.admit(model_name, klass.name, cost) as ticket:
+            async with self.controller.admit(model_name, klass.name, cost, tenant) as ticket:
                 if op == "generate_stream":
                     return await self._stream(request, ticket, url, body, headers)
                 return await self._unary(ticket, url, body, headers)
         except Rejected as rejected:
-            status, payload = refusal(rejected.decision, model_name, klass.name)
+            status, payload = refusal(rejected.decision, model_name, klass.name, tenant)
             extra = {}
             if rejected.decision.retry_after_s is not None and status == 429:
                 extra["Retry-After"] = str(int(rejected.decision.retry_after_s))

@@ -1,4 +1,15 @@
-"""The sidecar's Prometheus metrics, on an explicit registry (tests use a fresh one)."""
+"""The sidecar's Prometheus metrics, on an explicit registry (tests use a fresh one).
+
+Label sets stay bounded whatever clients send: models the policy does not list are counted as
+`other`, and so are tenants (`sidecar_tenant_*`: the listed tenants, `default` and `other`).
+
+`sidecar_prompt_tokens` (per model; LLM requests whose prompts the sidecar can read, counted when
+admitted, one observation per sequence) is what `tritongen doctor` reads for rule DR103 (prompt
+lengths spread widely on one queue: split into length lanes); its name and `model` label are the
+ones tritongen/core/diagnosis.py expects (`PROMPT_HISTOGRAM`). The buckets are powers of two: the
+doctor interpolates quantiles within a bucket, and with bounds a factor of 2 apart the P95 / P50
+it reads for a narrow distribution stays well under its 4x threshold.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +23,8 @@ from prometheus_client import (
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 WAIT_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+PROMPT_TOKEN_BUCKETS = tuple(float(2**n) for n in range(4, 18))  # 16 .. 131072 tokens
+PROMPT_TOKENS_METRIC = "sidecar_prompt_tokens"
 
 
 class SidecarMetrics:
@@ -61,6 +74,17 @@ class SidecarMetrics:
         self.unavailable = Counter("sidecar_requests_upstream_unavailable",
                                    "Requests answered 503 / UNAVAILABLE at once because Triton was down.",
                                    ["protocol"], registry=r)
+        self.tenant_admitted = Counter("sidecar_tenant_requests_admitted", "Requests admitted upstream, by tenant.",
+                                       ["tenant"], registry=r)
+        self.tenant_rejected = Counter("sidecar_tenant_requests_rejected", "Requests refused by the sidecar, by "
+                                       "tenant and the reason.", ["tenant", "reason"], registry=r)
+        self.tenant_inflight = Gauge("sidecar_tenant_inflight_requests", "Requests of a tenant admitted and not "
+                                     "yet finished.", ["tenant"], registry=r)
+        self.tenant_reserved = Gauge("sidecar_tenant_reserved_bytes", "Memory reserved by a tenant's requests "
+                                     "(lingering included).", ["tenant"], registry=r)
+        self.prompt_tokens = Histogram(PROMPT_TOKENS_METRIC, "Prompt length in tokens of admitted LLM requests, "
+                                       "one observation per sequence (prompts the sidecar can read).", ["model"],
+                                       buckets=PROMPT_TOKEN_BUCKETS, registry=r)
         self.malformed = Counter("sidecar_requests_malformed", "Requests refused with 400 before admission.",
                                  ["protocol"], registry=r)
 

@@ -6,6 +6,14 @@ values and contradictions are refused with the field path, both values and the f
 that fails validation on reload is refused while the old one stays in force.
 
 Units are in the field names: `_bytes` bytes, `_ms` milliseconds, `_s` seconds.
+
+Tenants (optional): requests name their tenant in `tenant_header` (gRPC: the same lowercase
+metadata key); requests without it belong to tenant `default`. A tenant listed in `tenants` gets
+its own quota; every other tenant (`default` included, unless listed) gets the `default_tenant`
+quota, each tenant on its own, or no limit at all when `default_tenant` is absent. The header is
+not authenticated: put the sidecar behind something that sets it (a gateway), or a client can
+name itself into another tenant's quota. The name `other` is reserved: the metrics count tenants
+that are not listed under it, which keeps their label set bounded.
 """
 
 from __future__ import annotations
@@ -30,7 +38,11 @@ from tritongen.errors import BadInput
 POLICY_VERSION = 1
 POLICY_FILE = "sidecar_policy.json"
 
-Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=128)]
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+NAME_MAX_LENGTH = 128
+Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=NAME_MAX_LENGTH)]
+DEFAULT_TENANT = "default"  # the tenant of requests that name none
+OTHER_TENANTS = "other"  # the metrics label of every tenant the policy does not list
 DEVICE_ID = re.compile(r"^(cpu|gpu[0-9]+)$")
 
 
@@ -218,6 +230,44 @@ class HeadroomPolicy(_Strict):
         return sources
 
 
+class TenantQuota(_Strict):
+    """What one tenant's requests may hold at once, over all models; None: no limit of that kind.
+
+    A class may fill only its `budget_fraction` of these quotas, as of every other limit, so a
+    tenant's batch traffic cannot take the room its own interactive traffic needs."""
+
+    max_inflight: int | None = Field(
+        default=None, ge=1, description="Requests of this tenant in flight at once (its concurrency quota)."
+    )
+    max_reserved_bytes: int | None = Field(
+        default=None, ge=1, description="Memory this tenant's requests may hold reserved at once: KV, prefill and "
+        "per-request bytes, lingering reservations included (its memory quota)."
+    )
+    classes: list[str] | None = Field(default=None, description="Traffic classes this tenant may send; None: all.")
+
+    @field_validator("classes")
+    @classmethod
+    def _some_class(cls, classes: list[str] | None) -> list[str] | None:
+        if classes is not None and not classes:
+            raise ValueError("classes [] would refuse every request of the tenant; list at least one class, or "
+                             "leave `classes` out (null) to allow all")
+        return classes
+
+
+class TenantPolicy(TenantQuota):
+    """A tenant with its own quota."""
+
+    name: Name = Field(description="Tenant name, as clients send it in the tenant header.")
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        if name == OTHER_TENANTS:
+            raise ValueError(f"the tenant name {OTHER_TENANTS!r} is reserved (the metrics count the tenants the "
+                             "policy does not list under it); rename the tenant")
+        return name
+
+
 class LimitsPolicy(_Strict):
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above).")
     max_header_bytes: int = Field(default=16 * 1024, ge=1024, description="Largest single header line accepted.")
@@ -229,11 +279,20 @@ class SidecarPolicy(_Strict):
     deployment: str = Field(min_length=1, description="The spec's deployment name.")
     class_header: str = Field(default="x-traffic-class", pattern=r"^[a-z0-9-]+$", description="Header naming the class.")
     class_parameter: str = Field(default="traffic_class", min_length=1, description="Request parameter naming the class.")
+    tenant_header: str = Field(
+        default="x-tenant", pattern=r"^[a-z0-9-]+$",
+        description="Header (gRPC: metadata key) naming the tenant; requests without it belong to tenant 'default'.",
+    )
     default_class: str = Field(description="Class of requests that name none.")
     starvation_guard_ms: float = Field(gt=0, description="A queued request is promoted one level per this much waiting.")
     classes: list[ClassPolicy] = Field(min_length=1)
     devices: list[DevicePolicy] = Field(min_length=1)
     models: list[ModelPolicy] = Field(default_factory=list)
+    tenants: list[TenantPolicy] = Field(default_factory=list, description="Tenants with quotas of their own.")
+    default_tenant: TenantQuota | None = Field(
+        default=None, description="The quota of each tenant not listed in `tenants` (tenant 'default' included "
+        "unless listed); None: unlimited.",
+    )
     concurrency: ConcurrencyPolicy
     headroom: HeadroomPolicy
     limits: LimitsPolicy = Field(default_factory=LimitsPolicy)
@@ -245,6 +304,7 @@ class SidecarPolicy(_Strict):
             ("classes", [c.name for c in self.classes]),
             ("models", [m.name for m in self.models]),
             ("devices", [d.id for d in self.devices]),
+            ("tenants", [t.name for t in self.tenants]),
         ):
             dupes = sorted({n for n in names if names.count(n) > 1})
             if dupes:
@@ -263,7 +323,27 @@ class SidecarPolicy(_Strict):
             unknown = sorted(set(model.classes or []) - classes)
             if unknown:
                 raise ValueError(f"model {model.name!r}: classes {unknown} are not in `classes` {sorted(classes)}")
+        self._check_tenants(classes)
         return self
+
+    def _check_tenants(self, classes: set[str]) -> None:
+        if self.tenant_header == self.class_header:
+            raise ValueError(
+                f"tenant_header {self.tenant_header!r} is also the class_header {self.class_header!r}; one header "
+                "cannot name both the tenant and the traffic class: give the tenant its own header"
+            )
+        quotas: list[tuple[str, TenantQuota]] = [
+            (f"tenants[{i}] ({t.name!r})", t) for i, t in enumerate(self.tenants)
+        ]
+        if self.default_tenant is not None:
+            quotas.append(("default_tenant", self.default_tenant))
+        for where, quota in quotas:
+            unknown = sorted(set(quota.classes or []) - classes)
+            if unknown:
+                raise ValueError(
+                    f"{where}: classes {unknown} are not in `classes` {sorted(classes)}; name classes the policy "
+                    "defines, or leave `classes` out to allow all"
+                )
 
     # -- lookups ---------------------------------------------------------------------------------
 
@@ -275,6 +355,10 @@ class SidecarPolicy(_Strict):
 
     def device_named(self, name: str) -> DevicePolicy | None:
         return next((d for d in self.devices if d.id == name), None)
+
+    def tenant_quota(self, name: str) -> TenantQuota | None:
+        """The quota a tenant gets: its own if listed, else `default_tenant` (None: unlimited)."""
+        return next((t for t in self.tenants if t.name == name), self.default_tenant)
 
     def digest(self) -> str:
         """A short fingerprint of the policy's content (status and logs say which policy is in force)."""

@@ -2,22 +2,26 @@
 tensor data), the HTTP `generate` extension, and gRPC `ModelInferRequest`. Pure functions.
 
 The sidecar reads only what admission needs (the prompt lengths and max_tokens of LLM requests,
-the traffic-class parameter) and writes only the `priority` parameter. Tensor data, binary or not,
-is never decoded beyond the prompt's length prefix and is passed on byte for byte.
+the traffic-class parameter, the tenant header) and writes only the `priority` parameter. Tensor
+data, binary or not, is never decoded beyond the prompt's length prefix and is passed on byte for
+byte.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from sidecar.cost import LLMFacts
-from sidecar.policy import KVCost
+from sidecar.policy import DEFAULT_TENANT, NAME_MAX_LENGTH, NAME_PATTERN, KVCost
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+
+_TENANT_NAME = re.compile(NAME_PATTERN)
 
 _NUMERIC = {
     "INT8": "b", "INT16": "h", "INT32": "i", "INT64": "q",
@@ -370,3 +374,28 @@ def resolve_class(policy: Any, header_value: str | None, param_value: str | None
         known = ", ".join(c.name for c in policy.classes)
         raise BadRequest(f"unknown traffic class {name!r}; known classes: {known}")
     return found
+
+
+# ------------------------------------------------------------------------------------------------
+# tenant
+
+
+def resolve_tenant(header_value: str | None) -> str:
+    """The request's tenant: the tenant header's value, or `default` when it is absent or empty.
+
+    Any name is accepted (tenants the policy does not list get its `default_tenant` quota), but
+    only in the policy's name syntax: the value becomes part of error bodies, logs and a
+    dictionary key, so a value that could not be a tenant name is a 400 rather than carried along.
+    """
+    if header_value is None:
+        return DEFAULT_TENANT
+    name = header_value.strip()
+    if not name:
+        return DEFAULT_TENANT
+    if len(name) > NAME_MAX_LENGTH or not _TENANT_NAME.fullmatch(name):
+        shown = name if len(name) <= 40 else name[:40] + "..."
+        raise BadRequest(
+            f"tenant {shown!r} is not a tenant name: use letters, digits, '_', '.' and '-' (starting with a "
+            f"letter or digit), at most {NAME_MAX_LENGTH} characters"
+        )
+    return name

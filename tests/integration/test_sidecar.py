@@ -24,6 +24,7 @@ import os
 import queue
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -504,6 +505,67 @@ def test_grpc_stream_passes_through(deployment: Deployment, empty_final: bool) -
     assert through == direct
     assert {"client-0", "client-1"} <= set(through) and all(v["finals"] == 1 for v in through.values())
     assert ("client-2" in through) == empty_final  # the flags-only final only when the client asked
+    deployment.wait_idle()
+
+
+# A request id in the metadata, a class, a tenant the policy does not list, and a binary value.
+CLIENT_METADATA = (("x-request-id", "trace-0042"), ("x-traffic-class", "interactive"), ("x-tenant", "acme"),
+                   ("x-trace-bin", b"\x00\x01\x02"))
+
+
+def _pairs(metadata: Any) -> tuple[tuple[str, Any], ...]:
+    return tuple((m[0], m[1]) for m in (metadata or ()))
+
+
+def _stream_request(rid: str, prompt: bytes, max_tokens: int) -> Any:
+    request = pb.ModelInferRequest(model_name="tinyllm", id=rid)
+    request.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+    request.inputs.add(name="max_tokens", datatype="INT32", shape=[1])
+    request.raw_input_contents.append(struct.pack("<I", len(prompt)) + prompt)
+    request.raw_input_contents.append(np.array([max_tokens], dtype=np.int32).tobytes())
+    return request
+
+
+def grpc_exchange(url: str) -> dict[str, Any]:
+    """What a client sees of each kind of call (ids, codes, initial and trailing metadata)."""
+    out: dict[str, Any] = {}
+    infer = pb.ModelInferRequest(model_name="ranker", id="meta-1")
+    infer.inputs.add(name="FEATURES", datatype="FP32", shape=[1, 32])
+    infer.raw_input_contents.append(features(1).tobytes())
+    with grpc.insecure_channel(url) as channel:
+        stub = pbg.GRPCInferenceServiceStub(channel)
+        response, call = stub.ModelInfer.with_call(infer, metadata=CLIENT_METADATA, timeout=10)
+        out["infer"] = (response.id, _pairs(call.initial_metadata()), _pairs(call.trailing_metadata()))
+        meta, call = stub.ServerMetadata.with_call(pb.ServerMetadataRequest(), metadata=CLIENT_METADATA, timeout=10)
+        out["passthrough"] = (meta.name, _pairs(call.initial_metadata()), _pairs(call.trailing_metadata()))
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ModelInfer(pb.ModelInferRequest(model_name="nope", id="e-1"), metadata=CLIENT_METADATA, timeout=10)
+        out["error"] = (err.value.code(), err.value.details(), _pairs(err.value.initial_metadata()),
+                        _pairs(err.value.trailing_metadata()))
+        requests = [_stream_request(f"s-{i}", f"prompt number {i}".encode(), 4) for i in range(3)]
+        stream = stub.ModelStreamInfer(iter(requests), metadata=CLIENT_METADATA, timeout=20)
+        replies = list(stream)
+        assert all(not r.error_message for r in replies), [r.error_message for r in replies if r.error_message]
+        out["stream"] = (sorted({r.infer_response.id for r in replies}), stream.code(),
+                         _pairs(stream.initial_metadata()), _pairs(stream.trailing_metadata()))
+    return out
+
+
+def test_grpc_ids_and_metadata_come_back_as_triton_sends_them(deployment: Deployment) -> None:
+    """The client's request ids come back on unary calls and streams (the sidecar maps its own stream
+    ids back), and the response metadata through the sidecar is Triton's: nothing added, nothing
+    removed, on ModelInfer, ModelStreamInfer, a pass-through method and an error."""
+    direct = grpc_exchange(deployment.server.grpc_url)
+    through = grpc_exchange(deployment.grpc)
+    assert through == direct, f"direct: {direct}\nthrough the sidecar: {through}"
+    assert through["infer"][0] == "meta-1"
+    assert through["stream"][0] == ["s-0", "s-1", "s-2"] and through["stream"][1] == grpc.StatusCode.OK
+    assert through["error"][0] != grpc.StatusCode.UNAVAILABLE and "nope" in through["error"][1]
+    print(f"\nTriton's gRPC response metadata (direct == through the sidecar): {direct}")
+    text = httpx.get(deployment.metrics, timeout=5).text
+    assert 'sidecar_tenant_requests_admitted_total{tenant="other"}' in text  # "acme" is not in this policy
+    assert 'sidecar_prompt_tokens_bucket{le="16.0",model="tinyllm"}' in text  # the stream's prompts
+    assert deployment.status()["upstream"]["up"] is True
     deployment.wait_idle()
 
 

@@ -17,6 +17,7 @@ from sidecar.admission import (
     QUEUE_FULL,
     QUEUE_TIMEOUT,
     QUEUE_WAIT,
+    TENANT_CLASS_NOT_ALLOWED,
     Action,
     AdaptiveLimit,
     AdmissionState,
@@ -93,9 +94,9 @@ _ids = iter(range(1, 10**9))
 
 
 def req(model: str = "llm", klass: str = "normal", kv: int = 0, prefill: int = 0, request: int = 0,
-        tokens: int = 0, rid: Any = None) -> Request:
+        tokens: int = 0, rid: Any = None, tenant: str = "default") -> Request:
     return Request(rid if rid is not None else next(_ids), model, klass,
-                   Cost(kv_bytes=kv, prefill_bytes=prefill, request_bytes=request, tokens=tokens))
+                   Cost(kv_bytes=kv, prefill_bytes=prefill, request_bytes=request, tokens=tokens), tenant)
 
 
 def granted_ids(state: AdmissionState) -> list[Any]:
@@ -687,6 +688,145 @@ def test_apply_policy_keeps_reservations() -> None:
 
 
 # ------------------------------------------------------------------------------------------------
+# tenant quotas
+
+
+def tenants(*entries: dict[str, Any], default: dict[str, Any] | None = None) -> tuple[AdmissionState, FakeClock]:
+    return make(tenants=list(entries), default_tenant=default)
+
+
+def usage(state: AdmissionState, tenant: str) -> tuple[int, int]:
+    return state.inflight_of_tenant(tenant), state.reserved_of_tenant(tenant)
+
+
+def test_tenant_concurrency_quota_queues_and_holds_only_its_tenant() -> None:
+    state, _ = tenants({"name": "acme", "max_inflight": 2})
+    held = [req(model="cls", klass="interactive", request=100, tenant="acme") for _ in range(2)]
+    for r in held:
+        assert state.submit(r).admitted
+    third = req(model="cls", klass="interactive", request=100, tenant="acme")
+    decision = state.submit(third)
+    assert decision.action is Action.QUEUE and decision.limit == "tenant_concurrency_quota:acme"
+    assert (decision.limit_capacity, decision.limit_used) == (2, 2)
+    # the same model for another tenant is not held behind acme's queued request
+    assert state.submit(req(model="cls", klass="interactive", request=100, tenant="beta")).admitted
+    # acme's requests to other models wait in order behind it
+    behind = req(model="llm", klass="interactive", kv=10, tenant="acme")
+    assert state.submit(behind).action is Action.QUEUE
+    state.release(held[0].id)
+    assert granted_ids(state) == [third.id]
+    state.release(held[1].id)
+    assert granted_ids(state) == [behind.id]
+    assert usage(state, "acme") == (2, 110)
+
+
+def test_tenant_memory_quota_counts_every_held_byte() -> None:
+    state, _ = tenants({"name": "acme", "max_reserved_bytes": 500})
+    first = req(kv=300, prefill=100, klass="interactive", tenant="acme")
+    assert state.submit(first).admitted and usage(state, "acme") == (1, 400)
+    second = req(kv=150, klass="interactive", tenant="acme")
+    decision = state.submit(second)
+    assert decision.action is Action.QUEUE and decision.limit == "tenant_memory_quota:acme"
+    assert (decision.limit_capacity, decision.limit_used) == (500, 400)
+    state.end_prefill(first.id)  # the prefill peak is given back: 300 + 150 fits in 500
+    assert granted_ids(state) == [second.id] and usage(state, "acme") == (2, 450)
+    state.release(first.id, linger_s=0.3)  # lingering bytes still count against the tenant
+    assert usage(state, "acme") == (1, 450)
+
+
+def test_tenant_request_that_can_never_fit_is_refused_at_once() -> None:
+    state, _ = tenants({"name": "acme", "max_reserved_bytes": 500})
+    decision = state.submit(req(kv=401, klass="batch", tenant="acme"))  # batch may fill 80 %: 400
+    assert decision.action is Action.REJECT and decision.reason == EXCEEDS_BUDGET
+    assert decision.limit == "tenant_memory_quota:acme" and decision.limit_capacity == 400
+    assert state.submit(req(kv=401, klass="interactive", tenant="acme")).admitted
+
+
+def test_budget_fraction_applies_to_tenant_quotas() -> None:
+    state, _ = tenants({"name": "acme", "max_inflight": 5})
+    for _ in range(4):  # floor(5 x 0.8)
+        assert state.submit(req(model="llm", klass="batch", kv=1, tenant="acme")).admitted
+    assert state.submit(req(model="llm", klass="batch", kv=1, tenant="acme")).action is Action.QUEUE
+    assert state.submit(req(model="cls", klass="interactive", request=100, tenant="acme")).admitted
+
+
+def test_class_a_tenant_may_not_send_is_refused() -> None:
+    state, _ = tenants({"name": "acme", "classes": ["batch"]})
+    decision = state.submit(req(klass="interactive", kv=1, tenant="acme"))
+    assert decision.action is Action.REJECT and decision.reason == TENANT_CLASS_NOT_ALLOWED
+    assert decision.limit == "tenant_classes:acme" and "may send classes ['batch']" in decision.detail
+    assert state.submit(req(klass="batch", kv=1, tenant="acme")).admitted
+    assert state.submit(req(klass="interactive", kv=1, tenant="beta")).admitted  # not listed, no default quota
+
+
+def test_default_tenant_quota_applies_to_each_unlisted_tenant() -> None:
+    state, _ = tenants({"name": "internal"}, default={"max_inflight": 1})
+    for tenant in ("x", "y", "default"):
+        assert state.submit(req(model="cls", klass="interactive", request=100, tenant=tenant)).admitted
+    decision = state.submit(req(model="cls", klass="interactive", request=100, tenant="x"))
+    assert decision.action is Action.QUEUE and decision.limit == "tenant_concurrency_quota:x"
+    for _ in range(2):  # a listed tenant without limits is not held to the default quota
+        assert state.submit(req(model="cls", klass="interactive", request=100, tenant="internal")).admitted
+    assert state.tenant_label("x") == "other" and state.tenant_label("internal") == "internal"
+    assert state.tenant_label("default") == "default"
+    assert state.tenant_usage() == {"internal": (2, 200), "default": (1, 100), "other": (2, 200)}
+
+
+def test_tenant_counts_return_to_zero_and_unlisted_names_are_forgotten() -> None:
+    state, clock = tenants(default={"max_inflight": 100})
+    rids = [req(kv=10, prefill=5, klass="interactive", tenant=f"t{i}") for i in range(8)]
+    for r in rids:
+        assert state.submit(r).admitted
+    for r in rids[:4]:
+        state.end_prefill(r.id)
+        state.release(r.id)
+    for r in rids[4:]:
+        state.release(r.id, linger_s=0.2)
+    assert sum(state.inflight_of_tenant(f"t{i}") for i in range(8)) == 0
+    assert state.tenant_usage()["other"] == (0, 4 * 15)  # lingering: still reserved
+    clock.advance(0.2)
+    state.tick()
+    assert state.tenant_usage()["other"] == (0, 0)
+    assert state._inflight_tenant == {} and state._reserved_tenant == {}  # no entry per name sent
+
+
+def test_tenant_queue_refusals_name_the_tenant_limit() -> None:
+    state, clock = tenants({"name": "acme", "max_inflight": 1})
+    assert state.submit(req(model="cls", klass="interactive", request=100, tenant="acme")).admitted
+    queued = [req(model="cls", klass="interactive", request=100, tenant="acme") for _ in range(4)]
+    for r in queued:
+        assert state.submit(r).action is Action.QUEUE
+    full = state.submit(req(model="cls", klass="interactive", request=100, tenant="acme"))
+    assert full.reason == QUEUE_FULL and full.limit == "tenant_concurrency_quota:acme"
+    clock.advance(0.126)  # past interactive's 125 ms queue wait
+    state.tick()
+    expired = state.take_events().expired
+    assert [d.request_id for d in expired] == [r.id for r in queued]
+    assert {d.reason for d in expired} == {QUEUE_TIMEOUT}
+    assert {d.limit for d in expired} == {"tenant_concurrency_quota:acme"}
+
+
+def test_reload_applies_new_tenant_quotas_and_keeps_counts() -> None:
+    state, _ = make()
+    held = [req(model="cls", klass="interactive", request=100, tenant="acme") for _ in range(3)]
+    for r in held:
+        assert state.submit(r).admitted
+    state.apply_policy(parse_policy(policy_doc(tenants=[{"name": "acme", "max_inflight": 2}])))
+    assert usage(state, "acme") == (3, 300)  # in-flight accounting survives the reload
+    late = req(model="cls", klass="interactive", request=100, tenant="acme")
+    assert state.submit(late).action is Action.QUEUE  # 3 in flight against the new quota of 2
+    state.release(held[0].id)
+    assert granted_ids(state) == []  # 2 in flight: still at the quota
+    state.release(held[1].id)
+    assert granted_ids(state) == [late.id] and usage(state, "acme") == (2, 200)
+    state.apply_policy(parse_policy(policy_doc()))  # acme no longer listed: counted as "other"
+    assert state.tenant_usage()["other"] == (2, 200)
+    state.release(held[2].id)
+    state.release(late.id)
+    assert usage(state, "acme") == (0, 0) and state.tenant_usage()["other"] == (0, 0)
+
+
+# ------------------------------------------------------------------------------------------------
 # the cost model
 
 
@@ -715,9 +855,18 @@ def test_llm_cost_defaults_and_clamps() -> None:
 def test_llm_cost_of_a_batch_adds_sequences() -> None:
     cost = llm_cost(KV, LLMFacts(prompt_bytes=[16, 32], max_tokens=[16]))
     assert cost.sequences == 2 and cost.tokens == 32 + 48
+    assert cost.prompt_lengths == (16, 32)
     assert cost.kv_bytes == (2 + 3) * 16 * 512
     with pytest.raises(ValueError, match="2 prompts but 3 max_tokens"):
         LLMFacts(prompt_bytes=[1, 2], max_tokens=[1, 2, 3])
+
+
+def test_prompt_lengths_are_the_stated_prompts_in_tokens() -> None:
+    bpe = KV.model_copy(update={"prompt_bytes_per_token": 4.0})
+    assert llm_cost(bpe, LLMFacts(prompt_bytes=[40, 1], max_tokens=[0])).prompt_lengths == (10, 1)
+    assert llm_cost(KV, LLMFacts(prompt_bytes=[9999], max_tokens=[])).prompt_lengths == (256,)  # clamped
+    unknown = llm_cost(KV, LLMFacts(prompt_bytes=[None, 8], max_tokens=[]))
+    assert unknown.prompt_lengths == (8,) and unknown.prompt_tokens == 256 + 8  # charged, not measured
 
 
 def test_prefill_peak_interpolation() -> None:
@@ -853,6 +1002,15 @@ def test_resolve_class() -> None:
         protocol.resolve_class(policy, "vip", None)
 
 
+def test_resolve_tenant() -> None:
+    assert protocol.resolve_tenant(None) == "default"
+    assert protocol.resolve_tenant("  ") == "default"
+    assert protocol.resolve_tenant(" acme-eu.1 ") == "acme-eu.1"
+    for bad in ("a b", "-x", "x" * 129, "ten\u00e4nt", "a/b"):
+        with pytest.raises(protocol.BadRequest, match="is not a tenant name"):
+            protocol.resolve_tenant(bad)
+
+
 # ------------------------------------------------------------------------------------------------
 # the asyncio owner: capacity as a context manager never leaks
 
@@ -960,5 +1118,76 @@ def test_queue_timeout_becomes_a_rejection() -> None:
         assert err.value.decision.reason == QUEUE_TIMEOUT and err.value.decision.retry_after_s == 1.0
         state.release(held.request_id)
         assert (state.waiting, state.inflight, state.reserved_bytes) == (0, 0, 0)
+
+    asyncio.run(main())
+
+
+def test_tenant_accounting_is_released_on_every_way_out() -> None:
+    from sidecar.controller import Rejected, refusal
+
+    async def main() -> None:
+        ctl, state, clock = controller(tenants=[{"name": "acme", "max_inflight": 1, "classes": ["interactive", "normal"]}])
+        async with ctl.admit("llm", "normal", Cost(kv_bytes=300), "acme") as ticket:
+            assert ticket.tenant == "acme" and usage(state, "acme") == (1, 300)
+        assert usage(state, "acme") == (0, 0)
+
+        with pytest.raises(RuntimeError):
+            async with ctl.admit("llm", "normal", Cost(kv_bytes=300), "acme"):
+                raise RuntimeError("upstream exploded")
+        assert usage(state, "acme") == (0, 0)
+
+        async def in_flight() -> None:  # sent upstream, then cancelled: the bytes linger, the slot frees
+            async with ctl.admit("llm", "normal", Cost(kv_bytes=300), "acme") as ticket:
+                ticket.sent = True
+                await asyncio.sleep(10)
+
+        task = asyncio.ensure_future(in_flight())
+        await asyncio.sleep(0)
+        assert usage(state, "acme") == (1, 300)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert usage(state, "acme") == (0, 300)
+        clock.advance(0.3)  # llm's release grace
+        state.tick()
+        assert usage(state, "acme") == (0, 0)
+
+        # waiting for acme's quota and cancelled while waiting: leaves the queue, holds nothing
+        holder = asyncio.ensure_future(in_flight())
+        await asyncio.sleep(0)
+        waiter = asyncio.ensure_future(in_flight())
+        await asyncio.sleep(0)
+        assert state.waiting == 1
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+        assert state.waiting == 0 and usage(state, "acme") == (1, 300)
+        holder.cancel()
+        await asyncio.gather(holder, return_exceptions=True)
+        clock.advance(0.3)
+        state.tick()
+        assert usage(state, "acme") == (0, 0)
+
+        with pytest.raises(Rejected) as err:
+            async with ctl.admit("llm", "batch", Cost(kv_bytes=1), "acme"):
+                pass
+        status, body = refusal(err.value.decision, "llm", "batch", err.value.tenant)
+        assert status == 403 and body["reason"] == TENANT_CLASS_NOT_ALLOWED and body["tenant"] == "acme"
+
+        async with ctl.admit("llm", "normal", Cost(kv_bytes=1), "someone-else"):
+            ctl.publish()
+            text = ctl.metrics.exposition().decode()
+            assert 'sidecar_tenant_inflight_requests{tenant="other"} 1.0' in text
+            assert 'sidecar_tenant_inflight_requests{tenant="acme"} 0.0' in text
+        text = ctl.metrics.exposition().decode()
+        assert 'sidecar_tenant_requests_admitted_total{tenant="acme"} 4.0' in text
+        assert 'sidecar_tenant_requests_admitted_total{tenant="other"} 1.0' in text
+        assert 'sidecar_tenant_requests_rejected_total{reason="tenant_class_not_allowed",tenant="acme"} 1.0' in text
+        assert "someone-else" not in text  # label cardinality stays bounded
+
+        ctl.state.apply_policy(parse_policy(policy_doc()))  # acme removed: its series go
+        ctl.publish()
+        text = ctl.metrics.exposition().decode()
+        assert 'sidecar_tenant_inflight_requests{tenant="acme"}' not in text
+        assert (state.inflight, state.reserved_bytes, state.waiting) == (0, 0, 0)
 
     asyncio.run(main())

@@ -87,6 +87,9 @@ def test_cpu_example_by_hand() -> None:
     weights = {m.name: m.weights.parameters * 4 for m in spec.models}  # both fp32 by parameter count
     assert device["static_used_bytes"] == (weights["ranker"] + reserve) + (weights["tinyllm"] + reserve + kv.budget_bytes)
     assert policy.digest() == parse_policy(copy.deepcopy(doc)).digest()
+    # no tenant quotas from the spec: the header is named, the list is empty, every tenant is unlimited
+    assert doc["tenant_header"] == "x-tenant" and doc["tenants"] == [] and "default_tenant" not in doc
+    assert policy.default_tenant is None and policy.tenant_quota("anyone") is None
 
 
 def test_gpu_example_lanes_devices_and_engines() -> None:
@@ -229,12 +232,48 @@ def test_unsupported_version() -> None:
                                                              {"prompt_tokens": 3, "peak_bytes": 1}]),
          "must be strictly increasing"),
         (lambda d: d["classes"][0].update(budget_fraction=1.5), "less than or equal to 1"),
+        (lambda d: d.update(tenants=[{"name": "a"}, {"name": "a"}]), "tenants: names ['a'] appear more than once"),
+        (lambda d: d.update(tenants=[{"name": "other"}]),
+         ("tenants[0].name: the tenant name 'other' is reserved (the metrics count the tenants the policy does "
+          "not list under it); rename the tenant")),
+        (lambda d: d.update(tenants=[{"name": "a b"}]), "tenants[0].name: String should match pattern"),
+        (lambda d: d.update(tenants=[{"name": "a", "classes": ["gold"]}]),
+         ("tenants[0] ('a'): classes ['gold'] are not in `classes` ['batch', 'interactive', 'normal']; name "
+          "classes the policy defines, or leave `classes` out to allow all")),
+        (lambda d: d.update(default_tenant={"classes": ["gold"]}), "default_tenant: classes ['gold'] are not in"),
+        (lambda d: d.update(tenants=[{"name": "a", "classes": []}]),
+         "tenants[0].classes: classes [] would refuse every request of the tenant"),
+        (lambda d: d.update(tenants=[{"name": "a", "max_inflight": 0}]),
+         "tenants[0].max_inflight: Input should be greater than or equal to 1"),
+        (lambda d: d.update(default_tenant={"max_reserved_bytes": -1}),
+         "default_tenant.max_reserved_bytes: Input should be greater than or equal to 1"),
+        (lambda d: d.update(tenants=[{"name": "a", "max_bytes": 1}]), "tenants[0].max_bytes: unknown key"),
+        (lambda d: d.update(default_tenant={"name": "x"}), "default_tenant.name: unknown key"),
+        (lambda d: d.update(tenant_header="x-traffic-class"),
+         "tenant_header 'x-traffic-class' is also the class_header 'x-traffic-class'"),
+        (lambda d: d.update(tenant_header="X-Tenant"), "tenant_header: String should match pattern"),
     ],
 )
 def test_cross_field_rules(edit: Any, message: str) -> None:
     doc = base()
     edit(doc)
     assert message in refused(doc)
+
+
+def test_tenants_section() -> None:
+    doc = base()
+    doc["tenants"] = [{"name": "acme", "max_inflight": 4, "max_reserved_bytes": 1_000_000, "classes": ["batch"]},
+                      {"name": "internal"}]
+    doc["default_tenant"] = {"max_inflight": 2}
+    doc["tenant_header"] = "x-org"
+    policy = parse_policy(doc)
+    acme = policy.tenant_quota("acme")
+    assert acme is not None and (acme.max_inflight, acme.max_reserved_bytes, acme.classes) == (4, 1_000_000, ["batch"])
+    internal = policy.tenant_quota("internal")  # listed without limits: unlimited, not the default quota
+    assert internal is not None and (internal.max_inflight, internal.max_reserved_bytes, internal.classes) == (None,) * 3
+    assert policy.tenant_quota("unlisted") == policy.tenant_quota("default") == policy.default_tenant
+    assert policy.default_tenant is not None and policy.default_tenant.max_inflight == 2
+    assert policy.digest() != parse_policy(base()).digest()
 
 
 def test_not_json_names_line_and_column(tmp_path: Path) -> None:

@@ -164,7 +164,7 @@ def _buckets(before: Samples, after: Samples, name: str, model: str) -> tuple[tu
     return tuple(sorted(out.items()))
 
 
-PROMPT_HISTOGRAM = "sidecar_prompt_tokens_bucket"  # assumed: the sidecar does not export it yet
+PROMPT_HISTOGRAM = "sidecar_prompt_tokens_bucket"  # the sidecar exports it (sidecar/metrics.py, per model)
 
 
 def window_from_samples(before: Samples, after: Samples, prompt_hist: str = PROMPT_HISTOGRAM) -> dict[str, ModelWindow]:

@@ -17,6 +17,9 @@ number comes from the same arithmetic the configs were rendered from:
   may fill only part of each limit (normal 90 %, batch 80 %), keeping room for the top class.
 * Devices: memory x utilisation cap, and what the plan placed on each (weights, framework
   reserve, pre-allocated KV pools) for the static fallback.
+* Tenants: none. The spec says nothing about who sends the traffic, so the policy names the
+  tenant header (`x-tenant`) and an empty `tenants` list, with no `default_tenant` quota: every
+  tenant is unlimited (within the model and class limits) until an operator adds quotas.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ POLICY_VERSION = 1
 POLICY_FILE = "sidecar_policy.json"
 
 BUDGET_FRACTION = {"interactive": 1.0, "normal": 0.9, "batch": 0.8}
+TENANT_HEADER = "x-tenant"
 TENSOR_BYTES = {
     "BOOL": 1, "UINT8": 1, "UINT16": 2, "UINT32": 4, "UINT64": 8, "INT8": 1, "INT16": 2, "INT32": 4,
     "INT64": 8, "FP16": 2, "FP32": 4, "FP64": 8, "BF16": 2, "STRING": 0,
@@ -204,6 +208,8 @@ def build_sidecar_policy(
         "class_parameter": "traffic_class",
         "default_class": default_class(spec.traffic_classes).name,
         "starvation_guard_ms": spec.policy.starvation_guard_ms,
+        "tenant_header": TENANT_HEADER,
+        "tenants": [],
         "classes": classes,
         "devices": _devices(spec, plan),
         "models": models,

@@ -1,0 +1,383 @@
+"""The proxies in front of a fake Triton (in-process gRPC and HTTP servers that record what they
+receive and answer with metadata of their own): gRPC metadata goes both ways untouched, request ids
+come back, and the tenant header reaches admission on both protocols, with refusals naming the
+tenant limit and nothing left reserved afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+from aiohttp import web
+from tritonclient.grpc import service_pb2 as pb
+
+from sidecar.admission import AdmissionState
+from sidecar.controller import AdmissionController
+from sidecar.grpc_proxy import MODEL_INFER, MODEL_STREAM_INFER, SERVICE, GrpcProxy
+from sidecar.http_proxy import Admin, HttpProxy
+from sidecar.metrics import SidecarMetrics
+from sidecar.policy import SidecarPolicy, parse_policy
+from sidecar.upstream import UpstreamHealth
+from tests.unit.test_admission import policy_doc
+
+SERVER_METADATA = SERVICE + "ServerMetadata"
+TENANTS = {"tenants": [{"name": "acme", "max_inflight": 1, "classes": ["interactive", "normal"]}]}
+
+
+def tenant_policy() -> SidecarPolicy:
+    doc = policy_doc(**TENANTS)
+    for klass in doc["classes"]:
+        klass["queue_cap"] = 0  # a request that cannot go at once is refused at once: no timing in these tests
+    return parse_policy(doc)
+
+
+# ------------------------------------------------------------------------------------------------
+# a fake Triton on gRPC
+
+
+@dataclass
+class FakeTriton:
+    """Answers with initial and trailing metadata of its own; records the metadata it was sent.
+    A request whose id starts with "hold" waits for `release`."""
+
+    seen: list[dict[str, Any]] = field(default_factory=list)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def _record(self, context: grpc.aio.ServicerContext) -> None:
+        self.seen.append(dict(context.invocation_metadata() or ()))
+
+    async def infer(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        self._record(context)
+        request = pb.ModelInferRequest.FromString(raw)
+        if request.model_name == "missing":
+            await context.abort(grpc.StatusCode.NOT_FOUND, "model 'missing' is not found",
+                                trailing_metadata=(("x-upstream-error", "not-found"),))
+        if request.id.startswith("hold"):
+            self.started.set()
+            await self.release.wait()
+        await context.send_initial_metadata((("x-upstream-initial", f"i-{request.id}"),))
+        context.set_trailing_metadata((("x-upstream-trailing", f"t-{request.id}"), ("x-trace-bin", b"\x00\x01")))
+        response = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
+        response.outputs.add(name="OUT", datatype="FP32", shape=[1])
+        response.raw_output_contents.append(b"\x00\x00\x80\x3f")
+        return response.SerializeToString()
+
+    async def stream(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
+        self._record(context)
+        first = True
+        async for raw in requests:
+            request = pb.ModelInferRequest.FromString(raw)
+            if first:  # like a server that sends its headers with its first response
+                await context.send_initial_metadata((("x-stream-initial", "hello"),))
+                first = False
+            out = pb.ModelStreamInferResponse()
+            out.infer_response.id = request.id
+            out.infer_response.model_name = request.model_name
+            out.infer_response.outputs.add(name="OUT", datatype="BYTES", shape=[1])
+            out.infer_response.raw_output_contents.append(b"\x01\x00\x00\x00x")
+            out.infer_response.parameters["triton_final_response"].bool_param = True
+            await context.write(out.SerializeToString())
+        context.set_trailing_metadata((("x-stream-trailing", "bye"),))
+
+    async def server_metadata(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        self._record(context)
+        await context.send_initial_metadata((("x-upstream-initial", "meta"),))
+        context.set_trailing_metadata((("x-upstream-trailing", "meta"),))
+        return pb.ServerMetadataResponse(name="fake-triton", version="0").SerializeToString()
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        fake = self
+
+        class _Handler(grpc.GenericRpcHandler):
+            def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+                if details.method == MODEL_INFER:
+                    return grpc.unary_unary_rpc_method_handler(fake.infer)
+                if details.method == MODEL_STREAM_INFER:
+                    return grpc.stream_stream_rpc_method_handler(fake.stream)
+                if details.method == SERVER_METADATA:
+                    return grpc.unary_unary_rpc_method_handler(fake.server_metadata)
+                return None
+
+        return _Handler()
+
+
+async def _up() -> bool:
+    return True
+
+
+@dataclass
+class GrpcRig:
+    fake: FakeTriton
+    state: AdmissionState
+    metrics: SidecarMetrics
+    channel: grpc.aio.Channel
+
+    async def infer(self, rid: str, metadata: tuple[tuple[str, Any], ...] = (), model: str = "cls") -> Any:
+        call = self.channel.unary_unary(MODEL_INFER)(
+            pb.ModelInferRequest(model_name=model, id=rid).SerializeToString(), metadata=metadata, timeout=10
+        )
+        return call, pb.ModelInferResponse.FromString(await call)
+
+
+@asynccontextmanager
+async def grpc_rig(policy: SidecarPolicy) -> AsyncIterator[GrpcRig]:
+    fake = FakeTriton()
+    upstream = grpc.aio.server()
+    upstream.add_generic_rpc_handlers((fake.handler(),))
+    upstream_port = upstream.add_insecure_port("127.0.0.1:0")
+    await upstream.start()
+    state = AdmissionState(policy, asyncio.get_running_loop().time)
+    metrics = SidecarMetrics()
+    controller = AdmissionController(state, metrics, asyncio.get_running_loop().time)
+    controller.start()
+    health = UpstreamHealth(_up)
+    await health.check()
+    proxy = GrpcProxy(f"127.0.0.1:{upstream_port}", controller, health, metrics, lambda: policy)
+    await proxy.start()
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((proxy.handler(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield GrpcRig(fake, state, metrics, channel)
+    finally:
+        await channel.close()
+        await server.stop(grace=None)
+        await proxy.close()
+        await controller.stop()
+        await upstream.stop(grace=None)
+
+
+def idle(state: AdmissionState) -> tuple[int, int, int, int, int]:
+    return (state.inflight, state.reserved_bytes, state.waiting, state.inflight_of_tenant("acme"),
+            state.reserved_of_tenant("acme"))
+
+
+def test_grpc_unary_metadata_goes_both_ways_untouched() -> None:
+    async def main() -> None:
+        async with grpc_rig(parse_policy(policy_doc())) as rig:
+            sent = (("x-request-id", "abc-123"), ("x-tenant", "acme"), ("x-custom-bin", b"\x01\x02"))
+            call, response = await rig.infer("req-1", sent)
+            assert response.id == "req-1" and response.model_name == "cls"
+            # the client's metadata reached Triton as sent
+            assert {k: rig.fake.seen[-1][k] for k, _ in sent} == dict(sent)
+            # Triton's initial and trailing metadata reached the client as Triton sent them
+            assert tuple(await call.initial_metadata()) == (("x-upstream-initial", "i-req-1"),)
+            assert tuple(await call.trailing_metadata()) == (("x-upstream-trailing", "t-req-1"),
+                                                              ("x-trace-bin", b"\x00\x01"))
+            assert idle(rig.state) == (0, 0, 0, 0, 0)
+
+    asyncio.run(main())
+
+
+def test_grpc_upstream_error_keeps_code_details_and_trailers() -> None:
+    async def main() -> None:
+        async with grpc_rig(parse_policy(policy_doc())) as rig:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await rig.infer("e-1", model="missing")
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+            assert err.value.details() == "model 'missing' is not found"
+            assert tuple(err.value.trailing_metadata()) == (("x-upstream-error", "not-found"),)
+            assert idle(rig.state) == (0, 0, 0, 0, 0)
+
+    asyncio.run(main())
+
+
+def test_grpc_passthrough_method_relays_metadata() -> None:
+    async def main() -> None:
+        async with grpc_rig(parse_policy(policy_doc())) as rig:
+            call = rig.channel.unary_unary(SERVER_METADATA)(
+                pb.ServerMetadataRequest().SerializeToString(), metadata=(("x-request-id", "m-1"),), timeout=10
+            )
+            assert pb.ServerMetadataResponse.FromString(await call).name == "fake-triton"
+            assert rig.fake.seen[-1]["x-request-id"] == "m-1"
+            assert tuple(await call.initial_metadata()) == (("x-upstream-initial", "meta"),)
+            assert tuple(await call.trailing_metadata()) == (("x-upstream-trailing", "meta"),)
+
+    asyncio.run(main())
+
+
+def test_grpc_stream_keeps_ids_and_relays_metadata() -> None:
+    async def main() -> None:
+        async with grpc_rig(parse_policy(policy_doc())) as rig:
+            call = rig.channel.stream_stream(MODEL_STREAM_INFER)(metadata=(("x-request-id", "s-1"),), timeout=10)
+            for rid in ("c-0", "c-1", "c-2"):
+                await call.write(pb.ModelInferRequest(model_name="cls", id=rid).SerializeToString())
+            ids = []
+            for _ in range(3):
+                ids.append(pb.ModelStreamInferResponse.FromString(await call.read()).infer_response.id)
+            await call.done_writing()
+            assert await call.read() is grpc.aio.EOF
+            assert sorted(ids) == ["c-0", "c-1", "c-2"]  # the sidecar's internal ids are mapped back
+            assert rig.fake.seen[-1]["x-request-id"] == "s-1"
+            assert tuple(await call.initial_metadata()) == (("x-stream-initial", "hello"),)
+            assert tuple(await call.trailing_metadata()) == (("x-stream-trailing", "bye"),)
+            assert await call.code() == grpc.StatusCode.OK
+            assert idle(rig.state) == (0, 0, 0, 0, 0)
+
+    asyncio.run(main())
+
+
+def test_grpc_stream_refusal_before_triton_speaks_then_service() -> None:
+    """The sidecar answers first (a class the tenant may not send): the refusal goes out with the
+    sidecar's own (empty) initial metadata, the next request is served, Triton's trailers still come."""
+
+    async def main() -> None:
+        async with grpc_rig(tenant_policy()) as rig:
+            call = rig.channel.stream_stream(MODEL_STREAM_INFER)(metadata=(("x-tenant", "acme"),), timeout=10)
+            refused = pb.ModelInferRequest(model_name="cls", id="no")
+            refused.parameters["traffic_class"].string_param = "batch"
+            await call.write(refused.SerializeToString())
+            first = pb.ModelStreamInferResponse.FromString(await call.read())
+            assert first.infer_response.id == "no" and first.error_message.startswith("PERMISSION_DENIED: ")
+            assert '"tenant": "acme"' in first.error_message
+            await call.write(pb.ModelInferRequest(model_name="cls", id="yes").SerializeToString())
+            second = pb.ModelStreamInferResponse.FromString(await call.read())
+            assert second.infer_response.id == "yes" and not second.error_message
+            await call.done_writing()
+            assert await call.read() is grpc.aio.EOF
+            assert tuple(await call.initial_metadata()) == ()
+            assert tuple(await call.trailing_metadata()) == (("x-stream-trailing", "bye"),)
+            assert idle(rig.state) == (0, 0, 0, 0, 0)
+
+    asyncio.run(main())
+
+
+def test_grpc_tenant_over_quota_is_refused_naming_the_limit_and_releases_exactly() -> None:
+    async def main() -> None:
+        async with grpc_rig(tenant_policy()) as rig:
+            acme = (("x-tenant", "acme"),)
+            holder = asyncio.ensure_future(rig.infer("hold-1", acme))
+            await rig.fake.started.wait()
+            assert (rig.state.inflight_of_tenant("acme"), rig.state.reserved_of_tenant("acme")) == (1, 100)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await rig.infer("r-2", acme)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            body = json.loads(err.value.details())
+            assert body["limit"] == "tenant_concurrency_quota:acme" and body["reason"] == "queue_full"
+            assert body["tenant"] == "acme" and int(dict(err.value.trailing_metadata())["retry-after"]) >= 1
+            # another tenant of the same model is not held behind acme
+            _, other = await rig.infer("r-3", (("x-tenant", "beta"),))
+            assert other.id == "r-3"
+            # a class acme may not send: PERMISSION_DENIED at once
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await rig.infer("r-4", (*acme, ("x-traffic-class", "batch")))
+            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert json.loads(err.value.details())["reason"] == "tenant_class_not_allowed"
+            # a tenant value that could not be a name: INVALID_ARGUMENT
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await rig.infer("r-5", (("x-tenant", "no spaces please"),))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "tenant" in err.value.details()
+            rig.fake.release.set()
+            await holder
+            assert idle(rig.state) == (0, 0, 0, 0, 0)
+            text = rig.metrics.exposition().decode()
+            assert 'sidecar_tenant_requests_rejected_total{reason="queue_full",tenant="acme"} 1.0' in text
+            assert 'sidecar_tenant_requests_admitted_total{tenant="other"} 1.0' in text  # beta is not listed
+
+    asyncio.run(main())
+
+
+def test_grpc_client_gone_mid_request_releases_the_tenant() -> None:
+    async def main() -> None:
+        async with grpc_rig(tenant_policy()) as rig:
+            call = rig.channel.unary_unary(MODEL_INFER)(
+                pb.ModelInferRequest(model_name="cls", id="hold-9").SerializeToString(),
+                metadata=(("x-tenant", "acme"),), timeout=10,
+            )
+            await rig.fake.started.wait()
+            assert rig.state.inflight_of_tenant("acme") == 1
+            call.cancel()
+            for _ in range(200):
+                if idle(rig.state) == (0, 0, 0, 0, 0):
+                    break
+                await asyncio.sleep(0.01)
+            assert idle(rig.state) == (0, 0, 0, 0, 0)
+            rig.fake.release.set()
+
+    asyncio.run(main())
+
+
+# ------------------------------------------------------------------------------------------------
+# the tenant header on HTTP
+
+
+@asynccontextmanager
+async def http_rig(policy: SidecarPolicy) -> AsyncIterator[tuple[str, AdmissionState, asyncio.Event]]:
+    release = asyncio.Event()
+
+    async def upstream_infer(request: web.Request) -> web.Response:
+        if request.headers.get("x-hold"):
+            await release.wait()
+        return web.json_response({"model_name": request.match_info["model"], "id": "x", "outputs": []})
+
+    upstream_app = web.Application()
+    upstream_app.router.add_post("/v2/models/{model}/infer", upstream_infer)
+    runners = [web.AppRunner(upstream_app)]
+    await runners[0].setup()
+    up_site = web.TCPSite(runners[0], "127.0.0.1", 0)
+    await up_site.start()
+    upstream_port = runners[0].addresses[0][1]
+
+    loop = asyncio.get_running_loop()
+    state = AdmissionState(policy, loop.time)
+    metrics = SidecarMetrics()
+    controller = AdmissionController(state, metrics, loop.time)
+    health = UpstreamHealth(_up)
+    await health.check()
+
+    async def no_reload(why: str) -> tuple[bool, str]:
+        return False, why
+
+    proxy = HttpProxy(f"127.0.0.1:{upstream_port}", controller, health, metrics, lambda: policy,
+                      Admin(token=None, status=dict, reload=no_reload))
+    await proxy.start()
+    runners.append(web.AppRunner(proxy.application(), handler_cancellation=True))
+    await runners[1].setup()
+    await web.TCPSite(runners[1], "127.0.0.1", 0).start()
+    base = f"http://127.0.0.1:{runners[1].addresses[0][1]}"
+    try:
+        yield base, state, release
+    finally:
+        release.set()
+        await proxy.close()
+        for runner in reversed(runners):
+            await runner.cleanup()
+
+
+def test_http_tenant_header_reaches_admission() -> None:
+    async def main() -> None:
+        async with http_rig(tenant_policy()) as (base, state, release), aiohttp.ClientSession() as session:
+            url = f"{base}/v2/models/cls/infer"
+            doc = {"inputs": []}
+            holder = asyncio.ensure_future(session.post(url, json=doc, headers={"x-tenant": "acme", "x-hold": "1"}))
+            for _ in range(200):
+                if state.inflight_of_tenant("acme"):
+                    break
+                await asyncio.sleep(0.01)
+            assert state.inflight_of_tenant("acme") == 1
+            async with session.post(url, json=doc, headers={"x-tenant": "acme"}) as resp:
+                body = await resp.json()
+                assert resp.status == 429 and resp.headers["Retry-After"] == "1"
+                assert body["limit"] == "tenant_concurrency_quota:acme" and body["tenant"] == "acme"
+            async with session.post(url, json=doc) as resp:  # no header: tenant "default", unlimited here
+                assert resp.status == 200
+            async with session.post(url, json=doc, headers={"x-tenant": "acme", "x-traffic-class": "batch"}) as resp:
+                assert resp.status == 403 and (await resp.json())["reason"] == "tenant_class_not_allowed"
+            async with session.post(url, json=doc, headers={"x-tenant": "a/b"}) as resp:
+                assert resp.status == 400 and "is not a tenant name" in (await resp.json())["error"]
+            release.set()
+            async with await holder as resp:
+                assert resp.status == 200
+            assert idle(state) == (0, 0, 0, 0, 0)
+
+    asyncio.run(main())
