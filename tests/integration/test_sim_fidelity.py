@@ -13,11 +13,13 @@ arrivals:
 The ranker runs 10 ms + 1.5 ms per row (its parameters), which is the curve the simulator gets.
 Calibration comes first, on traffic of its own (other seeds, loads between the cells'): the
 per-request and per-batch overheads from Triton's statistics (`fit_overheads`), then the batcher's
-wake-up race (see `tritongen.core.simulator`) from the mean batch size and P99 of the two configs
-with queue policies (`fit_wake_race`), since how often Triton's end-of-execution notify is lost
-depends on how busy the host is. Each cell is then measured twice, and a third time only when the
-two live P99s disagree by more than 15% (the median counts); that rule looks at the measurements
-only, never at the prediction.
+wake-up race (see `tritongen.core.simulator`: how often an execution's end fails to wake the
+batcher, and how that grows with the load) from the mean batch size, mean latency and P99 of the
+two configs with queue policies (`fit_wake_race`), since how often Triton's end-of-execution
+notify is lost depends on how busy the host is. Each cell is then measured three times and its
+live P99 is the median run's: one run's P99 rests on its ten slowest requests, and about one run
+in ten is an outlier (P99 up by half, after a host hiccup or a burst of batcher stalls) that
+pooling the runs would let dominate. The simulator's P99 is likewise the median over seeds.
 
 Asserts: P99 within 15% and throughput within 10% in every cell. The host is shared: a run during
 which other processes took more than `QUIET_CORES` of CPU is repeated after a pause (until
@@ -47,6 +49,7 @@ from tritongen.core.simulator import (  # noqa: E402
     ServiceCurve,
     Simulation,
     fit_overheads,
+    LiveWitness,
     fit_wake_race,
     measurement_window,
     model_sim_from_config,
@@ -64,10 +67,12 @@ CURVE = ServiceCurve(fixed_ms=OVERHEAD_MS, per_item_ms=PER_ITEM_MS)
 FLAGS = ["--rate-limit=execution_count", "--rate-limit-resource=compute:2"]
 CLASSES = [{"name": "interactive", "share": 0.3, "priority": 1}, {"name": "batch", "share": 0.7, "priority": 2}]
 REQUESTS = int(os.environ.get("TRITONGEN_FIDELITY_REQUESTS", "1000"))  # per run, at least 4 s of traffic
+RUNS_PER_CELL = 3  # the median: one run in ten or so is an outlier (a host hiccup, a batcher stall burst)
 # Calibration runs: loads between the cells' (the wake race is fitted from the policy configs')
-CALIBRATION = [("plain", 140.0), ("tuned", 130.0), ("tuned", 250.0), ("multi", 230.0)]
+CALIBRATION = [("plain", 140.0), ("tuned", 110.0), ("tuned", 250.0), ("multi", 230.0)]
 P99_TOLERANCE, THROUGHPUT_TOLERANCE = 0.15, 0.10
 QUIET_CORES = float(os.environ.get("TRITONGEN_FIDELITY_QUIET_CORES", "0.4"))  # other processes' CPU a run tolerates
+CALIBRATION_QUIET_CORES = 0.2  # stricter: how often the batcher misses a wake depends on how busy the host is
 NOISY_CORES = 0.6  # a cell measured with more than this is not evidence either way
 DEADLINE_S = float(os.environ.get("TRITONGEN_FIDELITY_DEADLINE_S", "420"))  # stop waiting for a quiet host
 MIN_CLEAN_CELLS = 6
@@ -116,9 +121,10 @@ def sim_server(name: str, overheads) -> ServerSim:
     return ServerSim(models=[model], rate_limit=True, resources={"compute": 2}, overheads=overheads)
 
 
-def simulated(name: str, arrivals, overheads, seeds: int = 5) -> tuple[float, float]:
-    """(P99 ms over the measured window, throughput /s): medians over a few simulation seeds (the
-    simulator draws execution noise and lost batcher wake-ups), i.e. the expected figures."""
+def simulated(name: str, arrivals, overheads, seeds: int = 9) -> tuple[float, float]:
+    """(P99 ms over the measured window, throughput /s): medians over several simulation seeds (the
+    simulator draws execution noise and lost batcher wake-ups), as a cell's live figures are the
+    medians over its runs."""
     p99s, thrs = [], []
     for seed in range(seeds):
         sim = Simulation(sim_server(name, overheads), arrivals, seed)
@@ -129,6 +135,10 @@ def simulated(name: str, arrivals, overheads, seeds: int = 5) -> tuple[float, fl
         p99s.append(float(np.percentile((np.asarray(sim.t_done) - arrivals.t)[keep], 99) * 1000.0))
         thrs.append(res.throughput_per_s)
     return statistics.median(p99s), statistics.median(thrs)
+
+
+def mean_ms(run) -> float:
+    return float(np.mean(run.window_latencies_s()) * 1000.0)
 
 
 @dataclass
@@ -172,7 +182,7 @@ def run_fidelity(log=print) -> tuple[list[Cell], object, float]:
             pid = server.process.pid if server.process else None
             attempts = [0]
 
-            def live(name: str, arrivals, seed: int):
+            def live(name: str, arrivals, seed: int, quiet: float = QUIET_CORES):
                 """One measurement on a quiet host: a run during which other processes took more than
                 QUIET_CORES of CPU is repeated after a pause, until DEADLINE_S; the quietest is kept."""
                 targets = {c["name"]: LoadTarget(name) for c in CLASSES}
@@ -182,7 +192,7 @@ def run_fidelity(log=print) -> tuple[list[Cell], object, float]:
                     run = measure(url, arrivals, targets, {name: CONFIGS[name]["count"]}, warmup=warm, seed=seed, server_pid=pid)
                     if best is None or (run.foreign_cores or 0.0) < (best.foreign_cores or 0.0):
                         best = run
-                    if (run.foreign_cores or 0.0) <= QUIET_CORES or time.perf_counter() - started > DEADLINE_S:
+                    if (run.foreign_cores or 0.0) <= quiet or time.perf_counter() - started > DEADLINE_S:
                         break
                     log(f"  {name}: other processes took {run.foreign_cores:.2f} cores during the run; measuring again")
                     time.sleep(2.0)
@@ -194,30 +204,22 @@ def run_fidelity(log=print) -> tuple[list[Cell], object, float]:
             calibration = []
             for i, (name, rate) in enumerate(CALIBRATION):
                 arrivals = traffic(rate, 900, 500 + i)
-                calibration.append((name, arrivals, live(name, arrivals, 500 + i)))
+                calibration.append((name, arrivals, live(name, arrivals, 500 + i, CALIBRATION_QUIET_CORES)))
             overheads = fit_overheads([run.observation(name) for name, _, run in calibration], CURVE, base=EMBEDDED_CPU_OVERHEADS)
             race = [
-                (sim_server(name, overheads), arrivals, run.latency_percentile_ms(99), run.stats[name].mean_batch_rows)
+                LiveWitness(sim_server(name, overheads), arrivals, run.latency_percentile_ms(99),
+                            run.stats[name].mean_batch_rows, mean_ms(run))
                 for name, arrivals, run in calibration
                 if not sim_server(name, overheads).models[0].batcher().prefetching
             ]
-            p_slot, p_idle = fit_wake_race(race)
-            overheads = overheads.model_copy(update={"completion_wake_p": p_slot, "completion_wake_p_idle": p_idle})
+            overheads = fit_wake_race(race).applied(overheads)
             log(f"fitted overheads: {overheads}")
             # 2. the cells
             cells = []
             for name, c in CONFIGS.items():
                 for j, rate in enumerate(c["loads"]):
                     arrivals = traffic(float(rate), max(REQUESTS, int(4 * rate)), 10 * j + 7)
-                    runs = []
-                    while True:
-                        runs.append(live(name, arrivals, len(runs)))
-                        if len(runs) == 2:
-                            a, b = (r.latency_percentile_ms(99) for r in runs)
-                            if abs(a - b) <= P99_TOLERANCE * min(a, b):
-                                break
-                        if len(runs) >= 3:
-                            break
+                    runs = [live(name, arrivals, k) for k in range(RUNS_PER_CELL)]
                     p99s = [r.latency_percentile_ms(99) for r in runs]
                     thrs = [r.throughput_per_s for r in runs]
                     live_p99 = statistics.median(p99s)
@@ -275,24 +277,12 @@ def clean_cells(cells: list[Cell]) -> list[Cell]:
     return clean
 
 
-# Known weakness, measured in CI on a quiet host: the one cell that sometimes misses 15% is the
-# queue-policy config at its lowest load (`tuned@100`: +12%, +18%, +35% in three runs), where the
-# batcher's missed wake-ups (README, "Known server behaviour") dominate the tail and the fitted
-# wake-race probabilities are least stable. Every other cell stays within 15%; one cell may reach
-# WORST_CELL_TOLERANCE, and that is what this test guards until the wake model is fixed.
-WORST_CELL_TOLERANCE = 0.40
-
-
 def test_simulated_p99_is_within_15_percent_of_measured(fidelity) -> None:
     cells, overheads, seconds = fidelity
     print("\n" + markdown(cells, overheads, seconds))
     assert len(cells) == 9 and len({c.config for c in cells}) == 3
-    misses = [c for c in clean_cells(cells) if abs(c.p99_error) > P99_TOLERANCE]
-    described = [f"{c.config}@{c.rate:.0f}: {c.p99_error:+.0%}" for c in misses]
-    assert len(misses) <= 1, f"P99 off by more than {P99_TOLERANCE:.0%} in more than one cell: {described}"
-    assert all(abs(c.p99_error) <= WORST_CELL_TOLERANCE for c in misses), (
-        f"P99 off by more than {WORST_CELL_TOLERANCE:.0%}: {described}"
-    )
+    misses = [f"{c.config}@{c.rate:.0f}: {c.p99_error:+.0%}" for c in clean_cells(cells) if abs(c.p99_error) > P99_TOLERANCE]
+    assert not misses, f"P99 off by more than {P99_TOLERANCE:.0%}: {misses}"
 
 
 def test_simulated_throughput_is_within_10_percent_of_measured(fidelity) -> None:

@@ -490,6 +490,36 @@ def test_fit_wake_race_recovers_the_race_that_made_the_tail() -> None:
     live, live_rows = float(np.median(p99s)), float(np.mean(rows))
     ideal = ServerSim(models=[m], overheads=Overheads())
     assert simulate(ideal, arr).klass("hi").p99_ms < live  # the race lengthens the tail
-    grid = dict(p_idle_grid=(0.3, 1.0), p_slot_grid=(0.05, 1.0))
-    assert fit_wake_race([(ideal, arr, live, live_rows)], **grid) == (0.05, 0.3)
-    assert fit_wake_race([(ideal, arr, live, None)], **grid) == (0.05, 0.3)
+    grid = dict(p_idle_grid=(0.3, 1.0), p_slot_grid=(0.05, 1.0), doubling_grid=(0.0,), seeds=3)
+    assert fit_wake_race([(ideal, arr, live, live_rows)], **grid) == (0.05, 0.3, 0.0)
+    assert fit_wake_race([(ideal, arr, live, None)], **grid) == (0.05, 0.3, 0.0)
+
+
+def _live_figures(server: ServerSim, arr) -> tuple[float, float]:
+    p99s, rows = [], []
+    for seed in range(3):
+        sim = simulate_detail(server, arr, seed=seed)
+        w0, w1 = measurement_window(arr.t, arr.warmup_s)
+        keep = (np.asarray(sim.status) == OK) & (arr.t >= w0) & (arr.t <= w1)
+        p99s.append(float(np.percentile((np.asarray(sim.t_done) - arr.t)[keep], 99) * 1000))
+        rows.append(sim.result.models[0].mean_batch_rows)
+    return float(np.median(p99s)), float(np.mean(rows))
+
+
+def test_the_wake_race_grows_with_load_and_the_fit_finds_how_fast() -> None:
+    from tritongen.core.simulator import WakeRace, fit_wake_race
+
+    b = BatcherConfig(preferred_batch_sizes=[4, 8], max_queue_delay_us=2000, default_queue_policy=POLICY)
+    m = model(mbs=8, fixed=10.0, per_item=1.0, dynamic_batching=b)
+    truth = WakeRace(completion_wake_p=0.5, completion_wake_p_idle=0.6, wake_loss_doubling_per_s=50.0)
+    flat = truth._replace(wake_loss_doubling_per_s=0.0)
+    low = generate_arrivals(spec(rate=60.0).model_copy(update={"duration_s": 10.0}), seed=4)
+    high = generate_arrivals(spec(rate=150.0).model_copy(update={"duration_s": 6.0}), seed=5)
+    sized = ServerSim(models=[m], overheads=truth.applied(Overheads()))
+    same = ServerSim(models=[m], overheads=flat.applied(Overheads()))
+    # Below the reference rate (200/s) a load-dependent race loses fewer wakes than the flat one.
+    assert _live_figures(sized, low)[1] < _live_figures(same, low)[1]
+    ideal = ServerSim(models=[m], overheads=Overheads())
+    runs = [(ideal, arr, *_live_figures(sized, arr)) for arr in (low, high)]
+    grid = dict(p_idle_grid=(0.6, 0.9), p_slot_grid=(0.5,), doubling_grid=(0.0, 50.0), seeds=3)
+    assert fit_wake_race(runs, **grid) == truth

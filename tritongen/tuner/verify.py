@@ -162,11 +162,15 @@ class LiveRun:
             client_mean_ms=client, server_mean_ms=delta.success_mean_ms or 0.0, batches=delta.batches
         )
 
-    def latency_percentile_ms(self, q: float) -> float | None:
+    def window_latencies_s(self) -> np.ndarray:
+        """Latencies of the successful requests sent inside the measurement window."""
         w0, w1 = self.load.window
         res = self.load
         keep = (res.status == 1) & (res.scheduled_t >= w0) & (res.scheduled_t <= w1)
-        return percentile_ms(res.done_t[keep] - res.scheduled_t[keep], q)
+        return res.done_t[keep] - res.scheduled_t[keep]
+
+    def latency_percentile_ms(self, q: float) -> float | None:
+        return percentile_ms(self.window_latencies_s(), q)
 
 
 def _proc_tree(root: int) -> list[int]:
