@@ -4,8 +4,9 @@
                                             [--queue-policies]
 
 For each concurrency level, closed-loop clients (one request in flight each, one row per request,
-HTTP/JSON) run for `--seconds` against Triton directly and then through the sidecar (after a short
-warm-up each). Reported: P50 and P99 latency of both, what the sidecar adds, the throughput ratio,
+HTTP/JSON) run for `--seconds` against Triton directly and for as long through the sidecar, in
+`--rounds` alternating segments (after a short warm-up each), so a drift of the shared host
+weighs on both paths alike. Reported: P50 and P99 latency of both, what the sidecar adds, the throughput ratio,
 and the sidecar's resident memory (VmRSS). Targets: added P50 under 1 ms, throughput at least 90 %
 of direct. A last run puts the sidecar in front of a null upstream (answers at once) at
 concurrency 1: the proxy's own latency, without a model competing for the cores.
@@ -15,7 +16,7 @@ deployment's policy (ranker's concurrency quota opened to the highest level, so 
 queues: this measures the pass-through), Triton as another process, the load generator in this
 one; on a small machine they share the cores, which the numbers include. `ranker` keeps its
 rendered config except its priority levels and queue policies, unless --queue-policies.
-Bounded: about (2 x warm-up + 2 x seconds) per level plus start-up; under a minute by default.
+Bounded: about 2 x (seconds + warm-up + 0.3 x rounds) per level plus start-up; under 90 s by default.
 """
 
 from __future__ import annotations
@@ -134,7 +135,8 @@ asyncio.run(main())
 """
 
 
-def proxy_floor(policy: Path, work: Path, seconds: float, warmup: float) -> tuple[dict[str, Any], dict[str, Any]]:
+def proxy_floor(policy: Path, work: Path, seconds: float, warmup: float,
+                rounds: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """The sidecar against a null upstream (answers at once) at concurrency 1: its own latency,
     without a model's compute competing for the cores."""
 
@@ -156,8 +158,7 @@ def proxy_floor(policy: Path, work: Path, seconds: float, warmup: float) -> tupl
                 time.sleep(0.1)
         proc, url = start_sidecar(policy, Null, work / "sidecar-null.log")  # type: ignore[arg-type]
         try:
-            direct = asyncio.run(closed_loop(f"http://{Null.http_url}", 1, seconds, warmup))
-            through = asyncio.run(closed_loop(url, 1, seconds, warmup))
+            direct, through = interleaved(f"http://{Null.http_url}", url, 1, seconds, warmup, rounds)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=10)
@@ -217,13 +218,44 @@ async def closed_loop(base: str, concurrency: int, seconds: float, warmup: float
 
     return {"requests": len(latencies), "errors": errors, "refused": refused, "throughput": len(latencies) / seconds,
             "p50_ms": pct(0.50), "p99_ms": pct(0.99),
+            "mean_ms": statistics.fmean(latencies) * 1000 if latencies else float("nan"), "latencies": latencies}
+
+
+def pooled(runs: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    """One summary of several runs of the same path: latencies pooled, throughput over their time."""
+    latencies = sorted(x for r in runs for x in r["latencies"])
+
+    def pct(q: float) -> float:
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000 if latencies else float("nan")
+
+    return {"requests": len(latencies), "errors": sum(r["errors"] for r in runs),
+            "refused": sum(r["refused"] for r in runs), "throughput": len(latencies) / seconds,
+            "p50_ms": pct(0.50), "p99_ms": pct(0.99),
             "mean_ms": statistics.fmean(latencies) * 1000 if latencies else float("nan")}
+
+
+def interleaved(direct_url: str, sidecar_url: str, concurrency: int, seconds: float, warmup: float,
+                rounds: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Direct and through the sidecar in alternating segments (A B B A A B ...), so that a drift of
+    the shared host (another process waking up, CPU frequency) weighs on both paths alike."""
+    part = seconds / rounds
+    direct: list[dict[str, Any]] = []
+    through: list[dict[str, Any]] = []
+    for i in range(rounds):
+        order = [(direct_url, direct), (sidecar_url, through)]
+        if i % 2:
+            order.reverse()
+        for url, out in order:
+            out.append(asyncio.run(closed_loop(url, concurrency, part, warmup if i == 0 else min(warmup, 0.3))))
+    return pooled(direct, seconds), pooled(through, seconds)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per run (default 4)")
+    parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per path and level (default 8)")
     parser.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds per run (default 1)")
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="alternating direct/sidecar segments the measured seconds are split into (default 4)")
     parser.add_argument("--levels", default="1,16,64", help="concurrency levels (default 1,16,64)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--queue-policies", action="store_true",
@@ -241,8 +273,8 @@ def main() -> int:
         try:
             idle_rss = memory_of(proc.pid)["VmRSS"]
             for c in levels:
-                direct = asyncio.run(closed_loop(f"http://{server.http_url}", c, args.seconds, args.warmup))
-                through = asyncio.run(closed_loop(sidecar_url, c, args.seconds, args.warmup))
+                direct, through = interleaved(f"http://{server.http_url}", sidecar_url, c, args.seconds, args.warmup,
+                                              args.rounds)
                 mem = memory_of(proc.pid)
                 rows.append({
                     "concurrency": c, "direct": direct, "sidecar": through,
@@ -258,7 +290,7 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-    null_direct, null_through = proxy_floor(policy, work, min(args.seconds, 3.0), args.warmup)
+    null_direct, null_through = proxy_floor(policy, work, min(args.seconds, 3.0), args.warmup, args.rounds)
     shutil.rmtree(work, ignore_errors=True)
 
     header = (f"{'conc':>4} | {'direct p50':>10} {'p99':>7} {'req/s':>7} | {'sidecar p50':>11} {'p99':>7} "

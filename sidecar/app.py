@@ -42,6 +42,7 @@ from sidecar.headroom import (
     TritonMetricsSource,
 )
 from sidecar.http_proxy import Admin, HttpProxy
+from sidecar.loop import new_event_loop
 from sidecar.metrics import SidecarMetrics
 from sidecar.policy import PolicyError, SidecarPolicy, load_policy
 from sidecar.upstream import UpstreamHealth
@@ -230,8 +231,8 @@ class Sidecar:
         if cfg.install_signal_handlers and threading.current_thread() is threading.main_thread():
             loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self.reload("SIGHUP")))
         log.info(
-            "sidecar %s (policy %s) on http %s:%d%s, metrics :%d, upstream %s%s",
-            self.policy.deployment, self.policy.digest(), host, self.http_port,
+            "sidecar %s (policy %s, %s loop) on http %s:%d%s, metrics :%d, upstream %s%s",
+            self.policy.deployment, self.policy.digest(), type(loop).__module__.split(".")[0], host, self.http_port,
             f", grpc :{self.grpc_port}" if self.grpc_port else "", self.metrics_port, cfg.upstream,
             "" if self.health.up else f" (not ready: {self.health.reason})",
         )
@@ -427,7 +428,7 @@ class SidecarThread:
     def __init__(self, config: SidecarConfig, **kwargs: Any) -> None:
         config.install_signal_handlers = False
         self.sidecar = Sidecar(config, **kwargs)
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="sidecar", daemon=True)
         self._started = False
 

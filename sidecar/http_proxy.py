@@ -20,6 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
@@ -37,6 +38,7 @@ from sidecar.cost import cost_for
 from sidecar.metrics import SidecarMetrics
 from sidecar.policy import SidecarPolicy
 from sidecar.upstream import UpstreamHealth
+from sidecar.upstream_pool import UpstreamConnectionError, UpstreamPool
 
 log = logging.getLogger("tritongen.sidecar.http")
 
@@ -91,12 +93,14 @@ class HttpProxy:
     ) -> None:
         self.base = upstream if "://" in upstream else f"http://{upstream}"
         self.base = self.base.rstrip("/")
+        self.prefix = urlsplit(self.base).path  # an upstream mounted under a path
         self.controller = controller
         self.health = health
         self.metrics = metrics
         self.policy = policy
         self.admin = admin
         self.session: aiohttp.ClientSession | None = None
+        self.pool = _unary_pool(self.base)
         self._retired: list[aiohttp.ClientSession] = []
         self._lost = False
         health.on_change(self._upstream_changed)
@@ -118,6 +122,8 @@ class HttpProxy:
         for session in (*self._retired, self.session):
             if session is not None:
                 await session.close()
+        if self.pool is not None:
+            self.pool.reset()
         self._retired.clear()
         self.session = None
 
@@ -129,6 +135,8 @@ class HttpProxy:
             self._lost = False
             self._retired.append(self.session)
             self.session = self._new_session()
+            if self.pool is not None:
+                self.pool.reset()
             while len(self._retired) > 1:
                 await self._retired.pop(0).close()
 
@@ -236,6 +244,8 @@ class HttpProxy:
             async with self.controller.admit(model_name, klass.name, cost, tenant) as ticket:
                 if op == "generate_stream":
                     return await self._stream(request, ticket, url, body, headers)
+                if self.pool is not None:
+                    return await self._unary_pooled(ticket, self.prefix + request.path_qs, body, headers)
                 return await self._unary(ticket, url, body, headers)
         except Rejected as rejected:
             status, payload = refusal(rejected.decision, model_name, klass.name, tenant)
@@ -259,6 +269,23 @@ class HttpProxy:
             ticket.outcome = "upstream_failed"
             self.health.mark_down(f"{type(err).__name__}: {err}")
             return self._down()
+
+    async def _unary_pooled(self, ticket: Ticket, target: str, body: bytes, headers: CIMultiDict[str]) -> web.Response:
+        """`_unary` on the lean keep-alive pool (see sidecar/upstream_pool.py): same answers."""
+        assert self.pool is not None
+        try:
+            ticket.sent = True
+            up = await self.pool.request("POST", target, headers.items(), body)
+        except UpstreamConnectionError as err:
+            ticket.completed = True  # the connection is gone; so is the request upstream
+            ticket.outcome = "upstream_failed"
+            self.health.mark_down(f"{type(err).__name__}: {err}")
+            return self._down()
+        ticket.completed = True
+        if up.status >= 400:
+            ticket.outcome = "upstream_error"
+        out = CIMultiDict([(k, v) for k, v in up.headers if k.lower() not in _HOP])
+        return web.Response(status=up.status, body=up.body, headers=out)
 
     async def _stream(
         self, request: web.Request, ticket: Ticket, url: str, body: bytes, headers: CIMultiDict[str]
@@ -320,6 +347,14 @@ class HttpProxy:
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as err:
             self.health.mark_down(f"{type(err).__name__}: {err}")
             return self._down()
+
+
+def _unary_pool(base: str) -> UpstreamPool | None:
+    """The lean pool for plain-HTTP upstreams; TLS upstreams keep aiohttp's client."""
+    parts = urlsplit(base)
+    if parts.scheme != "http" or not parts.hostname:
+        return None
+    return UpstreamPool(parts.hostname, parts.port or 80)
 
 
 def _client_gone(request: web.Request) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
 from typing import Optional
@@ -35,6 +34,7 @@ def sidecar(
     old one stays in force. Stops on SIGINT or SIGTERM.
     """
     from sidecar.app import SidecarConfig, serve, split_address
+    from sidecar.loop import run as run_loop
     from sidecar.policy import load_policy
 
     level = getattr(logging, log_level.upper(), None)
@@ -67,6 +67,6 @@ def sidecar(
         token=token,
     )
     try:
-        asyncio.run(serve(config))
+        run_loop(serve(config))
     except OSError as err:
         raise RunFailed(f"the sidecar could not start: {err}") from None

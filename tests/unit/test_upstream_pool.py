@@ -1,0 +1,176 @@
+"""The sidecar's lean keep-alive client (sidecar/upstream_pool.py) against raw TCP servers that
+answer exactly the bytes each case needs: framing, reuse, fragmentation, failures, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from sidecar.upstream_pool import UpstreamConnectionError, UpstreamPool, _dechunk, _parse_head
+
+class RawServer:
+    """Reads one request head + Content-Length body per turn and writes the scripted chunks."""
+
+    def __init__(self, script: Callable[[int, bytes], list[bytes] | None]) -> None:
+        self.script = script
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.server: asyncio.AbstractServer | None = None
+
+    async def __aenter__(self) -> RawServer:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return self.server.sockets[0].getsockname()[1]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                body = await reader.readexactly(length)
+                self.requests.append(head + body)
+                chunks = self.script(len(self.requests), head + body)
+                if chunks is None:  # hang up without answering
+                    writer.close()
+                    return
+                for chunk in chunks:
+                    writer.write(chunk)
+                    await writer.drain()
+                    await asyncio.sleep(0.005)  # the client sees the answer in fragments
+                if any(b"Connection: close" in c for c in chunks):
+                    writer.close()
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+
+def ok(body: bytes, extra: bytes = b"") -> list[bytes]:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + extra + b"Content-Length: %d\r\n\r\n" % len(body)
+    return [head[:10], head[10:], body[:3], body[3:]]
+
+
+def run(coro: Awaitable[object]) -> object:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def test_content_length_responses_reuse_one_connection_and_keep_headers_and_bytes() -> None:
+    payload = bytes(range(256)) * 4  # binary data passes untouched
+
+    async def main() -> None:
+        async with RawServer(lambda n, req: ok(payload, b"X-Id: r%d\r\n" % n)) as srv:
+            pool = UpstreamPool("127.0.0.1", srv.port)
+            for n in (1, 2, 3):
+                resp = await pool.request("POST", "/v2/models/m/infer?x=1", [("Content-Type", "application/json"),
+                                                                               ("X-Trace", "é")], b"\x00\x01body")
+                assert resp.status == 200 and resp.body == payload
+                assert ("X-Id", f"r{n}") in resp.headers
+            assert srv.connections == 1
+            first = srv.requests[0]
+            assert first.startswith(b"POST /v2/models/m/infer?x=1 HTTP/1.1\r\nHost: 127.0.0.1:")
+            assert b"Content-Length: 6\r\n\r\n\x00\x01body" in first
+            assert "X-Trace: é".encode() in first
+            pool.reset()
+
+    run(main())
+
+
+def test_chunked_and_close_delimited_bodies() -> None:
+    chunked = [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", b"5\r\nhello\r\n", b"6;ext=1\r\n world\r\n",
+               b"0\r\nX-Trailer: t\r\n\r\n"]
+    close_delimited = [b"HTTP/1.1 500 Internal Server Error\r\nConnection: close\r\n\r\n", b"no length"]
+
+    async def main() -> None:
+        async with RawServer(lambda n, req: chunked if n == 1 else close_delimited) as srv:
+            pool = UpstreamPool("127.0.0.1", srv.port)
+            first = await pool.request("POST", "/a", [], b"")
+            assert (first.status, first.body) == (200, b"hello world")
+            second = await pool.request("POST", "/b", [], b"")  # the chunked answer left the connection reusable
+            assert (second.status, second.body) == (500, b"no length")
+            assert srv.connections == 1
+            third = await pool.request("POST", "/c", [], b"")  # Connection: close was honoured: a new one
+            assert third.status == 500 and srv.connections == 2
+
+    run(main())
+
+
+def test_a_hang_up_or_garbage_is_a_connection_error_and_the_connection_is_not_reused() -> None:
+    def script(n: int, req: bytes) -> list[bytes] | None:
+        if n == 1:
+            return None
+        if n == 2:
+            return [b"SSH-2.0-OpenSSH\r\n\r\n"]
+        if n == 3:
+            return [b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nConnection: close\r\n\r\nshort"]
+        return ok(b"{}")
+
+    async def main() -> None:
+        async with RawServer(script) as srv:
+            pool = UpstreamPool("127.0.0.1", srv.port)
+            for _ in range(3):
+                with pytest.raises(UpstreamConnectionError):
+                    await pool.request("POST", "/x", [], b"")
+            resp = await pool.request("POST", "/x", [], b"")
+            assert resp.status == 200 and srv.connections == 4
+
+    run(main())
+
+
+def test_nothing_listening_is_a_connection_error() -> None:
+    async def main() -> None:
+        async with RawServer(lambda n, r: ok(b"")) as srv:
+            port = srv.port
+        with pytest.raises(UpstreamConnectionError, match="cannot connect"):
+            await UpstreamPool("127.0.0.1", port).request("POST", "/x", [], b"")
+
+    run(main())
+
+
+def test_a_cancelled_request_closes_its_connection_so_a_late_answer_is_never_read() -> None:
+    def script(n: int, req: bytes) -> list[bytes]:
+        return ok(b'{"n": %d}' % n)
+
+    async def main() -> None:
+        async with RawServer(script) as srv:
+            pool = UpstreamPool("127.0.0.1", srv.port)
+            task = asyncio.create_task(pool.request("POST", "/x", [], b""))
+            await asyncio.sleep(0)  # sent, not answered (the server answers in 5 ms fragments)
+            await asyncio.sleep(0.006)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            resp = await pool.request("POST", "/x", [], b"")
+            assert resp.body == b'{"n": 2}' and srv.connections == 2
+
+    run(main())
+
+
+def test_head_parsing_and_dechunking() -> None:
+    status, headers, length, chunked, keep = _parse_head(
+        b"HTTP/1.1 429 Too Many\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\nConnection: close")
+    assert (status, length, chunked, keep) == (429, None, True, False)
+    assert ("Content-Length", "5") in headers
+    assert _parse_head(b"HTTP/1.0 200 OK\r\nConnection: keep-alive")[4] is True
+    assert _parse_head(b"HTTP/1.0 200 OK")[4] is False
+    with pytest.raises(UpstreamConnectionError):
+        _parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: ten")
+    with pytest.raises(UpstreamConnectionError):
+        _parse_head(b"HTTP/1.1 200 OK\r\nno colon here")
+    assert _dechunk(bytearray(b"3\r\nabc\r\n0\r\n\r\n"), 0) == b"abc"
+    assert _dechunk(bytearray(b"3\r\nabc\r\n0\r\n"), 0) is None  # the final empty line has not arrived
+    assert _dechunk(bytearray(b"3\r\nab"), 0) is None
+    with pytest.raises(UpstreamConnectionError):
+        _dechunk(bytearray(b"zz\r\nabc\r\n"), 0)
