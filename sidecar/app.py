@@ -228,6 +228,7 @@ class Sidecar:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._headroom_loop(), name="sidecar-headroom"))
         self._tasks.append(loop.create_task(self._watch_policy(), name="sidecar-policy-watch"))
+        self._tasks.append(loop.create_task(self._watch_loop_lag(), name="sidecar-loop-lag"))
         if cfg.install_signal_handlers and threading.current_thread() is threading.main_thread():
             loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self.reload("SIGHUP")))
         log.info(
@@ -323,6 +324,15 @@ class Sidecar:
             log.warning("%s", message)
             self.last_reload = {"ok": True, "why": why, "message": message, "at": time.time()}
             return True, message
+
+    async def _watch_loop_lag(self, period_s: float = 0.025) -> None:
+        """A busy or blocked event loop delays every request before the sidecar can stamp its
+        arrival, so its own latency histograms cannot see it; this timer's lateness can."""
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + period_s
+            await asyncio.sleep(period_s)
+            self.metrics.loop_lag.observe(max(0.0, loop.time() - due))
 
     async def _watch_policy(self) -> None:
         while True:

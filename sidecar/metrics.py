@@ -23,6 +23,7 @@ from prometheus_client import (
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 WAIT_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 PROMPT_TOKEN_BUCKETS = tuple(float(2**n) for n in range(4, 18))  # 16 .. 131072 tokens
 PROMPT_TOKENS_METRIC = "sidecar_prompt_tokens"
 
@@ -71,6 +72,9 @@ class SidecarMetrics:
                                  ["class", "model"], buckets=LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram("sidecar_time_to_first_token_seconds", "Arrival to first streamed response.",
                               ["class", "model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.loop_lag = Histogram("sidecar_event_loop_lag_seconds", "How late the event loop ran a timer due now: "
+                                  "time every request spends unseen, before its arrival is stamped.",
+                                  buckets=LOOP_LAG_BUCKETS, registry=r)
         self.unavailable = Counter("sidecar_requests_upstream_unavailable",
                                    "Requests answered 503 / UNAVAILABLE at once because Triton was down.",
                                    ["protocol"], registry=r)

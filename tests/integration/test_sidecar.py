@@ -626,6 +626,10 @@ def test_metrics_endpoint(deployment: Deployment) -> None:
                    "sidecar_upstream_up 1.0"):
         assert family in text, family
     assert 'sidecar_headroom_source_up{source="triton_metrics"} 1.0' in text
+    # The loop-lag timer runs every 25 ms from start: by now it has many samples.
+    lag_count = next(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+                     if ln.startswith("sidecar_event_loop_lag_seconds_count"))
+    assert lag_count >= 10
 
 
 def _edit_keeping_stat(path: Path, text: str) -> None:
