@@ -352,14 +352,17 @@ def test_burst_direct_is_killed_by_oom_sidecar_answers_429(deployment: Deploymen
     interactive = [r["ttft"] for r in ok if r["class"] == "interactive"]
     assert len(interactive) >= 5, "interactive requests must be served under overload, not only refused"
     target_s = next(c["p99_ms"] for c in deployment.policy["classes"] if c["name"] == "interactive") / 1000
-    # The sidecar's own measurement (arrival at the sidecar to the first token it forwards): on this
-    # 2-core machine the test's client shares the CPU with Triton and the sidecar, and what it adds
-    # is not the sidecar's. The client's view is printed beside it.
+    # As the client sees it (send to first token) and as the sidecar does (arrival to the first
+    # token it forwards): both within the target.
+    assert p99(interactive) <= target_s, (
+        f"interactive P99 time to first token at the client {p99(interactive) * 1000:.0f} ms, over its "
+        f"{target_s * 1000:.0f} ms target: {sorted(round(x * 1000) for x in interactive)} ms"
+    )
     within, total = ttft_within(deployment, "interactive", target_s, sidecar_before)
     assert total == len(interactive)
     assert within >= math.ceil(0.99 * total), (
-        f"interactive P99 time to first token over its {target_s * 1000:.0f} ms target: only {within} of "
-        f"{total} within it (client view: {sorted(round(x * 1000) for x in interactive)} ms)"
+        f"interactive P99 time to first token at the sidecar over its {target_s * 1000:.0f} ms target: only "
+        f"{within} of {total} within it"
     )
     print(
         f"\nburst of {len(direct)} requests in {BURST_SECONDS} s (KV pool of {POOL_BLOCKS} blocks): direct "
