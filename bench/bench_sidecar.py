@@ -78,6 +78,18 @@ def ranker_repository(into: Path, queue_policies: bool) -> tuple[Path, list[str]
     return into, flags
 
 
+def pin(root: int, cpus: set[int]) -> None:
+    """Every thread of `root` and of its descendants onto `cpus` (sched_setaffinity is per thread)."""
+    from tritongen.tuner.verify import _proc_tree
+
+    for pid in _proc_tree(root):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                os.sched_setaffinity(int(task.name), cpus)
+            except (ProcessLookupError, PermissionError, OSError):
+                pass
+
+
 def write_policy(path: Path, most: int) -> None:
     """The example deployment's policy, with ranker's concurrency quota opened to the highest level:
     this measures the cost of the pass-through, not the admission limits (which would queue)."""
@@ -258,6 +270,9 @@ def main() -> int:
                         help="alternating direct/sidecar segments the measured seconds are split into (default 4)")
     parser.add_argument("--levels", default="1,16,64", help="concurrency levels (default 1,16,64)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--pinned", action="store_true",
+                        help="give the sidecar a CPU of its own (as its pod CPU request does); Triton and the "
+                        "load generator share the others on both paths")
     parser.add_argument("--queue-policies", action="store_true",
                         help="keep ranker's priority levels and queue policies (Triton then stalls some requests)")
     args = parser.parse_args()
@@ -270,6 +285,14 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     with TritonServer(ServerOptions(repository=repo, extra_args=flags)) as server:
         proc, sidecar_url = start_sidecar(policy, server, work / "sidecar.log")
+        if args.pinned:
+            # The pod's arrangement: the sidecar on a CPU of its own, Triton and the clients on the
+            # rest, on both paths (the sidecar's CPU stays idle while the direct path runs).
+            assert server.process is not None
+            everything = set(range(os.cpu_count() or 1))
+            pin(server.process.pid, everything - {max(everything)})
+            pin(os.getpid(), everything - {max(everything)})
+            pin(proc.pid, {max(everything)})
         try:
             idle_rss = memory_of(proc.pid)["VmRSS"]
             for c in levels:
@@ -295,8 +318,10 @@ def main() -> int:
 
     header = (f"{'conc':>4} | {'direct p50':>10} {'p99':>7} {'req/s':>7} | {'sidecar p50':>11} {'p99':>7} "
               f"{'req/s':>7} | {'+p50 ms':>7} {'+p99 ms':>7} {'ratio':>6} | {'RSS MiB':>7}")
-    print(f"ranker, closed loop, {args.seconds:g} s per run, {os.cpu_count()} CPUs shared by Triton, "
-          f"the sidecar and the load generator; sidecar RSS at idle {idle_rss / 2**20:.1f} MiB")
+    where = ("the sidecar pinned to a CPU of its own, Triton and the load generator on the other(s)" if args.pinned
+             else f"{os.cpu_count()} CPUs shared by Triton, the sidecar and the load generator")
+    print(f"ranker, closed loop, {args.seconds:g} s per path and level, {where}; sidecar RSS at idle "
+          f"{idle_rss / 2**20:.1f} MiB")
     print(header)
     print("-" * len(header))
     for r in rows:

@@ -30,7 +30,8 @@ sources and checked on the embedded server, see tests/unit/test_simulator.py and
     median, 12 ms at P99, against 0.1 ms without queue policies. The simulator draws that race:
     `completion_wake_p` (batcher blocked on a slot) and `completion_wake_p_idle` (asleep on an
     empty queue) are the chances the end wakes it at 200 requests/s; otherwise the next arrival
-    or the 500 ms tick does. The loss grows with the host's load (`wake_loss_doubling_per_s`:
+    or the 500 ms tick does. For a batcher asleep on an empty queue the loss grows with the host's
+    load (`wake_loss_doubling_per_s`:
     on the embedded server ~7% of wakes were lost at 100 req/s, ~15% at 200, ~30% at 300, which a
     load-independent chance could not match at both ends). Another idle instance always answers
     the notify, so two instances rarely stall.
@@ -208,9 +209,10 @@ class Overheads(_Strict):
     )
     wake_loss_doubling_per_s: float = Field(
         default=0.0, ge=0,
-        description="How the lost-wake chances (1 - completion_wake_p*) grow with the host's load: they double "
+        description="How the lost-wake chance of a sleeping batcher (1 - completion_wake_p_idle) grows with the "
+        "host's load: it doubles "
         "for every this many requests per second the server receives above the reference rate "
-        "(WAKE_LOSS_REFERENCE_PER_S, 200/s; they halve below it); 0 = the same at every load.",
+        "(WAKE_LOSS_REFERENCE_PER_S, 200/s; it halves below it); 0 = the same at every load.",
     )
     jitter_cv: float = Field(default=0.0, ge=0, le=2, description="Relative noise of execution times.")
 
@@ -1030,7 +1032,12 @@ class Simulation:
         m.idle.append(inst)
         m.idle.sort()
         self._dispatch(now)
-        chance = self._wake_chance(self.ov.completion_wake_p if m.bstate == "slot" else self.ov.completion_wake_p_idle, now)
+        # The load dependence was measured for a batcher asleep on an empty queue (one instance);
+        # for one blocked on a slot (several instances) the runs showed none, so that chance is flat.
+        if m.bstate == "slot":
+            chance = self.ov.completion_wake_p
+        else:
+            chance = self._wake_chance(self.ov.completion_wake_p_idle, now)
         # The race is lost only when this instance is the batcher's one chance of a slot: if another
         # instance already waits idle (its own wake was lost), this notify finds that one.
         others_idle = len(m.idle) - len(m.pending) > 1
