@@ -1351,59 +1351,6 @@ def rate_limit_from_flags(flags: Sequence[str]) -> tuple[bool, dict[str, int]]:
     return enabled, resources
 
 
-def model_sim_from_plan(
-    entry,
-    curve: ServiceCurve | None = None,
-    llm_curve: LLMCurve | None = None,
-    kv_policy: Literal["oom", "admission"] = "oom",
-) -> ModelSim:
-    """A `ModelSim` from a planned `ModelEntryPlan` (what `render` would write)."""
-    batcher = None
-    db = entry.dynamic_batching
-    if db is not None:
-        def pol(view) -> QueuePolicy:
-            return QueuePolicy(
-                timeout_us=view.timeout_us, action=view.action, allow_timeout_override=True, max_queue_size=view.max_queue_size
-            )
-
-        batcher = BatcherConfig(
-            preferred_batch_sizes=list(db.preferred_batch_sizes),
-            max_queue_delay_us=db.max_queue_delay_us,
-            priority_levels=db.priority_levels,
-            default_priority_level=db.default_priority_level,
-            default_queue_policy=pol(db.default_queue_policy),
-            priority_queue_policy={p.level: pol(p) for p in db.priority_queue_policies if p.level is not None},
-        )
-    group = entry.instance_groups[0]
-    resources = {"compute": group.compute_units} if group.compute_units else {}
-    llm = None
-    if entry.kind == "llm" and entry.kv is not None and entry.decoupled:
-        if llm_curve is None:
-            raise ValueError(f"model {entry.name!r} is a streaming LLM: the simulation needs its LLM curve")
-        llm = LLMEngineConfig(
-            max_num_seqs=entry.kv.max_sequences, kv_pool_blocks=entry.kv.pool_blocks,
-            kv_block_tokens=entry.kv.block_tokens, kv_policy=kv_policy, curve=llm_curve,
-        )
-    if llm is None and curve is None:
-        raise ValueError(f"model {entry.name!r}: the simulation needs its service curve")
-    lo = 0
-    if entry.lane == "long":
-        lo = 0  # the short lane takes the short prompts first; the long lane takes the rest
-    return ModelSim(
-        name=entry.name,
-        route=entry.spec_model,
-        max_batch_size=entry.max_batch_size,
-        dynamic_batching=batcher,
-        instances=group.count,
-        devices=list(group.gpus) or [-1],
-        resources=resources,
-        curve=curve if llm is None else None,
-        llm=llm,
-        prompt_tokens_min=lo,
-        prompt_tokens_max=entry.prompt_tokens_max if entry.lane == "short" else None,
-    )
-
-
 # ---------------------------------------------------------------------------------------------
 # Calibration
 
