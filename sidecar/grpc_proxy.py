@@ -43,7 +43,7 @@ from sidecar.controller import (
 from sidecar.cost import cost_for
 from sidecar.metrics import SidecarMetrics
 from sidecar.policy import SidecarPolicy
-from sidecar.upstream import UpstreamHealth
+from sidecar.upstream import Reconnecting, UpstreamHealth
 
 log = logging.getLogger("tritongen.sidecar.grpc")
 
@@ -169,12 +169,9 @@ class GrpcProxy:
         self.metrics = metrics
         self.policy = policy
         self._ids = itertools.count(1)
-        self.channel: grpc.aio.Channel | None = None
         self._unary_calls: dict[str, Any] = {}
-        self._retired: list[grpc.aio.Channel] = []
-        self._lost = False
+        self.channels: Reconnecting[grpc.aio.Channel] = Reconnecting(self._new_channel, _close_channel, health)
         self.connect_timeout_s = 3.0
-        health.on_change(self._upstream_changed)
 
     # -- upstream channel -------------------------------------------------------------------------
 
@@ -192,26 +189,15 @@ class GrpcProxy:
             ],
         )
 
+    @property
+    def channel(self) -> grpc.aio.Channel | None:
+        return self.channels.current
+
     async def start(self) -> None:
-        self.channel = self._new_channel()
+        self.channels.open()
 
     async def close(self) -> None:
-        for channel in (*self._retired, self.channel):
-            if channel is not None:
-                await channel.close(grace=None)
-        self._retired.clear()
-        self.channel = None
-
-    async def _upstream_changed(self, up: bool) -> None:
-        if not up:
-            self._lost = True
-        elif self._lost and self.channel is not None:
-            # The old connection went to a dead process: start over.
-            self._lost = False
-            self._retired.append(self.channel)
-            self.channel = self._new_channel()
-            while len(self._retired) > 1:
-                await self._retired.pop(0).close(grace=None)
+        await self.channels.close()
 
     async def _ready(self, context: grpc.aio.ServicerContext) -> None:
         """Make sure the upstream channel is connected (Triton may just have come back), or answer
@@ -493,6 +479,10 @@ class GrpcProxy:
             if message.error_message:
                 entry.ticket.outcome = "upstream_error"
             entry.done.set()
+
+
+async def _close_channel(channel: grpc.aio.Channel) -> None:
+    await channel.close(grace=None)
 
 
 async def _quiet(awaitable: Any) -> None:

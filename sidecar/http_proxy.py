@@ -37,7 +37,7 @@ from sidecar.controller import (
 from sidecar.cost import cost_for
 from sidecar.metrics import SidecarMetrics
 from sidecar.policy import SidecarPolicy
-from sidecar.upstream import UpstreamHealth
+from sidecar.upstream import Reconnecting, UpstreamHealth
 from sidecar.upstream_pool import UpstreamConnectionError, UpstreamPool
 
 log = logging.getLogger("tritongen.sidecar.http")
@@ -99,11 +99,10 @@ class HttpProxy:
         self.metrics = metrics
         self.policy = policy
         self.admin = admin
-        self.session: aiohttp.ClientSession | None = None
         self.pool = _unary_pool(self.base)
-        self._retired: list[aiohttp.ClientSession] = []
-        self._lost = False
-        health.on_change(self._upstream_changed)
+        self.sessions: Reconnecting[aiohttp.ClientSession] = Reconnecting(
+            self._new_session, _close_session, health, on_renew=self.pool.reset if self.pool is not None else None
+        )
 
     # -- upstream session -------------------------------------------------------------------------
 
@@ -115,30 +114,17 @@ class HttpProxy:
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
         )
 
+    @property
+    def session(self) -> aiohttp.ClientSession | None:
+        return self.sessions.current
+
     async def start(self) -> None:
-        self.session = self._new_session()
+        self.sessions.open()
 
     async def close(self) -> None:
-        for session in (*self._retired, self.session):
-            if session is not None:
-                await session.close()
+        await self.sessions.close()
         if self.pool is not None:
             self.pool.reset()
-        self._retired.clear()
-        self.session = None
-
-    async def _upstream_changed(self, up: bool) -> None:
-        if not up:
-            self._lost = True
-        elif self._lost and self.session is not None:
-            # Pooled connections went to a dead process: start over.
-            self._lost = False
-            self._retired.append(self.session)
-            self.session = self._new_session()
-            if self.pool is not None:
-                self.pool.reset()
-            while len(self._retired) > 1:
-                await self._retired.pop(0).close()
 
     # -- the application --------------------------------------------------------------------------
 
@@ -347,6 +333,10 @@ class HttpProxy:
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as err:
             self.health.mark_down(f"{type(err).__name__}: {err}")
             return self._down()
+
+
+async def _close_session(session: aiohttp.ClientSession) -> None:
+    await session.close()
 
 
 def _unary_pool(base: str) -> UpstreamPool | None:

@@ -9,10 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
 
 from sidecar.tasks import BackgroundTask
 
 log = logging.getLogger("tritongen.sidecar.upstream")
+
+T = TypeVar("T")
 
 
 class UpstreamHealth:
@@ -85,3 +88,46 @@ class UpstreamHealth:
                 await asyncio.wait_for(self._kick.wait(), self.interval_s if self.up else self.down_interval_s)
             except asyncio.TimeoutError:
                 pass
+
+
+class Reconnecting(Generic[T]):
+    """A proxy's connection object to Triton (an aiohttp session, a gRPC channel), made anew when
+    Triton comes back after being down: its pooled connections lead to the dead process. The one it
+    replaces is closed only at the next renewal (or at `close`), so requests still on it finish."""
+
+    def __init__(
+        self,
+        make: Callable[[], T],
+        close: Callable[[T], Awaitable[None]],
+        health: UpstreamHealth,
+        on_renew: Callable[[], None] | None = None,
+    ) -> None:
+        self._make = make
+        self._close = close
+        self._on_renew = on_renew
+        self.current: T | None = None
+        self._retired: list[T] = []
+        self._lost = False
+        health.on_change(self._changed)
+
+    def open(self) -> None:
+        self.current = self._make()
+
+    async def close(self) -> None:
+        for item in (*self._retired, self.current):
+            if item is not None:
+                await self._close(item)
+        self._retired.clear()
+        self.current = None
+
+    async def _changed(self, up: bool) -> None:
+        if not up:
+            self._lost = True
+        elif self._lost and self.current is not None:
+            self._lost = False
+            self._retired.append(self.current)
+            self.current = self._make()
+            if self._on_renew is not None:
+                self._on_renew()
+            while len(self._retired) > 1:
+                await self._close(self._retired.pop(0))
