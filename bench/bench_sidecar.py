@@ -26,7 +26,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 from tritongen.core.plan import plan_deployment
 from tritongen.core.sidecar_policy import build_sidecar_policy
 from tritongen.server import ServerOptions, TritonServer, free_port
+from tritongen.sidecar_process import SidecarProcess
 from tritongen.specio import load_spec
 
 SPEC = ROOT / "examples" / "deployment.yaml"
@@ -102,31 +102,6 @@ def write_policy(path: Path, most: int) -> None:
     path.write_text(json.dumps(policy, indent=2))
 
 
-def start_sidecar(policy: Path, server: TritonServer, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port, metrics_port = free_port(), free_port()
-    handle = open(log, "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from tritongen.cli.main import run; run()", "sidecar", "--policy", str(policy),
-         "--upstream", server.http_url, "--triton-metrics", server.metrics_url,
-         "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics_port}", "--log-level", "warning"],
-        stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT,
-    )
-    handle.close()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the sidecar exited:\n{log.read_text()}")
-        try:
-            if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise SystemExit(f"the sidecar did not become ready:\n{log.read_text()}")
-
-
 NULL_UPSTREAM = """
 import asyncio, sys
 from aiohttp import web
@@ -168,12 +143,9 @@ def proxy_floor(policy: Path, work: Path, seconds: float, warmup: float,
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-        proc, url = start_sidecar(policy, Null, work / "sidecar-null.log")  # type: ignore[arg-type]
-        try:
-            direct, through = interleaved(f"http://{Null.http_url}", url, 1, seconds, warmup, rounds)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=10)
+        with SidecarProcess(policy, Null, work / "sidecar-null.log") as sidecar:
+            direct, through = interleaved(f"http://{Null.http_url}", f"http://{sidecar.http_url}", 1, seconds, warmup,
+                                          rounds)
     finally:
         upstream.terminate()
         upstream.wait(timeout=10)
@@ -284,21 +256,22 @@ def main() -> int:
     write_policy(policy, max(levels))
     rows: list[dict[str, Any]] = []
     with TritonServer(ServerOptions(repository=repo, extra_args=flags)) as server:
-        proc, sidecar_url = start_sidecar(policy, server, work / "sidecar.log")
-        if args.pinned:
-            # The pod's arrangement: the sidecar on a CPU of its own, Triton and the clients on the
-            # rest, on both paths (the sidecar's CPU stays idle while the direct path runs).
-            assert server.process is not None
-            everything = set(range(os.cpu_count() or 1))
-            pin(server.process.pid, everything - {max(everything)})
-            pin(os.getpid(), everything - {max(everything)})
-            pin(proc.pid, {max(everything)})
-        try:
-            idle_rss = memory_of(proc.pid)["VmRSS"]
+        with SidecarProcess(policy, server, work / "sidecar.log") as sidecar:
+            assert sidecar.proc is not None
+            pid, sidecar_url = sidecar.proc.pid, f"http://{sidecar.http_url}"
+            if args.pinned:
+                # The pod's arrangement: the sidecar on a CPU of its own, Triton and the clients on the
+                # rest, on both paths (the sidecar's CPU stays idle while the direct path runs).
+                assert server.process is not None
+                everything = set(range(os.cpu_count() or 1))
+                pin(server.process.pid, everything - {max(everything)})
+                pin(os.getpid(), everything - {max(everything)})
+                pin(pid, {max(everything)})
+            idle_rss = memory_of(pid)["VmRSS"]
             for c in levels:
                 direct, through = interleaved(f"http://{server.http_url}", sidecar_url, c, args.seconds, args.warmup,
                                               args.rounds)
-                mem = memory_of(proc.pid)
+                mem = memory_of(pid)
                 rows.append({
                     "concurrency": c, "direct": direct, "sidecar": through,
                     "added_p50_ms": through["p50_ms"] - direct["p50_ms"],
@@ -306,13 +279,6 @@ def main() -> int:
                     "throughput_ratio": through["throughput"] / direct["throughput"] if direct["throughput"] else 0.0,
                     "sidecar_rss_bytes": mem["VmRSS"], "sidecar_peak_rss_bytes": mem["VmHWM"],
                 })
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
     null_direct, null_through = proxy_floor(policy, work, min(args.seconds, 3.0), args.warmup, args.rounds)
     shutil.rmtree(work, ignore_errors=True)
 

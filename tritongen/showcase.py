@@ -13,7 +13,6 @@ from __future__ import annotations
 import html
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -31,7 +30,8 @@ from tritongen.errors import RunFailed
 from tritongen.loadgen import LoadResult, LoadTarget, run_load
 from tritongen.profiler.report import PALETTE, Chart, Series, svg_chart
 from tritongen.render import SIDECAR_POLICY_FILE
-from tritongen.server import ServerOptions, TritonServer, die_with_parent, free_port
+from tritongen.server import ServerOptions, TritonServer
+from tritongen.sidecar_process import SidecarProcess
 
 Say = Callable[[str], None]
 
@@ -98,60 +98,9 @@ def compute_busy_ns(http_url: str, model: str) -> int:
     return sum(int(b["compute_infer"]["ns"]) for s in stats["model_stats"] for b in s.get("batch_stats", []))
 
 
-class Sidecar:
-    """`tritongen sidecar` as a child process on free ports; stopped by its PID."""
-
-    def __init__(self, policy: Path, server: TritonServer, log: Path) -> None:
-        self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
-        self.log = log
-        self.args = [
-            "sidecar", "--policy", str(policy), "--upstream", server.http_url,
-            "--grpc-upstream", server.grpc_url, "--triton-metrics", server.metrics_url,
-            "--listen", f"127.0.0.1:{self.http_port}", "--grpc-listen", f"127.0.0.1:{self.grpc_port}",
-            "--metrics-listen", f"127.0.0.1:{self.metrics_port}", "--log-level", "warning",
-        ]
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def http_url(self) -> str:
-        return f"127.0.0.1:{self.http_port}"
-
-    @property
-    def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    def __enter__(self) -> "Sidecar":
-        handle = open(self.log, "wb")  # noqa: SIM115 - owned by the child
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from tritongen.cli.main import run; run()", *self.args],
-            stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RunFailed(f"the sidecar exited with {self.proc.returncode}:\n{self.log.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"http://{self.http_url}/v2/health/ready", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.__exit__()
-        raise RunFailed(f"the sidecar was not ready after 30 s:\n{self.log.read_text()[-2000:]}")
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-
-
 def drive(
     model: str, setup: str, arrivals: Arrivals, server: TritonServer, streaming: bool,
-    via: Sidecar | None, class_parameter: str | None,
+    via: SidecarProcess | None, class_parameter: str | None,
 ) -> ModelRun:
     target = LoadTarget(model=model, streaming=streaming, batched=True, class_parameter=class_parameter)
     http_url = via.http_url if via else server.http_url
@@ -176,7 +125,8 @@ def load_phase(
     with TritonServer(options, log_path=workdir / f"triton-{setup}.log") as server:
         say(f"{setup}: tritonserver ready on {server.http_url}")
         if behind_sidecar:
-            with Sidecar(repo / SIDECAR_POLICY_FILE, server, workdir / "sidecar.log") as sidecar:
+            with SidecarProcess(repo / SIDECAR_POLICY_FILE, server, workdir / "sidecar.log",
+                                grpc_upstream=server.grpc_url) as sidecar:
                 say(f"{setup}: sidecar on {sidecar.http_url} (gRPC {sidecar.grpc_url}) in front of Triton")
                 for model, (arrivals, streaming) in workloads.items():
                     say(f"{setup}: {len(arrivals)} bursty requests to {model} through the sidecar")

@@ -26,7 +26,6 @@ import shutil
 import signal
 import struct
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,7 +44,8 @@ from tritongen.core.architecture import Architecture
 from tritongen.core.plan import plan_deployment
 from tritongen.core.sidecar_policy import build_sidecar_policy
 from tritongen.core.spec import DeploymentSpec
-from tritongen.server import ServerOptions, TritonServer, free_port
+from tritongen.server import ServerOptions, TritonServer
+from tritongen.sidecar_process import SidecarProcess
 
 pytestmark = pytest.mark.integration
 
@@ -179,42 +179,6 @@ class Deployment:
             time.sleep(0.1)
 
 
-def start_sidecar(policy_path: Path, server: TritonServer, token_file: Path, log_path: Path) -> tuple[subprocess.Popen[bytes], int, int, int]:
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    log = open(log_path, "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from tritongen.cli.main import run; run()", "sidecar",
-         "--policy", str(policy_path), "--upstream", server.http_url, "--grpc-upstream", server.grpc_url,
-         "--triton-metrics", server.metrics_url, "--listen", f"127.0.0.1:{http_port}",
-         "--grpc-listen", f"127.0.0.1:{grpc_port}", "--metrics-listen", f"127.0.0.1:{metrics_port}",
-         "--token-file", str(token_file), "--log-level", os.environ.get("SIDECAR_LOG", "info")],  # debug: one line a request
-        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-    )
-    log.close()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"the sidecar exited with {proc.returncode}:\n{log_path.read_text()}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=1).status_code == 200:
-                return proc, http_port, grpc_port, metrics_port
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise AssertionError(f"the sidecar did not become ready:\n{log_path.read_text()}")
-
-
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     tmp = tmp_path_factory.mktemp("sidecar")
@@ -225,13 +189,13 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     token_file.write_text(TOKEN + "\n")
     with TritonServer(ServerOptions(repository=repo)) as server:
         log_path = tmp / "sidecar.log"
-        proc, http_port, grpc_port, metrics_port = start_sidecar(policy_path, server, token_file, log_path)
-        try:
-            yield Deployment(server, proc, policy_path, policy, f"http://127.0.0.1:{http_port}",
-                             f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{metrics_port}/metrics", log_path)
-        finally:
-            stop_process(proc)
-    assert proc.returncode == 0, log_path.read_text()  # SIGTERM is a clean stop
+        sidecar = SidecarProcess(policy_path, server, log_path, grpc_upstream=server.grpc_url, token_file=token_file,
+                                 log_level=os.environ.get("SIDECAR_LOG", "info"))  # debug: one line a request
+        with sidecar:
+            assert sidecar.proc is not None
+            yield Deployment(server, sidecar.proc, policy_path, policy, f"http://{sidecar.http_url}", sidecar.grpc_url,
+                             sidecar.metrics_url, log_path)
+    assert sidecar.proc.returncode == 0, log_path.read_text()  # SIGTERM is a clean stop
 
 
 # ------------------------------------------------------------------------------------------------
