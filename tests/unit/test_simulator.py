@@ -472,30 +472,8 @@ def test_traffic_spec_refuses_contradictions() -> None:
         TrafficSpec(shape="poisson", rate_per_s=1, classes=[{"name": "a", "share": 1}], surprise=1)
 
 
-def test_fit_wake_race_recovers_the_race_that_made_the_tail() -> None:
-    from tritongen.core.simulator import fit_wake_race
-
-    b = BatcherConfig(preferred_batch_sizes=[4, 8], max_queue_delay_us=2000, default_queue_policy=POLICY)
-    m = model(mbs=8, fixed=10.0, per_item=1.0, dynamic_batching=b)
-    arr = generate_arrivals(spec(rate=70.0).model_copy(update={"duration_s": 10.0}), seed=4)
-    truth = Overheads(completion_wake_p=0.05, completion_wake_p_idle=0.3)
-    server = ServerSim(models=[m], overheads=truth)
-    p99s, rows = [], []
-    for seed in range(3):
-        sim = simulate_detail(server, arr, seed=seed)
-        w0, w1 = measurement_window(arr.t, arr.warmup_s)
-        keep = (np.asarray(sim.status) == OK) & (arr.t >= w0) & (arr.t <= w1)
-        p99s.append(float(np.percentile((np.asarray(sim.t_done) - arr.t)[keep], 99) * 1000))
-        rows.append(sim.result.models[0].mean_batch_rows)
-    live, live_rows = float(np.median(p99s)), float(np.mean(rows))
-    ideal = ServerSim(models=[m], overheads=Overheads())
-    assert simulate(ideal, arr).klass("hi").p99_ms < live  # the race lengthens the tail
-    grid = dict(p_idle_grid=(0.3, 1.0), p_slot_grid=(0.05, 1.0), doubling_grid=(0.0,), seeds=3)
-    assert fit_wake_race([(ideal, arr, live, live_rows)], **grid) == (0.05, 0.3, 0.0)
-    assert fit_wake_race([(ideal, arr, live, None)], **grid) == (0.05, 0.3, 0.0)
-
-
 def _live_figures(server: ServerSim, arr) -> tuple[float, float]:
+    """(median P99 ms, mean batch rows) over three seeds: what a live run would report."""
     p99s, rows = [], []
     for seed in range(3):
         sim = simulate_detail(server, arr, seed=seed)
@@ -504,6 +482,21 @@ def _live_figures(server: ServerSim, arr) -> tuple[float, float]:
         p99s.append(float(np.percentile((np.asarray(sim.t_done) - arr.t)[keep], 99) * 1000))
         rows.append(sim.result.models[0].mean_batch_rows)
     return float(np.median(p99s)), float(np.mean(rows))
+
+
+def test_fit_wake_race_recovers_the_race_that_made_the_tail() -> None:
+    from tritongen.core.simulator import fit_wake_race
+
+    b = BatcherConfig(preferred_batch_sizes=[4, 8], max_queue_delay_us=2000, default_queue_policy=POLICY)
+    m = model(mbs=8, fixed=10.0, per_item=1.0, dynamic_batching=b)
+    arr = generate_arrivals(spec(rate=70.0).model_copy(update={"duration_s": 10.0}), seed=4)
+    truth = Overheads(completion_wake_p=0.05, completion_wake_p_idle=0.3)
+    live, live_rows = _live_figures(ServerSim(models=[m], overheads=truth), arr)
+    ideal = ServerSim(models=[m], overheads=Overheads())
+    assert simulate(ideal, arr).klass("hi").p99_ms < live  # the race lengthens the tail
+    grid = dict(p_idle_grid=(0.3, 1.0), p_slot_grid=(0.05, 1.0), doubling_grid=(0.0,), seeds=3)
+    assert fit_wake_race([(ideal, arr, live, live_rows)], **grid) == (0.05, 0.3, 0.0)
+    assert fit_wake_race([(ideal, arr, live, None)], **grid) == (0.05, 0.3, 0.0)
 
 
 def test_the_wake_race_grows_with_load_and_the_fit_finds_how_fast() -> None:
