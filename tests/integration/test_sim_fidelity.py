@@ -45,13 +45,12 @@ pytestmark = pytest.mark.integration
 
 from tritongen.core.simulator import (  # noqa: E402
     EMBEDDED_CPU_OVERHEADS,
+    LiveWitness,
     ServerSim,
     ServiceCurve,
     Simulation,
     fit_overheads,
-    LiveWitness,
     fit_wake_race,
-    measurement_window,
     model_sim_from_config,
 )
 from tritongen.core.traffic import TrafficSpec, generate_arrivals  # noqa: E402
@@ -130,10 +129,7 @@ def simulated(name: str, arrivals, overheads, seeds: int = 9) -> tuple[float, fl
     for seed in range(seeds):
         sim = Simulation(sim_server(name, overheads), arrivals, seed)
         res = sim.run()
-        w0, w1 = measurement_window(arrivals.t, arrivals.warmup_s)
-        status = np.asarray(sim.status)
-        keep = (status == 1) & (arrivals.t >= w0) & (arrivals.t <= w1)
-        p99s.append(float(np.percentile((np.asarray(sim.t_done) - arrivals.t)[keep], 99) * 1000.0))
+        p99s.append(float(np.percentile(sim.window_latencies_s(), 99) * 1000.0))
         thrs.append(res.throughput_per_s)
     return statistics.median(p99s), statistics.median(thrs)
 

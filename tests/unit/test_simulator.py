@@ -477,9 +477,7 @@ def _live_figures(server: ServerSim, arr) -> tuple[float, float]:
     p99s, rows = [], []
     for seed in range(3):
         sim = simulate_detail(server, arr, seed=seed)
-        w0, w1 = measurement_window(arr.t, arr.warmup_s)
-        keep = (np.asarray(sim.status) == OK) & (arr.t >= w0) & (arr.t <= w1)
-        p99s.append(float(np.percentile((np.asarray(sim.t_done) - arr.t)[keep], 99) * 1000))
+        p99s.append(float(np.percentile(sim.window_latencies_s(), 99) * 1000))
         rows.append(sim.result.models[0].mean_batch_rows)
     return float(np.median(p99s)), float(np.mean(rows))
 

@@ -1163,6 +1163,14 @@ class Simulation:
 
     # -- the loop --------------------------------------------------------------------------
 
+    def window_latencies_s(self) -> np.ndarray:
+        """After `run`: latencies of the requests served and sent inside the measurement window,
+        the set a live run's P99 is taken over (`LiveRun.window_latencies_s`)."""
+        w0, w1 = self.window
+        t = self.arr.t
+        keep = (np.asarray(self.status) == OK) & (t >= w0) & (t <= w1)
+        return (np.asarray(self.t_done) - t)[keep]
+
     def run(self) -> SimResult:
         heap = self.heap
         t_send = self.t_send
@@ -1475,13 +1483,10 @@ def fit_wake_race(
                     server, arrivals, live_p99, live_rows, live_mean = LiveWitness(*run)
                     srv = server.model_copy(update={"overheads": candidate.applied(server.overheads)})
                     p99s, rows, means = [], [], []
-                    w0, w1 = measurement_window(arrivals.t, arrivals.warmup_s)
                     for seed in range(seeds):
                         sim = Simulation(srv, arrivals, seed)
                         res = sim.run()
-                        status = np.asarray(sim.status)
-                        keep = (status == OK) & (arrivals.t >= w0) & (arrivals.t <= w1)
-                        latency = (np.asarray(sim.t_done) - arrivals.t)[keep]
+                        latency = sim.window_latencies_s()
                         p99s.append(float(np.percentile(latency, 99) * 1000.0))
                         means.append(float(np.mean(latency) * 1000.0))
                         rows.append(res.models[0].mean_batch_rows or 0.0)
