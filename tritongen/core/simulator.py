@@ -77,6 +77,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tritongen.core.handoff import HandoffStats, handoff_stats
 from tritongen.core.traffic import Arrivals
 
 # ---------------------------------------------------------------------------------------------
@@ -214,6 +215,16 @@ class Overheads(_Strict):
         "for every this many requests per second the server receives above the reference rate "
         "(WAKE_LOSS_REFERENCE_PER_S, 200/s; it halves below it); 0 = the same at every load.",
     )
+    release_ms: float = Field(
+        default=0.0, ge=0,
+        description="Mean time from an execution's end until its instance is free for the next batch (the "
+        "backend's response path and the instance thread's return; exponentially distributed), at the "
+        "reference rate (WAKE_LOSS_REFERENCE_PER_S).",
+    )
+    release_ms_per_100_per_s: float = Field(
+        default=0.0,
+        description="How that mean grows per 100 requests/s the server receives above the reference rate.",
+    )
     jitter_cv: float = Field(default=0.0, ge=0, le=2, description="Relative noise of execution times.")
 
 
@@ -241,8 +252,8 @@ _WAKE_RATE_WINDOW_S = 0.5
 #                     lost share at ~7/15/30%.
 #   jitter_cv 0.03    execution-time noise of the sleep-based ranker on a busy host
 EMBEDDED_CPU_OVERHEADS = Overheads(
-    request_ms=2.0, batch_ms=0.6, request_exec_ms=0.08, wake_ms=0.1,
-    completion_wake_p=0.3, completion_wake_p_idle=0.85, wake_loss_doubling_per_s=130.0, jitter_cv=0.03,
+    request_ms=2.0, batch_ms=0.6, request_exec_ms=0.08, wake_ms=0.1, release_ms=0.3,
+    completion_wake_p=0.3, completion_wake_p_idle=0.88, wake_loss_doubling_per_s=100.0, jitter_cv=0.03,
 )
 
 
@@ -517,7 +528,7 @@ def measurement_window(t: np.ndarray, warmup_s: float) -> tuple[float, float]:
 # ---------------------------------------------------------------------------------------------
 # The engine
 
-_TIMER, _EXEC_DONE, _TICK, _STEP, _WAKE = 1, 2, 3, 4, 5
+_TIMER, _EXEC_DONE, _TICK, _STEP, _WAKE, _RELEASE = 1, 2, 3, 4, 5, 6
 _UNINIT, _READY, _REQUESTED, _EXECUTING = 0, 1, 2, 3
 _IDLE_WAIT_S = 0.5  # Triton's default_wait_microseconds: 500 ms
 
@@ -628,8 +639,10 @@ class Simulation:
         self.dev_busy_s: dict[int, float] = {}
         self.wake_s = self.ov.wake_ms / 1000.0
         # Load-dependent wake race: arrival times in order, to count the trailing rate by bisection.
-        self._send_sorted = sorted(self.t_send) if self.ov.wake_loss_doubling_per_s > 0 else []
+        load_dependent = self.ov.wake_loss_doubling_per_s > 0 or self.ov.release_ms_per_100_per_s != 0
+        self._send_sorted = sorted(self.t_send) if load_dependent else []
         self._uni_buf: list[float] = []
+        self._exp_buf: list[float] = []
         self._jitter = self.ov.jitter_cv > 0
         if self._jitter:
             sigma = math.sqrt(math.log(1.0 + self.ov.jitter_cv**2))
@@ -711,6 +724,12 @@ class Simulation:
         if not self._uni_buf:
             self._uni_buf = self.rng.random(4096).tolist()
         return self._uni_buf.pop()
+
+    def _exponential(self) -> float:
+        """A standard exponential draw (mean 1)."""
+        if not self._exp_buf:
+            self._exp_buf = self.rng.standard_exponential(4096).tolist()
+        return self._exp_buf.pop()
 
     def _finish(self, r: int, status: int, t: float) -> None:
         self.status[r] = status
@@ -1027,6 +1046,23 @@ class Simulation:
         else:
             for r in p.reqs:
                 self._finish(r, OK, now)
+        mean_s = self._release_mean_s(now)
+        if mean_s > 0.0:  # the responses are out; the instance comes back a little later
+            self._push(now + mean_s * self._exponential(), _RELEASE, m.index, inst)
+        else:
+            self._release(m, inst, now)
+
+    def _release_mean_s(self, now: float) -> float:
+        ov = self.ov
+        if ov.release_ms <= 0.0 and ov.release_ms_per_100_per_s <= 0.0:
+            return 0.0
+        ms = ov.release_ms
+        if ov.release_ms_per_100_per_s:
+            ms += ov.release_ms_per_100_per_s * (self._recent_rate(now) - WAKE_LOSS_REFERENCE_PER_S) / 100.0
+        return max(0.0, ms) / 1000.0
+
+    def _release(self, m: _Model, inst: int, now: float) -> None:
+        """The instance is free again: it takes a waiting payload, and its notify may wake the batcher."""
         if m.cfg.resources and self.rl:
             self._take_resources(m, inst, -1)
         m.idle.append(inst)
@@ -1057,12 +1093,15 @@ class Simulation:
         doubling = self.ov.wake_loss_doubling_per_s
         if doubling <= 0.0 or at_reference >= 1.0:
             return at_reference
+        loss = (1.0 - at_reference) * 2.0 ** ((self._recent_rate(now) - WAKE_LOSS_REFERENCE_PER_S) / doubling)
+        return 1.0 - min(1.0, loss)
+
+    def _recent_rate(self, now: float) -> float:
+        """Requests per second the server received over the trailing `_WAKE_RATE_WINDOW_S`."""
         sent = self._send_sorted
         span = min(_WAKE_RATE_WINDOW_S, max(now - sent[0], 0.05)) if sent else _WAKE_RATE_WINDOW_S
         recent = bisect.bisect_right(sent, now) - bisect.bisect_left(sent, now - span)
-        rate = recent / span
-        loss = (1.0 - at_reference) * 2.0 ** ((rate - WAKE_LOSS_REFERENCE_PER_S) / doubling)
-        return 1.0 - min(1.0, loss)
+        return recent / span
 
     # -- the LLM engine --------------------------------------------------------------------
 
@@ -1171,6 +1210,14 @@ class Simulation:
         keep = (np.asarray(self.status) == OK) & (t >= w0) & (t <= w1)
         return (np.asarray(self.t_done) - t)[keep]
 
+    def handoff_stats(self) -> HandoffStats:
+        """After `run`: the hand-offs of the first model, classified as a Triton trace's are
+        (`tritongen.core.handoff`), for a single-instance model."""
+        m = self.models[0]
+        ok = np.asarray(self.status) == OK
+        end = np.asarray(self.t_done) - self.ov.request_ms / 1000.0
+        return handoff_stats(self.arr.t[ok], np.asarray(self.t_start)[ok], end[ok], m.delay_s)
+
     def run(self) -> SimResult:
         heap = self.heap
         t_send = self.t_send
@@ -1190,6 +1237,8 @@ class Simulation:
                 elif kind == _WAKE:
                     m.wake_pending = False
                     self._notify_now(m, t)
+                elif kind == _RELEASE:
+                    self._release(m, b, t)
                 elif b == m.token:  # a live timer (a notify supersedes the pending one)
                     if kind == _TIMER:
                         self._batcher_run(m, t, from_slot=False)
@@ -1423,82 +1472,82 @@ def fit_overheads(observations: Sequence[LiveObservation], curve: ServiceCurve, 
     )
 
 
-class WakeRace(NamedTuple):
-    """The fitted wake race: `Overheads` fields of the same names."""
+class Handoff(NamedTuple):
+    """The batcher hand-off model (`Overheads` fields of the same names): how long an instance takes
+    to come back after an execution, and how often its notify fails to wake the batcher."""
 
-    completion_wake_p: float
+    release_ms: float
     completion_wake_p_idle: float
     wake_loss_doubling_per_s: float
+    release_ms_per_100_per_s: float = 0.0
 
     def applied(self, overheads: Overheads) -> Overheads:
         return overheads.model_copy(update=self._asdict())
 
 
-class LiveWitness(NamedTuple):
-    """A live run `fit_wake_race` reproduces: the server (other overheads fitted), the arrivals sent,
-    and what was measured over `measurement_window` (Triton's mean batch rows, the mean latency)."""
+class TracedRun(NamedTuple):
+    """A live run `fit_handoff` reproduces: the server (a single-instance model, other overheads
+    fitted), the arrivals sent, and the hand-offs read from Triton's trace of that run."""
 
     server: ServerSim
     arrivals: Arrivals
-    p99_ms: float | None
-    mean_batch_rows: float | None = None
-    mean_ms: float | None = None
+    live: HandoffStats
 
 
-def fit_wake_race(
-    runs: Sequence[LiveWitness | tuple],
-    p_idle_grid: Sequence[float] = (0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0),
-    p_slot_grid: Sequence[float] = (0.05, 0.15, 0.3, 0.5, 0.75, 0.9),
-    doubling_grid: Sequence[float] = (0.0, 200.0, 130.0, 100.0, 70.0),
+def _handoff_error(sim: HandoffStats, live: HandoffStats) -> float:
+    # lost shares with one pseudo-count each, so a run with no lost wake still compares
+    lost = math.log(((sim.lost + 1) / (sim.handoffs + 1)) / ((live.lost + 1) / (live.handoffs + 1)))
+    gap = math.log(max(sim.gap_mean_ms, 1e-3) / max(live.gap_mean_ms, 1e-3)) if live.gap_mean_ms else 0.0
+    return abs(lost) + abs(gap)
+
+
+def fit_handoff(
+    runs: Sequence[TracedRun | tuple],
+    release_grid: Sequence[float] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7),
+    p_idle_grid: Sequence[float] = (0.7, 0.8, 0.85, 0.88, 0.9, 0.92, 0.94, 0.96, 0.98, 1.0),
+    doubling_grid: Sequence[float] = (0.0, 60.0, 80.0, 100.0, 130.0),
+    slope_grid: Sequence[float] = (0.0,),
     seeds: int = 2,
-) -> WakeRace:
-    """The wake race (chances at the reference rate, and how they change with load) that best
-    reproduces live runs.
+) -> Handoff:
+    """The hand-off model that best reproduces what Triton's trace showed in live runs.
 
-    `runs`: `LiveWitness`es (or tuples in its field order). How often Triton's end-of-execution
-    notify is lost depends on how the host schedules its threads (more often the busier it is), so
-    it is fitted per host from runs of configs with queue policies, at two loads or more when the
-    load dependence is to be found. The error of a run is the sum of the terms it gives:
-    2 |log(sim / live mean batch)| + |log(sim / live mean latency)| + |log(sim / live P99)|. The
-    means (over hundreds of executions and requests) are steady witnesses of late hands-offs; one
-    run's P99 rests on its few slowest requests and moved by 40% between identical runs on the
-    embedded server, so pass a P99 only when it is a median over several runs (or None). It still
-    matters: at low load the P99 moved from one server start to the next (37-48 ms) while the mean
-    batch did not, and only a P99 witness lets the fit follow that.
+    `runs`: `TracedRun`s (or tuples in its field order), each a single-instance config with queue
+    policies. Per run the simulation's hand-offs are classified exactly as the trace's were
+    (`tritongen.core.handoff.handoff_stats`) and compared on two counts over hundreds of
+    hand-offs: the share of lost wakes and the mean delay of the prompt ones. Both are steady where
+    a run's P99 is not (it rests on its ten slowest requests and moved by a third between identical
+    runs), so the tail is predicted from the mechanism rather than fitted to itself. Pass runs at two
+    loads or more to find how fast the loss grows with load (`doubling_grid`), or hold it.
     """
-    default = WakeRace(
-        EMBEDDED_CPU_OVERHEADS.completion_wake_p,
+    default = Handoff(
+        EMBEDDED_CPU_OVERHEADS.release_ms,
         EMBEDDED_CPU_OVERHEADS.completion_wake_p_idle,
         EMBEDDED_CPU_OVERHEADS.wake_loss_doubling_per_s,
+        EMBEDDED_CPU_OVERHEADS.release_ms_per_100_per_s,
     )
     if not runs:
         return default
+    traced = [TracedRun(*run) for run in runs]
     best, best_err = default, math.inf
     for doubling in doubling_grid:
         for p_idle in p_idle_grid:
-            for p_slot in p_slot_grid:
-                candidate = WakeRace(p_slot, p_idle, doubling)
-                errs = []
-                for run in runs:
-                    server, arrivals, live_p99, live_rows, live_mean = LiveWitness(*run)
-                    srv = server.model_copy(update={"overheads": candidate.applied(server.overheads)})
-                    p99s, rows, means = [], [], []
-                    for seed in range(seeds):
-                        sim = Simulation(srv, arrivals, seed)
-                        res = sim.run()
-                        latency = sim.window_latencies_s()
-                        p99s.append(float(np.percentile(latency, 99) * 1000.0))
-                        means.append(float(np.mean(latency) * 1000.0))
-                        rows.append(res.models[0].mean_batch_rows or 0.0)
+            for release in release_grid:
+                for slope in slope_grid:
+                    candidate = Handoff(release, p_idle, doubling, slope)
                     err = 0.0
-                    if live_rows:
-                        err += 2.0 * abs(math.log(max(1e-9, float(np.mean(rows))) / live_rows))
-                    if live_mean:
-                        err += abs(math.log(max(1e-9, float(np.mean(means))) / live_mean))
-                    if live_p99:
-                        err += abs(math.log(float(np.median(p99s)) / live_p99))
-                    errs.append(err)
-                err = float(np.mean(errs))
-                if err < best_err - 1e-9:
-                    best, best_err = candidate, err
+                    for server, arrivals, live in traced:
+                        srv = server.model_copy(update={"overheads": candidate.applied(server.overheads)})
+                        stats = []
+                        for seed in range(seeds):
+                            sim = Simulation(srv, arrivals, seed)
+                            sim.run()
+                            stats.append(sim.handoff_stats())
+                        sim_stats = HandoffStats(
+                            handoffs=sum(x.handoffs for x in stats), lost=sum(x.lost for x in stats),
+                            gap_mean_ms=float(np.mean([x.gap_mean_ms for x in stats])),
+                            gap_p90_ms=float(np.mean([x.gap_p90_ms for x in stats])),
+                        )
+                        err += _handoff_error(sim_stats, live)
+                    if err < best_err - 1e-9:
+                        best, best_err = candidate, err
     return best

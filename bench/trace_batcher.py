@@ -1,0 +1,91 @@
+"""Trace Triton's dynamic batcher hand-offs on the embedded server and compare them with the simulator.
+
+    .venv/bin/python bench/trace_batcher.py [--config tuned] [--rate 100] [--runs 3] [--restarts 2]
+
+Runs one of the fidelity test's single-instance `ranker` configs under its Poisson two-class traffic
+with Triton's request tracing on (level TIMESTAMPS, every request), then classifies every batcher
+hand-off from the trace (`tritongen.core.handoff`): an execution that ended with requests waiting,
+and whether the next batch started promptly (and how soon) or only after the end's wake was lost
+and an arrival or the batcher's tick woke it. The same arrivals are simulated with the embedded
+server's overheads and classified the same way, side by side, with the queue-wait percentiles.
+This is the evidence behind `Overheads.release_ms` and the lost-wake chances.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.integration import test_sim_fidelity as fid  # noqa: E402
+from tritongen.core.handoff import HandoffStats  # noqa: E402
+from tritongen.core.simulator import EMBEDDED_CPU_OVERHEADS, Simulation  # noqa: E402
+from tritongen.loadgen import LoadTarget  # noqa: E402
+from tritongen.server import ServerOptions, TritonServer  # noqa: E402
+from tritongen.triton_trace import read_trace, trace_flags  # noqa: E402
+from tritongen.tuner.verify import measure  # noqa: E402
+
+
+def describe(label: str, stats: HandoffStats, waits_ms: np.ndarray) -> str:
+    return (
+        f"{label:5s} hand-offs {stats.handoffs:4d}, lost {stats.lost:3d} ({stats.lost_share:5.1%}), prompt gap mean "
+        f"{stats.gap_mean_ms:.2f} ms P90 {stats.gap_p90_ms:.2f}; queue wait P50/P90/P99/max "
+        + "/".join(f"{np.percentile(waits_ms, q):.1f}" for q in (50, 90, 99)) + f"/{waits_ms.max():.1f} ms"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default="tuned", choices=[n for n, c in fid.CONFIGS.items() if c["count"] == 1])
+    ap.add_argument("--rate", type=float, default=100.0)
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--runs", type=int, default=3, help="runs per server start")
+    ap.add_argument("--restarts", type=int, default=2, help="server starts")
+    ap.add_argument("--keep", type=Path, help="copy the raw traces into this folder")
+    args = ap.parse_args()
+    name = args.config
+    arrivals = fid.traffic(args.rate, args.requests, args.seed)
+    server_sim = fid.sim_server(name, EMBEDDED_CPU_OVERHEADS)
+    targets = {c["name"]: LoadTarget(name) for c in fid.CLASSES}
+    print(f"{name} at {args.rate:.0f} req/s, {len(arrivals)} requests per run; {args.restarts} server starts x {args.runs} runs")
+    for start in range(args.restarts):
+        with tempfile.TemporaryDirectory(prefix="tritongen-trace-") as tmp:
+            repo = Path(tmp) / "repo"
+            (repo / name / "1").mkdir(parents=True)
+            for f in ("model.py", "ranker_net.py"):
+                shutil.copy(fid.RANKER_CODE / f, repo / name / "1" / f)
+            (repo / name / "config.pbtxt").write_text(fid.config_text(name))
+            trace = Path(tmp) / "trace.json"
+            with TritonServer(ServerOptions(repository=repo, extra_args=[*fid.FLAGS, *trace_flags(trace)])) as server:
+                runs = [measure(server.http_url, arrivals, targets, {name: 1}, warmup=fid.traffic(200.0, 40, 999),
+                                seed=run, server_pid=server.process.pid) for run in range(args.runs)]
+            if args.keep:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                shutil.copy(trace, args.keep / f"trace-{start}.json")
+            for run, live in enumerate(runs):
+                traced = fid.traced_handoffs(trace, name, arrivals, live)
+                times = read_trace(trace, name).between(*live.load.clock_span())
+                waits = (times.start_s - times.queue_s) * 1e3
+                print(f"start {start} run {run}: P99 {live.latency_percentile_ms(99):.1f} ms, mean batch "
+                      f"{live.stats[name].mean_batch_rows:.2f}, client send lag max {live.load.send_lag_ms(100):.1f} ms, "
+                      f"foreign {live.foreign_cores or 0.0:.2f} cores")
+                print("  " + describe("live", traced.live, waits))
+    for seed in range(2):
+        sim = Simulation(server_sim, arrivals, seed)
+        res = sim.run()
+        t_start = np.asarray(sim.t_start)
+        ok = np.isfinite(t_start)
+        print(f"sim seed {seed}: P99 {np.percentile(sim.window_latencies_s(), 99) * 1e3:.1f} ms, mean batch {res.models[0].mean_batch_rows:.2f}")
+        print("  " + describe("sim", sim.handoff_stats(), (t_start[ok] - arrivals.t[ok]) * 1e3))
+
+
+if __name__ == "__main__":
+    main()
