@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/trace_batcher.py [--config tuned] [--rate 100] [--runs 3] [--restarts 2]
 
-Runs one of the fidelity test's single-instance `ranker` configs under its Poisson two-class traffic
+Runs one of the fidelity test's `ranker` configs under its Poisson two-class traffic
 with Triton's request tracing on (level TIMESTAMPS, every request), then classifies every batcher
 hand-off from the trace (`tritongen.core.handoff`): an execution that ended with requests waiting,
 and whether the next batch started promptly (and how soon) or only after the end's wake was lost
@@ -43,7 +43,7 @@ def describe(label: str, stats: HandoffStats, waits_ms: np.ndarray) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--config", default="tuned", choices=[n for n, c in fid.CONFIGS.items() if c["count"] == 1])
+    ap.add_argument("--config", default="tuned", choices=sorted(fid.CONFIGS))
     ap.add_argument("--rate", type=float, default=100.0)
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=7)
@@ -65,7 +65,7 @@ def main() -> None:
             (repo / name / "config.pbtxt").write_text(fid.config_text(name))
             trace = Path(tmp) / "trace.json"
             with TritonServer(ServerOptions(repository=repo, extra_args=[*fid.FLAGS, *trace_flags(trace)])) as server:
-                runs = [measure(server.http_url, arrivals, targets, {name: 1}, warmup=fid.traffic(200.0, 40, 999),
+                runs = [measure(server.http_url, arrivals, targets, {name: fid.CONFIGS[name]["count"]}, warmup=fid.traffic(200.0, 40, 999),
                                 seed=run, server_pid=server.process.pid) for run in range(args.runs)]
             if args.keep:
                 args.keep.mkdir(parents=True, exist_ok=True)

@@ -2,19 +2,23 @@
 
 The trace is how the simulator's batcher hand-off model is calibrated (`tritongen.core.handoff`):
 per request, when it entered the scheduler's queue and when the execution that served it started
-and ended, on Triton's own clock. With `log-frequency=0` the server writes the file when it shuts
-down, so a traced run is one server start.
+and ended, on Triton's own clock. With `log-frequency=0` the server keeps the traces in memory and
+appends them to the file when it shuts down, or when its trace settings are updated, which is
+how `flush_trace` gets them out of a running server (tritonserver 2.51; the file stays an
+unterminated JSON array until shutdown).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import NamedTuple
 
+import httpx
 import numpy as np
 
-from tritongen.errors import BadInput
+from tritongen.errors import BadInput, RunFailed
 
 
 def trace_flags(path: Path) -> list[str]:
@@ -26,6 +30,29 @@ def trace_flags(path: Path) -> list[str]:
         "--trace-config=count=-1",
         "--trace-config=log-frequency=0",
     ]
+
+
+def flush_trace(http_url: str, path: Path, settle_s: float = 0.1, timeout_s: float = 5.0) -> None:
+    """Make a running server append the traces it holds to `path` (see the module docstring).
+
+    Re-posting the same `log_frequency` replaces the server's trace setting; the old one writes its
+    finished traces when the last of them is released, so this waits until the file stops growing.
+    """
+    url = http_url if "://" in http_url else f"http://{http_url}"
+    try:
+        reply = httpx.post(f"{url}/v2/trace/setting", json={"log_frequency": "0"}, timeout=10.0)
+    except httpx.HTTPError as exc:
+        raise RunFailed(f"could not flush Triton's trace at {url}: {exc}") from exc
+    if reply.status_code != 200:
+        raise RunFailed(f"could not flush Triton's trace at {url}: {reply.status_code} {reply.text[:200]}")
+    deadline = time.monotonic() + timeout_s
+    size = -1
+    while time.monotonic() < deadline:
+        time.sleep(settle_s)
+        now = path.stat().st_size if path.exists() else -1
+        if now == size and now > 0:
+            return
+        size = now
 
 
 class RequestTimes(NamedTuple):
@@ -44,7 +71,10 @@ class RequestTimes(NamedTuple):
 def read_trace(path: Path, model: str) -> RequestTimes:
     """The requests of `model` in a trace file (entries of other models and unfinished requests are skipped)."""
     try:
-        raw = json.loads(Path(path).read_text() or "[]")
+        text = Path(path).read_text().strip() or "[]"
+        if not text.endswith("]"):  # flushed from a running server: the array is closed at shutdown
+            text += "]"
+        raw = json.loads(text)
     except (OSError, json.JSONDecodeError) as exc:
         raise BadInput(f"{path}: not a Triton trace file ({exc}); was the server started with trace_flags()?") from exc
     by_id: dict[int, dict] = {}

@@ -64,3 +64,17 @@ def test_the_trace_reader_keeps_one_models_finished_requests(tmp_path) -> None:
     path.write_text("[{")
     with pytest.raises(BadInput, match="not a Triton trace file"):
         read_trace(path, "m")
+
+
+def test_with_two_instances_only_an_end_that_frees_the_last_slot_is_a_hand_off() -> None:
+    q, s, e = times(
+        (0.0, 0.0, 10.0),  # instance 1
+        (1.0, 2.0, 12.0),  # instance 2
+        (5.0, 10.2, 20.0),  # waiting at 10 ms while instance 2 was busy: prompt hand-off
+        (11.0, 20.5, 30.0),  # waiting at 12 ms while instance 1 was busy again: lost (8.5 ms late)
+        (40.0, 40.1, 45.0),  # nothing waiting at 20 or 30 ms
+        (41.0, 41.1, 46.0),  # queued at 41 while instance 1 was free: no hand-off at 45
+    )
+    st = handoff_stats(q, s, e, window_s=0.0, instances=2)
+    assert (st.handoffs, st.lost) == (2, 1)
+    assert st.gap_mean_ms == pytest.approx(0.2)

@@ -522,13 +522,13 @@ def test_fit_handoff_recovers_the_hand_offs_that_made_the_trace() -> None:
     from tritongen.core.simulator import Handoff, fit_handoff
 
     m = _policy_model()
-    truth = Handoff(release_ms=0.4, completion_wake_p_idle=0.7, wake_loss_doubling_per_s=50.0)
+    truth = Handoff(release_ms=0.4, completion_wake_p=1.0, completion_wake_p_idle=0.7, wake_loss_doubling_per_s=50.0)
     runs = []
     for rate, seed in ((60.0, 4), (150.0, 5)):
         arr = generate_arrivals(spec(rate=rate).model_copy(update={"duration_s": 10.0}), seed=seed)
         live = simulate_detail(ServerSim(models=[m], overheads=truth.applied(Overheads())), arr, seed=99).handoff_stats()
         runs.append((ServerSim(models=[m], overheads=Overheads()), arr, live))
-    grid = dict(release_grid=(0.0, 0.4, 1.0), p_idle_grid=(0.7, 0.95), doubling_grid=(0.0, 50.0), seeds=2)
+    grid = dict(release_grid=(0.0, 0.4, 1.0), p_slot_grid=(1.0,), p_idle_grid=(0.7, 0.95), doubling_grid=(0.0, 50.0), seeds=2)
     assert fit_handoff(runs, **grid) == truth
     # one load alone cannot tell how fast the loss grows; holding the doubling still finds the rest
     held = dict(grid, doubling_grid=(50.0,))

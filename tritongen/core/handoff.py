@@ -8,9 +8,8 @@ simulator models, and both can be read directly off Triton's request trace (QUEU
 COMPUTE_START, COMPUTE_END per request, see `tritongen.triton_trace`) or off a simulation's own
 request times, so the model is calibrated on what the server did rather than on a noisy P99.
 
-Pure: arrays in, counts out. Single-instance models only (a hand-off is "the previous execution on
-the one instance ended"); with several instances executions overlap and the previous end is not
-the one that freed the instance the next batch used.
+Pure: arrays in, counts out. Triton's trace does not say which instance ran an execution, so with
+several instances a hand-off is counted only at an end that left no other instance free.
 """
 
 from __future__ import annotations
@@ -52,30 +51,48 @@ def executions(queue_s: np.ndarray, start_s: np.ndarray, end_s: np.ndarray) -> l
     return [(s, e, np.asarray(q)) for s, e, q in out]
 
 
-def handoff_stats(queue_s: np.ndarray, start_s: np.ndarray, end_s: np.ndarray, window_s: float) -> HandoffStats:
-    """Classify every hand-off of a single-instance model.
+def handoff_stats(
+    queue_s: np.ndarray, start_s: np.ndarray, end_s: np.ndarray, window_s: float, instances: int = 1
+) -> HandoffStats:
+    """Classify every hand-off of a model with `instances` instances.
 
-    A hand-off is an execution whose next batch has a request that was already queued when it
-    ended. The next batch could start at that end, or when its oldest request's batching window
-    (`window_s`, the config's max_queue_delay) ran out, whichever is later; a start more than
-    LATE_S after that moment is a lost wake.
+    A hand-off is an execution's end that freed the model's only free instance while requests were
+    waiting (queued before the end, started after it). The next batch could start at that end, or
+    when the oldest waiting request's batching window (`window_s`, the config's max_queue_delay)
+    ran out, whichever is later; a start more than LATE_S after that moment is a lost wake. Ends
+    while another instance was already free are not counted: the batcher had a slot either way.
     """
     queue_s, start_s, end_s = (np.asarray(a, dtype=float) for a in (queue_s, start_s, end_s))
     ok = np.isfinite(queue_s) & np.isfinite(start_s) & np.isfinite(end_s)
     ex = executions(queue_s[ok], start_s[ok], end_s[ok])
+    if len(ex) < 2:
+        return HandoffStats(0, 0, 0.0, 0.0)
+    starts = np.asarray([e[0] for e in ex])
+    ends = np.asarray([e[1] for e in ex])
+    # oldest queue entry among the requests of executions k.. (executions are in start order)
+    oldest_from = np.minimum.accumulate(np.asarray([float(e[2].min()) for e in ex])[::-1])[::-1]
+    started_by = np.sort(starts)
+    ended_by = np.sort(ends)
     handoffs = lost = 0
     gaps: list[float] = []
-    for k in range(1, len(ex)):
-        start, _, queued = ex[k]
-        prev_end = ex[k - 1][1]
-        oldest = float(queued.min())
-        if oldest >= prev_end:
+    for end in ends:
+        # instances still busy at this end: started before it, not yet ended (a batch that starts at
+        # the very moment of the end is the hand-off itself)
+        busy = int(np.searchsorted(started_by, end, side="left")) - int(np.searchsorted(ended_by, end, side="right"))
+        if busy > instances - 1:
+            continue  # (another execution ended at the same moment; counted from its own end)
+        if busy < instances - 1:
+            continue  # another instance was free already
+        nxt = int(np.searchsorted(starts, end, side="left"))
+        if nxt >= len(ex) or oldest_from[nxt] >= end:
             continue  # nothing was waiting: the batcher had nothing to hand over
         handoffs += 1
-        if start - max(prev_end, oldest + window_s) > LATE_S:
+        oldest = float(oldest_from[nxt])
+        start = float(starts[nxt])
+        if start - max(end, oldest + window_s) > LATE_S:
             lost += 1
-        elif oldest + window_s <= prev_end:  # due at the end itself: the gap is the hand-off's own delay
-            gaps.append(max(0.0, start - prev_end) * 1000.0)
+        elif oldest + window_s <= end:  # due at the end itself: the gap is the hand-off's own delay
+            gaps.append(max(0.0, start - end) * 1000.0)
     return HandoffStats(
         handoffs=handoffs,
         lost=lost,
