@@ -1160,7 +1160,8 @@ class Simulation:
                 generated[r] = g
                 if g >= output[r]:
                     self._retire(m, r, t)
-        m.running = [r for r in m.running if self.status[r] == 0]
+        if len(m.running) != len(batch) or any(self.status[r] for r in batch):
+            m.running = [r for r in m.running if self.status[r] == 0]
         if not admitted and not batch and not m.running and m.waiting:
             # Nothing ran and nothing can: the head can never be admitted (a safety net).
             r = m.waiting.popleft()
@@ -1171,7 +1172,6 @@ class Simulation:
         else:
             m.engine_busy = False
             self._engine_busy(m, t, -1)
-        m.busy_s += self._window_overlap(now, t)
         if batch or admitted:
             m.executions += 1
             m.exec_rows += len(batch) or len(admitted)
@@ -1252,7 +1252,8 @@ class Simulation:
                     name=m.cfg.name,
                     executions=m.executions,
                     mean_batch_rows=(m.exec_rows / m.executions) if m.executions else None,
-                    utilisation=min(1.0, m.busy_s / (span * (1 if m.llm else m.n_inst))),
+                    # an engine's steps run back to back while it is busy, so its busy time is its busy periods
+                    utilisation=min(1.0, (m.any_busy_s if m.llm else m.busy_s) / (span * (1 if m.llm else m.n_inst))),
                     busy_fraction=min(1.0, m.any_busy_s / span),
                 )
             )
