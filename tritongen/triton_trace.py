@@ -38,13 +38,7 @@ def flush_trace(http_url: str, path: Path, settle_s: float = 0.1, timeout_s: flo
     Re-posting the same `log_frequency` replaces the server's trace setting; the old one writes its
     finished traces when the last of them is released, so this waits until the file stops growing.
     """
-    url = http_url if "://" in http_url else f"http://{http_url}"
-    try:
-        reply = httpx.post(f"{url}/v2/trace/setting", json={"log_frequency": "0"}, timeout=10.0)
-    except httpx.HTTPError as exc:
-        raise RunFailed(f"could not flush Triton's trace at {url}: {exc}") from exc
-    if reply.status_code != 200:
-        raise RunFailed(f"could not flush Triton's trace at {url}: {reply.status_code} {reply.text[:200]}")
+    _post_setting(http_url, {"log_frequency": "0"})
     deadline = time.monotonic() + timeout_s
     size = -1
     while time.monotonic() < deadline:
@@ -53,6 +47,21 @@ def flush_trace(http_url: str, path: Path, settle_s: float = 0.1, timeout_s: flo
         if now == size and now > 0:
             return
         size = now
+
+
+def stop_tracing(http_url: str) -> None:
+    """Turn a running server's tracing off (what it holds is written out, as `flush_trace` does)."""
+    _post_setting(http_url, {"trace_level": ["OFF"]})
+
+
+def _post_setting(http_url: str, setting: dict) -> None:
+    url = http_url if "://" in http_url else f"http://{http_url}"
+    try:
+        reply = httpx.post(f"{url}/v2/trace/setting", json=setting, timeout=10.0)
+    except httpx.HTTPError as exc:
+        raise RunFailed(f"could not update Triton's trace setting at {url}: {exc}") from exc
+    if reply.status_code != 200:
+        raise RunFailed(f"could not update Triton's trace setting at {url}: {reply.status_code} {reply.text[:200]}")
 
 
 class RequestTimes(NamedTuple):

@@ -18,8 +18,8 @@ of the two configs with queue policies (`fit_handoff`: how soon an instance is b
 execution, and how often the end's notify fails to wake the batcher, which then waits for the
 next arrival; see `tritongen.core.handoff`). Those are counts over hundreds of hand-offs,
 so the tail is predicted from the mechanism, not fitted to a P99. The cells run on the same server
-start, still traced: how often wakes are lost moved from one start to the next (3% in one, 7% in
-another), so a calibration only holds for the server it was made on. Each cell is measured three times and its live P99 is the median run's:
+start, with tracing turned off: how often wakes are lost moves between runs and more between
+server starts (2-7% at 110 req/s), so a calibration holds best for the server it was made on. Each cell is measured three times and its live P99 is the median run's:
 one run's P99 rests on its ten slowest requests, and about one run in ten is an outlier (P99 up by
 half) that pooling the runs would let dominate. The simulator's P99 is likewise the median over
 seeds.
@@ -61,7 +61,8 @@ from tritongen.core.traffic import TrafficSpec, generate_arrivals  # noqa: E402
 from tritongen.loadgen import LoadTarget  # noqa: E402
 from tritongen.pbtxt import parse_model_config  # noqa: E402
 from tritongen.server import ServerOptions, TritonServer  # noqa: E402
-from tritongen.triton_trace import flush_trace, read_trace, trace_flags  # noqa: E402
+from tritongen.errors import RunFailed  # noqa: E402
+from tritongen.triton_trace import flush_trace, read_trace, stop_tracing, trace_flags  # noqa: E402
 from tritongen.tuner.verify import measure  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -199,8 +200,12 @@ def run_fidelity(log=print) -> tuple[list[Cell], object, float]:
             best = None
             while True:
                 attempts[0] += 1
-                run = measure(server.http_url, arrivals, targets, {name: CONFIGS[name]["count"]}, warmup=warm, seed=seed,
-                              server_pid=pid)
+                try:
+                    run = measure(server.http_url, arrivals, targets, {name: CONFIGS[name]["count"]}, warmup=warm,
+                                  seed=seed, server_pid=pid)
+                except RunFailed as exc:
+                    alive = server.process is not None and server.process.poll() is None
+                    raise RunFailed(f"{exc}\nserver {'alive' if alive else 'exited'}; its log:\n{server.failure_reason()}") from exc
                 if best is None or (run.foreign_cores or 0.0) < (best.foreign_cores or 0.0):
                     best = run
                 if (run.foreign_cores or 0.0) <= quiet or time.perf_counter() - started > DEADLINE_S:
@@ -210,8 +215,8 @@ def run_fidelity(log=print) -> tuple[list[Cell], object, float]:
             return best
 
         # 1. calibration, on traffic of its own (other seeds, loads between the cells'), on the server
-        #    the cells then run on (how often wakes are lost changes from one server start to the
-        #    next: 3% in one, 7% in the next), which traces every request: the per-request and
+        #    the cells then run on (how often wakes are lost moves between server starts), which
+        #    traces every request until the cells begin: the per-request and
         #    per-batch overheads from Triton's stats, then the batcher's hand-offs (how soon an
         #    instance is back, how often its wake is lost) from the trace of the configs with queue
         #    policies.
@@ -222,6 +227,7 @@ def run_fidelity(log=print) -> tuple[list[Cell], object, float]:
                 runs = [live(server, name, arrivals, 500 + i + 10 * k, CALIBRATION_QUIET_CORES) for k in range(repeats)]
                 calibration.append((name, arrivals, runs))
             flush_trace(server.http_url, trace)
+            stop_tracing(server.http_url)  # the cells run as the server is deployed
             overheads = fit_overheads([run.observation(name) for name, _, runs in calibration for run in runs], CURVE,
                                       base=EMBEDDED_CPU_OVERHEADS)
             traced = [traced_handoffs(trace, name, arrivals, run)

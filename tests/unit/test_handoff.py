@@ -61,6 +61,9 @@ def test_the_trace_reader_keeps_one_models_finished_requests(tmp_path) -> None:
     assert got.queue_s.tolist() == [0.001] and got.start_s.tolist() == [0.002] and got.end_s.tolist() == [0.012]
     assert len(read_trace(path, "absent").queue_s) == 0
     assert any("log-frequency=0" in f for f in trace_flags(path))
+    # flushed from a running server: the array is closed only at shutdown
+    path.write_text(json.dumps(records)[:-1])
+    assert read_trace(path, "m").queue_s.tolist() == [0.001]
     path.write_text("[{")
     with pytest.raises(BadInput, match="not a Triton trace file"):
         read_trace(path, "m")
