@@ -50,6 +50,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="runs per server start")
     ap.add_argument("--restarts", type=int, default=2, help="server starts")
     ap.add_argument("--keep", type=Path, help="copy the raw traces into this folder")
+    ap.add_argument("--all-models", action="store_true", help="load every fidelity config, as the fidelity test does")
     args = ap.parse_args()
     name = args.config
     arrivals = fid.traffic(args.rate, args.requests, args.seed)
@@ -59,10 +60,11 @@ def main() -> None:
     for start in range(args.restarts):
         with tempfile.TemporaryDirectory(prefix="tritongen-trace-") as tmp:
             repo = Path(tmp) / "repo"
-            (repo / name / "1").mkdir(parents=True)
-            for f in ("model.py", "ranker_net.py"):
-                shutil.copy(fid.RANKER_CODE / f, repo / name / "1" / f)
-            (repo / name / "config.pbtxt").write_text(fid.config_text(name))
+            for model in (fid.CONFIGS if args.all_models else [name]):
+                (repo / model / "1").mkdir(parents=True)
+                for f in ("model.py", "ranker_net.py"):
+                    shutil.copy(fid.RANKER_CODE / f, repo / model / "1" / f)
+                (repo / model / "config.pbtxt").write_text(fid.config_text(model))
             trace = Path(tmp) / "trace.json"
             with TritonServer(ServerOptions(repository=repo, extra_args=[*fid.FLAGS, *trace_flags(trace)])) as server:
                 runs = [measure(server.http_url, arrivals, targets, {name: fid.CONFIGS[name]["count"]}, warmup=fid.traffic(200.0, 40, 999),
