@@ -72,10 +72,11 @@ def main() -> None:
             if args.keep:
                 args.keep.mkdir(parents=True, exist_ok=True)
                 shutil.copy(trace, args.keep / f"trace-{start}.json")
+            times = read_trace(trace, name)
             for run, live in enumerate(runs):
-                traced = fid.traced_handoffs(trace, name, arrivals, live)
-                times = read_trace(trace, name).between(*live.load.clock_span())
-                waits = (times.start_s - times.queue_s) * 1e3
+                traced = fid.traced_handoffs(times, name, arrivals, live, EMBEDDED_CPU_OVERHEADS)
+                mine = times.between(*live.load.clock_span())
+                waits = (mine.start_s - mine.queue_s) * 1e3
                 print(f"start {start} run {run}: P99 {live.latency_percentile_ms(99):.1f} ms, mean batch "
                       f"{live.stats[name].mean_batch_rows:.2f}, client send lag max {live.load.send_lag_ms(100):.1f} ms, "
                       f"foreign {live.foreign_cores or 0.0:.2f} cores")

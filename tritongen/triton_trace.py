@@ -22,7 +22,8 @@ from tritongen.errors import BadInput, RunFailed
 
 
 def trace_flags(path: Path) -> list[str]:
-    """tritonserver arguments that trace every request's timestamps into `path` at shutdown."""
+    """tritonserver arguments that trace every request's timestamps into `path` (written at shutdown
+    or by `flush_trace`)."""
     return [
         f"--trace-config=triton,file={path}",
         "--trace-config=level=TIMESTAMPS",

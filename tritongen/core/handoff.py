@@ -71,18 +71,15 @@ def handoff_stats(
     ends = np.asarray([e[1] for e in ex])
     # oldest queue entry among the requests of executions k.. (executions are in start order)
     oldest_from = np.minimum.accumulate(np.asarray([float(e[2].min()) for e in ex])[::-1])[::-1]
-    started_by = np.sort(starts)
     ended_by = np.sort(ends)
     handoffs = lost = 0
     gaps: list[float] = []
     for end in ends:
         # instances still busy at this end: started before it, not yet ended (a batch that starts at
         # the very moment of the end is the hand-off itself)
-        busy = int(np.searchsorted(started_by, end, side="left")) - int(np.searchsorted(ended_by, end, side="right"))
-        if busy > instances - 1:
-            continue  # (another execution ended at the same moment; counted from its own end)
-        if busy < instances - 1:
-            continue  # another instance was free already
+        busy = int(np.searchsorted(starts, end, side="left")) - int(np.searchsorted(ended_by, end, side="right"))
+        if busy != instances - 1:
+            continue  # another instance was free already (or, with ties, another end counts this one)
         nxt = int(np.searchsorted(starts, end, side="left"))
         if nxt >= len(ex) or oldest_from[nxt] >= end:
             continue  # nothing was waiting: the batcher had nothing to hand over

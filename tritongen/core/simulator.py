@@ -1066,10 +1066,10 @@ class Simulation:
     def _wake_chance(self, at_reference: float, now: float) -> float:
         """The chance an execution's end wakes the batcher, at the host's current load.
 
-        Fitted on the embedded server (ranker, queue policies, 2 cores): the share of lost wakes
-        rose from ~7% at 100 req/s to ~15% at 200 and ~30% at 300 (Triton's mean batch size is the
-        witness), i.e. it doubles every ~100 req/s: the busier the host's threads, the likelier the
-        batcher checks for a free instance before the instance thread has released it.
+        Traced on the embedded server (ranker, queue policies, one instance, 2 cores): 3-5% of
+        hand-offs lost at 100 req/s, 7-10% at 200, 9-22% at 300, i.e. the loss roughly doubles every
+        ~100 req/s: the busier the host's threads, the likelier the batcher checks for a free
+        instance before the instance thread has released it.
         """
         doubling = self.ov.wake_loss_doubling_per_s
         if doubling <= 0.0 or at_reference >= 1.0:
@@ -1468,8 +1468,8 @@ class Handoff(NamedTuple):
 
 
 class TracedRun(NamedTuple):
-    """A live run `fit_handoff` reproduces: the server (a single-instance model, other overheads
-    fitted), the arrivals sent, and the hand-offs read from Triton's trace of that run."""
+    """A live run `fit_handoff` reproduces: the server (its model first, other overheads fitted),
+    the arrivals sent, and the hand-offs read from Triton's trace of that run."""
 
     server: ServerSim
     arrivals: Arrivals
