@@ -11,17 +11,19 @@ arrivals:
           capacity, so a small queue limit rejects and throughput is the server's own limit
 
 The ranker runs 10 ms + 1.5 ms per row (its parameters), which is the curve the simulator gets.
-Calibration comes first, on traffic of its own (other seeds, loads between the cells') and on a
-server that traces every request (Triton's trace, level TIMESTAMPS): the per-request and per-batch
-overheads from Triton's statistics (`fit_overheads`), then the batcher's hand-offs from the trace
-of the two configs with queue policies (`fit_handoff`: how soon an instance is back after an
-execution, and how often the end's notify fails to wake the batcher, which then waits for the
-next arrival; see `tritongen.core.handoff`). Those are counts over hundreds of hand-offs,
-so the tail is predicted from the mechanism, not fitted to a P99. The cells run on the same server
-start, with tracing turned off: how often wakes are lost moves between runs and more between
-server starts (2-7% at 110 req/s), so a calibration holds best for the server it was made on. Each cell is measured three times and its live P99 is the median run's:
-one run's P99 rests on its ten slowest requests, and a run that meets a host hiccup should not
-decide the cell. The simulator's P99 is likewise the median over seeds.
+Calibration comes first, on traffic of its own (other seeds, loads between the cells') and on the
+server start the cells then run on: how often wakes are lost moves between server starts (2-7% at
+110 req/s), so a calibration holds best for the server it was made on. Two runs with Triton's
+request trace on (level TIMESTAMPS) give the shape of the batcher's hand-offs in the configs with
+queue policies (`fit_handoff`: how soon an instance is back after an execution; see
+`tritongen.core.handoff`). Tracing changes the race it watches, though (untraced runs lose more
+wakes), so the rest of the calibration runs untraced, as the cells do: the per-request and
+per-batch overheads from Triton's statistics (`fit_overheads`), and how often the end of an
+execution fails to wake the batcher, from Triton's mean batch (`fit_wake_chances`). Those are
+counts over hundreds of hand-offs and a thousand executions, so the tail is predicted from the
+mechanism, not fitted to a P99. Each cell is measured three times and its live P99 is the median
+run's: one run's P99 rests on its ten slowest requests, and a run that meets a host hiccup should
+not decide the cell. The simulator's P99 is likewise the median over seeds.
 
 Asserts: P99 within 15% in every cell but at most one, which must be within 30% (see
 WORST_CELL_TOLERANCE), and throughput within 10% in every cell. The host is shared: a run during
@@ -52,9 +54,11 @@ from tritongen.core.simulator import (  # noqa: E402
     ServerSim,
     ServiceCurve,
     Simulation,
+    BatchedRun,
     TracedRun,
     fit_handoff,
     fit_overheads,
+    fit_wake_chances,
     model_sim_from_config,
 )
 from tritongen.core.traffic import TrafficSpec, generate_arrivals  # noqa: E402
@@ -76,10 +80,13 @@ REQUESTS = int(os.environ.get("TRITONGEN_FIDELITY_REQUESTS", "1000"))  # per run
 # run (how often they come moves between runs), the noisiest figure of all; 20 s halves that noise.
 LOWEST_LOAD_FACTOR = 2
 RUNS_PER_CELL = 3  # the median: one run's P99 rests on its ten slowest requests
-# Calibration runs: loads between the cells' (the wake race is fitted from the policy configs')
-# (config, load, runs): the low-load policy run is repeated, since its lost-wake share moves between runs
+# Calibration runs, (config, load, runs), at loads between the cells': first traced, for the shape of
+# the batcher's hand-offs (how soon an instance is back), then untraced, as the cells run, for the
+# overheads and how often wakes are lost (tracing changes that race; see `fit_wake_chances`). The
+# low-load policy run is repeated: its lost-wake share moves between runs.
+TRACED_CALIBRATION = [("tuned", 110.0, 1), ("multi", 230.0, 1)]
 CALIBRATION = [("plain", 140.0, 1), ("tuned", 110.0, 2), ("tuned", 250.0, 1), ("multi", 230.0, 1)]
-TRACED = ("tuned", "multi")  # the configs with queue policies: their traced hand-offs calibrate the batcher model
+POLICY_CONFIGS = ("tuned", "multi")  # the configs with queue policies, whose batcher the hand-off model describes
 P99_TOLERANCE, THROUGHPUT_TOLERANCE = 0.15, 0.10
 QUIET_CORES = float(os.environ.get("TRITONGEN_FIDELITY_QUIET_CORES", "0.4"))  # other processes' CPU a run tolerates
 CALIBRATION_QUIET_CORES = 0.2  # stricter: how often the batcher misses a wake depends on how busy the host is
@@ -214,28 +221,38 @@ def run_fidelity(log=print) -> tuple[list[Cell], object, float]:
             return best
 
         # 1. calibration, on traffic of its own (other seeds, loads between the cells'), on the server
-        #    the cells then run on (how often wakes are lost moves between server starts), which
-        #    traces every request until the cells begin: the per-request and
-        #    per-batch overheads from Triton's stats, then the batcher's hand-offs (how soon an
-        #    instance is back, how often its wake is lost) from the trace of the configs with queue
-        #    policies.
+        #    the cells then run on (how often wakes are lost moves between server starts). Traced
+        #    first: the hand-offs of the configs with queue policies (how soon an instance is back).
+        #    Then untraced, as the cells run: the per-request and per-batch overheads from Triton's
+        #    stats, and how often the batcher's wake is lost, from Triton's mean batch.
         with TritonServer(ServerOptions(repository=repo, extra_args=[*FLAGS, *trace_flags(trace)])) as server:
-            calibration = []
-            for i, (name, rate, repeats) in enumerate(CALIBRATION):
-                arrivals = traffic(rate, 900, 500 + i)
-                runs = [live(server, name, arrivals, 500 + i + 10 * k, CALIBRATION_QUIET_CORES) for k in range(repeats)]
-                calibration.append((name, arrivals, runs))
+            def calibrate(plan, seed0):
+                out = []
+                for i, (name, rate, repeats) in enumerate(plan):
+                    arrivals = traffic(rate, 900, seed0 + i)
+                    runs = [live(server, name, arrivals, seed0 + i + 10 * k, CALIBRATION_QUIET_CORES) for k in range(repeats)]
+                    out.append((name, arrivals, runs))
+                return out
+
+            traced_calibration = calibrate(TRACED_CALIBRATION, 400)
             flush_trace(server.http_url, trace)
-            stop_tracing(server.http_url)  # the cells run as the server is deployed
+            stop_tracing(server.http_url)  # the rest runs as the server is deployed
+            calibration = calibrate(CALIBRATION, 500)
             overheads = fit_overheads([run.observation(name) for name, _, runs in calibration for run in runs], CURVE,
                                       base=EMBEDDED_CPU_OVERHEADS)
-            times = {name: read_trace(trace, name) for name in TRACED}
+            times = {name: read_trace(trace, name) for name in POLICY_CONFIGS}
             traced = [traced_handoffs(times[name], name, arrivals, run, overheads)
-                      for name, arrivals, runs in calibration if name in TRACED for run in runs]
+                      for name, arrivals, runs in traced_calibration for run in runs]
             for t in traced:
                 log(f"traced {t.server.models[0].name}@{t.arrivals.mean_rate:.0f}/s: {t.live.handoffs} hand-offs, "
                     f"{t.live.lost_share:.1%} lost, gap mean {t.live.gap_mean_ms:.2f} ms")
-            overheads = fit_handoff(traced, doubling_grid=(EMBEDDED_CPU_OVERHEADS.wake_loss_doubling_per_s,)).applied(overheads)
+            handoff = fit_handoff(traced, doubling_grid=(EMBEDDED_CPU_OVERHEADS.wake_loss_doubling_per_s,))
+            log(f"hand-offs as traced: {handoff}")
+            batched = [BatchedRun(sim_server(name, handoff.applied(overheads)), arrivals, run.stats[name].mean_batch_rows or 0.0)
+                       for name, arrivals, runs in calibration if name in POLICY_CONFIGS for run in runs]
+            for b in batched:
+                log(f"untraced {b.server.models[0].name}@{b.arrivals.mean_rate:.0f}/s: mean batch {b.live_mean_batch:.3f}")
+            overheads = fit_wake_chances(batched, handoff).applied(overheads)
             log(f"fitted overheads: {overheads}")
             # 2. the cells
             cells = []

@@ -533,3 +533,21 @@ def test_fit_handoff_recovers_the_hand_offs_that_made_the_trace() -> None:
     # one load alone cannot tell how fast the loss grows; holding the doubling still finds the rest
     held = dict(grid, doubling_grid=(50.0,))
     assert fit_handoff(runs[:1], **held) == truth
+
+
+def test_fit_wake_chances_finds_the_lost_wakes_from_the_mean_batch_alone() -> None:
+    from tritongen.core.simulator import BatchedRun, Handoff, fit_wake_chances
+
+    m = _policy_model()
+    truth = Handoff(release_ms=0.3, completion_wake_p=1.0, completion_wake_p_idle=0.75, wake_loss_doubling_per_s=0.0)
+    arr = generate_arrivals(spec(rate=60.0).model_copy(update={"duration_s": 30.0}), seed=4)
+    res = simulate(ServerSim(models=[m], overheads=truth.applied(Overheads())), arr, seed=99)
+    live_batch = res.models[0].mean_batch_rows
+    # the witness moves with the lost share: a server that loses no wake batches less
+    ideal = simulate(ServerSim(models=[m], overheads=truth._replace(completion_wake_p_idle=1.0).applied(Overheads())), arr, seed=99)
+    assert ideal.models[0].mean_batch_rows < live_batch - 0.02
+    start = truth._replace(completion_wake_p_idle=1.0)  # what a trace under another race would have said
+    run = BatchedRun(ServerSim(models=[m], overheads=Overheads()), arr, live_batch)
+    fitted = fit_wake_chances([run], start, p_slot_grid=(1.0,), p_idle_grid=(0.5, 0.75, 0.95))
+    assert fitted == truth  # release and doubling kept from the trace, the chance found
+    assert fit_wake_chances([], start) == start
