@@ -1,6 +1,7 @@
 """Trace Triton's dynamic batcher hand-offs on the embedded server and compare them with the simulator.
 
     .venv/bin/python bench/trace_batcher.py [--config tuned] [--rate 100] [--runs 3] [--restarts 2]
+    .venv/bin/python bench/trace_batcher.py --observer-effect [--runs 4] [--requests 2000]
 
 Runs one of the fidelity test's `ranker` configs under its Poisson two-class traffic
 with Triton's request tracing on (level TIMESTAMPS, every request), then classifies every batcher
@@ -9,6 +10,12 @@ and whether the next batch started promptly (and how soon) or only after the end
 and an arrival or the batcher's tick woke it. The same arrivals are simulated with the embedded
 server's overheads and classified the same way, side by side, with the queue-wait percentiles.
 This is the evidence behind `Overheads.release_ms` and the lost-wake chances.
+
+`--observer-effect` measures what tracing does to the race it watches: on one server start it
+alternates traced and untraced runs of the same arrivals (which goes first swaps every pair) and
+prints each run's latency percentiles and Triton's mean batch, then the medians per mode. On the
+embedded server untraced runs lost more wakes, which is why the fidelity test takes only the
+hand-off's shape from a trace and the lost-wake chances from untraced runs (`fit_wake_chances`).
 """
 
 from __future__ import annotations
@@ -25,12 +32,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.integration import test_sim_fidelity as fid  # noqa: E402
-from tritongen.core.handoff import HandoffStats  # noqa: E402
-from tritongen.core.simulator import EMBEDDED_CPU_OVERHEADS, Simulation  # noqa: E402
+from tritongen.core.handoff import HandoffStats, handoff_stats  # noqa: E402
+from tritongen.core.simulator import EMBEDDED_CPU_OVERHEADS, Simulation, TracedRun, fit_handoff  # noqa: E402
 from tritongen.loadgen import LoadTarget  # noqa: E402
 from tritongen.server import ServerOptions, TritonServer  # noqa: E402
-from tritongen.triton_trace import read_trace, trace_flags  # noqa: E402
+from tritongen.triton_trace import RequestTimes, read_trace, set_trace_level, stop_tracing, trace_flags  # noqa: E402
 from tritongen.tuner.verify import measure  # noqa: E402
+
+
+def traced_handoffs(times: RequestTimes, name: str, arrivals, run, overheads) -> TracedRun:
+    """The hand-offs of one run, out of the model's traced requests (`read_trace`): those that
+    entered the queue while this run's arrivals were being sent."""
+    server = fid.sim_server(name, overheads)
+    window_s = server.models[0].batcher().max_queue_delay_us / 1e6
+    mine = times.between(*run.load.clock_span())
+    return TracedRun(server, arrivals, handoff_stats(*mine, window_s, server.models[0].instance_count))
 
 
 def describe(label: str, stats: HandoffStats, waits_ms: np.ndarray) -> str:
@@ -51,20 +67,22 @@ def main() -> None:
     ap.add_argument("--restarts", type=int, default=2, help="server starts")
     ap.add_argument("--keep", type=Path, help="copy the raw traces into this folder")
     ap.add_argument("--all-models", action="store_true", help="load every fidelity config, as the fidelity test does")
+    ap.add_argument("--fit", action="store_true", help="fit the hand-off model (fit_handoff) to the traced runs")
+    ap.add_argument("--observer-effect", action="store_true",
+                    help="alternate traced and untraced runs (--runs pairs) on one server start, all models loaded")
     args = ap.parse_args()
+    if args.observer_effect:
+        observer_effect(args)
+        return
     name = args.config
     arrivals = fid.traffic(args.rate, args.requests, args.seed)
     server_sim = fid.sim_server(name, EMBEDDED_CPU_OVERHEADS)
     targets = {c["name"]: LoadTarget(name) for c in fid.CLASSES}
     print(f"{name} at {args.rate:.0f} req/s, {len(arrivals)} requests per run; {args.restarts} server starts x {args.runs} runs")
+    all_traced = []
     for start in range(args.restarts):
         with tempfile.TemporaryDirectory(prefix="tritongen-trace-") as tmp:
-            repo = Path(tmp) / "repo"
-            for model in (fid.CONFIGS if args.all_models else [name]):
-                (repo / model / "1").mkdir(parents=True)
-                for f in ("model.py", "ranker_net.py"):
-                    shutil.copy(fid.RANKER_CODE / f, repo / model / "1" / f)
-                (repo / model / "config.pbtxt").write_text(fid.config_text(model))
+            repo = fidelity_repository(Path(tmp), fid.CONFIGS if args.all_models else [name])
             trace = Path(tmp) / "trace.json"
             with TritonServer(ServerOptions(repository=repo, extra_args=[*fid.FLAGS, *trace_flags(trace)])) as server:
                 runs = [measure(server.http_url, arrivals, targets, {name: fid.CONFIGS[name]["count"]}, warmup=fid.traffic(200.0, 40, 999),
@@ -74,7 +92,8 @@ def main() -> None:
                 shutil.copy(trace, args.keep / f"trace-{start}.json")
             times = read_trace(trace, name)
             for run, live in enumerate(runs):
-                traced = fid.traced_handoffs(times, name, arrivals, live, EMBEDDED_CPU_OVERHEADS)
+                traced = traced_handoffs(times, name, arrivals, live, EMBEDDED_CPU_OVERHEADS)
+                all_traced.append(traced)
                 mine = times.between(*live.load.clock_span())
                 waits = (mine.start_s - mine.queue_s) * 1e3
                 print(f"start {start} run {run}: P99 {live.latency_percentile_ms(99):.1f} ms, mean batch "
@@ -88,6 +107,49 @@ def main() -> None:
         ok = np.isfinite(t_start)
         print(f"sim seed {seed}: P99 {np.percentile(sim.window_latencies_s(), 99) * 1e3:.1f} ms, mean batch {res.models[0].mean_batch_rows:.2f}")
         print("  " + describe("sim", sim.handoff_stats(), (t_start[ok] - arrivals.t[ok]) * 1e3))
+    if args.fit:
+        # one load cannot tell how fast the loss grows with load: the doubling is held
+        fitted = fit_handoff(all_traced, doubling_grid=(EMBEDDED_CPU_OVERHEADS.wake_loss_doubling_per_s,))
+        print(f"hand-off model fitted to these traces: {fitted} (embedded: release_ms {EMBEDDED_CPU_OVERHEADS.release_ms})")
+
+
+def fidelity_repository(into: Path, models) -> Path:
+    repo = into / "repo"
+    for model in models:
+        (repo / model / "1").mkdir(parents=True)
+        for f in ("model.py", "ranker_net.py"):
+            shutil.copy(fid.RANKER_CODE / f, repo / model / "1" / f)
+        (repo / model / "config.pbtxt").write_text(fid.config_text(model))
+    return repo
+
+
+def observer_effect(args) -> None:
+    name = args.config
+    arrivals = fid.traffic(args.rate, args.requests, args.seed)
+    targets = {c["name"]: LoadTarget(name) for c in fid.CLASSES}
+    print(f"{name} at {args.rate:.0f} req/s, {len(arrivals)} requests per run; {args.runs} traced/untraced pairs, one server start")
+    p99 = {"traced": [], "untraced": []}
+    batch = {"traced": [], "untraced": []}
+    with tempfile.TemporaryDirectory(prefix="tritongen-trace-") as tmp:
+        repo = fidelity_repository(Path(tmp), fid.CONFIGS)
+        trace = Path(tmp) / "trace.json"
+        with TritonServer(ServerOptions(repository=repo, extra_args=[*fid.FLAGS, *trace_flags(trace)])) as server:
+            for pair in range(args.runs):
+                for mode in ("traced", "untraced") if pair % 2 == 0 else ("untraced", "traced"):
+                    if mode == "traced":
+                        set_trace_level(server.http_url, "TIMESTAMPS")
+                    else:
+                        stop_tracing(server.http_url)
+                    live = measure(server.http_url, arrivals, targets, {name: fid.CONFIGS[name]["count"]},
+                                   warmup=fid.traffic(200.0, 40, 999), seed=pair, server_pid=server.process.pid)
+                    p99[mode].append(live.latency_percentile_ms(99))
+                    batch[mode].append(live.stats[name].mean_batch_rows or 0.0)
+                    print(f"pair {pair} {mode:8s} P50/P90/P99 " + "/".join(f"{live.latency_percentile_ms(q):.1f}" for q in (50, 90, 99))
+                          + f" ms, mean batch {batch[mode][-1]:.3f}, foreign {live.foreign_cores or 0.0:.2f} cores")
+    for mode in ("traced", "untraced"):
+        print(f"{mode:8s} median P99 {np.median(p99[mode]):.1f} ms, mean batch {np.mean(batch[mode]):.3f}")
+    higher = sum(u > t for t, u in zip(p99["traced"], p99["untraced"]))
+    print(f"untraced/traced P99 ratio {np.median(p99['untraced']) / np.median(p99['traced']):.2f}; untraced higher in {higher} of {args.runs} pairs")
 
 
 if __name__ == "__main__":

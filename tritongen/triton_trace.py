@@ -50,6 +50,11 @@ def flush_trace(http_url: str, path: Path, settle_s: float = 0.1, timeout_s: flo
         size = now
 
 
+def set_trace_level(http_url: str, level: str = "TIMESTAMPS") -> None:
+    """Turn a running server's tracing (back) on at `level`, into the file it was started with."""
+    _post_setting(http_url, {"trace_level": [level]})
+
+
 def stop_tracing(http_url: str) -> None:
     """Turn a running server's tracing off (what it holds is written out, as `flush_trace` does)."""
     _post_setting(http_url, {"trace_level": ["OFF"]})

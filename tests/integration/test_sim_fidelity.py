@@ -13,17 +13,17 @@ arrivals:
 The ranker runs 10 ms + 1.5 ms per row (its parameters), which is the curve the simulator gets.
 Calibration comes first, on traffic of its own (other seeds, loads between the cells') and on the
 server start the cells then run on: how often wakes are lost moves between server starts (2-7% at
-110 req/s), so a calibration holds best for the server it was made on. Two runs with Triton's
-request trace on (level TIMESTAMPS) give the shape of the batcher's hand-offs in the configs with
-queue policies (`fit_handoff`: how soon an instance is back after an execution; see
-`tritongen.core.handoff`). Tracing changes the race it watches, though (untraced runs lose more
-wakes), so the rest of the calibration runs untraced, as the cells do: the per-request and
-per-batch overheads from Triton's statistics (`fit_overheads`), and how often the end of an
-execution fails to wake the batcher, from Triton's mean batch (`fit_wake_chances`). Those are
-counts over hundreds of hand-offs and a thousand executions, so the tail is predicted from the
-mechanism, not fitted to a P99. Each cell is measured three times and its live P99 is the median
-run's: one run's P99 rests on its ten slowest requests, and a run that meets a host hiccup should
-not decide the cell. The simulator's P99 is likewise the median over seeds.
+110 req/s), so a calibration holds best for the server it was made on. It uses what any deployed
+server reports, its statistics: the per-request and per-batch overheads (`fit_overheads`), and how
+often the end of an execution fails to wake the batcher, from Triton's mean batch
+(`fit_wake_chances`). How soon an instance is back after an execution is the embedded server's
+`release_ms`, measured from Triton's request trace (`bench/trace_batcher.py`). The cells do not
+run traced, and neither does the calibration: tracing changes the race it watches (untraced runs
+lose more wakes; `bench/trace_batcher.py --observer-effect`), and twice a traced server stopped
+answering its statistics endpoint. Those are counts over a thousand executions, so the tail is
+predicted from the mechanism, not fitted to a P99. Each cell is measured three times and its live
+P99 is the median run's: one run's P99 rests on its ten slowest requests, and a run that meets a
+host hiccup should not decide the cell. The simulator's P99 is likewise the median over seeds.
 
 Asserts: P99 within 15% in every cell but at most one, which must be within 30% (see
 WORST_CELL_TOLERANCE), and throughput within 10% in every cell. The host is shared: a run during
@@ -48,15 +48,13 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-from tritongen.core.handoff import handoff_stats  # noqa: E402
 from tritongen.core.simulator import (  # noqa: E402
     EMBEDDED_CPU_OVERHEADS,
     ServerSim,
     ServiceCurve,
     Simulation,
     BatchedRun,
-    TracedRun,
-    fit_handoff,
+    Handoff,
     fit_overheads,
     fit_wake_chances,
     model_sim_from_config,
@@ -66,7 +64,6 @@ from tritongen.loadgen import LoadTarget  # noqa: E402
 from tritongen.pbtxt import parse_model_config  # noqa: E402
 from tritongen.server import ServerOptions, TritonServer  # noqa: E402
 from tritongen.errors import RunFailed  # noqa: E402
-from tritongen.triton_trace import RequestTimes, flush_trace, read_trace, stop_tracing, trace_flags  # noqa: E402
 from tritongen.tuner.verify import measure  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,11 +77,8 @@ REQUESTS = int(os.environ.get("TRITONGEN_FIDELITY_REQUESTS", "1000"))  # per run
 # run (how often they come moves between runs), the noisiest figure of all; 20 s halves that noise.
 LOWEST_LOAD_FACTOR = 2
 RUNS_PER_CELL = 3  # the median: one run's P99 rests on its ten slowest requests
-# Calibration runs, (config, load, runs), at loads between the cells': first traced, for the shape of
-# the batcher's hand-offs (how soon an instance is back), then untraced, as the cells run, for the
-# overheads and how often wakes are lost (tracing changes that race; see `fit_wake_chances`). The
-# low-load policy run is repeated: its lost-wake share moves between runs.
-TRACED_CALIBRATION = [("tuned", 110.0, 1), ("multi", 230.0, 1)]
+# Calibration runs, (config, load, runs), at loads between the cells'. The low-load policy run is
+# repeated: its lost-wake share moves between runs.
 CALIBRATION = [("plain", 140.0, 1), ("tuned", 110.0, 2), ("tuned", 250.0, 1), ("multi", 230.0, 1)]
 POLICY_CONFIGS = ("tuned", "multi")  # the configs with queue policies, whose batcher the hand-off model describes
 P99_TOLERANCE, THROUGHPUT_TOLERANCE = 0.15, 0.10
@@ -174,15 +168,6 @@ class Cell:
         return (self.sim_thr - self.live_thr) / self.live_thr
 
 
-def traced_handoffs(times: RequestTimes, name: str, arrivals, run, overheads) -> TracedRun:
-    """The hand-offs of one calibration run, out of the model's traced requests (`read_trace`): those
-    that entered the queue while this run's arrivals were being sent."""
-    server = sim_server(name, overheads)
-    window_s = server.models[0].batcher().max_queue_delay_us / 1e6
-    mine = times.between(*run.load.clock_span())
-    return TracedRun(server, arrivals, handoff_stats(*mine, window_s, server.models[0].instance_count))
-
-
 def run_fidelity(log=print) -> tuple[list[Cell], object, float]:
     import tempfile
 
@@ -194,7 +179,6 @@ def run_fidelity(log=print) -> tuple[list[Cell], object, float]:
             for f in ("model.py", "ranker_net.py"):
                 shutil.copy(RANKER_CODE / f, repo / name / "1" / f)
             (repo / name / "config.pbtxt").write_text(config_text(name))
-        trace = Path(tmp) / "calibration-trace.json"
         warm = traffic(200.0, 40, 999)
         attempts = [0]
 
@@ -221,37 +205,23 @@ def run_fidelity(log=print) -> tuple[list[Cell], object, float]:
             return best
 
         # 1. calibration, on traffic of its own (other seeds, loads between the cells'), on the server
-        #    the cells then run on (how often wakes are lost moves between server starts). Traced
-        #    first: the hand-offs of the configs with queue policies (how soon an instance is back).
-        #    Then untraced, as the cells run: the per-request and per-batch overheads from Triton's
-        #    stats, and how often the batcher's wake is lost, from Triton's mean batch.
-        with TritonServer(ServerOptions(repository=repo, extra_args=[*FLAGS, *trace_flags(trace)])) as server:
-            def calibrate(plan, seed0):
-                out = []
-                for i, (name, rate, repeats) in enumerate(plan):
-                    arrivals = traffic(rate, 900, seed0 + i)
-                    runs = [live(server, name, arrivals, seed0 + i + 10 * k, CALIBRATION_QUIET_CORES) for k in range(repeats)]
-                    out.append((name, arrivals, runs))
-                return out
-
-            traced_calibration = calibrate(TRACED_CALIBRATION, 400)
-            flush_trace(server.http_url, trace)
-            stop_tracing(server.http_url)  # the rest runs as the server is deployed
-            calibration = calibrate(CALIBRATION, 500)
+        #    the cells then run on (how often wakes are lost moves between server starts): the
+        #    per-request and per-batch overheads from Triton's stats, and how often the batcher's
+        #    wake is lost, from Triton's mean batch in the configs with queue policies.
+        with TritonServer(ServerOptions(repository=repo, extra_args=FLAGS)) as server:
+            calibration = []
+            for i, (name, rate, repeats) in enumerate(CALIBRATION):
+                arrivals = traffic(rate, 900, 500 + i)
+                runs = [live(server, name, arrivals, 500 + i + 10 * k, CALIBRATION_QUIET_CORES) for k in range(repeats)]
+                calibration.append((name, arrivals, runs))
             overheads = fit_overheads([run.observation(name) for name, _, runs in calibration for run in runs], CURVE,
                                       base=EMBEDDED_CPU_OVERHEADS)
-            times = {name: read_trace(trace, name) for name in POLICY_CONFIGS}
-            traced = [traced_handoffs(times[name], name, arrivals, run, overheads)
-                      for name, arrivals, runs in traced_calibration for run in runs]
-            for t in traced:
-                log(f"traced {t.server.models[0].name}@{t.arrivals.mean_rate:.0f}/s: {t.live.handoffs} hand-offs, "
-                    f"{t.live.lost_share:.1%} lost, gap mean {t.live.gap_mean_ms:.2f} ms")
-            handoff = fit_handoff(traced, doubling_grid=(EMBEDDED_CPU_OVERHEADS.wake_loss_doubling_per_s,))
-            log(f"hand-offs as traced: {handoff}")
-            batched = [BatchedRun(sim_server(name, handoff.applied(overheads)), arrivals, run.stats[name].mean_batch_rows or 0.0)
+            e = EMBEDDED_CPU_OVERHEADS
+            handoff = Handoff(e.release_ms, e.completion_wake_p, e.completion_wake_p_idle, e.wake_loss_doubling_per_s)
+            batched = [BatchedRun(sim_server(name, overheads), arrivals, run.stats[name].mean_batch_rows or 0.0)
                        for name, arrivals, runs in calibration if name in POLICY_CONFIGS for run in runs]
             for b in batched:
-                log(f"untraced {b.server.models[0].name}@{b.arrivals.mean_rate:.0f}/s: mean batch {b.live_mean_batch:.3f}")
+                log(f"{b.server.models[0].name}@{b.arrivals.mean_rate:.0f}/s: Triton's mean batch {b.live_mean_batch:.3f}")
             overheads = fit_wake_chances(batched, handoff).applied(overheads)
             log(f"fitted overheads: {overheads}")
             # 2. the cells

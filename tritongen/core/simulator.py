@@ -239,8 +239,10 @@ _WAKE_RATE_WINDOW_S = 0.5
 #   release_ms 0.3, completion_wake_p 0.9, completion_wake_p_idle 0.88 at 200 req/s,
 #   wake_loss_doubling_per_s 100
 #                     `fit_handoff` on Triton's traces of 18 runs (tuned at 100/200/300 req/s,
-#                     multi at 300/520): the hand-offs' lost share and prompt delay. The fidelity
-#                     test re-fits all but the doubling on every run from a traced calibration.
+#                     multi at 300/520): the hand-offs' lost share and prompt delay. Untraced, the
+#                     server loses more wakes (see `fit_wake_chances`): the fidelity test re-fits
+#                     the two chances on every run from untraced runs' mean batch (it took 0.88-0.92
+#                     idle and 0.8-1.0 on a slot), and keeps release_ms and the doubling.
 #   jitter_cv 0.03    execution-time noise of the sleep-based ranker on a busy host
 EMBEDDED_CPU_OVERHEADS = Overheads(
     request_ms=2.0, batch_ms=0.6, request_exec_ms=0.08, wake_ms=0.1, release_ms=0.3,
