@@ -14,8 +14,9 @@ This is the evidence behind `Overheads.release_ms` and the lost-wake chances.
 `--observer-effect` measures what tracing does to the race it watches: on one server start it
 alternates traced and untraced runs of the same arrivals (which goes first swaps every pair) and
 prints each run's latency percentiles and Triton's mean batch, then the medians per mode. On the
-embedded server untraced runs lost more wakes, which is why the fidelity test takes only the
-hand-off's shape from a trace and the lost-wake chances from untraced runs (`fit_wake_chances`).
+embedded server the mean batch was higher untraced in 10 pairs of 12 (by about 0.01 rows, about
+one point more lost wakes); the P99 was higher untraced in 8 of 12 (all of a first 8, none of the
+next 4), so no effect on the tail is established.
 """
 
 from __future__ import annotations

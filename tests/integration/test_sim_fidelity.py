@@ -17,15 +17,15 @@ server start the cells then run on: how often wakes are lost moves between serve
 server reports, its statistics: the per-request and per-batch overheads (`fit_overheads`), and how
 often the end of an execution fails to wake the batcher, from Triton's mean batch
 (`fit_wake_chances`). How soon an instance is back after an execution is the embedded server's
-`release_ms`, measured from Triton's request trace (`bench/trace_batcher.py`). The cells do not
-run traced, and neither does the calibration: tracing changes the race it watches (untraced runs
-lose more wakes; `bench/trace_batcher.py --observer-effect`), and twice a traced server stopped
-answering its statistics endpoint. Those are counts over a thousand executions, so the tail is
+`release_ms`, measured from Triton's request trace (`bench/trace_batcher.py`). Nothing here is
+traced: a trace's count of lost wakes, given to the simulator, left it batching less than Triton
+did and its tail low; tracing may move the race a little (`bench/trace_batcher.py
+--observer-effect`); and twice a traced server stopped answering its statistics endpoint. Those are counts over a thousand executions, so the tail is
 predicted from the mechanism, not fitted to a P99. Each cell is measured three times and its live
 P99 is the median run's: one run's P99 rests on its ten slowest requests, and a run that meets a
 host hiccup should not decide the cell. The simulator's P99 is likewise the median over seeds.
 
-Asserts: P99 within 15% in every cell but at most one, which must be within 30% (see
+Asserts: P99 within 15% in every cell but at most one, which must be within 20% (see
 WORST_CELL_TOLERANCE), and throughput within 10% in every cell. The host is shared: a run during
 which other processes took more than `QUIET_CORES` of CPU is repeated after a pause (until
 `DEADLINE_S`); cells still measured under heavy foreign load are left out, and the test skips,
@@ -288,13 +288,13 @@ def clean_cells(cells: list[Cell]) -> list[Cell]:
     return clean
 
 
-# Known weakness: the bar is 15% in every cell. Eight cells hold it in every run today; the
-# queue-policy config at its lowest load (`tuned@100`) is simulated about 7% low on average in this
-# test (-19% to +5% over eleven runs), while on a single-model server the same arrivals agree at every
-# percentile. The simulator's mean batch there is also low (1.76-1.80 against Triton's 1.81-1.84), so
-# it loses too few wakes at that load in this context; why is not known yet. Until it is, one cell
-# may miss, by at most WORST_CELL_TOLERANCE.
-WORST_CELL_TOLERANCE = 0.30
+# The bar is 15% in every cell, and every cell met it in each of four runs of this calibration
+# (largest error 9%) and two of its first version, which took release_ms from a trace (11%). One cell may still miss it, by at most WORST_CELL_TOLERANCE: a live P99
+# moves by itself (ten runs of the same arrivals at 110 req/s on one server gave 37.2-47.0 ms, as the
+# count of lost-wake episodes moves), and over those six runs `tuned@100` erred by -5% on average
+# with a spread of about 6.5%, which puts a run beyond 15% a few percent of the time; a miss of 20% would
+# be a real change.
+WORST_CELL_TOLERANCE = 0.20
 
 
 def test_simulated_p99_is_within_15_percent_of_measured(fidelity) -> None:
