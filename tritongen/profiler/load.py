@@ -120,12 +120,19 @@ class ClassicLoad:
         self._stop = True
         # After a Ctrl-C the level task and its workers are still pending: cancel them and let
         # them unwind on the loop (a coroutine closed without its loop would raise in `finally`).
-        pending = [t for t in [*self._tasks, self._level_task] if t is not None and not t.done()]
+        tasks = [t for t in [*self._tasks, self._level_task] if t is not None]
+        pending = [t for t in tasks if not t.done()]
         for task in pending:
             task.cancel()
         try:
             if pending:
                 loop.run_until_complete(asyncio.wait(pending, timeout=5))
+            # The worker the Ctrl-C landed in finished with the KeyboardInterrupt as its exception:
+            # retrieve it, or asyncio prints it as a traceback ("Task exception was never retrieved")
+            # after the clean "interrupted" message.
+            for task in tasks:
+                if task.done() and not task.cancelled():
+                    task.exception()
             if self.client is not None:
                 loop.run_until_complete(self.client.close())
         except BaseException:  # noqa: BLE001 - closing on Ctrl-C: best effort, never hide the cause
