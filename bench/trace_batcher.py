@@ -41,12 +41,10 @@ from tritongen.triton_trace import RequestTimes, read_trace, set_trace_level, st
 from tritongen.tuner.verify import measure  # noqa: E402
 
 
-def traced_handoffs(times: RequestTimes, name: str, arrivals, run, overheads) -> TracedRun:
-    """The hand-offs of one run, out of the model's traced requests (`read_trace`): those that
-    entered the queue while this run's arrivals were being sent."""
+def traced_handoffs(mine: RequestTimes, name: str, arrivals, overheads) -> TracedRun:
+    """The hand-offs of one run, out of its traced requests (`RequestTimes.between` the run's clock span)."""
     server = fid.sim_server(name, overheads)
     window_s = server.models[0].batcher().max_queue_delay_us / 1e6
-    mine = times.between(*run.load.clock_span())
     return TracedRun(server, arrivals, handoff_stats(*mine, window_s, server.models[0].instance_count))
 
 
@@ -83,7 +81,7 @@ def main() -> None:
     all_traced = []
     for start in range(args.restarts):
         with tempfile.TemporaryDirectory(prefix="tritongen-trace-") as tmp:
-            repo = fidelity_repository(Path(tmp), fid.CONFIGS if args.all_models else [name])
+            repo = fid.write_repository(Path(tmp), fid.CONFIGS if args.all_models else [name])
             trace = Path(tmp) / "trace.json"
             with TritonServer(ServerOptions(repository=repo, extra_args=[*fid.FLAGS, *trace_flags(trace)])) as server:
                 runs = [measure(server.http_url, arrivals, targets, {name: fid.CONFIGS[name]["count"]}, warmup=fid.traffic(200.0, 40, 999),
@@ -93,9 +91,9 @@ def main() -> None:
                 shutil.copy(trace, args.keep / f"trace-{start}.json")
             times = read_trace(trace, name)
             for run, live in enumerate(runs):
-                traced = traced_handoffs(times, name, arrivals, live, EMBEDDED_CPU_OVERHEADS)
-                all_traced.append(traced)
                 mine = times.between(*live.load.clock_span())
+                traced = traced_handoffs(mine, name, arrivals, EMBEDDED_CPU_OVERHEADS)
+                all_traced.append(traced)
                 waits = (mine.start_s - mine.queue_s) * 1e3
                 print(f"start {start} run {run}: P99 {live.latency_percentile_ms(99):.1f} ms, mean batch "
                       f"{live.stats[name].mean_batch_rows:.2f}, client send lag max {live.load.send_lag_ms(100):.1f} ms, "
@@ -114,16 +112,6 @@ def main() -> None:
         print(f"hand-off model fitted to these traces: {fitted} (embedded: release_ms {EMBEDDED_CPU_OVERHEADS.release_ms})")
 
 
-def fidelity_repository(into: Path, models) -> Path:
-    repo = into / "repo"
-    for model in models:
-        (repo / model / "1").mkdir(parents=True)
-        for f in ("model.py", "ranker_net.py"):
-            shutil.copy(fid.RANKER_CODE / f, repo / model / "1" / f)
-        (repo / model / "config.pbtxt").write_text(fid.config_text(model))
-    return repo
-
-
 def observer_effect(args) -> None:
     name = args.config
     arrivals = fid.traffic(args.rate, args.requests, args.seed)
@@ -132,7 +120,7 @@ def observer_effect(args) -> None:
     p99 = {"traced": [], "untraced": []}
     batch = {"traced": [], "untraced": []}
     with tempfile.TemporaryDirectory(prefix="tritongen-trace-") as tmp:
-        repo = fidelity_repository(Path(tmp), fid.CONFIGS)
+        repo = fid.write_repository(Path(tmp), fid.CONFIGS)
         trace = Path(tmp) / "trace.json"
         with TritonServer(ServerOptions(repository=repo, extra_args=[*fid.FLAGS, *trace_flags(trace)])) as server:
             for pair in range(args.runs):

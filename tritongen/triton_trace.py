@@ -3,15 +3,14 @@
 The trace is how the simulator's batcher hand-off model is calibrated (`tritongen.core.handoff`):
 per request, when it entered the scheduler's queue and when the execution that served it started
 and ended, on Triton's own clock. With `log-frequency=0` the server keeps the traces in memory and
-appends them to the file when it shuts down, or when its trace settings are updated, which is
-how `flush_trace` gets them out of a running server (tritonserver 2.51; the file stays an
-unterminated JSON array until shutdown).
+appends them to the file when it shuts down, or when its trace settings are updated (re-posting
+`log_frequency` does it; so does `stop_tracing`), so a running server's file can be read too
+(tritonserver 2.51; the file stays an unterminated JSON array until shutdown).
 """
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -23,7 +22,7 @@ from tritongen.errors import BadInput, RunFailed
 
 def trace_flags(path: Path) -> list[str]:
     """tritonserver arguments that trace every request's timestamps into `path` (written at shutdown
-    or by `flush_trace`)."""
+    or when the trace settings are updated)."""
     return [
         f"--trace-config=triton,file={path}",
         "--trace-config=level=TIMESTAMPS",
@@ -33,31 +32,14 @@ def trace_flags(path: Path) -> list[str]:
     ]
 
 
-def flush_trace(http_url: str, path: Path, settle_s: float = 0.1, timeout_s: float = 5.0) -> None:
-    """Make a running server append the traces it holds to `path` (see the module docstring).
-
-    Re-posting the same `log_frequency` replaces the server's trace setting; the old one writes its
-    finished traces when the last of them is released, so this waits until the file stops growing.
-    """
-    _post_setting(http_url, {"log_frequency": "0"})
-    deadline = time.monotonic() + timeout_s
-    size = -1
-    while time.monotonic() < deadline:
-        time.sleep(settle_s)
-        now = path.stat().st_size if path.exists() else -1
-        if now == size and now > 0:
-            return
-        size = now
-
-
 def set_trace_level(http_url: str, level: str = "TIMESTAMPS") -> None:
     """Turn a running server's tracing (back) on at `level`, into the file it was started with."""
     _post_setting(http_url, {"trace_level": [level]})
 
 
 def stop_tracing(http_url: str) -> None:
-    """Turn a running server's tracing off (what it holds is written out, as `flush_trace` does)."""
-    _post_setting(http_url, {"trace_level": ["OFF"]})
+    """Turn a running server's tracing off (what it holds is written out)."""
+    set_trace_level(http_url, "OFF")
 
 
 def _post_setting(http_url: str, setting: dict) -> None:

@@ -20,8 +20,9 @@ often the end of an execution fails to wake the batcher, from Triton's mean batc
 `release_ms`, measured from Triton's request trace (`bench/trace_batcher.py`). Nothing here is
 traced: a trace's count of lost wakes, given to the simulator, left it batching less than Triton
 did and its tail low; tracing may move the race a little (`bench/trace_batcher.py
---observer-effect`); and twice a traced server stopped answering its statistics endpoint. Those are counts over a thousand executions, so the tail is
-predicted from the mechanism, not fitted to a P99. Each cell is measured three times and its live
+--observer-effect`); and twice a traced server stopped answering its statistics endpoint. Those
+are counts over a thousand executions, so the tail is predicted from the mechanism, not fitted to
+a P99. Each cell is measured three times and its live
 P99 is the median run's: one run's P99 rests on its ten slowest requests, and a run that meets a
 host hiccup should not decide the cell. The simulator's P99 is likewise the median over seeds.
 
@@ -169,17 +170,23 @@ class Cell:
         return (self.sim_thr - self.live_thr) / self.live_thr
 
 
+def write_repository(into: Path, models) -> Path:
+    """A model repository under `into` with the ranker code and each of `models`' configs."""
+    repo = into / "repo"
+    for name in models:
+        (repo / name / "1").mkdir(parents=True)
+        for f in ("model.py", "ranker_net.py"):
+            shutil.copy(RANKER_CODE / f, repo / name / "1" / f)
+        (repo / name / "config.pbtxt").write_text(config_text(name))
+    return repo
+
+
 def run_fidelity(log=print) -> tuple[list[Cell], object, float]:
     import tempfile
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tritongen-fidelity-") as tmp:
-        repo = Path(tmp) / "repo"
-        for name in CONFIGS:
-            (repo / name / "1").mkdir(parents=True)
-            for f in ("model.py", "ranker_net.py"):
-                shutil.copy(RANKER_CODE / f, repo / name / "1" / f)
-            (repo / name / "config.pbtxt").write_text(config_text(name))
+        repo = write_repository(Path(tmp), CONFIGS)
         warm = traffic(200.0, 40, 999)
         attempts = [0]
 
@@ -217,8 +224,7 @@ def run_fidelity(log=print) -> tuple[list[Cell], object, float]:
                 calibration.append((name, arrivals, runs))
             overheads = fit_overheads([run.observation(name) for name, _, runs in calibration for run in runs], CURVE,
                                       base=EMBEDDED_CPU_OVERHEADS)
-            e = EMBEDDED_CPU_OVERHEADS
-            handoff = Handoff(e.release_ms, e.completion_wake_p, e.completion_wake_p_idle, e.wake_loss_doubling_per_s)
+            handoff = Handoff.of(EMBEDDED_CPU_OVERHEADS)
             batched = [BatchedRun(sim_server(name, overheads), arrivals, run.stats[name].mean_batch_rows or 0.0)
                        for name, arrivals, runs in calibration if name in POLICY_CONFIGS for run in runs]
             for b in batched:

@@ -1465,8 +1465,16 @@ class Handoff(NamedTuple):
     completion_wake_p_idle: float
     wake_loss_doubling_per_s: float
 
+    @classmethod
+    def of(cls, overheads: Overheads) -> Handoff:
+        return cls(**{name: getattr(overheads, name) for name in cls._fields})
+
     def applied(self, overheads: Overheads) -> Overheads:
         return overheads.model_copy(update=self._asdict())
+
+    def on(self, server: ServerSim) -> ServerSim:
+        """`server` with this hand-off model in its overheads."""
+        return server.model_copy(update={"overheads": self.applied(server.overheads)})
 
 
 class TracedRun(NamedTuple):
@@ -1520,8 +1528,7 @@ def fit_handoff(
     find how fast, or hold `doubling_grid`); with several instances it waits for a slot
     (`completion_wake_p`), so pass one of those too.
     """
-    e = EMBEDDED_CPU_OVERHEADS
-    default = Handoff(e.release_ms, e.completion_wake_p, e.completion_wake_p_idle, e.wake_loss_doubling_per_s)
+    default = Handoff.of(EMBEDDED_CPU_OVERHEADS)
     if not runs:
         return default
     traced = [TracedRun(*run) for run in runs]
@@ -1529,8 +1536,7 @@ def fit_handoff(
     for candidate in itertools.starmap(Handoff, itertools.product(release_grid, p_slot_grid, p_idle_grid, doubling_grid)):
         err = 0.0
         for server, arrivals, live in traced:
-            srv = server.model_copy(update={"overheads": candidate.applied(server.overheads)})
-            err += _handoff_error(_simulated_handoffs(srv, arrivals, seeds), live)
+            err += _handoff_error(_simulated_handoffs(candidate.on(server), arrivals, seeds), live)
         if err < best_err - 1e-9:
             best, best_err = candidate, err
     return best
@@ -1586,8 +1592,7 @@ def fit_wake_chances(
         candidate = handoff._replace(completion_wake_p=p_slot, completion_wake_p_idle=p_idle)
         err = 0.0
         for server, arrivals, live in fitted:
-            srv = server.model_copy(update={"overheads": candidate.applied(server.overheads)})
-            err += abs(_simulated_mean_batch(srv, arrivals, seeds) / live - 1.0)
+            err += abs(_simulated_mean_batch(candidate.on(server), arrivals, seeds) / live - 1.0)
         if err < best_err - 1e-12:
             best, best_err = candidate, err
     return best
