@@ -32,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.integration import test_sim_fidelity as fid  # noqa: E402
+from tests.integration import fidelity_rig as fid  # noqa: E402
 from tritongen.core.handoff import HandoffStats, handoff_stats  # noqa: E402
 from tritongen.core.simulator import EMBEDDED_CPU_OVERHEADS, Simulation, TracedRun, fit_handoff  # noqa: E402
 from tritongen.loadgen import LoadTarget  # noqa: E402

@@ -2,29 +2,23 @@
 
 Three configs x three load levels of two-class Poisson traffic (30% interactive at priority 1,
 70% batch at priority 2), each sent open-loop to the real server and simulated with the same
-arrivals:
+arrivals. The configs (`plain`, `tuned`, `multi`), their traffic and repository are in
+`fidelity_rig`, which `bench/trace_batcher.py` shares.
 
-  plain   max_batch_size 8, a 2 ms window, no queue policy (Triton prefetches batches)
-  tuned   the shape `render` writes: preferred 4/8/16, a 4 ms window, two priority levels with
-          REJECT and DELAY timeouts, queue limits, a rate-limiter resource
-  multi   two instances, max_batch_size 4, no window, priority levels; the top load is above
-          capacity, so a small queue limit rejects and throughput is the server's own limit
-
-The ranker runs 10 ms + 1.5 ms per row (its parameters), which is the curve the simulator gets.
-Calibration comes first, on traffic of its own (other seeds, loads between the cells') and on the
-server start the cells then run on: how often wakes are lost moves between server starts (2-7% at
-110 req/s), so a calibration holds best for the server it was made on. It uses what any deployed
-server reports, its statistics: the per-request and per-batch overheads (`fit_overheads`), and how
-often the end of an execution fails to wake the batcher, from Triton's mean batch
-(`fit_wake_chances`). How soon an instance is back after an execution is the embedded server's
-`release_ms`, measured from Triton's request trace (`bench/trace_batcher.py`). Nothing here is
-traced: a trace's count of lost wakes, given to the simulator, left it batching less than Triton
-did and its tail low; tracing may move the race a little (`bench/trace_batcher.py
---observer-effect`); and twice a traced server stopped answering its statistics endpoint. Those
-are counts over a thousand executions, so the tail is predicted from the mechanism, not fitted to
-a P99. Each cell is measured three times and its live
-P99 is the median run's: one run's P99 rests on its ten slowest requests, and a run that meets a
-host hiccup should not decide the cell. The simulator's P99 is likewise the median over seeds.
+Calibration is on traffic of its own (other seeds, loads between the cells') and on the server
+start the cells run on: how often wakes are lost moves between server starts and between runs,
+so the calibration runs are interleaved with the cells' (`schedule`) and sample the same stretch of
+the server's life. It uses what any deployed server reports, its statistics: the
+per-request and per-batch overheads (`fit_overheads`), and how often the end of an execution fails
+to wake the batcher, from Triton's mean batch (`fit_wake_chances`). How soon an instance is back
+after an execution is the embedded server's `release_ms`, measured from Triton's request trace
+(`bench/trace_batcher.py`). Nothing here is traced: a trace's count of lost wakes, given to the
+simulator, left it batching less than Triton did and its tail low; tracing may move the race a
+little (`bench/trace_batcher.py --observer-effect`); and twice a traced server stopped answering
+its statistics endpoint. Those are counts over a thousand executions, so the tail is predicted
+from the mechanism, not fitted to a P99. Each cell is measured three times and its live P99 is the
+median run's: one run's P99 rests on its ten slowest requests, and a run that meets a host hiccup
+should not decide the cell. The simulator's P99 is likewise the median over seeds.
 
 Asserts: P99 within 15% in every cell but at most one, which must be within 30% (see
 WORST_CELL_TOLERANCE), and throughput within 10% in every cell. The host is shared: a run during
@@ -37,7 +31,6 @@ file directly (`python -m tests.integration.test_sim_fidelity`) to print the tab
 from __future__ import annotations
 
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -49,30 +42,20 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
+from tests.integration.fidelity_rig import CLASSES, CONFIGS, CURVE, FLAGS, sim_server, traffic, write_repository  # noqa: E402
 from tritongen.core.simulator import (  # noqa: E402
     EMBEDDED_CPU_OVERHEADS,
-    ServerSim,
-    ServiceCurve,
-    Simulation,
     BatchedRun,
     Handoff,
+    Simulation,
     fit_overheads,
     fit_wake_chances,
-    model_sim_from_config,
 )
-from tritongen.core.traffic import TrafficSpec, generate_arrivals  # noqa: E402
 from tritongen.loadgen import LoadTarget  # noqa: E402
-from tritongen.pbtxt import parse_model_config  # noqa: E402
 from tritongen.server import ServerOptions, TritonServer  # noqa: E402
 from tritongen.errors import RunFailed  # noqa: E402
 from tritongen.tuner.verify import measure  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-RANKER_CODE = ROOT / "model_repository" / "ranker" / "1"
-OVERHEAD_MS, PER_ITEM_MS = 10.0, 1.5
-CURVE = ServiceCurve(fixed_ms=OVERHEAD_MS, per_item_ms=PER_ITEM_MS)
-FLAGS = ["--rate-limit=execution_count", "--rate-limit-resource=compute:2"]
-CLASSES = [{"name": "interactive", "share": 0.3, "priority": 1}, {"name": "batch", "share": 0.7, "priority": 2}]
 REQUESTS = int(os.environ.get("TRITONGEN_FIDELITY_REQUESTS", "1000"))  # per run, at least 4 s of traffic
 # A config's lowest load gets twice the requests: its P99 rests on a handful of lost-wake episodes per
 # run (how often they come moves between runs), the noisiest figure of all; 20 s halves that noise.
@@ -89,49 +72,6 @@ CALIBRATION_QUIET_CORES = 0.2  # stricter: how often the batcher misses a wake d
 NOISY_CORES = 0.6  # a cell measured with more than this is not evidence either way
 DEADLINE_S = float(os.environ.get("TRITONGEN_FIDELITY_DEADLINE_S", "420"))  # stop waiting for a quiet host
 MIN_CLEAN_CELLS = 6
-
-
-def _policies(queue: int) -> str:
-    return (
-        "priority_levels: 2 default_priority_level: 2 "
-        f"priority_queue_policy {{ key: 1 value {{ timeout_action: REJECT default_timeout_microseconds: 400000 allow_timeout_override: true max_queue_size: {queue} }} }} "
-        f"priority_queue_policy {{ key: 2 value {{ timeout_action: DELAY default_timeout_microseconds: 800000 allow_timeout_override: true max_queue_size: {queue} }} }} "
-        f"default_queue_policy {{ timeout_action: DELAY default_timeout_microseconds: 800000 allow_timeout_override: true max_queue_size: {queue} }}"
-    )
-
-
-CONFIGS = {
-    "plain": dict(mbs=8, count=1, rl=False, batching="max_queue_delay_microseconds: 2000", loads=(100, 180, 260)),
-    "tuned": dict(mbs=16, count=1, rl=True, loads=(100, 200, 300),
-                  batching="preferred_batch_size: [4, 8, 16] max_queue_delay_microseconds: 4000 " + _policies(96)),
-    "multi": dict(mbs=4, count=2, rl=False, loads=(150, 300, 520),
-                  batching="max_queue_delay_microseconds: 0 " + _policies(24)),
-}
-
-
-def config_text(name: str) -> str:
-    c = CONFIGS[name]
-    rl = 'rate_limiter { resources { name: "compute" count: 1 } }' if c["rl"] else ""
-    return f"""name: "{name}"
-backend: "python"
-max_batch_size: {c["mbs"]}
-input {{ name: "FEATURES" data_type: TYPE_FP32 dims: [ 32 ] }}
-output {{ name: "SCORES" data_type: TYPE_FP32 dims: [ 1 ] }}
-instance_group {{ kind: KIND_CPU count: {c["count"]} {rl} }}
-dynamic_batching {{ {c["batching"]} }}
-parameters {{ key: "overhead_ms" value {{ string_value: "{OVERHEAD_MS}" }} }}
-parameters {{ key: "per_item_ms" value {{ string_value: "{PER_ITEM_MS}" }} }}
-"""
-
-
-def traffic(rate: float, n: int, seed: int):
-    spec = TrafficSpec(shape="poisson", rate_per_s=rate, duration_s=n / rate, warmup_s=min(1.0, 0.1 * n / rate), classes=CLASSES)
-    return generate_arrivals(spec, seed=seed)
-
-
-def sim_server(name: str, overheads) -> ServerSim:
-    model = model_sim_from_config(parse_model_config(config_text(name)), curve=CURVE)
-    return ServerSim(models=[model], rate_limit=True, resources={"compute": 2}, overheads=overheads)
 
 
 def simulated(name: str, arrivals, overheads, seeds: int = 9) -> tuple[float, float]:
@@ -170,15 +110,34 @@ class Cell:
         return (self.sim_thr - self.live_thr) / self.live_thr
 
 
-def write_repository(into: Path, models) -> Path:
-    """A model repository under `into` with the ranker code and each of `models`' configs."""
-    repo = into / "repo"
-    for name in models:
-        (repo / name / "1").mkdir(parents=True)
-        for f in ("model.py", "ranker_net.py"):
-            shutil.copy(RANKER_CODE / f, repo / name / "1" / f)
-        (repo / name / "config.pbtxt").write_text(config_text(name))
-    return repo
+@dataclass(frozen=True)
+class Job:
+    """One live run to make: `key` names what it measures (a calibration entry or a cell)."""
+
+    key: tuple
+    model: str
+    arrivals: object
+    seed: int
+    quiet: float
+    round: int
+
+
+def calibration_round(k: int, repeats: int) -> int:
+    """The round (of RUNS_PER_CELL) the k-th of a calibration entry's `repeats` runs goes in: spread
+    evenly, a single run in the middle one."""
+    return min(RUNS_PER_CELL - 1, int((k + 0.5) * RUNS_PER_CELL / repeats))
+
+
+def schedule(jobs: list[Job]) -> list[Job]:
+    """The order the runs are made in: by round, each round holding one run of every cell (and its
+    share of the calibration), instead of each cell's runs back to back.
+
+    How many wakes the batcher loses moves between runs, and the single-instance config's P99 at its
+    lowest load follows it: over 15 runs of identical arrivals on five server starts, a run's P99
+    went with its own mean batch (correlation 0.79; 35.1-50.7 ms for 1.784-1.829 rows). Back to
+    back, a cell's three runs share one stretch of the server's life and the calibration another;
+    interleaved, every cell and the calibration sample the same four minutes, at no extra cost."""
+    return sorted(jobs, key=lambda job: job.round)  # stable: calibration first within a round
 
 
 def run_fidelity(log=print) -> tuple[list[Cell], object, float]:
@@ -212,54 +171,60 @@ def run_fidelity(log=print) -> tuple[list[Cell], object, float]:
                 time.sleep(2.0)
             return best
 
-        # 1. calibration, on traffic of its own (other seeds, loads between the cells'), on the server
-        #    the cells then run on (how often wakes are lost moves between server starts): the
-        #    per-request and per-batch overheads from Triton's stats, and how often the batcher's
-        #    wake is lost, from Triton's mean batch in the configs with queue policies.
+        # Every live run first, calibration and cells interleaved in rounds (`schedule`), on one
+        # server start; then the fits; then the simulations.
+        calibration = [(name, traffic(rate, 900, 500 + i), repeats) for i, (name, rate, repeats) in enumerate(CALIBRATION)]
+        cells_arrivals = []
+        for name, c in CONFIGS.items():
+            for j, rate in enumerate(c["loads"]):
+                n = max(REQUESTS, int(4 * rate)) * (LOWEST_LOAD_FACTOR if j == 0 else 1)
+                cells_arrivals.append((name, float(rate), traffic(float(rate), n, 10 * j + 7)))
+        jobs = [Job(("cal", i), name, arrivals, 500 + i + 10 * k, CALIBRATION_QUIET_CORES, calibration_round(k, repeats))
+                for i, (name, arrivals, repeats) in enumerate(calibration) for k in range(repeats)]
+        jobs += [Job(("cell", i), name, arrivals, k, QUIET_CORES, k)
+                 for i, (name, _, arrivals) in enumerate(cells_arrivals) for k in range(RUNS_PER_CELL)]
+        measured: dict[tuple, list] = {}
         with TritonServer(ServerOptions(repository=repo, extra_args=FLAGS)) as server:
-            calibration = []
-            for i, (name, rate, repeats) in enumerate(CALIBRATION):
-                arrivals = traffic(rate, 900, 500 + i)
-                runs = [live(server, name, arrivals, 500 + i + 10 * k, CALIBRATION_QUIET_CORES) for k in range(repeats)]
-                calibration.append((name, arrivals, runs))
-            overheads = fit_overheads([run.observation(name) for name, _, runs in calibration for run in runs], CURVE,
-                                      base=EMBEDDED_CPU_OVERHEADS)
-            handoff = Handoff.of(EMBEDDED_CPU_OVERHEADS)
-            batched = [BatchedRun(sim_server(name, overheads), arrivals, run.stats[name].mean_batch_rows or 0.0)
-                       for name, arrivals, runs in calibration if name in POLICY_CONFIGS for run in runs]
-            for b in batched:
-                log(f"{b.server.models[0].name}@{b.arrivals.mean_rate:.0f}/s: Triton's mean batch {b.live_mean_batch:.3f}")
-            overheads = fit_wake_chances(batched, handoff).applied(overheads)
-            log(f"fitted overheads: {overheads}")
-            # 2. the cells
-            cells = []
-            for name, c in CONFIGS.items():
-                for j, rate in enumerate(c["loads"]):
-                    n = max(REQUESTS, int(4 * rate)) * (LOWEST_LOAD_FACTOR if j == 0 else 1)
-                    arrivals = traffic(float(rate), n, 10 * j + 7)
-                    runs = [live(server, name, arrivals, k) for k in range(RUNS_PER_CELL)]
-                    p99s = [r.latency_percentile_ms(99) for r in runs]
-                    thrs = [r.throughput_per_s for r in runs]
-                    live_p99 = statistics.median(p99s)
-                    live_thr = statistics.median(thrs)
-                    sim_p99, sim_thr = simulated(name, arrivals, overheads)
-                    res = Simulation(sim_server(name, overheads), arrivals, 0).run()
-                    cell = Cell(
-                        config=name, rate=float(rate), live_p99=live_p99, sim_p99=sim_p99, live_thr=live_thr,
-                        sim_thr=sim_thr, runs=len(runs),
-                        live_batch=statistics.median(r.stats[name].mean_batch_rows or 0.0 for r in runs),
-                        sim_batch=res.models[0].mean_batch_rows or 0.0,
-                        rejected=int(statistics.median(sum(k.rejected for k in r.classes) for r in runs)),
-                        foreign=max(r.foreign_cores or 0.0 for r in runs),
-                    )
-                    cells.append(cell)
-                    log(
-                        f"{name:6s} {rate:4.0f}/s  P99 live {live_p99:6.1f} sim {sim_p99:6.1f} ({cell.p99_error:+.0%})  "
-                        f"thr live {live_thr:6.1f} sim {sim_thr:6.1f} ({cell.thr_error:+.1%})  "
-                        f"batch {cell.live_batch:.2f}/{cell.sim_batch:.2f}  p99s {[round(p, 1) for p in p99s]} "
-                        f"foreign {[round(r.foreign_cores or 0.0, 2) for r in runs]}"
-                    )
-            log(f"{attempts[0]} live runs")
+            for job in schedule(jobs):
+                measured.setdefault(job.key, []).append(live(server, job.model, job.arrivals, job.seed, job.quiet))
+        # 1. calibration: the per-request and per-batch overheads from Triton's stats, and how often
+        #    the batcher's wake is lost, from Triton's mean batch in the configs with queue policies.
+        cal_runs = [(name, arrivals, measured[("cal", i)]) for i, (name, arrivals, _) in enumerate(calibration)]
+        overheads = fit_overheads([run.observation(name) for name, _, runs in cal_runs for run in runs], CURVE,
+                                  base=EMBEDDED_CPU_OVERHEADS)
+        handoff = Handoff.of(EMBEDDED_CPU_OVERHEADS)
+        batched = [BatchedRun(sim_server(name, overheads), arrivals, run.stats[name].mean_batch_rows or 0.0)
+                   for name, arrivals, runs in cal_runs if name in POLICY_CONFIGS for run in runs]
+        for b in batched:
+            log(f"{b.server.models[0].name}@{b.arrivals.mean_rate:.0f}/s: Triton's mean batch {b.live_mean_batch:.3f}")
+        overheads = fit_wake_chances(batched, handoff).applied(overheads)
+        log(f"fitted overheads: {overheads}")
+        # 2. the cells
+        cells = []
+        for i, (name, rate, arrivals) in enumerate(cells_arrivals):
+            runs = measured[("cell", i)]
+            p99s = [r.latency_percentile_ms(99) for r in runs]
+            thrs = [r.throughput_per_s for r in runs]
+            live_p99 = statistics.median(p99s)
+            live_thr = statistics.median(thrs)
+            sim_p99, sim_thr = simulated(name, arrivals, overheads)
+            res = Simulation(sim_server(name, overheads), arrivals, 0).run()
+            cell = Cell(
+                config=name, rate=rate, live_p99=live_p99, sim_p99=sim_p99, live_thr=live_thr,
+                sim_thr=sim_thr, runs=len(runs),
+                live_batch=statistics.median(r.stats[name].mean_batch_rows or 0.0 for r in runs),
+                sim_batch=res.models[0].mean_batch_rows or 0.0,
+                rejected=int(statistics.median(sum(k.rejected for k in r.classes) for r in runs)),
+                foreign=max(r.foreign_cores or 0.0 for r in runs),
+            )
+            cells.append(cell)
+            log(
+                f"{name:6s} {rate:4.0f}/s  P99 live {live_p99:6.1f} sim {sim_p99:6.1f} ({cell.p99_error:+.0%})  "
+                f"thr live {live_thr:6.1f} sim {sim_thr:6.1f} ({cell.thr_error:+.1%})  "
+                f"batch {cell.live_batch:.2f}/{cell.sim_batch:.2f}  p99s {[round(p, 1) for p in p99s]} "
+                f"foreign {[round(r.foreign_cores or 0.0, 2) for r in runs]}"
+            )
+        log(f"{attempts[0]} live runs")
     return cells, overheads, time.perf_counter() - started
 
 
