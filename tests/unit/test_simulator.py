@@ -551,3 +551,21 @@ def test_fit_wake_chances_finds_the_lost_wakes_from_the_mean_batch_alone() -> No
     fitted = fit_wake_chances([run], start, p_slot_grid=(1.0,), p_idle_grid=(0.5, 0.75, 0.95))
     assert fitted == truth  # release and doubling kept from the trace, the chance found
     assert fit_wake_chances([], start) == start
+
+
+def test_an_instance_holding_rate_limiter_resources_loses_more_wakes() -> None:
+    b = BatcherConfig(preferred_batch_sizes=[4, 8], max_queue_delay_us=2000, default_queue_policy=POLICY)
+    limited = model(mbs=8, fixed=10.0, per_item=1.0, dynamic_batching=b, resources={"compute": 1})
+    free = model(mbs=8, fixed=10.0, per_item=1.0, dynamic_batching=b)
+    arr = generate_arrivals(spec(rate=60.0).model_copy(update={"duration_s": 30.0}), seed=4)
+
+    def lost(m: ModelSim, rate_limit: bool, factor: float) -> float:
+        ov = Overheads(completion_wake_p_idle=0.8, rate_limited_wake_loss=factor)
+        server = ServerSim(models=[m], rate_limit=rate_limit, resources={"compute": 2}, overheads=ov)
+        return float(np.mean([x.lost_share for x in _handoffs(server, arr)]))
+
+    base = lost(free, True, 1.5)
+    assert 0.13 < base < 0.21  # no resources held: the plain chance (as in the test above)
+    assert lost(limited, True, 1.5) > base * 1.3  # holding resources: half as much loss again
+    assert lost(limited, True, 1.0) == pytest.approx(base, rel=0.15)  # the factor off
+    assert lost(limited, False, 1.5) == pytest.approx(base, rel=0.15)  # a server that does not rate-limit
