@@ -13,6 +13,7 @@ The ranker runs 10 ms + 1.5 ms per row (its parameters), which is the curve the 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from tritongen.core.simulator import ServerSim, ServiceCurve, model_sim_from_config
@@ -45,8 +46,14 @@ CONFIGS = {
 }
 
 
-def config_text(name: str) -> str:
-    c = CONFIGS[name]
+def without_rate_limiter(name: str) -> dict:
+    """`name`'s config with no rate-limiter resources (the server still rate-limits)."""
+    return {**CONFIGS[name], "rl": False}
+
+
+def config_text(name: str, spec: dict | None = None) -> str:
+    """`name`'s config.pbtxt, from `spec` (a CONFIGS entry; CONFIGS[name] if not given)."""
+    c = spec or CONFIGS[name]
     rl = 'rate_limiter { resources { name: "compute" count: 1 } }' if c["rl"] else ""
     return f"""name: "{name}"
 backend: "python"
@@ -65,17 +72,19 @@ def traffic(rate: float, n: int, seed: int):
     return generate_arrivals(spec, seed=seed)
 
 
-def sim_server(name: str, overheads) -> ServerSim:
-    model = model_sim_from_config(parse_model_config(config_text(name)), curve=CURVE)
+def sim_server(name: str, overheads, spec: dict | None = None) -> ServerSim:
+    model = model_sim_from_config(parse_model_config(config_text(name, spec)), curve=CURVE)
     return ServerSim(models=[model], rate_limit=True, resources={"compute": 2}, overheads=overheads)
 
 
-def write_repository(into: Path, models) -> Path:
-    """A model repository under `into` with the ranker code and each of `models`' configs."""
+def write_repository(into: Path, models: Mapping[str, dict] | Iterable[str]) -> Path:
+    """A model repository under `into` with the ranker code and each of `models`' configs (names of
+    CONFIGS, or name -> spec)."""
+    specs = dict(models) if isinstance(models, Mapping) else {name: CONFIGS[name] for name in models}
     repo = into / "repo"
-    for name in models:
+    for name, spec in specs.items():
         (repo / name / "1").mkdir(parents=True)
         for f in ("model.py", "ranker_net.py"):
             shutil.copy(RANKER_CODE / f, repo / name / "1" / f)
-        (repo / name / "config.pbtxt").write_text(config_text(name))
+        (repo / name / "config.pbtxt").write_text(config_text(name, spec))
     return repo
