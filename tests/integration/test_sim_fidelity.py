@@ -262,7 +262,7 @@ def clean_cells(cells: list[Cell]) -> list[Cell]:
 
 # Known weakness: the bar is 15% in every cell. The queue-policy config at its lowest load
 # (`tuned@100`) is the cell that misses now and then (-24% in one clean-clone CI run; within 15% in
-# the ten other recorded runs), and the miss is on the live side: its P99 rests on a handful of
+# the eleven other recorded runs), and the miss is on the live side: its P99 rests on a handful of
 # lost-wake episodes per run, and how often wakes are lost moves from run to run (18 runs of the
 # same arrivals: 35.1-50.7 ms, following each run's own mean batch, correlation 0.79). Re-fitted
 # offline on eight recorded server starts the simulator erred -10% to +13% there, mean -1%. Halving
