@@ -43,10 +43,8 @@ sys.path.insert(0, str(ROOT))
 from tests.integration import fidelity_rig as fid  # noqa: E402
 from tritongen.core.handoff import HandoffStats, handoff_stats  # noqa: E402
 from tritongen.core.simulator import EMBEDDED_CPU_OVERHEADS, Simulation, TracedRun, fit_handoff  # noqa: E402
-from tritongen.loadgen import LoadTarget  # noqa: E402
 from tritongen.server import ServerOptions, TritonServer  # noqa: E402
 from tritongen.triton_trace import RequestTimes, read_trace, set_trace_level, stop_tracing, trace_flags  # noqa: E402
-from tritongen.tuner.verify import measure  # noqa: E402
 
 
 def traced_handoffs(mine: RequestTimes, name: str, arrivals, overheads, spec: dict | None = None) -> TracedRun:
@@ -89,7 +87,6 @@ def main() -> None:
     name = args.config
     arrivals = fid.traffic(args.rate, args.requests, args.seed)
     server_sim = fid.sim_server(name, EMBEDDED_CPU_OVERHEADS)
-    targets = {c["name"]: LoadTarget(name) for c in fid.CLASSES}
     print(f"{name} at {args.rate:.0f} req/s, {len(arrivals)} requests per run; {args.restarts} server starts x {args.runs} runs")
     all_traced = []
     for start in range(args.restarts):
@@ -97,8 +94,7 @@ def main() -> None:
             repo = fid.write_repository(Path(tmp), fid.CONFIGS if args.all_models else [name])
             trace = Path(tmp) / "trace.json"
             with TritonServer(ServerOptions(repository=repo, extra_args=[*fid.FLAGS, *trace_flags(trace)])) as server:
-                runs = [measure(server.http_url, arrivals, targets, {name: fid.CONFIGS[name]["count"]}, warmup=fid.traffic(200.0, 40, 999),
-                                seed=run, server_pid=server.process.pid) for run in range(args.runs)]
+                runs = [fid.measure_model(server, name, arrivals, run) for run in range(args.runs)]
             if args.keep:
                 args.keep.mkdir(parents=True, exist_ok=True)
                 shutil.copy(trace, args.keep / f"trace-{start}.json")
@@ -128,7 +124,6 @@ def main() -> None:
 def observer_effect(args) -> None:
     name = args.config
     arrivals = fid.traffic(args.rate, args.requests, args.seed)
-    targets = {c["name"]: LoadTarget(name) for c in fid.CLASSES}
     print(f"{name} at {args.rate:.0f} req/s, {len(arrivals)} requests per run; {args.runs} traced/untraced pairs, one server start")
     p99 = {"traced": [], "untraced": []}
     batch = {"traced": [], "untraced": []}
@@ -142,8 +137,7 @@ def observer_effect(args) -> None:
                         set_trace_level(server.http_url, "TIMESTAMPS")
                     else:
                         stop_tracing(server.http_url)
-                    live = measure(server.http_url, arrivals, targets, {name: fid.CONFIGS[name]["count"]},
-                                   warmup=fid.traffic(200.0, 40, 999), seed=pair, server_pid=server.process.pid)
+                    live = fid.measure_model(server, name, arrivals, pair)
                     p99[mode].append(live.latency_percentile_ms(99))
                     batch[mode].append(live.stats[name].mean_batch_rows or 0.0)
                     print(f"pair {pair} {mode:8s} P50/P90/P99 " + "/".join(f"{live.latency_percentile_ms(q):.1f}" for q in (50, 90, 99))
@@ -170,9 +164,7 @@ def rate_limiter_effect(args) -> None:
         with TritonServer(ServerOptions(repository=repo, extra_args=[*fid.FLAGS, *trace_flags(trace)])) as server:
             for pair in range(args.runs):
                 for model in (name, free) if pair % 2 == 0 else (free, name):
-                    targets = {c["name"]: LoadTarget(model) for c in fid.CLASSES}
-                    runs[model].append(measure(server.http_url, arrivals, targets, {model: specs[model]["count"]},
-                                               warmup=fid.traffic(200.0, 40, 999), seed=pair, server_pid=server.process.pid))
+                    runs[model].append(fid.measure_model(server, model, arrivals, pair, specs[model]))
         for model, lives in runs.items():
             times = read_trace(trace, model)
             stats = [traced_handoffs(times.between(*live.load.clock_span()), model, arrivals, EMBEDDED_CPU_OVERHEADS,

@@ -18,7 +18,10 @@ from pathlib import Path
 
 from tritongen.core.simulator import ServerSim, ServiceCurve, model_sim_from_config
 from tritongen.core.traffic import TrafficSpec, generate_arrivals
+from tritongen.loadgen import LoadTarget
 from tritongen.pbtxt import parse_model_config
+from tritongen.server import TritonServer
+from tritongen.tuner.verify import LiveRun, measure
 
 ROOT = Path(__file__).resolve().parents[2]
 RANKER_CODE = ROOT / "model_repository" / "ranker" / "1"
@@ -70,6 +73,16 @@ parameters {{ key: "per_item_ms" value {{ string_value: "{PER_ITEM_MS}" }} }}
 def traffic(rate: float, n: int, seed: int):
     spec = TrafficSpec(shape="poisson", rate_per_s=rate, duration_s=n / rate, warmup_s=min(1.0, 0.1 * n / rate), classes=CLASSES)
     return generate_arrivals(spec, seed=seed)
+
+
+WARMUP = traffic(200.0, 40, 999)  # sent (not counted) before every measured run
+
+
+def measure_model(server: TritonServer, name: str, arrivals, seed: int, spec: dict | None = None) -> LiveRun:
+    """One measured open-loop run of `arrivals` (both classes) against model `name`, after WARMUP."""
+    targets = {c["name"]: LoadTarget(name) for c in CLASSES}
+    return measure(server.http_url, arrivals, targets, {name: (spec or CONFIGS[name])["count"]}, warmup=WARMUP,
+                   seed=seed, server_pid=server.process.pid if server.process else None)
 
 
 def sim_server(name: str, overheads, spec: dict | None = None) -> ServerSim:

@@ -42,7 +42,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-from tests.integration.fidelity_rig import CLASSES, CONFIGS, CURVE, FLAGS, sim_server, traffic, write_repository  # noqa: E402
+from tests.integration.fidelity_rig import CONFIGS, CURVE, FLAGS, measure_model, sim_server, traffic, write_repository  # noqa: E402
 from tritongen.core.simulator import (  # noqa: E402
     EMBEDDED_CPU_OVERHEADS,
     BatchedRun,
@@ -51,10 +51,8 @@ from tritongen.core.simulator import (  # noqa: E402
     fit_overheads,
     fit_wake_chances,
 )
-from tritongen.loadgen import LoadTarget  # noqa: E402
 from tritongen.server import ServerOptions, TritonServer  # noqa: E402
 from tritongen.errors import RunFailed  # noqa: E402
-from tritongen.tuner.verify import measure  # noqa: E402
 
 REQUESTS = int(os.environ.get("TRITONGEN_FIDELITY_REQUESTS", "1000"))  # per run, at least 4 s of traffic
 # A config's lowest load gets twice the requests: its P99 rests on a handful of lost-wake episodes per
@@ -74,17 +72,18 @@ DEADLINE_S = float(os.environ.get("TRITONGEN_FIDELITY_DEADLINE_S", "420"))  # st
 MIN_CLEAN_CELLS = 6
 
 
-def simulated(name: str, arrivals, overheads, seeds: int = 9) -> tuple[float, float]:
-    """(P99 ms over the measured window, throughput /s): medians over several simulation seeds (the
-    simulator draws execution noise and lost batcher wake-ups), as a cell's live figures are the
-    medians over its runs."""
-    p99s, thrs = [], []
+def simulated(name: str, arrivals, overheads, seeds: int = 9) -> tuple[float, float, float]:
+    """(P99 ms over the measured window, throughput /s, mean batch rows): the first two are medians
+    over several simulation seeds (the simulator draws execution noise and lost batcher wake-ups), as
+    a cell's live figures are the medians over its runs; the mean batch is seed 0's."""
+    p99s, thrs, batches = [], [], []
     for seed in range(seeds):
         sim = Simulation(sim_server(name, overheads), arrivals, seed)
         res = sim.run()
         p99s.append(float(np.percentile(sim.window_latencies_s(), 99) * 1000.0))
         thrs.append(res.throughput_per_s)
-    return statistics.median(p99s), statistics.median(thrs)
+        batches.append(res.models[0].mean_batch_rows or 0.0)
+    return statistics.median(p99s), statistics.median(thrs), batches[0]
 
 
 @dataclass
@@ -146,20 +145,16 @@ def run_fidelity(log=print) -> tuple[list[Cell], object, float]:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tritongen-fidelity-") as tmp:
         repo = write_repository(Path(tmp), CONFIGS)
-        warm = traffic(200.0, 40, 999)
         attempts = [0]
 
         def live(server: TritonServer, name: str, arrivals, seed: int, quiet: float = QUIET_CORES):
             """One measurement on a quiet host: a run during which other processes took more than
             QUIET_CORES of CPU is repeated after a pause, until DEADLINE_S; the quietest is kept."""
-            targets = {c["name"]: LoadTarget(name) for c in CLASSES}
-            pid = server.process.pid if server.process else None
             best = None
             while True:
                 attempts[0] += 1
                 try:
-                    run = measure(server.http_url, arrivals, targets, {name: CONFIGS[name]["count"]}, warmup=warm,
-                                  seed=seed, server_pid=pid)
+                    run = measure_model(server, name, arrivals, seed)
                 except RunFailed as exc:
                     alive = server.process is not None and server.process.poll() is None
                     raise RunFailed(f"{exc}\nserver {'alive' if alive else 'exited'}; its log:\n{server.failure_reason()}") from exc
@@ -207,13 +202,12 @@ def run_fidelity(log=print) -> tuple[list[Cell], object, float]:
             thrs = [r.throughput_per_s for r in runs]
             live_p99 = statistics.median(p99s)
             live_thr = statistics.median(thrs)
-            sim_p99, sim_thr = simulated(name, arrivals, overheads)
-            res = Simulation(sim_server(name, overheads), arrivals, 0).run()
+            sim_p99, sim_thr, sim_batch = simulated(name, arrivals, overheads)
             cell = Cell(
                 config=name, rate=rate, live_p99=live_p99, sim_p99=sim_p99, live_thr=live_thr,
                 sim_thr=sim_thr, runs=len(runs),
                 live_batch=statistics.median(r.stats[name].mean_batch_rows or 0.0 for r in runs),
-                sim_batch=res.models[0].mean_batch_rows or 0.0,
+                sim_batch=sim_batch,
                 rejected=int(statistics.median(sum(k.rejected for k in r.classes) for r in runs)),
                 foreign=max(r.foreign_cores or 0.0 for r in runs),
             )

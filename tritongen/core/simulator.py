@@ -1062,7 +1062,8 @@ class Simulation:
 
     def _release(self, m: _Model, inst: int, now: float) -> None:
         """The instance is free again: it takes a waiting payload, and its notify may wake the batcher."""
-        if m.cfg.resources and self.rl:
+        holds_resources = bool(self.rl and m.cfg.resources)
+        if holds_resources:
             self._take_resources(m, inst, -1)
         m.idle.append(inst)
         m.idle.sort()
@@ -1073,7 +1074,7 @@ class Simulation:
             chance = self.ov.completion_wake_p
         else:
             chance = self._wake_chance(self.ov.completion_wake_p_idle, now)
-        if self.rl and m.cfg.resources and chance < 1.0:  # the resources go back before the notify
+        if holds_resources and chance < 1.0:  # the resources went back before the notify
             chance = 1.0 - min(1.0, (1.0 - chance) * self.ov.rate_limited_wake_loss)
         # The race is lost only when this instance is the batcher's one chance of a slot: if another
         # instance already waits idle (its own wake was lost), this notify finds that one.
