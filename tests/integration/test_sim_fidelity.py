@@ -18,10 +18,10 @@ little (`bench/trace_batcher.py --observer-effect`); and twice a traced server s
 its statistics endpoint. Those are counts over a thousand executions, so the tail is predicted
 from the mechanism, not fitted to a P99. Each cell is measured three times and its live P99 is the
 median run's: one run's P99 rests on its ten slowest requests, and a run that meets a host hiccup
-should not decide the cell. The simulator's P99 is likewise the median over seeds.
+should not decide the cell; the cell whose P99 rests on a handful of lost-wake episodes runs six
+times as long (`LONG_CELL`). The simulator's P99 is likewise the median over seeds.
 
-Asserts: P99 within 15% in every cell but at most one, which must be within 30% (see
-WORST_CELL_TOLERANCE), and throughput within 10% in every cell. The host is shared: a run during
+Asserts: P99 within 15% and throughput within 10% in every cell. The host is shared: a run during
 which other processes took more than `QUIET_CORES` of CPU is repeated after a pause (until
 `DEADLINE_S`); cells still measured under heavy foreign load are left out, and the test skips,
 saying so, if too few remain. Run this
@@ -55,9 +55,15 @@ from tritongen.server import ServerOptions, TritonServer  # noqa: E402
 from tritongen.errors import RunFailed  # noqa: E402
 
 REQUESTS = int(os.environ.get("TRITONGEN_FIDELITY_REQUESTS", "1000"))  # per run, at least 4 s of traffic
-# A config's lowest load gets twice the requests: its P99 rests on a handful of lost-wake episodes per
-# run (how often they come moves between runs), the noisiest figure of all; 20 s halves that noise.
-LOWEST_LOAD_FACTOR = 2
+# The one cell whose P99 is noisy runs six times as long (60 s). The single-instance queue-policy
+# config at its lowest load has a P99 that rests on a handful of lost-wake episodes: over 24 runs of
+# 2000 requests on eight server starts its P99 had a standard deviation of 11% (35.1-52.9 ms), where
+# every other cell's runs agree within 2-5%. The noise is in time, not in the run (the P99s of the
+# two halves of one run are uncorrelated, 0.06), so length buys what repetitions would: six times the
+# length cuts the median's spread from about 8% to about 3%, and the error budget of 15% then holds
+# with the calibration's own noise on top. The other cells run REQUESTS (at least 4 s).
+LONG_CELL, LONG_CELL_FACTOR = ("tuned", 100.0), 6
+SEEDS = 15  # simulation seeds per cell; the simulator's P99 is their median (at most 0.1 s a seed)
 RUNS_PER_CELL = 3  # the median: one run's P99 rests on its ten slowest requests
 # Calibration runs, (config, load, runs), at loads between the cells'. The policy runs are repeated:
 # Triton's mean batch, their witness, moves by about 0.02 rows between identical runs (a couple of
@@ -72,7 +78,7 @@ DEADLINE_S = float(os.environ.get("TRITONGEN_FIDELITY_DEADLINE_S", "420"))  # st
 MIN_CLEAN_CELLS = 6
 
 
-def simulated(name: str, arrivals, overheads, seeds: int = 9) -> tuple[float, float, float]:
+def simulated(name: str, arrivals, overheads, seeds: int = SEEDS) -> tuple[float, float, float]:
     """(P99 ms over the measured window, throughput /s, mean batch rows): the first two are medians
     over several simulation seeds (the simulator draws execution noise and lost batcher wake-ups), as
     a cell's live figures are the medians over its runs; the mean batch is seed 0's."""
@@ -172,7 +178,7 @@ def run_fidelity(log=print) -> tuple[list[Cell], object, float]:
         cells_arrivals = []
         for name, c in CONFIGS.items():
             for j, rate in enumerate(c["loads"]):
-                n = max(REQUESTS, int(4 * rate)) * (LOWEST_LOAD_FACTOR if j == 0 else 1)
+                n = max(REQUESTS, int(4 * rate)) * (LONG_CELL_FACTOR if (name, rate) == LONG_CELL else 1)
                 cells_arrivals.append((name, float(rate), traffic(float(rate), n, 10 * j + 7)))
         jobs = [Job(("cal", i), name, arrivals, 500 + i + 10 * k, CALIBRATION_QUIET_CORES, calibration_round(k, repeats))
                 for i, (name, arrivals, repeats) in enumerate(calibration) for k in range(repeats)]
@@ -254,27 +260,12 @@ def clean_cells(cells: list[Cell]) -> list[Cell]:
     return clean
 
 
-# Known weakness: the issue's bar is 15% in every cell. The queue-policy config at its lowest load
-# (`tuned@100`) is the cell that misses now and then (-24% in one clean-clone CI run; within 15% in
-# the eleven other recorded runs), and the miss is on the live side: its P99 rests on a handful of
-# lost-wake episodes per run, and how often wakes are lost moves from run to run (18 runs of the
-# same arrivals: 35.1-50.7 ms, following each run's own mean batch, correlation 0.79). Re-fitted
-# offline on eight recorded server starts the simulator erred -10% to +13% there, mean -1%. Halving
-# that noise would take four times the cell's runs; until then one cell may miss, by at most
-# WORST_CELL_TOLERANCE.
-WORST_CELL_TOLERANCE = 0.30
-
-
 def test_simulated_p99_is_within_15_percent_of_measured(fidelity) -> None:
     cells, overheads, seconds = fidelity
     print("\n" + markdown(cells, overheads, seconds))
     assert len(cells) == 9 and len({c.config for c in cells}) == 3
-    misses = [c for c in clean_cells(cells) if abs(c.p99_error) > P99_TOLERANCE]
-    described = [f"{c.config}@{c.rate:.0f}: {c.p99_error:+.0%}" for c in misses]
-    assert len(misses) <= 1, f"P99 off by more than {P99_TOLERANCE:.0%} in more than one cell: {described}"
-    assert all(abs(c.p99_error) <= WORST_CELL_TOLERANCE for c in misses), (
-        f"P99 off by more than {WORST_CELL_TOLERANCE:.0%}: {described}"
-    )
+    misses = [f"{c.config}@{c.rate:.0f}: {c.p99_error:+.0%}" for c in clean_cells(cells) if abs(c.p99_error) > P99_TOLERANCE]
+    assert not misses, f"P99 off by more than {P99_TOLERANCE:.0%}: {misses}"
 
 
 def test_simulated_throughput_is_within_10_percent_of_measured(fidelity) -> None:
