@@ -585,7 +585,12 @@ def test_status_and_reload_need_the_token(deployment: Deployment) -> None:
 
 
 def test_metrics_endpoint(deployment: Deployment) -> None:
-    text = httpx.get(deployment.metrics, timeout=5).text
+    # A streamed request of its own first: the histograms have a sample whichever tests ran before.
+    body = {"text_input": "metrics", "max_tokens": 4}
+    with httpx.stream("POST", f"{deployment.http}/v2/models/tinyllm/generate_stream", json=body, timeout=20) as resp:
+        assert resp.status_code == 200
+        resp.read()
+    text = metrics_text(deployment)
     for family in ("sidecar_requests_admitted_total", "sidecar_inflight_requests", "sidecar_reserved_bytes",
                    "sidecar_oom_risk_ratio", "sidecar_headroom_bytes", "sidecar_concurrency_limit",
                    "sidecar_queue_wait_seconds_bucket", "sidecar_request_duration_seconds_bucket",
@@ -593,10 +598,20 @@ def test_metrics_endpoint(deployment: Deployment) -> None:
                    "sidecar_upstream_up 1.0"):
         assert family in text, family
     assert 'sidecar_headroom_source_up{source="triton_metrics"} 1.0' in text
-    # The loop-lag timer runs every 25 ms from start: by now it has many samples.
-    lag_count = next(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
-                     if ln.startswith("sidecar_event_loop_lag_seconds_count"))
+    # The loop-lag timer samples every 25 ms from start: within a second it has many samples.
+    deadline = time.monotonic() + 5.0
+    while (lag_count := loop_lag_samples(text)) < 10 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        text = metrics_text(deployment)
     assert lag_count >= 10
+
+
+def metrics_text(deployment: Deployment) -> str:
+    return httpx.get(deployment.metrics, timeout=5).text
+
+
+def loop_lag_samples(metrics: str) -> float:
+    return next(float(ln.rsplit(" ", 1)[1]) for ln in metrics.splitlines() if ln.startswith("sidecar_event_loop_lag_seconds_count"))
 
 
 def _edit_keeping_stat(path: Path, text: str) -> None:
