@@ -202,9 +202,18 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
 # the burst: out-of-memory kills versus 429s
 
 
+def metrics_text(deployment: Deployment) -> str:
+    """The sidecar's Prometheus exposition."""
+    return httpx.get(deployment.metrics, timeout=5).text
+
+
+def metric_total(text: str, prefix: str) -> float:
+    """The sum of the samples whose line starts with `prefix` (a family, or a family and labels)."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
 def triton_oom_count(server: TritonServer) -> float:
-    text = httpx.get(server.metrics_url, timeout=5).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("tinyllm_oom_errors_total{"))
+    return metric_total(httpx.get(server.metrics_url, timeout=5).text, "tinyllm_oom_errors_total{")
 
 
 async def _one(session: aiohttp.ClientSession, url: str, n: int, klass: str) -> dict[str, Any]:
@@ -258,7 +267,7 @@ def burst(base: str, requests: int = BURST_REQUESTS, seconds: float = BURST_SECO
 
 def ttft_histogram(deployment: Deployment, klass: str) -> dict[str, float]:
     """Cumulative bucket counts of the sidecar's time-to-first-token histogram for a class."""
-    text = httpx.get(deployment.metrics, timeout=5).text
+    text = metrics_text(deployment)
     out: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("sidecar_time_to_first_token_seconds_bucket{") and f'class="{klass}"' in line:
@@ -372,15 +381,18 @@ def test_http_infer_with_class_parameter_and_client_priority(deployment: Deploym
     assert resp.status_code == 200 and resp.json()["id"] == "p1"
 
 
-def test_http_generate_stream_text_matches_direct(deployment: Deployment) -> None:
-    def text(base: str) -> tuple[str, str]:
-        body = {"text_input": "the sidecar passes tokens through", "max_tokens": 20}
-        with httpx.stream("POST", f"{base}/v2/models/tinyllm/generate_stream", json=body, timeout=20) as resp:
-            assert resp.status_code == 200
-            pieces = [json.loads(line[5:])["text_output"] for line in resp.iter_lines() if line.startswith("data:")]
-            return "".join(pieces), resp.headers["content-type"]
+def stream_text(base: str, text_input: str, max_tokens: int) -> tuple[str, str]:
+    """(the streamed text, the content type) of one tinyllm generate_stream request to `base`."""
+    body = {"text_input": text_input, "max_tokens": max_tokens}
+    with httpx.stream("POST", f"{base}/v2/models/tinyllm/generate_stream", json=body, timeout=20) as resp:
+        assert resp.status_code == 200
+        pieces = [json.loads(line[5:])["text_output"] for line in resp.iter_lines() if line.startswith("data:")]
+        return "".join(pieces), resp.headers["content-type"]
 
-    assert text(deployment.direct) == text(deployment.http)
+
+def test_http_generate_stream_text_matches_direct(deployment: Deployment) -> None:
+    prompt = "the sidecar passes tokens through"
+    assert stream_text(deployment.direct, prompt, 20) == stream_text(deployment.http, prompt, 20)
 
 
 @pytest.mark.parametrize(
@@ -530,7 +542,7 @@ def test_grpc_ids_and_metadata_come_back_as_triton_sends_them(deployment: Deploy
     assert through["stream"][0] == ["s-0", "s-1", "s-2"] and through["stream"][1] == grpc.StatusCode.OK
     assert through["error"][0] != grpc.StatusCode.UNAVAILABLE and "nope" in through["error"][1]
     print(f"\nTriton's gRPC response metadata (direct == through the sidecar): {direct}")
-    text = httpx.get(deployment.metrics, timeout=5).text
+    text = metrics_text(deployment)
     assert 'sidecar_tenant_requests_admitted_total{tenant="other"}' in text  # "acme" is not in this policy
     assert 'sidecar_prompt_tokens_bucket{le="16.0",model="tinyllm"}' in text  # the stream's prompts
     assert deployment.status()["upstream"]["up"] is True
@@ -566,7 +578,7 @@ def test_malformed_requests_get_400_with_a_reason(deployment: Deployment) -> Non
             stub.ModelInfer(request, metadata=(("x-traffic-class", "platinum"),), timeout=5)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "unknown traffic class" in err.value.details()
-    text = httpx.get(deployment.metrics, timeout=5).text
+    text = metrics_text(deployment)
     assert 'sidecar_requests_malformed_total{protocol="http"}' in text
 
 
@@ -586,10 +598,7 @@ def test_status_and_reload_need_the_token(deployment: Deployment) -> None:
 
 def test_metrics_endpoint(deployment: Deployment) -> None:
     # A streamed request of its own first: the histograms have a sample whichever tests ran before.
-    body = {"text_input": "metrics", "max_tokens": 4}
-    with httpx.stream("POST", f"{deployment.http}/v2/models/tinyllm/generate_stream", json=body, timeout=20) as resp:
-        assert resp.status_code == 200
-        resp.read()
+    stream_text(deployment.http, "metrics", 4)
     text = metrics_text(deployment)
     for family in ("sidecar_requests_admitted_total", "sidecar_inflight_requests", "sidecar_reserved_bytes",
                    "sidecar_oom_risk_ratio", "sidecar_headroom_bytes", "sidecar_concurrency_limit",
@@ -600,18 +609,10 @@ def test_metrics_endpoint(deployment: Deployment) -> None:
     assert 'sidecar_headroom_source_up{source="triton_metrics"} 1.0' in text
     # The loop-lag timer samples every 25 ms from start: within a second it has many samples.
     deadline = time.monotonic() + 5.0
-    while (lag_count := loop_lag_samples(text)) < 10 and time.monotonic() < deadline:
+    while (lag_count := metric_total(text, "sidecar_event_loop_lag_seconds_count")) < 10 and time.monotonic() < deadline:
         time.sleep(0.1)
         text = metrics_text(deployment)
     assert lag_count >= 10
-
-
-def metrics_text(deployment: Deployment) -> str:
-    return httpx.get(deployment.metrics, timeout=5).text
-
-
-def loop_lag_samples(metrics: str) -> float:
-    return next(float(ln.rsplit(" ", 1)[1]) for ln in metrics.splitlines() if ln.startswith("sidecar_event_loop_lag_seconds_count"))
 
 
 def _edit_keeping_stat(path: Path, text: str) -> None:
