@@ -20,68 +20,49 @@ import pytest
 from tritongen.profiler.load import ClassicLoad
 
 
-def test_a_ctrl_c_inside_a_worker_is_retrieved_when_the_load_closes(caplog) -> None:
-    load = ClassicLoad("127.0.0.1:9", "m", {"X": np.zeros((1, 1), np.float32)}, ["Y"])
-    load.__enter__()
+def _close_after_a_task_ends_with(exc_type: type[BaseException], tracked: bool) -> None:
+    """A task on the load's loop ends with `exc_type` while a level runs; then the load closes.
 
-    async def interrupted() -> None:
-        await asyncio.sleep(0)
-        raise KeyboardInterrupt
-
-    async def waiting() -> None:
-        await asyncio.sleep(3600)
-
-    worker = load.loop.create_task(interrupted())
-    load._tasks = [worker]
-    load._level_task = load.loop.create_task(waiting())
-    with pytest.raises(KeyboardInterrupt):
-        load.loop.run_until_complete(load._level_task)
-    assert worker.done() and not worker.cancelled()
-    with caplog.at_level(logging.ERROR, logger="asyncio"):
-        load.close()
-        del worker
-        load._tasks = []
-        gc.collect()
-    assert "never retrieved" not in caplog.text
-    assert load.loop is None
-
-
-def _interrupt_with_an_untracked_task_ending_with(exc_type: type[BaseException]) -> None:
-    """A task the load does not own (like aiohttp's body writer) ends with `exc_type`; the load closes.
-
-    The task is left for the caller's garbage collection: while this frame runs, the exception's
-    traceback keeps it alive, so asyncio's report comes only once the frame is gone. The exception
-    is made inside the task so that no caller holds it (and with it the task).
+    `tracked`: the task is one of the load's workers; else it is one the load does not own (like
+    aiohttp's body writer). The task is left for the caller's garbage collection: while this frame
+    runs, the exception's traceback keeps it alive, so asyncio's report comes only once the frame is
+    gone. The exception is made inside the task so that no caller holds it (and with it the task).
     """
     load = ClassicLoad("127.0.0.1:9", "m", {"X": np.zeros((1, 1), np.float32)}, ["Y"])
     load.__enter__()
 
-    async def library_write() -> None:
+    async def ending() -> None:
         await asyncio.sleep(0)
         raise exc_type("boom")
 
-    async def waiting() -> None:
+    async def level() -> None:
         await asyncio.sleep(0.05)
 
-    library = load.loop.create_task(library_write())
-    load._level_task = load.loop.create_task(waiting())
+    task = load.loop.create_task(ending())
+    if tracked:
+        load._tasks = [task]
+    load._level_task = load.loop.create_task(level())
+    interrupted = False
     try:
         load.loop.run_until_complete(load._level_task)
     except KeyboardInterrupt:
-        pass
-    assert library.done() and not library.cancelled()
+        interrupted = True
+    assert interrupted == (exc_type is KeyboardInterrupt)  # a Ctrl-C leaves the level pending
+    assert task.done() and not task.cancelled()
     load.close()
+    assert load.loop is None
 
 
-def _asyncio_log_after(exc_type: type[BaseException], caplog) -> str:
+def _asyncio_log_after(exc_type: type[BaseException], caplog, tracked: bool = False) -> str:
     with caplog.at_level(logging.ERROR, logger="asyncio"):
-        _interrupt_with_an_untracked_task_ending_with(exc_type)
+        _close_after_a_task_ends_with(exc_type, tracked)
         gc.collect()
     return caplog.text
 
 
-def test_a_ctrl_c_inside_a_library_task_prints_no_traceback(caplog) -> None:
-    assert "never retrieved" not in _asyncio_log_after(KeyboardInterrupt, caplog)
+@pytest.mark.parametrize("tracked", [True, False], ids=["worker", "library-task"])
+def test_a_ctrl_c_inside_a_task_prints_no_traceback(caplog, tracked: bool) -> None:
+    assert "never retrieved" not in _asyncio_log_after(KeyboardInterrupt, caplog, tracked)
 
 
 def test_a_real_error_in_a_library_task_is_still_reported(caplog) -> None:

@@ -84,6 +84,7 @@ def _quiet_about_interrupts(loop: asyncio.AbstractEventLoop, context: dict) -> N
     That task ends with the KeyboardInterrupt as its exception, and when it is collected asyncio
     prints "Task exception was never retrieved" with the whole traceback, after the CLI's clean
     "interrupted" message. The interrupt is already reported; real errors still reach the log.
+    A CancelledError is the teardown's own doing (close cancels what is pending), never news.
     """
     if isinstance(context.get("exception"), (KeyboardInterrupt, asyncio.CancelledError)):
         return
