@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.tritongen-installed
 
-.PHONY: demo test venv clean
+.PHONY: demo test venv clean bench bench-fidelity bench-sidecar bench-profile bench-simulator bench-fixed-vs-tuned
 
 venv: $(STAMP)
 
@@ -15,11 +15,32 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	@touch $(STAMP)
 
+# Unit tests are pure and CPU-bound: two workers. Integration tests measure a live server: one at a time.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 tests/unit
+	$(PY) -m pytest -q tests/integration
 
 demo: $(STAMP)
 	$(VENV)/bin/tritongen demo
+
+# Benchmarks give figures, not verdicts: each prints its table and writes it to bench/results/NAME.md
+# (date, machine, commit). Run them one at a time on a quiet host; `make bench` runs them all (~12 min).
+bench: bench-simulator bench-profile bench-fidelity bench-sidecar bench-fixed-vs-tuned
+
+bench-fidelity: $(STAMP)
+	$(PY) bench/bench_sim_fidelity.py
+
+bench-sidecar: $(STAMP)
+	$(PY) bench/bench_sidecar.py --seconds 4
+
+bench-profile: $(STAMP)
+	$(PY) bench/bench_profile.py
+
+bench-simulator: $(STAMP)
+	$(PY) bench/bench_simulator_speed.py
+
+bench-fixed-vs-tuned: $(STAMP)
+	$(PY) bench/bench_fixed_vs_tuned.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -318,4 +318,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench.report import saved_report
+
+    with saved_report("fixed_vs_tuned"):
+        code = main()
+    sys.exit(code or 0)

@@ -107,4 +107,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from bench.report import saved_report
+
+    with saved_report("profile"):
+        code = main()
+    sys.exit(code or 0)

@@ -313,4 +313,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from bench.report import saved_report
+
+    with saved_report("sidecar"):
+        code = main()
+    sys.exit(code or 0)

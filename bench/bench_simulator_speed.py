@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tritongen.core.simulator import (
     EMBEDDED_CPU_OVERHEADS,
@@ -75,4 +79,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench.report import saved_report
+
+    with saved_report("simulator_speed"):
+        code = main()
+    sys.exit(code or 0)

@@ -258,7 +258,9 @@ class TritonServer:
             except ProcessLookupError:
                 pass
             try:
-                proc.wait(timeout=self.options.exit_timeout_s + 5)
+                # A server still up a couple of seconds past its own exit timeout is hung (a load that
+                # never finishes, a stub that ignores the signal): waiting longer only delays the kill.
+                proc.wait(timeout=self.options.exit_timeout_s + 2)
             except subprocess.TimeoutExpired:
                 pass
         if proc is not None:

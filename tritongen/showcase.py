@@ -140,7 +140,7 @@ def load_phase(
 
 def run_showcase(
     spec: Path, code: Path, naive: Path, traffic: Path, out_dir: Path, workdir: Path, say: Say,
-    requests: int = 1200, ranker_rate_factor: float = 8.0, llm_rate_factor: float = 4.0,
+    requests: int = 1200, ranker_rate_factor: float = 8.0, llm_rate_factor: float = 4.0, tune_requests: int = 4000,
 ) -> Showcase:
     from tritongen.cli.simulate_cmd import read_traffic
 
@@ -163,7 +163,8 @@ def run_showcase(
     tritongen_cmd("profile", str(spec), "--repo", str(before), "-o", str(profiles), "--quick")
     step("profile")
     say(f"2/5 tune against {traffic.name} with the simulator, render the winner -> {after}")
-    tuned = tritongen_cmd("tune", str(spec), "--profiles", str(profiles), "--traffic", str(traffic), "-o", str(after))
+    tuned = tritongen_cmd("tune", str(spec), "--profiles", str(profiles), "--traffic", str(traffic), "-o", str(after),
+                          "--requests", str(tune_requests))
     (out_dir / "tune.txt").write_text(tuned.stdout)
     if not (after / SIDECAR_POLICY_FILE).is_file():
         raise RunFailed(f"`tritongen tune -o {after}` wrote no {SIDECAR_POLICY_FILE}:\n{tuned.stdout[-1500:]}")

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import MODEL_REPOSITORY, cli
+from tests.helpers import MODEL_REPOSITORY, cli
 from tritongen.server import ServerOptions, TritonServer
 
 pytestmark = pytest.mark.integration

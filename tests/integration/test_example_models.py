@@ -43,8 +43,8 @@ def _load_beside_model(name: str, directory: Path):
 ranker_net = _load_beside_model("ranker_net", RANKER_DIR)
 tinyllm_engine = _load_beside_model("tinyllm_engine", TINYLLM_DIR)
 
-grpcclient = pytest.importorskip("tritonclient.grpc")
-httpclient = pytest.importorskip("tritonclient.http")
+import tritonclient.grpc as grpcclient  # noqa: E402
+import tritonclient.http as httpclient  # noqa: E402
 
 from tritongen.server import ServerOptions, TritonServer  # noqa: E402
 

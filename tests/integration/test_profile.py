@@ -1,7 +1,7 @@
 """`tritongen profile` against a real tritonserver, plus its probes over fake sources.
 
 One temp repository for the module: the configs `tritongen render` writes for examples/deployment.yaml
-(hand-written ones if rendering fails), the example models' code, and `tinyllm_tiny`, a tinyllm
+(no fallback: a renderer regression fails the module), the example models' code, and `tinyllm_tiny`, a tinyllm
 whose KV pool holds two blocks of 16 tokens. The CLI runs as users run it (a subprocess, exit
 codes, stderr); `--quick` keeps the module well under 90 s.
 """
@@ -20,52 +20,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import EXAMPLES, MODEL_REPOSITORY, REPO_ROOT, cli
+from tests.helpers import EXAMPLES, MODEL_REPOSITORY, REPO_ROOT, cli
 from tritongen.core.profile_types import Profile, read_profile
 from tritongen.profiler.memory import NvmlProbe, PeakSampler, ProcFS, StubRssProbe, find_stubs, kv_gauges, parse_metrics
 from tritongen.profiler.run import endpoints_from_url
+from tritongen.render import render_repository, write_repository
 from tritongen.server import ServerOptions, TritonServer, free_port
+from tritongen.specio import load_spec
 
 SPEC = EXAMPLES / "deployment.yaml"
 TINY_BLOCKS = 2
 TINY_BLOCK_TOKENS = 16
-
-_FALLBACK_TINYLLM_PARAMS = {
-    "num_layers": "2", "hidden_size": "64", "num_heads": "4", "num_kv_heads": "2", "vocab_size": "256",
-    "max_context": "256", "seed": "11", "kv_block_tokens": "16", "kv_pool_blocks": "331", "max_num_seqs": "8",
-    "default_max_tokens": "16",
-}
-
-
-def _params(params: dict[str, str]) -> str:
-    return "\n".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}' for k, v in params.items())
-
-
-def _fallback_configs() -> dict[str, str]:
-    ranker = f"""name: "ranker"
-backend: "python"
-max_batch_size: 32
-input [ {{ name: "FEATURES" data_type: TYPE_FP32 dims: [ 32 ] }} ]
-output [ {{ name: "SCORES" data_type: TYPE_FP32 dims: [ 1 ] }} ]
-dynamic_batching {{ preferred_batch_size: [ 8, 16, 32 ] max_queue_delay_microseconds: 8000 }}
-instance_group [ {{ kind: KIND_CPU count: 1 }} ]
-{_params({"overhead_ms": "4.0", "per_item_ms": "0.25", "seed": "7"})}
-"""
-    tinyllm = f"""name: "tinyllm"
-backend: "python"
-max_batch_size: 8
-model_transaction_policy {{ decoupled: true }}
-input [
-  {{ name: "text_input" data_type: TYPE_STRING dims: [ 1 ] }},
-  {{ name: "max_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true }}
-]
-output [ {{ name: "text_output" data_type: TYPE_STRING dims: [ 1 ] }} ]
-dynamic_batching {{ }}
-instance_group [ {{ kind: KIND_CPU count: 1 }} ]
-{_params(_FALLBACK_TINYLLM_PARAMS)}
-"""
-    return {"ranker/config.pbtxt": ranker, "tinyllm/config.pbtxt": tinyllm}
-
 
 def _tiny_config(tinyllm_config: str) -> str:
     text = tinyllm_config.replace('name: "tinyllm"', 'name: "tinyllm_tiny"')
@@ -82,16 +47,8 @@ def _tiny_config(tinyllm_config: str) -> str:
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("profile") / "repo"
-    try:
-        from tritongen.render import render_repository, write_repository
-        from tritongen.specio import load_spec
-
-        write_repository(render_repository(load_spec(SPEC)), root)
-    except Exception:  # the renderer is not this test's subject: fall back to written configs
-        shutil.rmtree(root, ignore_errors=True)
-        for rel, text in _fallback_configs().items():
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            (root / rel).write_text(text)
+    # No fallback: a renderer regression must fail here, not be papered over by hand-written configs.
+    write_repository(render_repository(load_spec(SPEC)), root)
     for name in ("ranker", "tinyllm"):
         shutil.copytree(MODEL_REPOSITORY / name / "1", root / name / "1", dirs_exist_ok=True)
     tiny = root / "tinyllm_tiny"

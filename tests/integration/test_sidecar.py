@@ -2,9 +2,9 @@
 HTTP and gRPC pass-through.
 
 One server and one sidecar (started through `tritongen sidecar`, as a user would) for the module.
-The repository is built here: `tinyllm` gets the KV pool the plan computes for a small memory quota,
-but a `max_num_seqs` of 32 instead of the plan's bound, as an operator chasing throughput might set
-it; so the engine admits more sequences than its pool can hold and direct traffic is killed with
+The repository is built by `build_sidecar_repository` (tests/helpers.py): `tinyllm` gets the KV
+pool the plan computes for a small memory quota, but a `max_num_seqs` of 32 instead of the plan's
+bound, as an operator chasing throughput might set it; so the engine admits more sequences than its pool can hold and direct traffic is killed with
 "out of memory: KV cache pool exhausted". The sidecar's policy is built from the same spec and
 plan with `build_sidecar_policy` and told about the raised `max_num_seqs` (max_inflight 32):
 only memory admission stands between the burst and an out-of-memory error.
@@ -22,7 +22,6 @@ import json
 import math
 import os
 import queue
-import shutil
 import signal
 import struct
 import subprocess
@@ -37,114 +36,28 @@ import grpc
 import httpx
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pbg
 
 from sidecar.loop import run as run_loop
-from sidecar.policy import parse_policy
-from tritongen.core.architecture import Architecture
-from tritongen.core.plan import plan_deployment
-from tritongen.core.sidecar_policy import build_sidecar_policy
-from tritongen.core.spec import DeploymentSpec
+from tests.helpers import SIDECAR_POOL_BLOCKS, build_sidecar_repository
 from tritongen.server import ServerOptions, TritonServer
 from tritongen.sidecar_process import SidecarProcess
 
 pytestmark = pytest.mark.integration
 
-grpcclient = pytest.importorskip("tritonclient.grpc")
-httpclient = pytest.importorskip("tritonclient.http")
-from tritonclient.grpc import service_pb2 as pb
-from tritonclient.grpc import service_pb2_grpc as pbg
-
-ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "test-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-ARCH = {"family": "llama", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_kv_heads": 2,
-        "head_dim": 16, "dtype": "fp32", "attention": "gqa", "vocab_size": 256}
 PROMPT_BYTES = 21  # "request NNN says hello"
 # Chat-like interactive requests are short, batch requests long: 21 + 8 = 29 tokens (2 blocks of 16),
 # 21 + 24 = 45 (3 blocks), 21 + 40 = 61 (4 blocks); the pool of 12 blocks holds 3 to 6 sequences.
 MAX_TOKENS = {"interactive": 8, "normal": 24, "batch": 40}
-POOL_BLOCKS = 12
 # About 40 requests/s fit through the pool (~4 sequences, ~0.1 s each); the burst offers five times that.
 BURST_REQUESTS = 100
 BURST_SECONDS = 0.5
 CLASSES = ("interactive", "normal", "batch")
-
-
-def spec_doc(memory_quota_mb: float = 1.69) -> dict[str, Any]:
-    tensors = {
-        "inputs": [{"name": "text_input", "data_type": "STRING", "dims": [1]},
-                   {"name": "max_tokens", "data_type": "INT32", "dims": [1], "optional": True}],
-        "outputs": [{"name": "text_output", "data_type": "STRING", "dims": [1]}],
-    }
-    return {
-        "version": 1, "name": "sidecar-it", "hardware": {"gpus": [], "cpu_memory_mb": 64},
-        "models": [
-            {"name": "ranker", "backend": "python", "kind": "classic", "max_batch_size": 32,
-             "weights": {"parameters": 2177, "dtype": "fp32"},
-             "inputs": [{"name": "FEATURES", "data_type": "FP32", "dims": [32]}],
-             "outputs": [{"name": "SCORES", "data_type": "FP32", "dims": [1]}],
-             "parameters": {"overhead_ms": "4.0", "per_item_ms": "0.25", "seed": "7"}},
-            # quota 1.69 MiB - weights 0.595 - reserve 0.5 - pad 0.5 = 97.3 KiB: 12 blocks x 16 tokens x 512 B
-            {"name": "tinyllm", "backend": "python", "kind": "llm", "streaming": True, "architecture": ARCH,
-             "weights": {"parameters": 155968, "dtype": "fp32"}, "kv_dtype": "fp32", "max_context": 128,
-             "memory_quota_mb": memory_quota_mb, **tensors, "parameters": {"seed": "11", "default_max_tokens": "16"}},
-        ],
-        "traffic_classes": [
-            {"name": "interactive", "kind": "interactive", "priority": 1, "p99_ms": 250, "share": 0.35},
-            {"name": "normal", "kind": "normal", "priority": 2, "p99_ms": 1000, "share": 0.35},
-            {"name": "batch", "kind": "batch", "priority": 3, "p99_ms": 5000, "share": 0.3},
-        ],
-        "policy": {"kv_safety_pad_mb": 0.5, "framework_reserve_mb": 0.5},
-    }
-
-
-def _params(params: dict[str, str]) -> str:
-    return "\n".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}' for k, v in sorted(params.items()))
-
-
-def write_repository(root: Path, tinyllm_params: dict[str, str], ranker_params: dict[str, str]) -> Path:
-    for name in ("ranker", "tinyllm"):
-        version = root / name / "1"
-        version.mkdir(parents=True)
-        for py in (ROOT / "model_repository" / name / "1").glob("*.py"):
-            shutil.copy(py, version / py.name)
-    (root / "tinyllm" / "config.pbtxt").write_text(f"""name: "tinyllm"
-backend: "python"
-max_batch_size: 0
-model_transaction_policy {{ decoupled: true }}
-input [ {{ name: "text_input" data_type: TYPE_STRING dims: [ 1 ] }},
-        {{ name: "max_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true }} ]
-output [ {{ name: "text_output" data_type: TYPE_STRING dims: [ 1 ] }} ]
-instance_group [ {{ kind: KIND_CPU count: 1 }} ]
-{_params(tinyllm_params)}
-""")
-    (root / "ranker" / "config.pbtxt").write_text(f"""name: "ranker"
-backend: "python"
-max_batch_size: 32
-input [ {{ name: "FEATURES" data_type: TYPE_FP32 dims: [ 32 ] }} ]
-output [ {{ name: "SCORES" data_type: TYPE_FP32 dims: [ 1 ] }} ]
-dynamic_batching {{ max_queue_delay_microseconds: 2000 priority_levels: 3 default_priority_level: 2 }}
-instance_group [ {{ kind: KIND_CPU count: 1 }} ]
-{_params(ranker_params)}
-""")
-    return root
-
-
-def build(tmp: Path, memory_quota_mb: float = 1.69, pool_blocks: int = POOL_BLOCKS) -> tuple[Path, dict[str, Any], int]:
-    spec = DeploymentSpec.model_validate(spec_doc(memory_quota_mb))
-    plan = plan_deployment(spec, {"tinyllm": Architecture(**ARCH)})
-    entry = plan.entry("tinyllm")
-    assert entry.kv is not None and entry.kv.pool_blocks == pool_blocks and entry.kv.block_tokens == 16
-    tinyllm_params = {**entry.parameters, "max_num_seqs": "32"}  # the operator's override
-    write_repository(tmp / "repo", tinyllm_params, plan.entry("ranker").parameters)
-    policy = build_sidecar_policy(spec, plan)
-    for model in policy["models"]:
-        if model["name"] == "tinyllm":
-            model["max_inflight"] = 32  # told about the override: only memory admission is left
-    policy["concurrency"].update(min=32, max=96)
-    policy["limits"]["max_body_bytes"] = 1024 * 1024
-    parse_policy(policy)
-    return tmp / "repo", policy, entry.kv.pool_blocks
 
 
 @dataclass
@@ -182,7 +95,7 @@ class Deployment:
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     tmp = tmp_path_factory.mktemp("sidecar")
-    repo, policy, _ = build(tmp)
+    repo, policy, _ = build_sidecar_repository(tmp)
     policy_path = tmp / "sidecar_policy.json"
     policy_path.write_text(json.dumps(policy, indent=2))
     token_file = tmp / "token"
@@ -338,7 +251,7 @@ def test_burst_direct_is_killed_by_oom_sidecar_answers_429(deployment: Deploymen
         f"{within} of {total} within it"
     )
     print(
-        f"\nburst of {len(direct)} requests in {BURST_SECONDS} s (KV pool of {POOL_BLOCKS} blocks): direct "
+        f"\nburst of {len(direct)} requests in {BURST_SECONDS} s (KV pool of {SIDECAR_POOL_BLOCKS} blocks): direct "
         f"{len(direct_oom)} killed by OOM; through the sidecar {len(ok)} served, {len(refused)} x 429, 0 OOM; "
         f"interactive TTFT: {within}/{total} within {target_s * 1000:.0f} ms at the sidecar, client-side P99 "
         f"{p99(interactive) * 1000:.0f} ms ({sorted(round(x * 1000) for x in interactive)[-8:]})"
@@ -591,7 +504,7 @@ def test_status_and_reload_need_the_token(deployment: Deployment) -> None:
     assert {"inflight", "reserved_bytes", "concurrency_limit", "scopes", "policy", "upstream"} <= set(status)
     assert status["upstream"]["up"] is True
     assert status["scopes"]["pool:tinyllm"]["source"] == "triton_metrics"  # tinyllm's own KV gauges
-    assert status["scopes"]["pool:tinyllm"]["total_bytes"] == POOL_BLOCKS * 16 * 512
+    assert status["scopes"]["pool:tinyllm"]["total_bytes"] == SIDECAR_POOL_BLOCKS * 16 * 512
     reload = httpx.post(f"{base}/sidecar/reload", headers=AUTH, timeout=5)
     assert reload.status_code == 200 and reload.json()["reloaded"] is True
 

@@ -25,19 +25,18 @@ import grpc
 import httpx
 import numpy as np
 import pytest
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pbg
 
 import tritongen.server as server_module
 from sidecar.admission import Cost, Request
 from sidecar.app import SidecarConfig, SidecarThread
 from sidecar.headroom import StaticSource, TritonMetricsSource
 from sidecar.policy import SidecarPolicy
-from tests.integration.test_sidecar import build
+from tests.helpers import build_sidecar_repository
 from tritongen.server import ServerOptions, TritonServer, free_port
 
 pytestmark = pytest.mark.integration
-
-pbg = pytest.importorskip("tritonclient.grpc.service_pb2_grpc")
-from tritonclient.grpc import service_pb2 as pb
 
 GRACE_MS = 300
 
@@ -113,7 +112,7 @@ class Stack:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("chaos")
     # quota 2.5 MiB - weights, reserve and pad = 0.9 MiB: 115 blocks of 16 tokens, room for ~25 streams
-    repo, policy, _ = build(tmp, memory_quota_mb=2.5, pool_blocks=115)
+    repo, policy, _ = build_sidecar_repository(tmp, memory_quota_mb=2.5, pool_blocks=115)
     for model in policy["models"]:
         model["release_grace_ms"] = GRACE_MS if model["kind"] == "llm" else 0
     policy["headroom"]["poll_interval_ms"] = 200

@@ -43,46 +43,7 @@ from sidecar.policy import (
     SidecarPolicy,
     parse_policy,
 )
-
-
-class FakeClock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
-
-
-def policy_doc(**over: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "version": 1,
-        "deployment": "t",
-        "default_class": "normal",
-        "starvation_guard_ms": 200,
-        "classes": [
-            {"name": "interactive", "kind": "interactive", "priority": 1, "p99_ms": 250, "max_queue_wait_ms": 125,
-             "queue_cap": 4, "budget_fraction": 1.0},
-            {"name": "normal", "kind": "normal", "priority": 2, "p99_ms": 1000, "max_queue_wait_ms": 500,
-             "queue_cap": 4, "budget_fraction": 0.9},
-            {"name": "batch", "kind": "batch", "priority": 3, "p99_ms": 5000, "max_queue_wait_ms": 2500,
-             "queue_cap": 4, "budget_fraction": 0.8},
-        ],
-        "devices": [{"id": "gpu0", "memory_bytes": 100_000, "utilization_cap": 1.0, "static_used_bytes": 0}],
-        "models": [
-            {"name": "llm", "kind": "llm", "devices": ["gpu0"], "memory_quota_bytes": 1000, "max_inflight": 10,
-             "release_grace_ms": 300,
-             "kv": {"bytes_per_token": 10, "bytes_per_token_source": "analytic", "block_tokens": 1, "max_context": 100}},
-            {"name": "cls", "kind": "classic", "devices": ["gpu0"], "request_bytes": 100, "max_inflight": 5},
-        ],
-        "concurrency": {"min": 2, "max": 8, "queue_delay_high_ms": 50, "queue_delay_low_ms": 20,
-                        "adjust_interval_ms": 1000, "increase_hold_ms": 3000},
-        "headroom": {"sources": ["static"], "safety_pad_bytes": 0},
-    }
-    doc.update(over)
-    return doc
+from tests.helpers import FakeClock, policy_doc
 
 
 def make(**over: Any) -> tuple[AdmissionState, FakeClock]:

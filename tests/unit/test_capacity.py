@@ -1,8 +1,9 @@
 """Fleet arithmetic: the hand calculation, redone here, matches what `tritongen plan` prints.
 
-The fixture profiles follow tritongen/core/profile_types.py (`Profile`): `load_levels` for the
-classic ranker, `streaming.levels` for the streaming tinyllm. The example spec's tightest class
-(interactive) has a 250 ms P99 target, TTFT for the streaming model.
+The fixture profiles (RANKER, TINYLLM in tests/helpers.py) follow tritongen/core/profile_types.py
+(`Profile`): `load_levels` for the classic ranker, `streaming.levels` for the streaming tinyllm.
+The example spec's tightest class (interactive) has a 250 ms P99 target, TTFT for the streaming
+model.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES, cli
+from tests.helpers import EXAMPLES, RANKER, TINYLLM, cli
 from tritongen.core.capacity import (
     DailyCurve,
     ModelDemand,
@@ -28,54 +29,6 @@ from tritongen.errors import BadInput, Infeasible
 
 SPEC = EXAMPLES / "deployment.yaml"
 CURVE = EXAMPLES / "traffic" / "daily-curve.yaml"
-
-SETTINGS = {
-    "quick": True, "concurrency_levels": [1, 4, 16, 64, 128], "stream_concurrency_levels": [1, 4, 8],
-    "warmup_s": 1.0, "window_s": 2.0, "min_windows": 2, "max_windows": 4, "agreement": 0.1,
-    "pad_margin": 1.25, "kv_probe_mb": 0.0, "seed": 0,
-}
-
-
-def _common(model: str, kind: str, max_batch_size: int) -> dict:
-    return {
-        "schema_version": 1, "model": model, "kind": kind, "spec_model": model, "server_version": "2.51.0",
-        "server_url": "127.0.0.1:8000", "created_at": "2025-01-01T00:00:00Z", "tritongen_version": "0.1.0",
-        "complete": True, "duration_s": 60.0, "max_batch_size": max_batch_size, "settings": SETTINGS,
-    }
-
-
-def _level(concurrency: int, throughput: float, p99: float, errors: int = 0) -> dict:
-    return {
-        "concurrency": concurrency, "requests": int(throughput * 10), "errors": errors, "duration_s": 10.0,
-        "windows": 2, "converged": True, "window_throughputs": [throughput, throughput],
-        "throughput_per_s": throughput, "p50_ms": p99 / 2, "p90_ms": p99 * 0.8, "p99_ms": p99,
-    }
-
-
-def _stream_level(concurrency: int, requests: int, ttft_p99: float) -> dict:
-    return {
-        "concurrency": concurrency, "requests": requests, "errors": 0, "tokens": requests * 16, "duration_s": 10.0,
-        "windows": 2, "converged": True, "window_tokens_per_s": [1.0, 1.0], "tokens_per_s": requests * 1.6,
-        "stream_tokens_per_s_p50": 50.0, "ttft_p50_ms": ttft_p99 / 2, "ttft_p99_ms": ttft_p99,
-        "itl_p50_ms": 5.0, "itl_p99_ms": 9.0,
-    }
-
-
-RANKER = {
-    **_common("ranker", "classic", 32),
-    "load_levels": [
-        _level(1, 180.0, 9.0), _level(4, 520.0, 14.0), _level(16, 900.0, 40.0),
-        _level(64, 1250.0, 180.0),  # the best level within 250 ms
-        _level(128, 1300.0, 420.0),  # more throughput, but over the target
-        _level(256, 1400.0, 240.0, errors=3),  # within the target only by failing requests: not capacity
-    ],
-}
-TINYLLM = {
-    **_common("tinyllm", "streaming", 19),
-    "streaming": {"prompt_tokens": 48, "max_tokens": 16, "levels": [
-        _stream_level(1, 40, 30.0), _stream_level(4, 120, 120.0), _stream_level(8, 150, 300.0),
-    ]},
-}
 
 
 @pytest.fixture()

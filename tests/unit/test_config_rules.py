@@ -6,10 +6,12 @@ re-proved against the real server in tests/integration/test_check_vs_server.py.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from tritongen.core.config_rules import RULES, check_cross_model, check_model_config
+from tritongen.core.config_rules import RULES, Rule, check_cross_model, check_model_config, rule_table
 from tritongen.core.findings import Finding
 from tritongen.pbtxt import (
     ConfigSyntaxError,
@@ -285,6 +287,24 @@ def test_every_rule_code_is_documented_and_unique() -> None:
     assert set(codes) <= set(RULES)
     for code, rule in RULES.items():
         assert rule.code == code and rule.severity in ("error", "warning") and rule.title and rule.server
+
+
+def test_the_rule_table_refuses_a_code_listed_twice() -> None:
+    """A duplicated code must fail at import, not silently replace the first rule."""
+    first, second = Rule("TG999", "error", "first", "refused"), Rule("TG999", "warning", "second", "loaded")
+    with pytest.raises(ValueError, match="TG999 is listed twice"):
+        rule_table([first, second])
+    assert rule_table([first]) == {"TG999": first}
+
+
+def test_every_code_in_the_rules_source_is_in_the_table() -> None:
+    """The table holds as many rules as the source lists: none was dropped on the way."""
+    import re
+
+    import tritongen.core.config_rules as module
+
+    listed = re.findall(r'_r\("(TG\d+)"', Path(module.__file__).read_text())
+    assert len(listed) == len(RULES) and set(listed) == set(RULES)
 
 
 # ---------------------------------------------------------------- valid, real-world style configs

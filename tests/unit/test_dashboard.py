@@ -8,8 +8,13 @@ import re
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import EXAMPLES, cli
+from sidecar import admission
+from sidecar.metrics import SidecarMetrics
+from tests.helpers import EXAMPLES, cli
 from tritongen.dashboard import (
     GRID_WIDTH,
     SIDECAR_METRICS,
@@ -133,3 +138,85 @@ def test_cli_writes_the_dashboard_atomically(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".*.tmp"))
     bad = cli("dashboard", "-o", str(out), "--sidecar-metric", "nope=x")
     assert bad.returncode == 2 and "--sidecar-metric" in bad.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# The sidecar's names in the dashboard's PromQL against what the sidecar really exposes
+
+REFUSAL_REASONS = (admission.EXCEEDS_BUDGET, admission.CLASS_NOT_SERVED, admission.TENANT_CLASS_NOT_ALLOWED,
+                   admission.QUEUE_FULL, admission.QUEUE_WAIT, admission.QUEUE_TIMEOUT)
+LABEL_VALUES = {"class": "interactive", "model": "tinyllm", "scope": "pool:tinyllm", "source": "static",
+                "tenant": "default", "outcome": "ok", "protocol": "http", "device": "gpu0", "result": "ok",
+                "digest": "abc", "deployment": "t"}
+# Labels the scrape adds (Kubernetes service discovery), not the sidecar.
+SCRAPE_LABELS = {"pod", "instance", "job", "namespace"}
+SIDECAR_NAME = re.compile(r"\b(sidecar_[a-zA-Z0-9_:]*)")
+SELECTOR = re.compile(r"\b(sidecar_[a-zA-Z0-9_:]*)\{([^}]*)\}")
+MATCHER = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)")
+BY = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
+
+
+def _sidecar_exposition() -> dict[str, set[str]]:
+    """Every sample name the real SidecarMetrics exposes (fresh registry, each family exercised
+    once per reason it can refuse with), with the label names its samples carry."""
+    metrics = SidecarMetrics(CollectorRegistry())
+    families = [m for m in vars(metrics).values() if isinstance(m, MetricWrapperBase)]
+    assert len(families) > 20, "SidecarMetrics no longer holds its metrics as attributes"
+    for family in families:
+        names = family._labelnames  # prometheus_client keeps a family's label names here
+        reasons = REFUSAL_REASONS if "reason" in names else (None,)
+        for reason in reasons:
+            values = [reason if n == "reason" else LABEL_VALUES.get(n, "x") for n in names]
+            child = family.labels(*values) if names else family
+            if hasattr(child, "observe"):
+                child.observe(0.01)
+            elif hasattr(child, "set"):
+                child.set(1)
+            else:
+                child.inc()
+    unexposed = [f.name for f in metrics.registry.collect() if not f.samples]
+    assert not unexposed, f"sidecar metric families not exercised: {unexposed}"
+    samples: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
+        for sample in family.samples:
+            samples.setdefault(sample.name, set()).update(sample.labels)
+    return samples
+
+
+def _dashboard_queries(model: dict) -> list[str]:
+    queries = [t["expr"] for p in model["panels"] for t in p["targets"]]
+    queries += [v["definition"] for v in model["templating"]["list"] if v.get("definition")]
+    return [re.sub(r'"(?:[^"\\]|\\.)*"', '""', q) for q in queries]  # label values are not names
+
+
+def test_every_sidecar_metric_the_dashboard_queries_is_exposed_by_the_sidecar(model: dict) -> None:
+    exposed = _sidecar_exposition()
+    queries = _dashboard_queries(model)
+    referenced = {name for q in queries for name in SIDECAR_NAME.findall(q)}
+    # The table is what the queries are built from: each entry shows up (maybe with a suffix).
+    for key, name in SIDECAR_METRICS.items():
+        assert any(r == name or r.startswith(name + "_") for r in referenced), f"{key}: {name} in no query"
+    missing = sorted(referenced - exposed.keys())
+    assert not missing, (f"the dashboard queries {missing}, which the sidecar does not expose; it exposes "
+                         f"{sorted(n for n in exposed if not n.endswith('_created'))}")
+
+
+def test_labels_the_dashboard_filters_and_groups_sidecar_metrics_by_exist(model: dict) -> None:
+    exposed = _sidecar_exposition()
+    wrong = []
+    for query in _dashboard_queries(model):
+        names = set(SIDECAR_NAME.findall(query))
+        if not names:
+            continue
+        for name, matchers in SELECTOR.findall(query):
+            for label in MATCHER.findall(matchers):
+                if label not in exposed.get(name, set()):
+                    wrong.append(f"{name}{{{label}}} in {query}")
+        if "nv_" in query:  # grouping over a mix of Triton's and the sidecar's series: not judged here
+            continue
+        for group in BY.findall(query):
+            for label in {g.strip() for g in group.split(",") if g.strip()} - SCRAPE_LABELS:
+                for name in names:
+                    if label not in exposed.get(name, set()):
+                        wrong.append(f"by ({label}) over {name} in {query}")
+    assert not wrong, "\n".join(wrong)

@@ -7,6 +7,7 @@ import logging
 from types import SimpleNamespace
 from typing import Any
 
+import pynvml
 import pytest
 
 from sidecar.admission import AdmissionState, Reading
@@ -20,7 +21,7 @@ from sidecar.headroom import (
     parse_prometheus,
 )
 from sidecar.policy import parse_policy
-from tests.unit.test_admission import FakeClock, policy_doc
+from tests.helpers import FakeClock, policy_doc
 
 
 def run(coro: Any) -> Any:
@@ -124,7 +125,6 @@ def test_nvml_with_no_gpu_in_the_policy_is_a_failure() -> None:
 def test_real_pynvml_on_this_machine() -> None:
     """The real module: on a machine without a GPU it fails cleanly (NVMLError_LibraryNotFound or
     a driver error), never with an unhandled exception."""
-    pynvml = pytest.importorskip("pynvml")
     source = NvmlSource(["gpu0"], nvml=pynvml)
     try:
         got = run(source.read())

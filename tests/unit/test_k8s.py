@@ -18,8 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.conftest import EXAMPLES, MODEL_REPOSITORY, cli
-from tests.unit.test_capacity import RANKER, TINYLLM
+from tests.helpers import EXAMPLES, MODEL_REPOSITORY, RANKER, TINYLLM, cli
 from tritongen.core.capacity import PrewarmStep
 from tritongen.errors import BadInput
 from tritongen.k8s import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tests.conftest import EXAMPLES
+from tests.helpers import EXAMPLES
 from tritongen.core.plan import plan_deployment, preferred_batch_sizes
 from tritongen.core.spec import MIB, DeploymentSpec
 from tritongen.errors import Infeasible

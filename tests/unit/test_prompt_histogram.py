@@ -16,7 +16,7 @@ from sidecar.controller import AdmissionController
 from sidecar.cost import cost_for
 from sidecar.metrics import PROMPT_TOKEN_BUCKETS, PROMPT_TOKENS_METRIC, SidecarMetrics
 from sidecar.policy import parse_policy
-from tests.unit.test_admission import FakeClock, policy_doc
+from tests.helpers import FakeClock, policy_doc
 from tritongen.core.diagnosis import PROMPT_HISTOGRAM, Targets, diagnose
 from tritongen.doctor import Endpoint, parse_metrics, snapshot
 

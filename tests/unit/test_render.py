@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from tests.conftest import EXAMPLES, MODEL_REPOSITORY, cli, example_render
+from tests.helpers import EXAMPLES, MODEL_REPOSITORY, cli, example_render
 from tritongen.errors import BadInput
 from tritongen.render import builtin_templates_dir, drift, render_repository, write_repository
 from tritongen.specio import load_spec

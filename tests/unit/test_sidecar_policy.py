@@ -17,7 +17,7 @@ from sidecar.policy import (
     parse_policy,
     parse_policy_text,
 )
-from tests.conftest import EXAMPLES
+from tests.helpers import EXAMPLES, cli
 from tritongen.core import sidecar_policy as core_policy
 from tritongen.core.plan import plan_deployment
 from tritongen.core.profile_types import Profile
@@ -328,8 +328,6 @@ def test_the_policy_builder_is_core() -> None:
 
 
 def test_cli_refuses_a_bad_policy_with_exit_2(tmp_path: Path) -> None:
-    from tests.conftest import cli
-
     bad = tmp_path / "p.json"
     doc = base()
     doc["concurrency"]["min"] = 0

@@ -25,7 +25,7 @@ from sidecar.http_proxy import Admin, HttpProxy
 from sidecar.metrics import SidecarMetrics
 from sidecar.policy import SidecarPolicy, parse_policy
 from sidecar.upstream import UpstreamHealth
-from tests.unit.test_admission import policy_doc
+from tests.helpers import policy_doc
 
 SERVER_METADATA = SERVICE + "ServerMetadata"
 TENANTS = {"tenants": [{"name": "acme", "max_inflight": 1, "classes": ["interactive", "normal"]}]}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import EXAMPLES, cli
+from tests.helpers import EXAMPLES, cli
 from tritongen.errors import BadInput
 from tritongen.specio import load_spec, parse_spec_text
 

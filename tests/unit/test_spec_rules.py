@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import EXAMPLES, cli
+from tests.helpers import EXAMPLES, cli
 from tritongen.render import render_repository, write_repository
 from tritongen.repository import check_repository
 from tritongen.spec_rules import rules_for_spec

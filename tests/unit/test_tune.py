@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.conftest import EXAMPLES, cli
+from tests.helpers import EXAMPLES, cli
 from tritongen.core.plan import plan_deployment
 from tritongen.core.simulator import LLMCurve, Overheads, ServiceCurve
 from tritongen.core.traffic import TrafficSpec, generate_arrivals

@@ -10,10 +10,14 @@ import pytest
 
 from sidecar.upstream_pool import UpstreamConnectionError, UpstreamPool, _dechunk, _parse_head
 
-class RawServer:
-    """Reads one request head + Content-Length body per turn and writes the scripted chunks."""
+Step = bytes | Callable[[], Awaitable[None]]  # a chunk to write, or something to await between chunks
 
-    def __init__(self, script: Callable[[int, bytes], list[bytes] | None]) -> None:
+
+class RawServer:
+    """Reads one request head + Content-Length body per turn and writes the scripted chunks; a
+    script may put an awaitable step between chunks (to hold the answer until the test says)."""
+
+    def __init__(self, script: Callable[[int, bytes], list[Step] | None]) -> None:
         self.script = script
         self.connections = 0
         self.requests: list[bytes] = []
@@ -48,10 +52,13 @@ class RawServer:
                     writer.close()
                     return
                 for chunk in chunks:
+                    if not isinstance(chunk, bytes):
+                        await chunk()
+                        continue
                     writer.write(chunk)
                     await writer.drain()
                     await asyncio.sleep(0.005)  # the client sees the answer in fragments
-                if any(b"Connection: close" in c for c in chunks):
+                if any(isinstance(c, bytes) and b"Connection: close" in c for c in chunks):
                     writer.close()
                     return
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -140,18 +147,29 @@ def test_nothing_listening_is_a_connection_error() -> None:
 
 
 def test_a_cancelled_request_closes_its_connection_so_a_late_answer_is_never_read() -> None:
-    def script(n: int, req: bytes) -> list[bytes]:
-        return ok(b'{"n": %d}' % n)
+    """Event-driven: the first answer stops after its first fragment until the request has been
+    cancelled, so the cancel lands mid-answer on every run, however slow the host."""
 
     async def main() -> None:
+        half_sent, cancelled = asyncio.Event(), asyncio.Event()
+
+        async def mark_half_sent() -> None:
+            half_sent.set()
+
+        def script(n: int, req: bytes) -> list[Step]:
+            chunks: list[Step] = list(ok(b'{"n": %d}' % n))
+            if n == 1:  # hold the rest of the first answer until the client has given up on it
+                chunks[1:1] = [mark_half_sent, cancelled.wait]
+            return chunks
+
         async with RawServer(script) as srv:
             pool = UpstreamPool("127.0.0.1", srv.port)
             task = asyncio.create_task(pool.request("POST", "/x", [], b""))
-            await asyncio.sleep(0)  # sent, not answered (the server answers in 5 ms fragments)
-            await asyncio.sleep(0.006)
+            await asyncio.wait_for(half_sent.wait(), 10)  # sent, and its answer begun
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
+            cancelled.set()  # the late rest of the first answer goes out now, to nobody
             resp = await pool.request("POST", "/x", [], b"")
             assert resp.body == b'{"n": 2}' and srv.connections == 2
 

@@ -39,6 +39,8 @@ def demo(
     out: Path = typer.Option(Path("demo-out"), "-o", "--out", help="Where the report, profiles and tune output go."),
     requests: int = typer.Option(1200, min=1, max=20000, help="Requests per model and setup (--smoke: per model, at most 100)."),
     smoke: bool = typer.Option(False, "--smoke", help="Only render, check, serve and send a few requests."),
+    tune_requests: int = typer.Option(4000, "--tune-requests", min=200,
+                                      help="Requests per simulation in the tuning step (tune's --requests)."),
     profiles: Path = typer.Option(Path("examples/profiles"), help="--smoke: profiles for measured pads."),
 ) -> None:
     """Before/after on the embedded server: naive configs direct vs profiled, tuned, rendered and guarded."""
@@ -48,17 +50,18 @@ def demo(
     if smoke:
         smoke_run(spec, code, min(requests, 100), profiles)
     else:
-        before_after(spec, code, naive, traffic, out, requests)
+        before_after(spec, code, naive, traffic, out, requests, tune_requests)
 
 
-def before_after(spec: Path, code: Path, naive: Path, traffic: Path, out: Path, requests: int) -> None:
+def before_after(spec: Path, code: Path, naive: Path, traffic: Path, out: Path, requests: int, tune_requests: int = 4000) -> None:
     load_spec(spec)  # a bad spec fails here, before any server starts
     workdir = Path(tempfile.mkdtemp(prefix="tritongen-demo-"))
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     try:
         show = run_showcase(spec, code, naive, traffic, out, workdir,
-                            say=lambda line: console.print(f"[bold]>[/] {line}"), requests=requests)
+                            say=lambda line: console.print(f"[bold]>[/] {line}"), requests=requests,
+                            tune_requests=tune_requests)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     table = Table(title="before (hand-written, direct) vs after (tuned + sidecar), same bursty traffic")

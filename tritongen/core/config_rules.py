@@ -61,11 +61,22 @@ class Rule:
     server: str  # what tritonserver 2.51 did with it, as observed
 
 
-def _r(code: str, severity: Severity, title: str, server: str) -> tuple[str, Rule]:
-    return code, Rule(code, severity, title, server)
+def _r(code: str, severity: Severity, title: str, server: str) -> Rule:
+    return Rule(code, severity, title, server)
 
 
-RULES: dict[str, Rule] = dict(
+def rule_table(rules: Iterable[Rule]) -> dict[str, Rule]:
+    """The rules by code. A code listed twice is refused: in a plain dict the second silently
+    replaced the first, and the first rule's findings would then have carried the wrong title."""
+    table: dict[str, Rule] = {}
+    for rule in rules:
+        if rule.code in table:
+            raise ValueError(f"rule code {rule.code} is listed twice ({table[rule.code].title!r} and {rule.title!r})")
+        table[rule.code] = rule
+    return table
+
+
+RULES: dict[str, Rule] = rule_table(
     [
         # batching
         _r("TG101", "error", "preferred_batch_size above max_batch_size",

@@ -62,7 +62,8 @@ Overheads (`Overheads`, fitted from live runs on the embedded server, see `fit_o
   release_ms, completion_wake_p, completion_wake_p_idle, wake_loss_doubling_per_s,
   rate_limited_wake_loss
                    the hand-off above (0 and 1.0 = an ideal server).
-  jitter_cv        relative noise of execution times on a shared host (lognormal, mean 1).
+  jitter_cv        relative noise of execution times on a shared host (lognormal, mean 1; or gamma,
+                   `jitter_shape`, for random service times).
 
 Pure and deterministic: the same inputs and seed give the same result. No I/O.
 """
@@ -231,6 +232,12 @@ class Overheads(_Strict):
         "the batcher's notify; 1 = no extra loss.",
     )
     jitter_cv: float = Field(default=0.0, ge=0, le=2, description="Relative noise of execution times.")
+    jitter_shape: Literal["lognormal", "gamma"] = Field(
+        default="lognormal",
+        description="Distribution of the execution-time factor (mean 1, `jitter_cv`): lognormal for a host's "
+        "noise (never near zero); gamma for service times that are themselves random (cv 1 = exponential, "
+        "the service of the textbook M/M/c queue the simulator is checked against).",
+    )
 
 
 # The lost-wake chances in `Overheads` are quoted at this server-wide arrival rate; the recent rate is
@@ -735,7 +742,11 @@ class Simulation:
         if not self._jitter:
             return 1.0
         if not self._jit_buf:
-            self._jit_buf = self.rng.lognormal(self._jit_mu, self._jit_sigma, 4096).tolist()
+            if self.ov.jitter_shape == "gamma":
+                k = 1.0 / self.ov.jitter_cv**2
+                self._jit_buf = self.rng.gamma(k, 1.0 / k, 4096).tolist()
+            else:
+                self._jit_buf = self.rng.lognormal(self._jit_mu, self._jit_sigma, 4096).tolist()
         return self._jit_buf.pop()
 
     def _uniform(self) -> float:

@@ -1,0 +1,76 @@
+"""Every benchmark's figures land in a file as well as on the terminal.
+
+`with saved_report("sim_fidelity"):` tees what the benchmark prints into
+`bench/results/sim_fidelity.md`, under a header with the date, the machine and the commit, so the
+README can quote the latest table with where and when it was taken. The file is written beside and
+renamed at the end: an interrupted run leaves the previous report whole.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+class _Tee(io.TextIOBase):
+    def __init__(self, *streams) -> None:
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for s in self.streams:
+            s.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for s in self.streams:
+            s.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
+def machine() -> str:
+    """One line: CPUs, memory, Python, and the commit the figures belong to."""
+    try:
+        mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError):
+        mem_gib = float("nan")
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=Path(__file__).parent, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = "unknown", ""
+    return (f"{os.cpu_count()} CPUs, {mem_gib:.0f} GiB, {platform.machine()}, Python {platform.python_version()}, "
+            f"commit {commit}{' (uncommitted changes)' if dirty else ''}")
+
+
+@contextmanager
+def saved_report(name: str, results: Path = RESULTS) -> Iterator[Path]:
+    """Tee stdout into `results/<name>.md` for the duration of the block."""
+    results.mkdir(parents=True, exist_ok=True)
+    target = results / f"{name}.md"
+    buffer = io.StringIO()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    real = sys.stdout
+    sys.stdout = _Tee(real, buffer)
+    try:
+        yield target
+    finally:
+        sys.stdout = real
+    header = f"# {name}\n\n`{command}`, {started}; {machine()}\n\n```\n"
+    partial = target.with_suffix(".md.partial")
+    partial.write_text(header + buffer.getvalue().rstrip() + "\n```\n")
+    partial.replace(target)
+    print(f"(figures written to {target.relative_to(Path.cwd()) if target.is_relative_to(Path.cwd()) else target})")

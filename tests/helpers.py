@@ -1,0 +1,239 @@
+"""What several test modules share: paths, the CLI runner, fakes and fixture builders.
+
+Test modules import shared things from here (or from tests/integration/fidelity_rig.py), never from
+one another or from conftest.py; tests/unit/test_suite_hygiene.py holds the suite to that.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO_ROOT / "examples"
+MODEL_REPOSITORY = REPO_ROOT / "model_repository"
+EXAMPLE_PROFILES = EXAMPLES / "profiles"
+
+
+def example_render():
+    """What `tritongen render examples/deployment.yaml --profiles examples/profiles` renders."""
+    from tritongen.profiles import measured_pads_mb, read_profiles
+    from tritongen.render import render_repository
+    from tritongen.specio import load_spec
+
+    profiles = read_profiles(EXAMPLE_PROFILES)
+    return render_repository(
+        load_spec(EXAMPLES / "deployment.yaml"), measured_pads_mb=measured_pads_mb(profiles), profiles=profiles
+    )
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the real console entry point in a subprocess: exit codes and stderr as users see them."""
+    return subprocess.run(
+        [sys.executable, "-c", "from tritongen.cli.main import run; run()", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd or REPO_ROOT,
+        timeout=120,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# The sidecar's admission: a clock the test moves, and a small policy document
+
+
+class FakeClock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def policy_doc(**over: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "version": 1,
+        "deployment": "t",
+        "default_class": "normal",
+        "starvation_guard_ms": 200,
+        "classes": [
+            {"name": "interactive", "kind": "interactive", "priority": 1, "p99_ms": 250, "max_queue_wait_ms": 125,
+             "queue_cap": 4, "budget_fraction": 1.0},
+            {"name": "normal", "kind": "normal", "priority": 2, "p99_ms": 1000, "max_queue_wait_ms": 500,
+             "queue_cap": 4, "budget_fraction": 0.9},
+            {"name": "batch", "kind": "batch", "priority": 3, "p99_ms": 5000, "max_queue_wait_ms": 2500,
+             "queue_cap": 4, "budget_fraction": 0.8},
+        ],
+        "devices": [{"id": "gpu0", "memory_bytes": 100_000, "utilization_cap": 1.0, "static_used_bytes": 0}],
+        "models": [
+            {"name": "llm", "kind": "llm", "devices": ["gpu0"], "memory_quota_bytes": 1000, "max_inflight": 10,
+             "release_grace_ms": 300,
+             "kv": {"bytes_per_token": 10, "bytes_per_token_source": "analytic", "block_tokens": 1, "max_context": 100}},
+            {"name": "cls", "kind": "classic", "devices": ["gpu0"], "request_bytes": 100, "max_inflight": 5},
+        ],
+        "concurrency": {"min": 2, "max": 8, "queue_delay_high_ms": 50, "queue_delay_low_ms": 20,
+                        "adjust_interval_ms": 1000, "increase_hold_ms": 3000},
+        "headroom": {"sources": ["static"], "safety_pad_bytes": 0},
+    }
+    doc.update(over)
+    return doc
+
+
+# ------------------------------------------------------------------------------------------------
+# Profiles (tritongen/core/profile_types.py `Profile`) of the example models, as `tritongen profile`
+# writes them: `load_levels` for the classic ranker, `streaming.levels` for the streaming tinyllm.
+
+PROFILE_SETTINGS = {
+    "quick": True, "concurrency_levels": [1, 4, 16, 64, 128], "stream_concurrency_levels": [1, 4, 8],
+    "warmup_s": 1.0, "window_s": 2.0, "min_windows": 2, "max_windows": 4, "agreement": 0.1,
+    "pad_margin": 1.25, "kv_probe_mb": 0.0, "seed": 0,
+}
+
+
+def profile_header(model: str, kind: str, max_batch_size: int) -> dict:
+    return {
+        "schema_version": 1, "model": model, "kind": kind, "spec_model": model, "server_version": "2.51.0",
+        "server_url": "127.0.0.1:8000", "created_at": "2025-01-01T00:00:00Z", "tritongen_version": "0.1.0",
+        "complete": True, "duration_s": 60.0, "max_batch_size": max_batch_size, "settings": PROFILE_SETTINGS,
+    }
+
+
+def load_level(concurrency: int, throughput: float, p99: float, errors: int = 0) -> dict:
+    return {
+        "concurrency": concurrency, "requests": int(throughput * 10), "errors": errors, "duration_s": 10.0,
+        "windows": 2, "converged": True, "window_throughputs": [throughput, throughput],
+        "throughput_per_s": throughput, "p50_ms": p99 / 2, "p90_ms": p99 * 0.8, "p99_ms": p99,
+    }
+
+
+def stream_level(concurrency: int, requests: int, ttft_p99: float) -> dict:
+    return {
+        "concurrency": concurrency, "requests": requests, "errors": 0, "tokens": requests * 16, "duration_s": 10.0,
+        "windows": 2, "converged": True, "window_tokens_per_s": [1.0, 1.0], "tokens_per_s": requests * 1.6,
+        "stream_tokens_per_s_p50": 50.0, "ttft_p50_ms": ttft_p99 / 2, "ttft_p99_ms": ttft_p99,
+        "itl_p50_ms": 5.0, "itl_p99_ms": 9.0,
+    }
+
+
+RANKER = {
+    **profile_header("ranker", "classic", 32),
+    "load_levels": [
+        load_level(1, 180.0, 9.0), load_level(4, 520.0, 14.0), load_level(16, 900.0, 40.0),
+        load_level(64, 1250.0, 180.0),  # the best level within 250 ms
+        load_level(128, 1300.0, 420.0),  # more throughput, but over the target
+        load_level(256, 1400.0, 240.0, errors=3),  # within the target only by failing requests: not capacity
+    ],
+}
+TINYLLM = {
+    **profile_header("tinyllm", "streaming", 19),
+    "streaming": {"prompt_tokens": 48, "max_tokens": 16, "levels": [
+        stream_level(1, 40, 30.0), stream_level(4, 120, 120.0), stream_level(8, 150, 300.0),
+    ]},
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# The sidecar's integration repository: a ranker and a tinyllm whose KV pool the plan sizes
+
+SIDECAR_ARCH = {"family": "llama", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_kv_heads": 2,
+                "head_dim": 16, "dtype": "fp32", "attention": "gqa", "vocab_size": 256}
+SIDECAR_POOL_BLOCKS = 12  # tinyllm's KV pool at the default 1.69 MiB quota
+
+
+def sidecar_spec_doc(memory_quota_mb: float = 1.69) -> dict[str, Any]:
+    tensors = {
+        "inputs": [{"name": "text_input", "data_type": "STRING", "dims": [1]},
+                   {"name": "max_tokens", "data_type": "INT32", "dims": [1], "optional": True}],
+        "outputs": [{"name": "text_output", "data_type": "STRING", "dims": [1]}],
+    }
+    return {
+        "version": 1, "name": "sidecar-it", "hardware": {"gpus": [], "cpu_memory_mb": 64},
+        "models": [
+            {"name": "ranker", "backend": "python", "kind": "classic", "max_batch_size": 32,
+             "weights": {"parameters": 2177, "dtype": "fp32"},
+             "inputs": [{"name": "FEATURES", "data_type": "FP32", "dims": [32]}],
+             "outputs": [{"name": "SCORES", "data_type": "FP32", "dims": [1]}],
+             "parameters": {"overhead_ms": "4.0", "per_item_ms": "0.25", "seed": "7"}},
+            # quota 1.69 MiB - weights 0.595 - reserve 0.5 - pad 0.5 = 97.3 KiB: 12 blocks x 16 tokens x 512 B
+            {"name": "tinyllm", "backend": "python", "kind": "llm", "streaming": True, "architecture": SIDECAR_ARCH,
+             "weights": {"parameters": 155968, "dtype": "fp32"}, "kv_dtype": "fp32", "max_context": 128,
+             "memory_quota_mb": memory_quota_mb, **tensors, "parameters": {"seed": "11", "default_max_tokens": "16"}},
+        ],
+        "traffic_classes": [
+            {"name": "interactive", "kind": "interactive", "priority": 1, "p99_ms": 250, "share": 0.35},
+            {"name": "normal", "kind": "normal", "priority": 2, "p99_ms": 1000, "share": 0.35},
+            {"name": "batch", "kind": "batch", "priority": 3, "p99_ms": 5000, "share": 0.3},
+        ],
+        "policy": {"kv_safety_pad_mb": 0.5, "framework_reserve_mb": 0.5},
+    }
+
+
+def _config_parameters(params: dict[str, str]) -> str:
+    return "\n".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}' for k, v in sorted(params.items()))
+
+
+def write_sidecar_repository(root: Path, tinyllm_params: dict[str, str], ranker_params: dict[str, str]) -> Path:
+    """The example models' code with hand-written configs: tinyllm without Triton's dynamic batcher
+    (max_batch_size 0), ranker with its batcher and three priority levels."""
+    for name in ("ranker", "tinyllm"):
+        version = root / name / "1"
+        version.mkdir(parents=True)
+        for py in (MODEL_REPOSITORY / name / "1").glob("*.py"):
+            shutil.copy(py, version / py.name)
+    (root / "tinyllm" / "config.pbtxt").write_text(f"""name: "tinyllm"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy {{ decoupled: true }}
+input [ {{ name: "text_input" data_type: TYPE_STRING dims: [ 1 ] }},
+        {{ name: "max_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true }} ]
+output [ {{ name: "text_output" data_type: TYPE_STRING dims: [ 1 ] }} ]
+instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+{_config_parameters(tinyllm_params)}
+""")
+    (root / "ranker" / "config.pbtxt").write_text(f"""name: "ranker"
+backend: "python"
+max_batch_size: 32
+input [ {{ name: "FEATURES" data_type: TYPE_FP32 dims: [ 32 ] }} ]
+output [ {{ name: "SCORES" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+dynamic_batching {{ max_queue_delay_microseconds: 2000 priority_levels: 3 default_priority_level: 2 }}
+instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+{_config_parameters(ranker_params)}
+""")
+    return root
+
+
+def build_sidecar_repository(
+    tmp: Path, memory_quota_mb: float = 1.69, pool_blocks: int = SIDECAR_POOL_BLOCKS
+) -> tuple[Path, dict[str, Any], int]:
+    """`tmp/repo` and its sidecar policy, from the plan for `sidecar_spec_doc(memory_quota_mb)`.
+
+    tinyllm gets the plan's KV pool (asserted to be `pool_blocks` blocks of 16 tokens) but a
+    `max_num_seqs` of 32, an operator's override the policy is told about (max_inflight 32): only
+    memory admission stands between a burst and an out-of-memory error. Returns (repository,
+    policy document, pool blocks)."""
+    from sidecar.policy import parse_policy
+    from tritongen.core.architecture import Architecture
+    from tritongen.core.plan import plan_deployment
+    from tritongen.core.sidecar_policy import build_sidecar_policy
+    from tritongen.core.spec import DeploymentSpec
+
+    spec = DeploymentSpec.model_validate(sidecar_spec_doc(memory_quota_mb))
+    plan = plan_deployment(spec, {"tinyllm": Architecture(**SIDECAR_ARCH)})
+    entry = plan.entry("tinyllm")
+    assert entry.kv is not None and entry.kv.pool_blocks == pool_blocks and entry.kv.block_tokens == 16
+    tinyllm_params = {**entry.parameters, "max_num_seqs": "32"}  # the operator's override
+    write_sidecar_repository(tmp / "repo", tinyllm_params, plan.entry("ranker").parameters)
+    policy = build_sidecar_policy(spec, plan)
+    for model in policy["models"]:
+        if model["name"] == "tinyllm":
+            model["max_inflight"] = 32  # told about the override: only memory admission is left
+    policy["concurrency"].update(min=32, max=96)
+    policy["limits"]["max_body_bytes"] = 1024 * 1024
+    parse_policy(policy)
+    return tmp / "repo", policy, entry.kv.pool_blocks

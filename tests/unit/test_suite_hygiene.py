@@ -1,0 +1,200 @@
+"""The test suite itself: defects that once hid regressions must not come back.
+
+Over every tests/**/*.py (AST, no imports):
+
+(a) no module imports from a test module (`tests/**/test_*.py`) or from a conftest.py: shared
+    things live in tests/helpers.py (or the rig tests/integration/fidelity_rig.py);
+(b) no `pytest.importorskip` and no `pytest.skip`: a dependency the project declares is imported
+    plainly, and a test that cannot run fails rather than skips;
+(c) no `except Exception` / `except BaseException` / bare `except:` handler that does not re-raise
+    (a `raise` or `pytest.fail(...)` statement directly in its body): a broad fallback turns a
+    regression into a pass. Catch the specific exception instead.
+
+Each finding names its file and line. The checkers are tested on small snippets too, so a checker
+that stopped finding anything would fail here rather than pass the whole suite.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO_ROOT
+
+TESTS = REPO_ROOT / "tests"
+SKIPPERS = {"skip", "importorskip"}
+BROAD = {"Exception", "BaseException"}
+
+
+def _suite_files() -> list[Path]:
+    return sorted(p for p in TESTS.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+def _where(path: Path, node: ast.AST) -> str:
+    return f"{path.relative_to(REPO_ROOT)}:{getattr(node, 'lineno', 0)}"
+
+
+def _module_file(module: str) -> Path | None:
+    """The file under REPO_ROOT a dotted module name stands for, if it is one."""
+    base = REPO_ROOT.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _package_of(path: Path) -> list[str]:
+    return list(path.relative_to(REPO_ROOT).with_suffix("").parts[:-1])
+
+
+def _imported_modules(path: Path, tree: ast.Module) -> Iterator[tuple[ast.AST, str]]:
+    """Every module an import statement names: `from a.b import c` gives a.b and a.b.c."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                package = _package_of(path)
+                package = package[: len(package) - node.level + 1]
+                base = ".".join([*package, *([node.module] if node.module else [])])
+            else:
+                base = node.module or ""
+            yield node, base
+            for alias in node.names:
+                yield node, f"{base}.{alias.name}"
+
+
+def _is_test_module(file: Path) -> bool:
+    return file.name == "conftest.py" or (file.name.startswith("test_") and file.suffix == ".py")
+
+
+def imports_of_test_modules(path: Path, tree: ast.Module) -> list[str]:
+    found = []
+    for node, module in _imported_modules(path, tree):
+        file = _module_file(module)
+        if file is not None and _is_test_module(file):
+            found.append(f"{_where(path, node)}: imports {module} ({file.relative_to(REPO_ROOT)}); "
+                         "move what is shared into tests/helpers.py")
+    return found
+
+
+def skips(path: Path, tree: ast.Module) -> list[str]:
+    aliases = {"pytest"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases |= {a.asname or a.name for a in node.names if a.name == "pytest"}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "pytest":
+            for alias in node.names:
+                if alias.name in SKIPPERS:
+                    found.append(f"{_where(path, node)}: imports pytest.{alias.name}, which hides what did not run")
+        elif (isinstance(node, ast.Attribute) and node.attr in SKIPPERS and isinstance(node.value, ast.Name)
+              and node.value.id in aliases):
+            found.append(f"{_where(path, node)}: pytest.{node.attr} hides what did not run: import the "
+                         "dependency plainly, or let the test fail")
+    return found
+
+
+def _is_broad(expr: ast.expr | None) -> bool:
+    if expr is None:
+        return True
+    if isinstance(expr, ast.Tuple):
+        return any(_is_broad(e) for e in expr.elts)
+    if isinstance(expr, ast.Name):
+        return expr.id in BROAD
+    if isinstance(expr, ast.Attribute):  # builtins.Exception
+        return expr.attr in BROAD
+    return False
+
+
+def _reraises(statement: ast.stmt) -> bool:
+    if isinstance(statement, ast.Raise):
+        return True
+    return (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call)
+            and isinstance(statement.value.func, ast.Attribute) and statement.value.func.attr == "fail"
+            and isinstance(statement.value.func.value, ast.Name) and statement.value.func.value.id == "pytest")
+
+
+def swallowing_handlers(path: Path, tree: ast.Module) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ExceptHandler) and _is_broad(node.type) and not any(map(_reraises, node.body)):
+            caught = "bare except" if node.type is None else f"except {ast.unparse(node.type)}"
+            found.append(f"{_where(path, node)}: {caught} without a re-raise: catch the specific exception")
+    return found
+
+
+CHECKS = [imports_of_test_modules, skips, swallowing_handlers]
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+def test_the_suite_is_clean(check) -> None:
+    files = _suite_files()
+    assert TESTS / "conftest.py" in files and TESTS / "unit" / "test_suite_hygiene.py" in files
+    found = [finding for path in files for finding in check(path, _parse(path))]
+    assert not found, "\n".join(found)
+
+
+# ------------------------------------------------------------------------------------------------
+# the checkers themselves, on snippets placed where a test module would be
+
+SNIPPET = TESTS / "unit" / "test_snippet.py"
+
+BAD = {
+    imports_of_test_modules: [
+        "from tests.conftest import cli",
+        "from tests.unit.test_capacity import RANKER",
+        "from tests.unit import test_capacity",
+        "import tests.integration.test_sidecar",
+        "from .test_admission import FakeClock",
+        "from ..conftest import cli",
+    ],
+    skips: [
+        "import pytest\npytest.skip('busy')",
+        "import pytest\nmod = pytest.importorskip('tritonclient.grpc')",
+        "import pytest as pt\npt.skip('x')",
+        "from pytest import importorskip",
+    ],
+    swallowing_handlers: [
+        "try:\n    f()\nexcept Exception:\n    pass",
+        "try:\n    f()\nexcept:\n    x = 1",
+        "try:\n    f()\nexcept (ValueError, BaseException) as err:\n    log(err)",
+        "def t():\n    try:\n        f()\n    except Exception:\n        if cond:\n            raise\n        return None",
+    ],
+}
+GOOD = {
+    imports_of_test_modules: [
+        "from tests.helpers import cli, RANKER",
+        "from tests.integration.fidelity_rig import traffic",
+        "from tests.integration import fidelity_rig",
+        "from tritongen.render import write_repository",
+    ],
+    skips: ["import pytest\npytest.mark.integration", "import pytest\npytest.fail('no')"],
+    swallowing_handlers: [
+        "try:\n    f()\nexcept ValueError:\n    pass",
+        "try:\n    f()\nexcept Exception:\n    cleanup()\n    raise",
+        "try:\n    f()\nexcept Exception as err:\n    raise AssertionError('broke') from err",
+        "import pytest\ntry:\n    f()\nexcept BaseException as err:\n    pytest.fail(str(err))",
+    ],
+}
+
+
+@pytest.mark.parametrize(("check", "source"), [(c, s) for c, ss in BAD.items() for s in ss])
+def test_each_checker_finds_its_defect_with_file_and_line(check, source: str) -> None:
+    found = check(SNIPPET, ast.parse(source))
+    assert found, source
+    assert all(f.startswith("tests/unit/test_snippet.py:") for f in found), found
+
+
+@pytest.mark.parametrize(("check", "source"), [(c, s) for c, ss in GOOD.items() for s in ss])
+def test_each_checker_passes_what_is_allowed(check, source: str) -> None:
+    assert check(SNIPPET, ast.parse(source)) == []
