@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.tritongen-installed
 
-.PHONY: demo test venv clean bench bench-fidelity bench-sidecar bench-profile bench-simulator bench-fixed-vs-tuned
+.PHONY: demo test venv clean bench bench-fidelity bench-sidecar bench-profile bench-simulator bench-fixed-vs-tuned bench-check-conformance
 
 venv: $(STAMP)
 
@@ -25,13 +25,19 @@ demo: $(STAMP)
 
 # Benchmarks give figures, not verdicts: each prints its table and writes it to bench/results/NAME.md
 # (date, machine, commit). Run them one at a time on a quiet host; `make bench` runs them all (~12 min).
-bench: bench-simulator bench-profile bench-fidelity bench-sidecar bench-fixed-vs-tuned
+TRITON_SERVER_REPO ?= /tmp/triton-server
+
+bench: bench-simulator bench-profile bench-fidelity bench-sidecar bench-fixed-vs-tuned bench-check-conformance
 
 bench-fidelity: $(STAMP)
 	$(PY) bench/bench_sim_fidelity.py
 
 bench-sidecar: $(STAMP)
 	$(PY) bench/bench_sidecar.py --seconds 4
+	$(PY) bench/bench_sidecar.py --seconds 4 --pinned
+
+bench-check-conformance: $(STAMP)
+	$(PY) bench/bench_check_conformance.py --server-repo $(TRITON_SERVER_REPO)
 
 bench-profile: $(STAMP)
 	$(PY) bench/bench_profile.py

@@ -315,6 +315,6 @@ def main() -> int:
 if __name__ == "__main__":
     from bench.report import saved_report
 
-    with saved_report("sidecar"):
+    with saved_report("sidecar-pinned" if "--pinned" in sys.argv else "sidecar"):
         code = main()
     sys.exit(code or 0)

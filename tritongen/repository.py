@@ -42,20 +42,20 @@ MODEL_DIR_VARIABLE = "$$TRITON_MODEL_DIRECTORY"
 ExtraRule = Callable[[dict[str, ModelConfig]], list[Finding]]
 
 
-def detect_gpu() -> bool:
-    """True when NVML reports at least one GPU; False without the library or a device."""
+def detect_gpu_count() -> int | None:
+    """How many GPUs NVML reports here; None when it cannot tell (no library, no driver)."""
     try:
         import pynvml
     except ImportError:
-        return False
+        return None
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError:
-        return False
+        return None
     try:
-        return int(pynvml.nvmlDeviceGetCount()) > 0
+        return int(pynvml.nvmlDeviceGetCount())
     except pynvml.NVMLError:
-        return False
+        return None
     finally:
         try:
             pynvml.nvmlShutdown()
@@ -121,14 +121,21 @@ def check_repository(
     root: Path,
     *,
     gpu_available: bool | None = None,
-    gpu_probe: Callable[[], bool] = detect_gpu,
+    gpu_count: int | None = None,
+    gpu_count_source: str | None = None,
+    gpu_probe: Callable[[], int | None] = detect_gpu_count,
+    autofill: bool = True,
     extra_rules: Sequence[ExtraRule] = (),
 ) -> CheckReport:
     """Check every model directory under `root`.
 
-    `gpu_available=None` asks `gpu_probe` (NVML by default). Each callable in `extra_rules` gets
-    the parsed configs by model name and returns more findings (located here when they name a
-    model and no path).
+    The serving host's GPUs: `gpu_count` when given (from the spec or the user, named by
+    `gpu_count_source`), else `gpu_probe`'s count (NVML by default; None = cannot tell) unless
+    `gpu_available` says whether there are any. Instance-group ids are checked against the count
+    when it is known. `autofill=False` is a server started with --disable-auto-complete-config (or
+    --strict-model-config=true): fields a model file would fill are then simply missing. Each
+    callable in `extra_rules` gets the parsed configs by model name and returns more findings
+    (located here when they name a model and no path).
     """
     root = Path(root)
     if not root.exists():
@@ -139,7 +146,10 @@ def check_repository(
         entries = sorted(os.scandir(root), key=lambda e: e.name)
     except OSError as err:
         raise BadInput(f"model repository {root} cannot be read: {err.strerror or err}") from None
-    gpu = gpu_probe() if gpu_available is None else bool(gpu_available)
+    if gpu_count is None and gpu_available is None:
+        gpu_count = gpu_probe()
+        gpu_count_source = gpu_count_source or "this host (NVML)"
+    gpu = bool(gpu_available) if gpu_available is not None else (gpu_count or 0) > 0
 
     findings: list[Finding] = []
     models: list[_Model] = []
@@ -171,7 +181,10 @@ def check_repository(
     for model in models:
         if model.config is None:
             continue
-        for finding in check_model_config(model.config, model=model.name, gpu_available=gpu):
+        for finding in check_model_config(model.config, model=model.name, gpu_available=gpu, gpu_count=gpu_count,
+                                          gpu_count_source=gpu_count_source or "the serving host",
+                                          model_file=_inferable_backend(model, model.selected or model.versions[-1:]),
+                                          autofill_source=_autofill_source(model) if autofill else None):
             findings.append(_locate(finding, model))
         findings.extend(_file_rules(model))
     # Models that exist but could not be parsed (or have no config) still count as present.
@@ -300,6 +313,33 @@ def _selected_versions(config: ModelConfig, versions: list[int]) -> list[int]:
         return [v for v in versions if v in wanted]
     count = policy.latest.num_versions if which == "latest" else 1
     return versions[-count:] if count > 0 else []
+
+
+# Model files whose backend auto-completes a config's missing inputs, outputs and batching from the
+# file itself (TensorRT, ONNX Runtime, TensorFlow and OpenVINO read the model; the Python backend
+# runs the model's `auto_complete_config`; PyTorch's libtorch fills no tensors).
+AUTOCOMPLETING_FILES = {".plan": "TensorRT", ".onnx": "ONNX Runtime", ".savedmodel": "TensorFlow",
+                        ".graphdef": "TensorFlow", ".xml": "OpenVINO"}
+
+
+def _autofill_source(model: _Model) -> str | None:
+    """What the server's auto-complete would read for this model, if anything."""
+    found = _inferable_backend(model, model.selected or model.versions[-1:])
+    config = model.config or ModelConfig()
+    if found is None and config.backend == "python" and model.selected:
+        found = f"{model.selected[-1]}/{config.default_model_filename or PYTHON_DEFAULT_MODEL_FILE}"
+    if found is None:
+        return None
+    suffix = Path(found).suffix
+    if suffix in AUTOCOMPLETING_FILES:
+        return f"{found} ({AUTOCOMPLETING_FILES[suffix]})"
+    if suffix == ".py":
+        try:
+            code = (model.directory / found).read_text(errors="replace")
+        except OSError:
+            return None
+        return f"{found}'s auto_complete_config" if "def auto_complete_config" in code else None
+    return None
 
 
 def _inferable_backend(model: _Model, versions: Sequence[int]) -> str | None:

@@ -15,7 +15,7 @@ import tritongen.cli.check_cmd as check_cmd
 from tritongen.cli.main import app
 from tritongen.core.findings import Finding
 from tritongen.errors import BadInput
-from tritongen.repository import CheckReport, check_repository, detect_gpu
+from tritongen.repository import CheckReport, check_repository, detect_gpu_count
 
 MODEL_PY = "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
 IO = """
@@ -108,19 +108,65 @@ def test_gpu_probe_is_injected(tmp_path: Path) -> None:
     add_model(tmp_path, "g", python_config("g", "instance_group [ { kind: KIND_GPU count: 1 } ]"))
     calls: list[int] = []
 
-    def no_gpu() -> bool:
+    def no_gpu() -> int:
         calls.append(1)
-        return False
+        return 0
 
     report = check_repository(tmp_path, gpu_probe=no_gpu)
     assert calls == [1] and report.gpu_available is False
     assert codes(report) == ["TG121"] and report.ok
-    assert codes(check_repository(tmp_path, gpu_probe=lambda: True)) == []
+    assert codes(check_repository(tmp_path, gpu_probe=lambda: 1)) == []
     assert codes(check_repository(tmp_path, gpu_available=True, gpu_probe=no_gpu)) == [] and calls == [1]
 
 
-def test_detect_gpu_returns_a_bool_without_raising() -> None:
-    assert detect_gpu() in (True, False)
+def test_detect_gpu_count_answers_without_raising() -> None:
+    count = detect_gpu_count()
+    assert count is None or count >= 0
+
+
+def test_gpu_ids_are_checked_against_the_gpus_the_serving_host_has(tmp_path: Path) -> None:
+    """Negative ids always; ids at or past the count when it is known (NVML or the spec); else a
+    warning saying the ids could not be checked."""
+    add_model(tmp_path, "g", python_config("g", "instance_group [ { kind: KIND_GPU gpus: [ 0, 3 ] } ]"))
+    add_model(tmp_path, "n", python_config("n", "instance_group [ { kind: KIND_GPU gpus: [ -1 ] } ]"))
+    two = check_repository(tmp_path, gpu_count=2, gpu_count_source="the spec's hardware")
+    beyond = [f for f in two.findings if f.code == "TG129"]
+    assert [f.model for f in beyond] == ["g"] and "GPU 3 does not exist" in beyond[0].message
+    assert "the spec's hardware has 2 GPU(s) (ids 0..1)" in beyond[0].message
+    assert [f.model for f in two.findings if f.code == "TG119"] == ["n"]
+    assert codes(check_repository(tmp_path, gpu_count=4)).count("TG129") == 0
+    unknown = check_repository(tmp_path, gpu_available=True)  # there are GPUs, how many is not known
+    assert [f.code for f in unknown.findings if f.model == "g"] == ["TG114"]
+    assert "not checked" in next(f for f in unknown.findings if f.code == "TG114").message
+    assert [f.code for f in unknown.findings if f.model == "n"] == ["TG119"]  # negative: always an error
+    assert codes(check_repository(tmp_path, gpu_probe=lambda: None)).count("TG114") == 1  # NVML cannot tell
+
+
+def test_auto_complete_is_read_from_the_model_file_and_can_be_turned_off(tmp_path: Path) -> None:
+    """A config without dims loads when the server's auto-complete reads them from the model file."""
+    partial = 'name: "{n}"\nmax_batch_size: 8\ninput [ {{ name: "X" data_type: TYPE_FP32 }} ]\n' \
+              'output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 1 ] }} ]\n'
+    add_model(tmp_path, "onnx", partial.format(n="onnx"), files={"1/model.onnx": ""}, model_py=False)
+    add_model(tmp_path, "pyauto", partial.format(n="pyauto") + 'backend: "python"\n', model_py=False,
+              files={"1/model.py": "class TritonPythonModel:\n    @staticmethod\n    def auto_complete_config(c):\n        return c\n"})
+    add_model(tmp_path, "pyplain", partial.format(n="pyplain") + 'backend: "python"\n')
+    report = check_repository(tmp_path, gpu_available=False)
+    by_model = {m: sorted({f.code for f in report.findings if f.model == m}) for m in ("onnx", "pyauto", "pyplain")}
+    assert by_model == {"onnx": ["TG146"], "pyauto": ["TG146"], "pyplain": ["TG132"]}
+    onnx_note = next(f for f in report.findings if f.model == "onnx")
+    assert "1/model.onnx (ONNX Runtime)" in onnx_note.message and "not checked" in onnx_note.message
+    strict = check_repository(tmp_path, gpu_available=False, autofill=False)
+    assert sorted({f.code for f in strict.findings}) == ["TG132"]
+    assert len(strict.errors) == 3
+
+
+def test_cli_takes_the_gpu_count_and_the_auto_complete_mode(tmp_path: Path) -> None:
+    add_model(tmp_path, "g", python_config("g", "instance_group [ { kind: KIND_GPU gpus: [ 1 ] } ]"))
+    one = runner.invoke(app, ["check", str(tmp_path), "--gpus", "1"])
+    assert one.exit_code == 1 and "TG129" in one.stdout and "the serving host (--gpus) has 1 GPU(s)" in one.stdout
+    two = runner.invoke(app, ["check", str(tmp_path), "--gpus", "2", "--no-autofill"])
+    assert two.exit_code == 0, two.stdout
+    assert runner.invoke(app, ["check", str(tmp_path), "--gpus", "-1"]).exit_code == 2
 
 
 @pytest.mark.parametrize(

@@ -39,8 +39,10 @@ def ens(*steps: tuple[str, str], extra: str = "") -> str:
     return ENS_IO + extra + "\nensemble_scheduling { step [ " + ", ".join(STEP % s for s in steps) + " ] }"
 
 
-def run_rules(text: str, *, model: str = "m", gpu_available: bool | None = None) -> list[Finding]:
-    return check_model_config(parse_model_config(text, f"{model}/config.pbtxt"), model=model, gpu_available=gpu_available)
+def run_rules(text: str, *, model: str = "m", gpu_available: bool | None = None,
+              gpu_count: int | None = None) -> list[Finding]:
+    return check_model_config(parse_model_config(text, f"{model}/config.pbtxt"), model=model, gpu_available=gpu_available,
+                              gpu_count=gpu_count)
 
 
 # (id, config text, code, field, values the message must quote)
@@ -101,6 +103,11 @@ BROKEN = [
      "{ name: \"S1\" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] }, "
      "{ name: \"S2\" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ] }",
      "TG116", "sequence_batching.control_input", ["CONTROL_SEQUENCE_START", "2 times"]),
+    ("control_tensor_in_two_entries",
+     BASE + "sequence_batching { control_input [ "
+     "{ name: \"START\" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] }, "
+     "{ name: \"START\" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] } ] }",
+     "TG112", "sequence_batching.control_input", ["'START'", "CONTROL_SEQUENCE_READY", "[0], [1]"]),
     ("control_no_values",
      BASE + "sequence_batching { control_input [ { name: \"START\" control [ { kind: CONTROL_SEQUENCE_START } ] } ] }",
      "TG117", "sequence_batching.control_input[0].control[0]", ["CONTROL_SEQUENCE_START", "START"]),
@@ -174,6 +181,20 @@ BROKEN = [
     ("batch_input_fp16",
      BASE + 'batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "N" data_type: TYPE_FP16 source_input: "INPUT0" } ]',
      "TG141", "batch_input[0].data_type", ["TYPE_FP16", "TYPE_INT32"]),
+    ("batch_input_no_source",
+     BASE + 'batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "N" data_type: TYPE_FP32 } ]',
+     "TG143", "batch_input[0].source_input", ["BATCH_ELEMENT_COUNT", "0 source inputs", "INPUT0"]),
+    ("batch_input_two_sources",
+     BASE + 'batch_input [ { kind: BATCH_ITEM_SHAPE target_name: "N" data_type: TYPE_INT32 '
+     'source_input: [ "INPUT0", "INPUT0" ] } ]',
+     "TG143", "batch_input[0].source_input", ["BATCH_ITEM_SHAPE", "2 source inputs"]),
+    ("batch_output_no_source",
+     BASE + 'batch_output [ { target_name: "OUTPUT0" kind: BATCH_SCATTER_WITH_INPUT_SHAPE } ]',
+     "TG144", "batch_output[0].source_input", ["BATCH_SCATTER_WITH_INPUT_SHAPE", "0 source inputs"]),
+    ("batch_output_target_twice",
+     BASE + 'batch_output [ { target_name: [ "OUTPUT0", "OUTPUT0" ] kind: BATCH_SCATTER_WITH_INPUT_SHAPE '
+     'source_input: "INPUT0" } ]',
+     "TG145", "batch_output[0].target_name", ["'OUTPUT0'", "2 times"]),
     ("batch_output_unknown_target",
      BASE + 'batch_output [ { target_name: "NOPE" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "INPUT0" } ]',
      "TG142", "batch_output[0].target_name", ["'NOPE'", "OUTPUT0"]),
@@ -266,12 +287,13 @@ def test_each_error_case_has_no_unrelated_errors() -> None:
 def test_kind_gpu_warns_only_without_gpu() -> None:
     text = BASE + "instance_group [ { count: 2 kind: KIND_GPU gpus: [ 0 ] } ]"
     without = run_rules(text, gpu_available=False)
-    assert [(f.code, f.severity) for f in without] == [("TG121", "warning")]
+    # TG114: how many GPUs the serving host has is not known either, so the id 0 went unchecked
+    assert [(f.code, f.severity) for f in without] == [("TG121", "warning"), ("TG114", "warning")]
     assert "KIND_GPU" in without[0].message and "[0]" in without[0].message
-    assert run_rules(text, gpu_available=True) == []
-    assert run_rules(text, gpu_available=None) == []
+    assert run_rules(text, gpu_available=True, gpu_count=1) == []
+    assert [f.code for f in run_rules(text, gpu_available=None)] == ["TG114"]
     auto_with_gpus = BASE + "instance_group [ { count: 1 gpus: [ 1 ] } ]"
-    assert [f.code for f in run_rules(auto_with_gpus, gpu_available=False)] == ["TG121"]
+    assert [f.code for f in run_rules(auto_with_gpus, gpu_available=False)] == ["TG121", "TG114"]
     assert run_rules(BASE + "instance_group [ { count: 1 kind: KIND_CPU } ]", gpu_available=False) == []
 
 
@@ -663,14 +685,14 @@ VALID = {
 
 @pytest.mark.parametrize(("model", "text"), list(VALID.values()), ids=list(VALID))
 def test_valid_real_world_config_gives_nothing(model: str, text: str) -> None:
-    assert run_rules(text, model=model, gpu_available=True) == []
+    assert run_rules(text, model=model, gpu_available=True, gpu_count=8) == []
 
 
 @pytest.mark.parametrize(("model", "text"), list(VALID.values()), ids=list(VALID))
 def test_valid_config_on_cpu_host_gives_no_error(model: str, text: str) -> None:
     findings = run_rules(text, model=model, gpu_available=False)
     assert [f for f in findings if f.severity == "error"] == []
-    assert {f.code for f in findings} <= {"TG121"}
+    assert {f.code for f in findings} <= {"TG121", "TG114"}
 
 
 def _configs(**texts: str) -> dict[str, ModelConfig]:
@@ -777,3 +799,90 @@ def test_field_lines_index_repeated_messages() -> None:
     # unknown leaf: falls back to the closest written parent
     assert field_line(TRTLLM, "input[1].reshape.shape.x") == lines["input[1].reshape"]
     assert field_line(TRTLLM, "sequence_batching") is None
+
+
+# ---------------------------------------------------------------- ensemble data flow and cycles
+
+ECHO2 = ECHO.replace('name: "echo"', 'name: "echo2"') + 'input [ { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]'
+DEC = ECHO.replace('name: "echo"', 'name: "dec"') + "model_transaction_policy { decoupled: true }"
+
+
+def _step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
+    maps = " ".join(f'input_map {{ key: "{k}" value: "{v}" }}' for k, v in inputs.items())
+    maps += " " + " ".join(f'output_map {{ key: "{k}" value: "{v}" }}' for k, v in outputs.items())
+    return f'{{ model_name: "{model}" model_version: -1 {maps} }}'
+
+
+def _ensemble(*steps: str, name: str = "m", io: str = IO) -> str:
+    return f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: 8\n{io}\nensemble_scheduling {{ step [ {", ".join(steps)} ] }}'
+
+
+def test_a_required_input_of_a_step_model_must_be_mapped() -> None:
+    configs = _configs(m=ens(("INPUT0", "OUTPUT0")).replace('"echo"', '"echo2"'), echo2=ECHO2)
+    findings = check_cross_model(configs)
+    assert [f.code for f in findings] == ["TG195"]
+    assert "['INPUT1']" in findings[0].message and "'echo2'" in findings[0].message
+    optional = ECHO2.replace('name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ]', 'name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] optional: true')
+    assert check_cross_model(_configs(m=ens(("INPUT0", "OUTPUT0")).replace('"echo"', '"echo2"'), echo2=optional)) == []
+
+
+def test_ensembles_that_call_themselves_are_a_cycle() -> None:
+    self_call = ens(("INPUT0", "OUTPUT0")).replace('"echo"', '"m"')
+    findings = [f for f in check_cross_model(_configs(m=self_call)) if f.code == "TG196"]
+    assert len(findings) == 1 and "m -> m" in findings[0].message
+    a = _ensemble(_step("b", {"INPUT0": "INPUT0"}, {"OUTPUT0": "OUTPUT0"}), name="a")
+    b = _ensemble(_step("a", {"INPUT0": "INPUT0"}, {"OUTPUT0": "OUTPUT0"}), name="b")
+    cycle = [f for f in check_cross_model(_configs(a=a, b=b)) if f.code == "TG196"]
+    assert sorted(f.model for f in cycle) == ["a", "b"] and "a -> b -> a" in cycle[0].message
+    chain = _ensemble(_step("m", {"INPUT0": "INPUT0"}, {"OUTPUT0": "OUTPUT0"}), name="outer")
+    assert [f for f in check_cross_model(_configs(outer=chain, m=ens(("INPUT0", "OUTPUT0")), echo=ECHO))
+            if f.code == "TG196"] == []  # an ensemble calling another ensemble is fine
+
+
+def test_a_step_fed_by_two_decoupled_models_is_refused() -> None:
+    two = _ensemble(
+        _step("dec", {"INPUT0": "INPUT0"}, {"OUTPUT0": "A"}), _step("dec", {"INPUT0": "INPUT0"}, {"OUTPUT0": "B"}),
+        _step("echo2", {"INPUT0": "A", "INPUT1": "B"}, {"OUTPUT0": "OUTPUT0"}),
+    )
+    findings = check_cross_model(_configs(m=two, dec=DEC, echo2=ECHO2))
+    assert [f.code for f in findings] == ["TG197"] and "step[2]" in findings[0].message
+    # one decoupled branch feeding a step, the other input straight from the ensemble: fine
+    one = _ensemble(
+        _step("dec", {"INPUT0": "INPUT0"}, {"OUTPUT0": "A"}),
+        _step("echo2", {"INPUT0": "A", "INPUT1": "A"}, {"OUTPUT0": "OUTPUT0"}),
+    )
+    assert check_cross_model(_configs(m=one, dec=DEC, echo2=ECHO2)) == []
+    # the same two branches, non-decoupled: fine
+    assert check_cross_model(_configs(m=two, dec=ECHO.replace('name: "echo"', 'name: "dec"'), echo2=ECHO2)) == []
+    # two decoupled branches ending in the ensemble's own outputs (Triton's invalid_decoupled_branching_2)
+    outs = IO + 'output [ { name: "OUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]'
+    split = _ensemble(_step("dec", {"INPUT0": "INPUT0"}, {"OUTPUT0": "OUTPUT0"}),
+                      _step("dec", {"INPUT0": "INPUT0"}, {"OUTPUT0": "OUT1"}), io=outs)
+    findings = check_cross_model(_configs(m=split, dec=DEC))
+    assert [(f.code, f.field) for f in findings] == [("TG197", "output")]
+
+
+def test_a_runtime_path_may_not_leave_the_backend_directory() -> None:
+    for runtime in ("../dummy_runtime/libtriton_identity.so", "/opt/libtriton_x.so", "a/../../b.so"):
+        assert [f.code for f in run_rules(BASE + f'runtime: "{runtime}"')] == ["TG147"], runtime
+    for runtime in ("libtriton_identity.so", "model.py", "sub/../libtriton_x.so"):
+        assert run_rules(BASE + f'runtime: "{runtime}"') == [], runtime
+
+
+def test_fields_auto_complete_fills_are_a_warning_that_says_so() -> None:
+    """With auto-complete on and a model file it reads, missing data_type and dims are filled at
+    load: check says it could not check them instead of refusing (or passing) them."""
+    text = 'name: "m"\nmax_batch_size: 8\ninput [ { name: "X" } ]\noutput [ { name: "Y" data_type: TYPE_FP32 } ]'
+    config = parse_model_config(text, "m/config.pbtxt")
+    strict = check_model_config(config, model="m")
+    assert {f.code for f in strict} == {"TG131", "TG132"} and all(f.severity == "error" for f in strict)
+    filled = check_model_config(config, model="m", model_file="1/model.onnx", autofill_source="1/model.onnx (ONNX Runtime)")
+    assert {(f.code, f.severity) for f in filled} == {("TG146", "warning")} and len(filled) == 3
+    assert all("1/model.onnx (ONNX Runtime)" in f.message and "not checked" in f.message for f in filled)
+
+
+def test_a_profile_is_fine_on_a_model_whose_plan_file_makes_it_tensorrt() -> None:
+    text = 'name: "m"\nmax_batch_size: 8\n' + IO + "instance_group [ { count: 1 kind: KIND_GPU profile: [ \"0\" ] } ]"
+    config = parse_model_config(text, "m/config.pbtxt")
+    assert "TG124" in {f.code for f in check_model_config(config, model="m", model_file="1/model.onnx")}
+    assert "TG124" not in {f.code for f in check_model_config(config, model="m", model_file="1/model.plan")}

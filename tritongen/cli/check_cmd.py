@@ -38,6 +38,18 @@ def _spec_rules(spec: Optional[Path], profiles: Optional[Path]) -> list[ExtraRul
     return list(rules_for_spec(spec, profiles))
 
 
+def _gpu_count(gpus: Optional[int], spec: Optional[Path]) -> tuple[Optional[int], Optional[str]]:
+    """How many GPUs the serving host has, and who says so: --gpus, else the spec's hardware,
+    else nobody here (check_repository then asks NVML)."""
+    if gpus is not None:
+        return gpus, "the serving host (--gpus)"
+    if spec is not None:
+        from tritongen.specio import load_spec
+
+        return len(load_spec(spec).spec.hardware.devices_mb()), f"the spec's hardware ({spec.name})"
+    return None, None
+
+
 def format_text_line(finding: Finding) -> str:
     where = finding.path or finding.model or "."
     if finding.line is not None:
@@ -97,6 +109,16 @@ def check(
         None, "--gpu/--no-gpu",
         help="Whether the serving host has GPUs (KIND_GPU warnings); default: ask NVML here.",
     ),
+    autofill: bool = typer.Option(
+        True, "--autofill/--no-autofill",
+        help="Whether the server auto-completes configs from model files (its default); --no-autofill for a "
+        "server run with --disable-auto-complete-config or --strict-model-config=true.",
+    ),
+    gpus: Optional[int] = typer.Option(
+        None, "--gpus", min=0,
+        help="GPUs on the serving host; instance-group gpu ids are checked against it "
+        "(default: the spec's hardware with --spec, else NVML here).",
+    ),
     spec: Optional[Path] = typer.Option(
         None, "--spec", help="Deployment spec: also check memory feasibility, the KV budget and drift."
     ),
@@ -107,7 +129,9 @@ def check(
     """Check a model repository the way tritonserver loads it; exit 1 on any error finding."""
     if directory.exists() and not directory.is_dir():
         raise BadInput(f"{directory} is not a directory; give the model repository directory")
-    report = check_repository(directory, gpu_available=gpu, extra_rules=_spec_rules(spec, profiles))
+    count, source = _gpu_count(gpus, spec)
+    report = check_repository(directory, gpu_available=gpu, gpu_count=count, gpu_count_source=source,
+                              autofill=autofill, extra_rules=_spec_rules(spec, profiles))
     if output_format is OutputFormat.json:
         typer.echo(report_to_json(report))
     elif output_format is OutputFormat.github:

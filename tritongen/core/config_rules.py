@@ -15,11 +15,14 @@ Entry points:
 
 from __future__ import annotations
 
+import posixpath
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tritonclient.grpc.model_config_pb2 import (
+    BatchInput,
+    BatchOutput,
     DataType,
     ModelConfig,
     ModelInput,
@@ -106,6 +109,8 @@ RULES: dict[str, Rule] = rule_table(
            "refused: sequence batching control tensor must have a name"),
         _r("TG116", "error", "the same sequence control kind twice",
            "refused: sequence batching specifies multiple CONTROL_SEQUENCE_* tensors"),
+        _r("TG112", "error", "one sequence control tensor name in several control_input entries",
+           "refused: sequence batching control tensor '...' is specified for multiple control kinds"),
         _r("TG117", "error", "START/END/READY control without exactly one 2-entry false/true list",
            "refused: must specify either 'int32_false_true', ... / must have exactly 2 entries / more than one"),
         _r("TG118", "error", "CORRID control with an unsupported data_type",
@@ -117,6 +122,12 @@ RULES: dict[str, Rule] = rule_table(
            "refused on a CPU-only host: has kind KIND_GPU but no GPUs are available"),
         _r("TG122", "error", "KIND_CPU instance group lists gpus",
            "refused: has kind KIND_CPU but specifies one or more GPUs"),
+        _r("TG119", "error", "instance group lists a negative GPU id",
+           "refused: instance group specifies invalid or unsupported gpu id -1"),
+        _r("TG129", "error", "instance group lists a GPU id beyond the serving host's GPUs",
+           "refused: instance group specifies invalid or unsupported gpu id"),
+        _r("TG114", "warning", "GPU ids that cannot be checked (no GPU count known)",
+           "loads only where the ids exist"),
         _r("TG123", "error", "KIND_MODEL instance group lists gpus",
            "refused: has kind KIND_MODEL but specifies one or more GPUs"),
         _r("TG124", "error", "instance group profile on a non-TensorRT model",
@@ -133,6 +144,8 @@ RULES: dict[str, Rule] = rule_table(
         _r("TG131", "error", "input/output without data_type",
            "refused: model input 'X' must specify 'data_type'"),
         _r("TG132", "error", "input/output without dims", "refused: model input 'X' must specify 'dims'"),
+        _r("TG146", "warning", "input/output left for auto-complete to fill from the model file",
+           "loads if the model file supplies it (auto-complete on); refused with --disable-auto-complete-config"),
         _r("TG133", "error", "dims value 0 or below -1",
            "refused: dimension must be integer >= 1, or -1 to indicate a variable-size dimension"),
         _r("TG134", "error", "reshape does not hold the same elements as dims",
@@ -150,6 +163,12 @@ RULES: dict[str, Rule] = rule_table(
            "refused: batch input data type must be TYPE_INT32 or TYPE_FP32"),
         _r("TG142", "error", "batch_output names an unknown target output",
            "refused: unknown target output name"),
+        _r("TG143", "error", "batch_input without exactly one source_input",
+           "refused: batch input kind '...' expects 1 source input, got N"),
+        _r("TG144", "error", "batch_output without exactly one source_input",
+           "refused: batch output kind '...' expects 1 source input, got N"),
+        _r("TG145", "error", "batch_output lists a target output twice",
+           "refused: target output name '...' can only be specified once"),
         # model level
         _r("TG150", "error", "config name differs from the directory name",
            "refused: unexpected directory name, directory name must equal model name"),
@@ -162,6 +181,8 @@ RULES: dict[str, Rule] = rule_table(
            "refused: ensemble scheduling cannot be set for model whose platform is not ensemble"),
         _r("TG155", "error", "instance_group / optimization / model_warmup on an ensemble",
            "refused: ... should not be specified for ensemble"),
+        _r("TG147", "error", "runtime library path that climbs out of the backend directory",
+           "refused: backend library name '...' escapes backend directory"),
         _r("TG156", "error", "response_cache on a decoupled model",
            "refused: Response Cache does not currently support model with 'decoupled' transaction policy"),
         _r("TG157", "error", "model_warmup batch_size above what the model accepts",
@@ -197,6 +218,12 @@ RULES: dict[str, Rule] = rule_table(
            "refused: ensemble tensor is mapped from non-existing output"),
         _r("TG193", "error", "ensemble max_batch_size above a step model's max_batch_size",
            "refused: ensemble allows maximum batch size N, but it contains model which only allows M"),
+        _r("TG195", "error", "a required input of an ensemble step's model is not mapped",
+           "refused: input X in model M is not mapped to any ensemble tensors"),
+        _r("TG196", "error", "ensembles that call each other in a cycle (or themselves)",
+           "refused: circular dependency between ensembles"),
+        _r("TG197", "error", "an ensemble step fed by two different decoupled models",
+           "refused: step of model M receives inputs originated from different decoupled models"),
         _r("TG194", "error", "ensemble tensor with inconsistent data_type or shape across models",
            "refused: inconsistent data type / inconsistent shape"),
         # repository level (tritongen.repository)
@@ -287,9 +314,19 @@ def check_model_config(
     *,
     model: str | None = None,
     gpu_available: bool | None = None,
+    gpu_count: int | None = None,
+    gpu_count_source: str = "the serving host",
+    model_file: str | None = None,
+    autofill_source: str | None = None,
 ) -> list[Finding]:
     """Every single-model rule. `model` is the directory name (the name the server loads it by);
-    `gpu_available=False` turns on the KIND_GPU warning, `None` (unknown) and `True` leave it off."""
+    `gpu_available=False` turns on the KIND_GPU warning, `None` (unknown) and `True` leave it off.
+    `gpu_count` is how many GPUs the serving host has (from NVML or the spec, named by
+    `gpu_count_source`): instance-group ids at or beyond it are errors; unknown (None), ids are
+    only checked for sign and a warning says they could not be checked further.
+    `model_file` is the `model.<ext>` the server would infer the backend from (e.g. "1/model.plan");
+    `autofill_source` says what the server's auto-complete would fill missing fields from (None:
+    auto-complete is off or has nothing to read): what it fills is not decided here, and says so."""
     name = model or config.name or "<unnamed>"
     out = _Collector(name)
     _model_level(config, model, out)
@@ -298,8 +335,9 @@ def check_model_config(
     if is_ensemble(config) or config.HasField("ensemble_scheduling"):
         _ensemble(config, out)
     if not is_ensemble(config):
-        _instance_groups(config, gpu_available, out)
-    _io(config, out)
+        _instance_groups(config, gpu_available, out, model_file)
+        _gpu_ids(config, gpu_count, gpu_count_source, out)
+    _io(config, out, autofill_source)
     _batch_io(config, out)
     _warmup(config, out)
     _version_policy(config, out)
@@ -331,6 +369,14 @@ def _model_level(config: ModelConfig, directory: str | None, out: _Collector) ->
             "TG104", "max_batch_size",
             f"max_batch_size is {config.max_batch_size}; it must be 0 (no batching) or positive",
             "set max_batch_size to 0 or a positive batch size",
+        )
+    if config.runtime and (config.runtime.startswith("/") or posixpath.normpath(config.runtime).startswith("..")):
+        out.error(
+            "TG147", "runtime",
+            f"runtime is '{config.runtime}', a path that leaves the backend directory; the server only loads "
+            "backend libraries from inside it",
+            "give the library's name (e.g. \"libtriton_identity.so\", or \"model.py\" for a Python-based backend) "
+            "and install it under the backend directory",
         )
     if config.response_cache.enable and config.model_transaction_policy.decoupled:
         out.error(
@@ -513,6 +559,24 @@ def _sequence_batching(config: ModelConfig, out: _Collector) -> None:
                         f"allowed: {', '.join(CORRID_TYPES)}",
                         "set data_type: TYPE_UINT64 (or TYPE_STRING for string correlation ids)",
                     )
+    # The server walks control_input once per control kind and refuses a tensor name it has seen
+    # in an earlier entry, whatever the kinds: one entry per tensor.
+    entries_of: dict[str, list[int]] = defaultdict(list)
+    for i, ci in enumerate(sb.control_input):
+        if ci.name:
+            entries_of[ci.name].append(i)
+    for tensor, entries in sorted(entries_of.items()):
+        if len(entries) > 1:
+            kinds_named = sorted({ModelSequenceBatching.Control.Kind.Name(c.kind)
+                                  for i in entries for c in sb.control_input[i].control})
+            out.error(
+                "TG112", "sequence_batching.control_input",
+                f"sequence control tensor '{tensor}' is declared in {len(entries)} control_input entries "
+                f"({', '.join(f'[{i}]' for i in entries)}, kinds {', '.join(kinds_named)}); a tensor may carry "
+                "one control",
+                f"give each control its own tensor name, e.g. keep '{tensor}' in control_input[{entries[0]}] "
+                "and rename the others",
+            )
     for kind, count in sorted(kinds.items()):
         if count > 1:
             kind_name = ModelSequenceBatching.Control.Kind.Name(kind)
@@ -524,7 +588,51 @@ def _sequence_batching(config: ModelConfig, out: _Collector) -> None:
             )
 
 
-def _instance_groups(config: ModelConfig, gpu_available: bool | None, out: _Collector) -> None:
+def _gpu_ids(config: ModelConfig, gpu_count: int | None, source: str, out: _Collector) -> None:
+    """The server resolves each listed id against the CUDA devices it sees at load: a negative id
+    is refused everywhere, an id past the last device on that host."""
+    unchecked: list[int] = []
+    for i, group in enumerate(config.instance_group):
+        if group.kind in (ModelInstanceGroup.KIND_CPU, ModelInstanceGroup.KIND_MODEL):
+            continue  # TG122/TG123 already refuse gpus on these kinds
+        field = f"instance_group[{i}].gpus"
+        label = f"instance_group[{i}]" + (f" ('{group.name}')" if group.name else "")
+        ids = list(group.gpus)
+        negative = [g for g in ids if g < 0]
+        if negative:
+            out.error(
+                "TG119", field,
+                f"{label}.gpus is {_dims(ids)}; GPU id {negative[0]} is negative (ids are 0 or more)",
+                "use the device indices nvidia-smi lists (0 .. N-1), or leave gpus out to use every GPU",
+            )
+        valid = [g for g in ids if g >= 0]
+        if gpu_count is not None:
+            beyond = [g for g in valid if g >= gpu_count]
+            if beyond:
+                have = f"ids 0..{gpu_count - 1}" if gpu_count > 0 else "none"
+                out.error(
+                    "TG129", field,
+                    f"{label}.gpus is {_dims(ids)} but {source} has {gpu_count} GPU(s) ({have}); "
+                    f"GPU {beyond[0]} does not exist there",
+                    f"list ids below {gpu_count}, or leave gpus out to use every GPU" if gpu_count > 0
+                    else "use kind: KIND_CPU without gpus on a host without GPUs",
+                )
+        else:
+            unchecked += valid
+    if unchecked:
+        out.warning(
+            "TG114", "instance_group.gpus",
+            f"instance groups list GPU ids {_dims(sorted(set(unchecked)))}, but the number of GPUs on the "
+            "serving host is not known here (no NVML, no --gpus or --spec), so the ids were not checked "
+            "against it",
+            "pass --gpus N (the serving host's GPU count) or --spec, or run check on the serving host",
+        )
+
+
+def _instance_groups(config: ModelConfig, gpu_available: bool | None, out: _Collector,
+                     model_file: str | None = None) -> None:
+    tensorrt = is_tensorrt(config) or (not config.platform and not config.backend and bool(model_file)
+                                       and model_file.endswith(".plan"))
     for i, group in enumerate(config.instance_group):
         field = f"instance_group[{i}]"
         label = f"{field}" + (f" ('{group.name}')" if group.name else "")
@@ -559,7 +667,7 @@ def _instance_groups(config: ModelConfig, gpu_available: bool | None, out: _Coll
                 "places itself",
                 "remove gpus, or set kind: KIND_GPU",
             )
-        if group.profile and not is_tensorrt(config):
+        if group.profile and not tensorrt:
             out.error(
                 "TG124", f"{field}.profile",
                 f"{label}.profile is {list(group.profile)} but the model is not TensorRT "
@@ -593,7 +701,7 @@ def _instance_groups(config: ModelConfig, gpu_available: bool | None, out: _Coll
                     )
 
 
-def _io(config: ModelConfig, out: _Collector) -> None:
+def _io(config: ModelConfig, out: _Collector, autofill_source: str | None = None) -> None:
     mbs = config.max_batch_size
     seen: dict[str, Counter[str]] = {"input": Counter(), "output": Counter()}
     for kind, tensors in (("input", config.input), ("output", config.output)):
@@ -607,14 +715,28 @@ def _io(config: ModelConfig, out: _Collector) -> None:
                     f"{field} has no name",
                     f"add name: \"...\" to {field}",
                 )
-            if io.data_type == DataType.TYPE_INVALID:
+            if io.data_type == DataType.TYPE_INVALID and autofill_source:
+                out.warning(
+                    "TG146", f"{field}.data_type",
+                    f"{label} ({field}) has no data_type; the server's auto-complete fills it from "
+                    f"{autofill_source}, which check does not read, so it is not checked here",
+                    "set data_type explicitly to have it checked (and to load with --disable-auto-complete-config)",
+                )
+            elif io.data_type == DataType.TYPE_INVALID:
                 out.error(
                     "TG131", f"{field}.data_type",
                     f"{label} ({field}) has data_type TYPE_INVALID (not set)",
                     "set data_type, e.g. data_type: TYPE_FP32",
                 )
             dims = list(io.dims)
-            if not dims:
+            if not dims and autofill_source and not io.HasField("reshape"):
+                out.warning(
+                    "TG146", f"{field}.dims",
+                    f"{label} ({field}) has no dims; the server's auto-complete fills them from {autofill_source}, "
+                    "which check does not read, so they are not checked here",
+                    "write the dims explicitly to have them checked (and to load with --disable-auto-complete-config)",
+                )
+            elif not dims:
                 out.error(
                     "TG132", f"{field}.dims",
                     f"{label} ({field}) has no dims (max_batch_size {mbs}); every input and output needs dims",
@@ -690,6 +812,16 @@ def _batch_io(config: ModelConfig, out: _Collector) -> None:
     outputs = {o.name for o in config.output}
     for i, bi in enumerate(config.batch_input):
         field = f"batch_input[{i}]"
+        if len(bi.source_input) != 1:
+            kind = BatchInput.Kind.Name(bi.kind)
+            out.error(
+                "TG143", f"{field}.source_input",
+                f"{field} ({kind}, target '{bi.target_name[0] if bi.target_name else ''}') has "
+                f"{len(bi.source_input)} source inputs {list(bi.source_input)}; every batch input kind takes exactly 1 "
+                f"(the inputs are {sorted(inputs)})",
+                f"give one source_input, the input whose shape the batch input is computed from "
+                f"(one of {sorted(inputs)})",
+            )
         for src in bi.source_input:
             if config.input and src not in inputs:
                 out.error(
@@ -706,6 +838,22 @@ def _batch_io(config: ModelConfig, out: _Collector) -> None:
             )
     for i, bo in enumerate(config.batch_output):
         field = f"batch_output[{i}]"
+        if len(bo.source_input) != 1:
+            kind = BatchOutput.Kind.Name(bo.kind)
+            out.error(
+                "TG144", f"{field}.source_input",
+                f"{field} ({kind}) has {len(bo.source_input)} source inputs {list(bo.source_input)}; it takes "
+                f"exactly 1, the input whose shape the output is scattered by (the inputs are {sorted(inputs)})",
+                f"give one source_input (one of {sorted(inputs)})",
+            )
+        repeated = sorted(t for t, n in Counter(bo.target_name).items() if n > 1)
+        if repeated:
+            out.error(
+                "TG145", f"{field}.target_name",
+                f"{field}.target_name lists '{repeated[0]}' {Counter(bo.target_name)[repeated[0]]} times; "
+                "each target output may appear once",
+                f"list '{repeated[0]}' once in target_name",
+            )
         for target in bo.target_name:
             if config.output and target not in outputs:
                 out.error(
@@ -916,6 +1064,7 @@ def check_cross_model(configs: Mapping[str, ModelConfig]) -> list[Finding]:
         config = configs[name]
         if is_ensemble(config) and config.HasField("ensemble_scheduling"):
             findings.extend(_ensemble_references(name, config, configs))
+    findings.extend(_ensemble_cycles(configs))
     findings.extend(_rate_limiter_scopes(configs))
     return findings
 
@@ -944,6 +1093,16 @@ def _ensemble_references(name: str, config: ModelConfig, configs: Mapping[str, M
             continue  # auto-completed model: its tensors are unknown here
         t_inputs = {i.name: i for i in target.input}
         t_outputs = {o.name: o for o in target.output}
+        unmapped = [inp.name for inp in target.input if not inp.optional and inp.name not in step.input_map]
+        # no input_map at all is TG182; a key that is not an input is TG191 (the likely typo)
+        if unmapped and step.input_map and all(key in t_inputs for key in step.input_map):
+            out.error(
+                "TG195", f"{field}.input_map",
+                f"{field} calls model '{step.model_name}' but maps none of the ensemble's tensors to its "
+                f"required input{'s' * (len(unmapped) > 1)} {unmapped} (the step maps {sorted(step.input_map)})",
+                f"add input_map {{ key: \"{unmapped[0]}\" value: \"<ensemble tensor>\" }} to the step, or mark "
+                f"'{unmapped[0]}' optional in '{step.model_name}'",
+            )
         for key in sorted(step.input_map):
             if key not in t_inputs:
                 out.error(
@@ -980,6 +1139,7 @@ def _ensemble_references(name: str, config: ModelConfig, configs: Mapping[str, M
                 f"lower the ensemble's max_batch_size to {target.max_batch_size}, or raise "
                 f"'{step.model_name}' max_batch_size to {config.max_batch_size}",
             )
+    _decoupled_branches(config, configs, out)
     for tensor in sorted(seen):
         entries = seen[tensor]
         first = entries[0]
@@ -1001,6 +1161,77 @@ def _ensemble_references(name: str, config: ModelConfig, configs: Mapping[str, M
                 )
                 break
     return out.findings
+
+
+def _decoupled_branches(config: ModelConfig, configs: Mapping[str, ModelConfig], out: _Collector) -> None:
+    """The server labels every ensemble tensor with the decoupled step it descends from (the
+    ensemble's inputs: none; a decoupled step's outputs: a label of their own; any other step's:
+    its inputs' label) and refuses a step whose inputs carry two labels: the responses of two
+    decoupled models cannot be paired up."""
+    label = {inp.name: 0 for inp in config.input}
+    steps = list(enumerate(config.ensemble_scheduling.step))
+    fresh = 0
+    while steps:
+        ready = [(i, st) for i, st in steps if all(t in label for t in st.input_map.values())]
+        if not ready:
+            return  # a tensor nothing produces, or a cycle: TG186 says so
+        for i, step in ready:
+            steps.remove((i, step))
+            origins = sorted({label[t] for t in step.input_map.values()})
+            if len(origins) > 1:
+                out.error(
+                    "TG197", f"ensemble_scheduling.step[{i}].input_map",
+                    f"ensemble_scheduling.step[{i}] (model '{step.model_name}') reads tensors "
+                    f"{sorted(step.input_map.values())} that descend from different decoupled models; the server "
+                    "cannot pair their responses",
+                    "feed the step from one decoupled branch only (or make one of the upstream models non-decoupled)",
+                )
+            target = configs.get(step.model_name)
+            if target is not None and target.model_transaction_policy.decoupled:
+                fresh += 1
+                outgoing = fresh
+            else:
+                outgoing = origins[0] if origins else 0
+            for tensor in step.output_map.values():
+                label.setdefault(tensor, outgoing)
+    outputs = [o.name for o in config.output if o.name in label]
+    if len({label[o] for o in outputs}) > 1:
+        out.error(
+            "TG197", "output",
+            f"the ensemble's outputs {outputs} descend from different decoupled models; the server cannot "
+            "pair their responses into one",
+            "produce every ensemble output from one decoupled branch (or make the upstream models non-decoupled)",
+        )
+
+
+def _ensemble_cycles(configs: Mapping[str, ModelConfig]) -> list[Finding]:
+    """An ensemble that reaches itself through its steps' ensembles never finishes loading."""
+    calls = {name: [st.model_name for st in c.ensemble_scheduling.step if is_ensemble(configs.get(st.model_name, ModelConfig()))]
+             for name, c in configs.items() if is_ensemble(c)}
+    findings: list[Finding] = []
+    for start in sorted(calls):
+        path, stack = [start], [(start, iter(calls[start]))]
+        found = None
+        while stack and found is None:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                path.pop()
+            elif child == start:
+                found = path + [start]
+            elif child not in path and child in calls:
+                path.append(child)
+                stack.append((child, iter(calls[child])))
+        if found is not None:
+            out = _Collector(start)
+            out.error(
+                "TG196", "ensemble_scheduling.step",
+                f"ensemble '{start}' calls itself: {' -> '.join(found)}; the server refuses the whole cycle",
+                "break the cycle: no ensemble may call itself directly or through other ensembles",
+            )
+            findings += out.findings
+    return findings
 
 
 def _rate_limiter_scopes(configs: Mapping[str, ModelConfig]) -> list[Finding]:
