@@ -17,8 +17,9 @@ Without it the benchmark says so and takes no figures.
   case, or several (ensembles with their steps). They rely on what autofill reads from real model
   files, which a stub cannot give; a case `check` can only flag as "depends on autofill" (a
   warning saying so) is counted apart, neither caught nor missed.
-- Valid configs: every config.pbtxt under `docs/examples` and `deploy/`, checked alone; each error
-  is a false alarm.
+- Loadable configs: every config.pbtxt under `docs/examples`, `deploy/` and `qa/python_models`
+  (the Python models Triton's tests load), each alone, and the `autofill_noplatform_success` cases;
+  each error is a false alarm, unless the checkout lacks a file the server would read.
 
 GPU ids: the server's CI hosts have GPUs, this one may not. `--gpus N` tells `check` how many the
 target host has (the server's case `invalid_gpu` asks for GPU 42); without it the host's NVML count
@@ -188,6 +189,8 @@ def main() -> int:
         valid = sorted((args.server_repo / "docs" / "examples").rglob("config.pbtxt")) + \
             sorted((args.server_repo / "deploy").rglob("config.pbtxt"))
         n_valid, alarms, no_file = run_valid(valid_cases(valid), args.gpus, work, "valid")
+        python_models = sorted((args.server_repo / "qa" / "python_models").rglob("config.pbtxt"))
+        n_python, python_alarms, python_no_file = run_valid(valid_cases(python_models), args.gpus, work, "python-models")
         success_rows = []
         for backend in sorted(p for p in (qa / "autofill_noplatform_success").iterdir() if p.is_dir()):
             success_rows.append((backend.name, *run_valid(success_cases(backend), args.gpus, work, f"success-{backend.name}",
@@ -205,19 +208,22 @@ def main() -> int:
     print("(applies: no = the server refuses these by reading the model file's own tensors or running the model's "
           "auto_complete_config, which check does not do; a stub model file stands in)")
     print("\nLoadable configs: each error is a false alarm.")
-    print(f"{'source':42} {'models':>7} {'false alarms':>12} {'no model file':>13}")
-    print(f"{'docs/examples, deploy':42} {n_valid:>7} {len(alarms):>12} {len(no_file):>13}")
+    print(f"{'source':42} {'models':>7} {'false alarms':>12} {'incomplete':>10}")
+    print(f"{'docs/examples, deploy':42} {n_valid:>7} {len(alarms):>12} {len(no_file):>10}")
+    print(f"{'qa/python_models (each alone)':42} {n_python:>7} {len(python_alarms):>12} {len(python_no_file):>10}")
+    alarms += python_alarms
+    no_file += python_no_file
     for backend, checked, balarms, bno_file in success_rows:
-        print(f"{'autofill_noplatform_success/' + backend:42} {checked:>7} {len(balarms):>12} {len(bno_file):>13}")
+        print(f"{'autofill_noplatform_success/' + backend:42} {checked:>7} {len(balarms):>12} {len(bno_file):>10}")
         alarms += balarms
         no_file += bno_file
-    print("(no model file: errors on models the checkout ships without the model (or label) file test.sh copies "
-          "in from elsewhere; without it check says, as the server would, that the backend cannot be told (TG202))")
+    print("(incomplete: errors on models the checkout ships without the model (or label) file the tests copy in "
+          "from elsewhere, or an ensemble checked without its steps; check then says what is missing, as the server would)")
     for line in alarms:
         print(f"    false alarm: {line}")
     if args.verbose:
         for line in no_file:
-            print(f"    no model file: {line}")
+            print(f"    incomplete: {line}")
     return 0
 
 

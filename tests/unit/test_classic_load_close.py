@@ -68,3 +68,35 @@ def test_a_ctrl_c_inside_a_task_prints_no_traceback(caplog, tracked: bool) -> No
 def test_a_real_error_in_a_library_task_is_still_reported(caplog) -> None:
     text = _asyncio_log_after(ValueError, caplog)
     assert "never retrieved" in text and "boom" in text
+
+
+def test_ctrl_c_during_a_level_cancels_the_level_instead_of_raising_inside_it() -> None:
+    """The Ctrl-C a CI run lost: the KeyboardInterrupt landed in library code that turned it into a
+    failed request, and the profile ran to its end with exit code 0. While a level runs, SIGINT
+    now cancels the level task (no KeyboardInterrupt is ever raised inside the load's or a
+    library's code) and the caller raises KeyboardInterrupt once the loop has stopped."""
+    import signal
+
+    from tritongen.profiler.load import _sigint_cancels
+
+    loop = asyncio.new_event_loop()
+    seen: list[str] = []
+
+    async def level() -> None:
+        for _ in range(200):  # ~10 s unless cancelled
+            try:
+                await asyncio.sleep(0.05)
+            except Exception as err:  # what a library does with a failure: note it and go on
+                seen.append(type(err).__name__)
+
+    task = loop.create_task(level())
+    loop.call_later(0.2, signal.raise_signal, signal.SIGINT)
+    try:
+        with _sigint_cancels(loop, task) as interrupted:
+            with pytest.raises(asyncio.CancelledError):
+                loop.run_until_complete(task)
+            assert interrupted()
+    finally:
+        loop.close()
+    assert task.cancelled() and seen == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back afterwards

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import signal
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -89,6 +91,29 @@ def _quiet_about_interrupts(loop: asyncio.AbstractEventLoop, context: dict) -> N
     if isinstance(context.get("exception"), (KeyboardInterrupt, asyncio.CancelledError)):
         return
     loop.default_exception_handler(context)
+
+
+@contextmanager
+def _sigint_cancels(loop: asyncio.AbstractEventLoop, task: asyncio.Task) -> Iterator[Callable[[], bool]]:
+    """While the load runs, Ctrl-C cancels the level task instead of raising inside whatever code
+    the signal happens to land in (aiohttp's or tritonclient's tasks, where a KeyboardInterrupt
+    once became a failed request and the profile ran to its end); the caller raises
+    KeyboardInterrupt once the loop has stopped. Yields whether Ctrl-C came. Only the main thread
+    can set a handler, and a handler someone else installed is left alone."""
+    came = False
+
+    def on_sigint(signum, frame) -> None:
+        nonlocal came
+        came = True
+        loop.call_soon_threadsafe(task.cancel)
+
+    own = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    previous = signal.signal(signal.SIGINT, on_sigint) if own else None
+    try:
+        yield lambda: came
+    finally:
+        if own:
+            signal.signal(signal.SIGINT, previous)
 
 
 class ClassicLoad:
@@ -188,7 +213,16 @@ class ClassicLoad:
         """
         assert self.loop is not None, "use ClassicLoad as a context manager"
         self._level_task = self.loop.create_task(self._level(concurrency, warmup_s, window_s, decide, on_window))
-        return self.loop.run_until_complete(self._level_task)
+        with _sigint_cancels(self.loop, self._level_task) as interrupted:
+            try:
+                result = self.loop.run_until_complete(self._level_task)
+            except asyncio.CancelledError:
+                if interrupted():
+                    raise KeyboardInterrupt from None
+                raise
+        if interrupted():  # the level ended on its own just as Ctrl-C came
+            raise KeyboardInterrupt
+        return result
 
     async def _stats(self) -> dict | None:
         try:
