@@ -255,10 +255,13 @@ def test_profile_by_name_over_url(server, tmp_path):
 @pytest.mark.integration
 def test_ctrl_c_keeps_the_partial_profile(server, tmp_path):
     out = tmp_path / "o"
+    # As at a terminal: a suite started as a background job (`make test &` from a script) hands its
+    # children SIGINT ignored, and Python then installs no Ctrl-C handler; the CLI would run to its end.
     proc = subprocess.Popen(
         [sys.executable, "-c", "from tritongen.cli.main import run; run()", "profile", "--model", "ranker",
          *_url_args(server), "-o", str(out), "--window", "2"],
         cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         time.sleep(6.0)  # imports, the memory read and the first level's warm-up; a full run takes > 20 s
