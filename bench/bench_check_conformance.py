@@ -86,7 +86,7 @@ def _copy_model(src: Path, dst: Path, platform: str | None, stub_for: str | None
 
 
 def _check(repo: Path, gpus: int | None, autofill: bool = True):
-    return check_repository(repo, gpu_available=None if gpus is None else gpus > 0, gpu_count=gpus, autofill=autofill)
+    return check_repository(repo, gpu_count=gpus, autofill=autofill)  # no count given: NVML's
 
 
 def _verdict(case: Path, repo: Path, gpus: int | None, autofill: bool) -> str:

@@ -181,10 +181,11 @@ def check_repository(
     for model in models:
         if model.config is None:
             continue
+        model_file = _inferable_backend(model, model.selected or model.versions[-1:])
         for finding in check_model_config(model.config, model=model.name, gpu_available=gpu, gpu_count=gpu_count,
                                           gpu_count_source=gpu_count_source or "the serving host",
-                                          model_file=_inferable_backend(model, model.selected or model.versions[-1:]),
-                                          autofill_source=_autofill_source(model) if autofill else None):
+                                          model_file=model_file,
+                                          autofill_source=_autofill_source(model, model_file) if autofill else None):
             findings.append(_locate(finding, model))
         findings.extend(_file_rules(model))
     # Models that exist but could not be parsed (or have no config) still count as present.
@@ -322,9 +323,9 @@ AUTOCOMPLETING_FILES = {".plan": "TensorRT", ".onnx": "ONNX Runtime", ".savedmod
                         ".graphdef": "TensorFlow", ".xml": "OpenVINO"}
 
 
-def _autofill_source(model: _Model) -> str | None:
-    """What the server's auto-complete would read for this model, if anything."""
-    found = _inferable_backend(model, model.selected or model.versions[-1:])
+def _autofill_source(model: _Model, found: str | None) -> str | None:
+    """What the server's auto-complete would read for this model, if anything; `found` is the
+    model file `_inferable_backend` found."""
     config = model.config or ModelConfig()
     if found is None and config.backend == "python" and model.selected:
         found = f"{model.selected[-1]}/{config.default_model_filename or PYTHON_DEFAULT_MODEL_FILE}"
