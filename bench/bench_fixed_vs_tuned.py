@@ -36,11 +36,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tritongen.core.engine import LLMCurve  # noqa: E402
+from tritongen.core.engine_sources import MeasuredEngine  # noqa: E402
 from tritongen.core.plan import plan_deployment  # noqa: E402
+from tritongen.engine_files import entry_engine  # noqa: E402
 from tritongen.core.simulator import (  # noqa: E402
     OK,
     BatcherConfig,
-    LLMCurve,
     ModelSim,
     Overheads,
     ServerSim,
@@ -72,7 +74,7 @@ GPU_SPEC = {
     "name": "gpu-bench",
     "hardware": {"gpus": [{"name": "A100-80GB", "memory_mb": 81920}]},
     "models": [{
-        "name": "llm", "backend": "python", "kind": "llm", "streaming": True,
+        "name": "llm", "backend": "python", "kind": "llm", "streaming": True, "engine": {"kv_policy": "reserve_wait"},
         "architecture_config": str(ROOT / "examples" / "architectures" / "llama-3-8b.json"),
         "weights": {"parameters": 8_030_000_000, "dtype": "bf16"}, "max_context": 2048,
         "typical_prompt_tokens": 700, "typical_output_tokens": 250,
@@ -178,8 +180,9 @@ def simulate_tuned(arrivals):
     entry = plan.entry("llm")
     available, per_instance = memory_budget(plan, entry)
     inputs = TuneInputs(
-        spec=spec, entry=entry, arrivals=arrivals, classes=list(spec.traffic_classes), llm_curve=GPU_CURVE,
-        overheads=GPU_OVERHEADS, memory_available_bytes=available, instance_bytes=per_instance, kv_policy="admission",
+        spec=spec, entry=entry, arrivals=arrivals, classes=list(spec.traffic_classes),
+        engine=entry_engine(entry, spec.models[0], measured=MeasuredEngine(curve=GPU_CURVE)),
+        overheads=GPU_OVERHEADS, memory_available_bytes=available, instance_bytes=per_instance,
     )
     started = time.perf_counter()
     result = tune_model(inputs, top_coarse=2, capacity_top=3)
@@ -203,7 +206,7 @@ LIVE_CLASSES = [
 
 
 def live_part(seconds: float, log) -> list[dict]:
-    from tritongen.core.simulator import EMBEDDED_CPU_OVERHEADS, LLMCurve as _L, ServiceCurve as _S
+    from tritongen.core.simulator import EMBEDDED_CPU_OVERHEADS, ServiceCurve as _S
     from tritongen.loadgen import LoadTarget
     from tritongen.profiles import read_profiles
     from tritongen.render import render_plan
@@ -228,7 +231,7 @@ def live_part(seconds: float, log) -> list[dict]:
         inputs = TuneInputs(
             spec=spec, entry=entry, arrivals=arrivals, classes=classes,
             curve=_S.from_profile(profile) if profile.kind == "classic" else None,
-            llm_curve=_L.from_profile(profile) if profile.kind == "streaming" else None,
+            engine=entry_engine(entry, next(m for m in spec.models if m.name == model), profile) if profile.kind == "streaming" else None,
             overheads=EMBEDDED_CPU_OVERHEADS, max_instances=2,
         )
         result = tune_model(inputs, top_coarse=2, capacity_top=3)

@@ -18,11 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tritongen.core.engine import EngineModel, LLMCurve
 from tritongen.core.simulator import (
     EMBEDDED_CPU_OVERHEADS,
     BatcherConfig,
-    LLMCurve,
-    LLMEngineConfig,
     ModelSim,
     QueuePolicy,
     ServerSim,
@@ -49,7 +48,7 @@ def classic() -> ServerSim:
 
 
 def llm() -> ServerSim:
-    engine = LLMEngineConfig(max_num_seqs=32, kv_pool_blocks=400, kv_block_tokens=16, kv_policy="oom",
+    engine = EngineModel(max_num_seqs=32, kv_pool_blocks=400, kv_block_tokens=16, kv_policy="grow_kill",
                              curve=LLMCurve(prefill_ms_per_token=0.045, decode_fixed_ms=0.66, decode_ms_per_seq=0.39))
     model = ModelSim(name="tinyllm", max_batch_size=32, llm=engine,
                      dynamic_batching=BatcherConfig(priority_levels=2, default_priority_level=2,

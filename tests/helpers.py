@@ -143,6 +143,9 @@ TINYLLM = {
 
 SIDECAR_ARCH = {"family": "llama", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_kv_heads": 2,
                 "head_dim": 16, "dtype": "fp32", "attention": "gqa", "vocab_size": 256}
+# tinyllm builds its network from these parameters (its own knobs, passed through the spec)
+TINYLLM_NETWORK = {"num_layers": "2", "hidden_size": "64", "num_heads": "4", "num_kv_heads": "2", "head_dim": "16",
+                   "vocab_size": "256"}
 SIDECAR_POOL_BLOCKS = 12  # tinyllm's KV pool at the default 1.69 MiB quota
 
 
@@ -163,7 +166,9 @@ def sidecar_spec_doc(memory_quota_mb: float = 1.69) -> dict[str, Any]:
             # quota 1.69 MiB - weights 0.595 - reserve 0.5 - pad 0.5 = 97.3 KiB: 12 blocks x 16 tokens x 512 B
             {"name": "tinyllm", "backend": "python", "kind": "llm", "streaming": True, "architecture": SIDECAR_ARCH,
              "weights": {"parameters": 155968, "dtype": "fp32"}, "kv_dtype": "fp32", "max_context": 128,
-             "memory_quota_mb": memory_quota_mb, **tensors, "parameters": {"seed": "11", "default_max_tokens": "16"}},
+             "memory_quota_mb": memory_quota_mb, **tensors,
+             "engine": {"kv_policy": "grow_kill", "render_parameters": True},
+             "parameters": {"seed": "11", "default_max_tokens": "16", **TINYLLM_NETWORK}},
         ],
         "traffic_classes": [
             {"name": "interactive", "kind": "interactive", "priority": 1, "p99_ms": 250, "share": 0.35},

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from tritongen.core.llm_interface import RequestTensor
 from tritongen.core.plan import ModelEntryPlan, TensorView
 
 _NUMPY = {
@@ -49,6 +50,27 @@ def sample_inputs(
     rng = np.random.default_rng(seed)
     rows = batch if entry.max_batch_size > 0 else None
     return {t.name: sample_input(t, rows, rng, prompt, max_tokens) for t in entry.inputs}
+
+
+_WIRE_NUMPY = {
+    "BOOL": np.bool_, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
+    "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
+}
+
+
+def numpy_inputs(tensors: Sequence[RequestTensor]) -> dict[str, np.ndarray]:
+    """Arrays for `infer_inputs` from an LLM interface's request (`LLMInterface.request`): each
+    tensor's one element filled into its shape, BYTES as UTF-8 bytes in an object array."""
+    out: dict[str, np.ndarray] = {}
+    for tensor in tensors:
+        if tensor.datatype == "BYTES":
+            value = tensor.value if isinstance(tensor.value, str) else str(tensor.value)
+            out[tensor.name] = np.full(tensor.shape, value.encode("utf-8"), dtype=np.object_)
+        elif tensor.datatype in _WIRE_NUMPY:
+            out[tensor.name] = np.full(tensor.shape, tensor.value, dtype=_WIRE_NUMPY[tensor.datatype])
+        else:
+            raise ValueError(f"input {tensor.name!r}: datatype {tensor.datatype} is not one an LLM request uses")
+    return out
 
 
 def infer_inputs(module, inputs: Mapping[str, np.ndarray]) -> list:

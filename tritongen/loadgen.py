@@ -43,6 +43,8 @@ from tritongen.core.simulator import (
     measurement_window,
     summarize_requests,
 )
+from tritongen.client import infer_inputs, numpy_inputs
+from tritongen.core.llm_interface import LLMInterface, prompt_of
 from tritongen.core.traffic import Arrivals
 
 CLIENT_ERROR = 7  # anything else: transport errors, client drops, client timeouts
@@ -77,6 +79,11 @@ class LoadTarget:
     output_name: str = "text_output"
     # Through the policy sidecar: send the class name as this request parameter (e.g. "traffic_class").
     class_parameter: str | None = None
+    # Streaming models: the LLM interface the model speaks (`llm_interface`); when given it builds
+    # every request (stream on, max_tokens where that interface carries it) and the fields above
+    # for streaming are ignored. Prompts are sized in tokens x `bytes_per_token`.
+    interface: LLMInterface | None = None
+    bytes_per_token: float = 1.0
 
 
 @dataclass
@@ -220,16 +227,23 @@ class _Runner:
     async def _stream(self, i: int, target: LoadTarget, grpc) -> None:
         import tritonclient.grpc.aio as grpcaio
 
-        prompt = np.array([prompt_text(int(self.arr.prompt[i]))], dtype=np.object_)
-        shape = [1, 1] if target.batched else [1]
-        inputs = []
-        text = grpcaio.InferInput(target.prompt_input, shape, "BYTES")
-        text.set_data_from_numpy(prompt.reshape(shape))
-        inputs.append(text)
-        if target.max_tokens_input:
-            mt = grpcaio.InferInput(target.max_tokens_input, shape, "INT32")
-            mt.set_data_from_numpy(np.array([int(self.arr.output[i])], dtype=np.int32).reshape(shape))
-            inputs.append(mt)
+        if target.interface is not None:
+            text_value = prompt_of(int(self.arr.prompt[i]), target.bytes_per_token)
+            tensors = target.interface.request(text_value, int(self.arr.output[i]), stream=True)
+            inputs = infer_inputs(grpcaio, numpy_inputs(tensors))
+            output_name = target.interface.text_output
+        else:
+            prompt = np.array([prompt_text(int(self.arr.prompt[i]))], dtype=np.object_)
+            shape = [1, 1] if target.batched else [1]
+            inputs = []
+            text = grpcaio.InferInput(target.prompt_input, shape, "BYTES")
+            text.set_data_from_numpy(prompt.reshape(shape))
+            inputs.append(text)
+            if target.max_tokens_input:
+                mt = grpcaio.InferInput(target.max_tokens_input, shape, "INT32")
+                mt.set_data_from_numpy(np.array([int(self.arr.output[i])], dtype=np.int32).reshape(shape))
+                inputs.append(mt)
+            output_name = target.output_name
         priority = int(self.arr.class_priority[int(self.arr.cls[i])])
         finished = asyncio.Event()
 
@@ -254,7 +268,7 @@ class _Runner:
                     if error is not None:
                         self._error(i, str(error), now)
                         return
-                    value = result.as_numpy(target.output_name)
+                    value = result.as_numpy(output_name)
                     if value is not None and value.size:
                         if math.isnan(self.first_t[i]):
                             self.first_t[i] = now

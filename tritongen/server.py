@@ -17,7 +17,7 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,10 +87,28 @@ class TritonInstall:
                 raise RunFailed(f"tritonserver install is incomplete: {path} is missing")
         return install
 
-    def backend_dir(self, into: Path) -> Path:
-        """BACKENDS/python/ of symlinks, so the stub's $ORIGIN RPATH keeps working."""
+    def backend_dir(self, into: Path, python_backends: Mapping[str, Path] | None = None) -> Path:
+        """BACKENDS/python/ of symlinks, so the stub's $ORIGIN RPATH keeps working.
+
+        `python_backends` (name -> directory holding that backend's model.py) adds Triton's
+        Python-based backends: BACKENDS/<name>/ holds a symlink to every entry of the directory
+        (model.py and its helper modules or packages; not __pycache__ nor hidden names), so a model
+        whose config says `backend: "<name>"` runs that model.py in the Python backend's stub
+        (libtriton_python.so stays in BACKENDS/python/). The model.py sees the link as its
+        __file__: to import a sibling module it should resolve it with os.path.realpath.
+
+        With Python-based backends, BACKENDS/python/libtriton_python.so is a copy, not a link: the
+        server resolves links before it checks that the library lies inside BACKENDS/python/, and
+        refuses a link for such a model ("backend library name 'libtriton_python.so' escapes
+        backend directory"). The copy finds its libraries through LD_LIBRARY_PATH (environment()).
+        """
         python_dir = into / "python"
         python_dir.mkdir(parents=True, exist_ok=True)
+        sources = python_backend_sources(python_backends or {})
+        library = python_dir / "libtriton_python.so"
+        if sources and (library.is_symlink() or not library.exists()):
+            library.unlink(missing_ok=True)
+            shutil.copy2(self.python_backend / "libtriton_python.so", library)
         links = {
             "libtriton_python.so": self.python_backend / "libtriton_python.so",
             "triton_python_backend_utils.py": self.python_backend / "triton_python_backend_utils.py",
@@ -100,7 +118,27 @@ class TritonInstall:
             link = python_dir / name
             if not link.exists():
                 link.symlink_to(target)
+        for name, source in sources.items():
+            backend = into / name
+            backend.mkdir(parents=True, exist_ok=True)
+            for entry in sorted(source.iterdir()):
+                link = backend / entry.name
+                if entry.name != "__pycache__" and not entry.name.startswith(".") and not link.is_symlink():
+                    link.symlink_to(entry)
         return into
+
+
+def python_backend_sources(python_backends: Mapping[str, Path]) -> dict[str, Path]:
+    """The Python-based backends checked: plain names (not "python"), directories holding model.py."""
+    sources = {}
+    for name, source in python_backends.items():
+        if not name or name in (".", "..", "python") or "/" in name or os.sep in name:
+            raise BadInput(f"python backend name {name!r} must be a plain directory name other than 'python'")
+        resolved = Path(source).resolve()
+        if not (resolved / "model.py").is_file():
+            raise BadInput(f"python backend {name!r}: {resolved} holds no model.py")
+        sources[name] = resolved
+    return sources
 
 
 @dataclass
@@ -117,6 +155,9 @@ class ServerOptions:
     log_verbose: int = 0
     exit_timeout_s: int = 3
     start_timeout_s: float = 60.0
+    # Python-based backends: backend name -> directory holding its model.py (see
+    # TritonInstall.backend_dir); empty serves only the plain Python backend.
+    python_backends: Mapping[str, Path] = field(default_factory=dict)
 
 
 @dataclass
@@ -192,9 +233,10 @@ class TritonServer:
                     f"port {port} ({name.replace('_', ' ')}) on 127.0.0.1 is already in use; "
                     "pick another or omit it to choose a free one"
                 )
+        python_backend_sources(opts.python_backends)  # a bad entry fails before anything starts
         install = TritonInstall.locate()
         self._workdir = Path(tempfile.mkdtemp(prefix="tritongen-server-"))
-        backend_dir = install.backend_dir(self._workdir / "backends")
+        backend_dir = install.backend_dir(self._workdir / "backends", opts.python_backends)
         if self.log_path is None:
             self.log_path = self._workdir / "tritonserver.log"
         self._log_handle = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tritongen.core.engine import EngineModel
 from tritongen.core.simulator import (
     OK,
     OOM,
@@ -19,7 +20,6 @@ from tritongen.core.simulator import (
     BatcherConfig,
     LiveObservation,
     LLMCurve,
-    LLMEngineConfig,
     ModelSim,
     Overheads,
     QueuePolicy,
@@ -258,12 +258,12 @@ CURVE = LLMCurve(prefill_ms_per_token=0.1, decode_fixed_ms=1.0, decode_ms_per_se
 
 
 def llm_model(policy: str, pool: int, seqs: int = 8) -> ModelSim:
-    engine = LLMEngineConfig(max_num_seqs=seqs, kv_pool_blocks=pool, kv_block_tokens=16, kv_policy=policy, curve=CURVE)
+    engine = EngineModel(max_num_seqs=seqs, kv_pool_blocks=pool, kv_block_tokens=16, kv_policy=policy, curve=CURVE)
     return ModelSim(name="llm", max_batch_size=8, llm=engine)
 
 
 def test_continuous_batching_token_by_token() -> None:
-    sim = run(llm_model("oom", pool=64), arrivals([0], prompt=[10], output=[3]))
+    sim = run(llm_model("grow_kill", pool=64), arrivals([0], prompt=[10], output=[3]))
     # step 1: prefill 10 x 0.1 = 1 ms -> token 1 at 1 ms; decode (1 + 0.5) -> token 2 at 2.5 ms;
     # step 2: decode -> token 3 at 4 ms, done
     assert round(sim.t_first[0] * 1000, 6) == 1.0
@@ -273,33 +273,33 @@ def test_continuous_batching_token_by_token() -> None:
 def test_kv_oom_policy_kills_a_request_when_the_pool_runs_dry() -> None:
     # each request: prompt 16 (1 block) + 40 tokens -> grows to 4 blocks; the pool has 6
     arr = arrivals([0, 0], prompt=[16, 16], output=[41, 41])
-    sim = run(llm_model("oom", pool=6), arr)
+    sim = run(llm_model("grow_kill", pool=6), arr)
     assert sorted(sim.status[:2]) == [OK, OOM]
     assert sim.result.classes[0].oom_killed + sim.result.classes[0].completed <= 2
 
 
 def test_kv_admission_policy_holds_a_request_back_instead() -> None:
     arr = arrivals([0, 0], prompt=[16, 16], output=[41, 41])
-    sim = run(llm_model("admission", pool=6), arr)
+    sim = run(llm_model("reserve_wait", pool=6), arr)
     assert sim.status[:2] == [OK, OK]
     # the second is admitted only when the first has finished and freed its 4 blocks
     assert sim.t_first[1] >= sim.t_done[0] - 1e-12
 
 
 def test_kv_admission_refuses_a_request_that_can_never_fit() -> None:
-    sim = run(llm_model("admission", pool=2), arrivals([0], prompt=[16], output=[41]))
+    sim = run(llm_model("reserve_wait", pool=2), arrivals([0], prompt=[16], output=[41]))
     assert sim.status[0] == TOO_LARGE
 
 
 def test_max_num_seqs_caps_the_running_batch() -> None:
-    sim = run(llm_model("oom", pool=64, seqs=1), arrivals([0, 0], prompt=[4, 4], output=[2, 2]))
+    sim = run(llm_model("grow_kill", pool=64, seqs=1), arrivals([0, 0], prompt=[4, 4], output=[2, 2]))
     # one at a time: the second's first token comes after the first finished
     assert sim.t_first[1] > sim.t_done[0] - 1e-12
 
 
 def test_lanes_route_by_prompt_length() -> None:
-    short = ModelSim(name="m_short", route="m", max_batch_size=8, llm=llm_model("oom", 64).llm, prompt_tokens_max=32)
-    long = ModelSim(name="m_long", route="m", max_batch_size=8, llm=llm_model("oom", 64).llm)
+    short = ModelSim(name="m_short", route="m", max_batch_size=8, llm=llm_model("grow_kill", 64).llm, prompt_tokens_max=32)
+    long = ModelSim(name="m_long", route="m", max_batch_size=8, llm=llm_model("grow_kill", 64).llm)
     sim = run([short, long], arrivals([0, 0, 0], prompt=[10, 100, 32], output=[2, 2, 2]))
     assert sim.route == [0, 1, 0]
 

@@ -7,7 +7,8 @@ import pytest
 
 from tests.helpers import EXAMPLES, cli
 from tritongen.core.plan import plan_deployment
-from tritongen.core.simulator import LLMCurve, Overheads, ServiceCurve
+from tritongen.core.engine import EngineModel, LLMCurve
+from tritongen.core.simulator import Overheads, ServiceCurve
 from tritongen.core.traffic import TrafficSpec, generate_arrivals
 from tritongen.core.tune import (
     Params,
@@ -106,7 +107,9 @@ def test_memory_budget_caps_instances() -> None:
 def test_the_streaming_llm_is_judged_on_time_to_first_token() -> None:
     entry = PLAN.entry("tinyllm")
     curve = LLMCurve(prefill_ms_per_token=0.05, decode_fixed_ms=0.7, decode_ms_per_seq=0.4)
-    inputs = TuneInputs(spec=SPEC, entry=entry, arrivals=traffic(30.0, n=800), classes=list(CLASSES), llm_curve=curve)
+    engine = EngineModel(kv_policy="grow_kill", kv_block_tokens=entry.kv.block_tokens, kv_pool_blocks=entry.kv.pool_blocks,
+                         max_num_seqs=entry.kv.max_sequences, curve=curve)
+    inputs = TuneInputs(spec=SPEC, entry=entry, arrivals=traffic(30.0, n=800), classes=list(CLASSES), engine=engine)
     e, res = evaluate(inputs, baseline_params(entry))
     assert e.p99_ms["interactive"] == pytest.approx(res.klass("interactive").ttft_p99_ms)
     result = tune_model(inputs, top_coarse=1, capacity_top=1)

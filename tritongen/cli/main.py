@@ -48,7 +48,8 @@ def run() -> None:
         if isinstance(err, click.exceptions.ClickException):
             err.show()
             sys.exit(2)
-        if isinstance(err, click.exceptions.Abort):
+        abort = getattr(click.exceptions, "Abort", None)  # the vendored click of typer >= 0.20 has none
+        if abort is not None and isinstance(err, abort):
             sys.exit(130)
         err_console.print(f"[bold red]internal error:[/] {type(err).__name__}: {err}", highlight=False)
         sys.exit(1)

@@ -154,6 +154,10 @@ def profile(
     window: Optional[float] = typer.Option(None, "--window", min=0.1, help="Seconds per measurement window."),
     kv_probe_mb: Optional[float] = typer.Option(None, "--kv-probe-mb", min=0.0, help="Size of the KV-pool resize probe in MiB (0: skip; only with --repo)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random input features."),
+    kv_capacity_probe: bool = typer.Option(
+        False, "--kv-capacity-probe",
+        help="Streaming LLMs that export no KV metrics: raise concurrency until the first out-of-memory answer or preemption.",
+    ),
 ) -> None:
     """Measure models on a live Triton: latency-vs-batch curve, load levels, memory, streaming latency."""
     if spec is None and not model:
@@ -217,6 +221,7 @@ def profile(
             probe_factory=default_probe_factory(endpoints, server.process.pid if server and server.process else None),
             can_reload=server is not None,
             server_check=server_check,
+            kv_capacity_probe=kv_capacity_probe,
         )
         try:
             with progress:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -20,9 +21,11 @@ from rich.console import Console
 from rich.table import Table
 
 from tritongen.cli.main import app
+from tritongen.core.engine import EngineModel
+from tritongen.core.engine_sources import SpecEngine, stated_engine
+from tritongen.core.spec import EngineSection
 from tritongen.core.simulator import (
     EMBEDDED_CPU_OVERHEADS,
-    LLMCurve,
     Overheads,
     ServerSim,
     ServiceCurve,
@@ -32,6 +35,7 @@ from tritongen.core.simulator import (
     simulate,
 )
 from tritongen.core.traffic import Arrivals, TrafficSpec, TraceError, generate_arrivals
+from tritongen.engine_files import as_served, engine_for
 from tritongen.errors import BadInput
 from tritongen.pbtxt import parse_model_config
 from tritongen.specio import format_loc
@@ -83,16 +87,44 @@ def arrivals_from(spec: TrafficSpec, trace_text: str | None, seed: int, requests
 
 
 class CurveFile(BaseModel):
-    """A hand-written service curve (e.g. a GPU-like one for what-if runs) instead of a profile."""
+    """A hand-written service description (e.g. a GPU-like one for what-if runs) instead of a profile:
+    `curve:` for a classic model, `engine:` (a whole `EngineModel`: KV policy, pool, costs) for an LLM."""
 
     model_config = ConfigDict(extra="forbid")
     curve: ServiceCurve | None = None
-    llm: LLMCurve | None = None
+    engine: EngineModel | None = None
     overheads: Overheads | None = None
 
 
-def read_service(path: Path) -> tuple[ServiceCurve | None, LLMCurve | None, Overheads | None]:
-    """A `tritongen profile` JSON, or a curve file (YAML/JSON with `curve:` and/or `llm:`)."""
+@dataclass
+class Service:
+    """What `--profile` gave: a classic curve, a streaming profile, or a hand-written engine."""
+
+    curve: ServiceCurve | None = None
+    profile: object | None = None  # a streaming Profile (its engine section)
+    engine: EngineModel | None = None
+    overheads: Overheads | None = None
+
+    def engine_for(self, config, config_path: Path | None = None, stated: SpecEngine | None = None) -> EngineModel | None:
+        """The engine of a decoupled config: the curve file's, or resolved from the backend's files,
+        the spec and the profile; None for a classic config."""
+        if not (config.HasField("model_transaction_policy") and config.model_transaction_policy.decoupled):
+            return None
+        if self.engine is not None:
+            return self.engine
+        return engine_for(config, self.profile, model_dir=config_path.parent if config_path else None,
+                          stated=stated, stated_where="--engine")
+
+    def llm_overheads(self, fallback: Overheads) -> Overheads:
+        """A streaming profile measured its own request overhead: use it for first tokens and ends."""
+        engine = getattr(self.profile, "engine", None)
+        if engine is None:
+            return fallback
+        return fallback.model_copy(update={"request_ms": engine.request_overhead_ms})
+
+
+def read_service(path: Path) -> Service:
+    """A `tritongen profile` JSON, or a curve file (YAML/JSON with `curve:` and/or `engine:`)."""
     path = Path(path)
     if not path.is_file():
         raise BadInput(f"--profile {path}: no such file")
@@ -108,10 +140,12 @@ def read_service(path: Path) -> tuple[ServiceCurve | None, LLMCurve | None, Over
             profile = read_profile(text)
         except ValidationError as err:
             raise BadInput(f"{path}: not a profile this version reads: {err.errors()[0]['msg']}") from None
+        if profile.kind == "streaming":
+            if profile.engine is None:
+                raise BadInput(f"{path}: this streaming profile has no engine section (profile the model again)")
+            return Service(profile=profile)
         try:
-            if profile.kind == "streaming":
-                return None, LLMCurve.from_profile(profile), None
-            return ServiceCurve.from_profile(profile), None, None
+            return Service(curve=ServiceCurve.from_profile(profile))
         except ValueError as err:
             raise BadInput(f"{path}: {err}") from None
     try:
@@ -119,9 +153,9 @@ def read_service(path: Path) -> tuple[ServiceCurve | None, LLMCurve | None, Over
     except ValidationError as err:
         problems = "; ".join(f"{format_loc(tuple(e['loc']))}: {e['msg']}" for e in err.errors())
         raise BadInput(f"{path}: not a profile or curve file: {problems}") from None
-    if cf.curve is None and cf.llm is None:
-        raise BadInput(f"{path}: a curve file needs `curve:` (fixed_ms, per_item_ms) or `llm:`")
-    return cf.curve, cf.llm, cf.overheads
+    if cf.curve is None and cf.engine is None:
+        raise BadInput(f"{path}: a curve file needs `curve:` (fixed_ms, per_item_ms) or `engine:`")
+    return Service(curve=cf.curve, engine=cf.engine, overheads=cf.overheads)
 
 
 def parse_overheads(text: str | None, fallback: Overheads | None) -> Overheads:
@@ -146,6 +180,24 @@ def parse_overheads(text: str | None, fallback: Overheads | None) -> Overheads:
     except ValidationError as err:
         first = err.errors()[0]
         raise BadInput(f"--overheads: {format_loc(tuple(first['loc']))}: {first['msg']}") from None
+
+
+def parse_engine_option(text: str | None) -> SpecEngine | None:
+    """`--engine key=value,...` as the spec's `engine:` section (EngineSection) would state it."""
+    if text is None:
+        return None
+    values: dict[str, object] = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise BadInput(f"--engine: expected key=value pairs, got {part!r}")
+        values[key.strip()] = value.strip()
+    try:
+        section = EngineSection.model_validate(values)
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise BadInput(f"--engine: {format_loc(tuple(first['loc']))}: {first['msg']}") from None
+    return stated_engine(section)
 
 
 def flags_near(config: Path) -> list[str]:
@@ -180,6 +232,8 @@ def results_table(title: str, labels: list[str], results: list[SimResult], strea
         table.add_row("  rejected (full / timeout)", *[f"{c.rejected_queue_full} / {c.rejected_timeout}" for c in cs])
         if streaming:
             table.add_row("  OOM killed", *[str(c.oom_killed) for c in cs])
+    if streaming:
+        table.add_row("preemptions", *[", ".join(str(m.preemptions) for m in r.models) for r in results])
     table.add_row("[bold]total throughput /s", *[f"{r.throughput_per_s:.1f}" for r in results])
     table.add_row("utilisation", *[", ".join(f"{m.utilisation:.0%}" for m in r.models) for r in results])
     table.add_row("device busy", *[", ".join(f"{v:.0%}" for v in r.device_busy.values()) or "-" for r in results])
@@ -201,14 +255,19 @@ def simulate_cmd(
     server_flags: Optional[Path] = typer.Option(
         None, "--server-flags", help="Server flags file (rate limiter); default: server_flags.txt of the config's repository."
     ),
-    kv_policy: str = typer.Option("oom", "--kv-policy", help="Streaming LLMs: 'oom' (kill when the KV pool runs dry) or 'admission'."),
+    engine: Optional[str] = typer.Option(
+        None, "--engine",
+        help="Streaming LLMs whose backend files do not say: kv_policy=..,max_num_seqs=..,kv_block_tokens=..,"
+        "kv_pool_tokens=..,max_batched_tokens=.. (the spec's engine: section). A value that contradicts the files is an error.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON instead of a table."),
 ) -> None:
     """Predict tail latency, throughput and utilisation of configs from a profile, in milliseconds."""
-    if kv_policy not in ("oom", "admission"):
-        raise typer.BadParameter("must be 'oom' or 'admission'", param_hint="--kv-policy")
-    curve, llm_curve, file_overheads = read_service(profile)
-    ov = parse_overheads(overheads, file_overheads)
+    stated = parse_engine_option(engine)
+    service = read_service(profile)
+    ov = parse_overheads(overheads, service.overheads)
+    if overheads is None and service.profile is not None:
+        ov = service.llm_overheads(ov)
     spec, trace_text = read_traffic(traffic)
     arrivals = arrivals_from(spec, trace_text, seed, requests, str(traffic))
     # One model per run: every class goes to the config under test.
@@ -220,9 +279,9 @@ def simulate_cmd(
     for path in config:
         if not path.is_file():
             raise BadInput(f"--config {path}: no such file")
-        parsed = parse_model_config(path.read_text(), str(path))
+        parsed = as_served(parse_model_config(path.read_text(), str(path)), path.parent)
         try:
-            model = model_sim_from_config(parsed, curve=curve, llm_curve=llm_curve, kv_policy=kv_policy)  # type: ignore[arg-type]
+            model = model_sim_from_config(parsed, curve=service.curve, engine=service.engine_for(parsed, path, stated))
         except ValueError as err:
             raise BadInput(f"{path}: {err}") from None
         streaming = streaming or model.llm is not None

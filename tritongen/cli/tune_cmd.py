@@ -23,7 +23,9 @@ from tritongen.cli.main import app
 from tritongen.cli.simulate_cmd import arrivals_from, parse_overheads, read_traffic
 from tritongen.core.plan import DeploymentPlan, ModelEntryPlan
 from tritongen.core.sidecar_policy import build_sidecar_policy
-from tritongen.core.simulator import LLMCurve, Overheads, ServiceCurve, rate_limit_from_flags
+from tritongen.core.engine import EngineModel
+from tritongen.engine_files import entry_engine
+from tritongen.core.simulator import Overheads, ServiceCurve, rate_limit_from_flags
 from tritongen.core.traffic import Arrivals
 from tritongen.core.tune import (
     Evaluation,
@@ -68,6 +70,13 @@ def entry_arrivals(arrivals: Arrivals, plan: DeploymentPlan, entry: ModelEntryPl
     out = arrivals.take(mask)
     out.class_model = [None] * len(out.class_names)
     return out
+
+
+def _llm_overheads(ov: Overheads, profile, given: str | None) -> Overheads:
+    """A streaming profile measured its request overhead; it replaces the default unless --overheads was given."""
+    if given is not None or profile.engine is None:
+        return ov
+    return ov.model_copy(update={"request_ms": profile.engine.request_overhead_ms})
 
 
 def explain(result: TuneResult, baseline: Evaluation | None, measured: dict[str, object] | None) -> None:
@@ -156,31 +165,28 @@ def tune(
         if profile is None:
             console.print(f"[yellow]skip[/] {entry.name}: no profile in {profiles}; it keeps the plan's settings")
             continue
+        model = next(m for m in loaded.spec.models if m.name == entry.spec_model)
+        if (entry.kind == "llm") != (profile.kind == "streaming"):
+            console.print(f"[yellow]skip[/] {entry.name}: its profile is {profile.kind}, the plan says {entry.kind}")
+            continue
         curve: ServiceCurve | None = None
-        llm_curve: LLMCurve | None = None
+        engine: EngineModel | None = None
         try:
             if profile.kind == "streaming":
-                llm_curve = LLMCurve.from_profile(profile)
+                engine = entry_engine(entry, model, profile)
             else:
                 curve = ServiceCurve.from_profile(profile)
         except ValueError as err:
             raise BadInput(f"profile of {entry.name}: {err}") from None
-        if entry.kind == "llm" and llm_curve is None or entry.kind != "llm" and curve is None:
-            console.print(f"[yellow]skip[/] {entry.name}: its profile is {profile.kind}, the plan says {entry.kind}")
-            continue
-        if entry.backend == "vllm":
-            console.print(f"[yellow]skip[/] {entry.name}: the vLLM backend batches inside its engine (model.json)")
-            continue
         arr = entry_arrivals(arrivals, plan, entry, loaded.spec)
         if len(arr) < 50:
             console.print(f"[yellow]skip[/] {entry.name}: the traffic sends it {len(arr)} requests")
             continue
-        model = next(m for m in loaded.spec.models if m.name == entry.spec_model)
         available, per_instance = memory_budget(plan, entry)
         inputs = TuneInputs(
             spec=loaded.spec, entry=entry, arrivals=arr, classes=loaded.spec.classes_of(model), curve=curve,
-            llm_curve=llm_curve, overheads=ov, memory_available_bytes=available, instance_bytes=per_instance,
-            rate_limit=rate_limit, resources=resources, kv_policy="oom" if entry.backend == "python" else "admission",
+            engine=engine, overheads=_llm_overheads(ov, profile, overheads), memory_available_bytes=available,
+            instance_bytes=per_instance, rate_limit=rate_limit, resources=resources,
             max_error_fraction=max_error, seed=seed,
         )
         with console.status(f"tuning {entry.name} ({len(arr)} requests per simulation)..."):

@@ -207,7 +207,8 @@ def plan_kv(
     budget = kv_budget_bytes(quota_bytes, 1.0, weights, reserve, pad)
     bound = min(policy.max_batch, upper if upper else policy.max_batch)
     max_seqs = max_batch_size_that_fits(budget, arch, shape, context_tokens, upper=10**9, lower=policy.min_batch)
-    block_bytes = policy.kv_block_tokens * shape.kv_bytes_per_token
+    block_tokens = model.engine.kv_block_tokens if model.engine and model.engine.kv_block_tokens else policy.kv_block_tokens
+    block_bytes = block_tokens * shape.kv_bytes_per_token
     return KVPlan(
         device_bytes=quota_bytes,
         utilization_cap=policy.memory_utilization_cap,
@@ -220,7 +221,7 @@ def plan_kv(
         context_tokens=context_tokens,
         bytes_per_sequence=kv_bytes_for_sequence(arch, shape, context_tokens),
         max_sequences=min(max_seqs, bound),
-        block_tokens=policy.kv_block_tokens,
+        block_tokens=block_tokens,
         pool_blocks=budget // block_bytes,
     )
 
@@ -316,20 +317,29 @@ def _instance_groups(spec: DeploymentSpec, model: ModelSpec, placement: Placemen
     ]
 
 
-def _python_llm_parameters(arch: Architecture, kv: KVPlan, model: ModelSpec) -> dict[str, str]:
-    """tritongen's convention for Python-backend LLMs: the model builds itself from these."""
-    return {
-        "num_layers": str(arch.num_layers),
-        "hidden_size": str(arch.hidden_size),
-        "num_heads": str(arch.num_attention_heads),
-        "num_kv_heads": str(arch.num_kv_heads),
-        "head_dim": str(arch.head_dim),
-        "vocab_size": str(arch.vocab_size or 256),
+def engine_parameters(kv: KVPlan, model: ModelSpec) -> dict[str, str]:
+    """tritongen's documented engine parameters (`engine_sources.ENGINE_PARAMETERS`), written only
+    for backends that read them (`engine.render_parameters`): another backend's config never gets
+    knobs it does not know."""
+    engine = model.engine
+    if engine is None or not engine.render_parameters:
+        return {}
+    if engine.kv_policy is None:
+        raise BadInput(
+            f"model {model.name!r}: engine.render_parameters needs engine.kv_policy (what the backend does "
+            "when its KV pool runs dry), so the rendered config says which engine it describes"
+        )
+    seqs = min(kv.max_sequences, engine.max_num_seqs) if engine.max_num_seqs else kv.max_sequences
+    out = {
+        "kv_policy": engine.kv_policy,
         "max_context": str(model.max_context),
         "kv_block_tokens": str(kv.block_tokens),
         "kv_pool_blocks": str(kv.pool_blocks),
-        "max_num_seqs": str(kv.max_sequences),
+        "max_num_seqs": str(seqs),
     }
+    if engine.max_batched_tokens:
+        out["max_batched_tokens"] = str(engine.max_batched_tokens)
+    return out
 
 
 def _vllm_engine_args(spec: DeploymentSpec, model: ModelSpec, kv: KVPlan, device_bytes: int) -> dict[str, object]:
@@ -445,8 +455,7 @@ def _plan_entry(
             engine_args = _vllm_engine_args(spec, model, kv, device_bytes[placement.gpus[0]])
         else:
             max_batch = kv.max_sequences
-            if model.backend == "python":
-                derived = _python_llm_parameters(arch, kv, model)
+            derived = engine_parameters(kv, model)
         preferred = []  # the engine batches continuously; Triton only queues and orders
         if lane is None:
             # A queue delay would only add to time-to-first-token: the engine, not Triton, forms

@@ -166,6 +166,57 @@ class StreamingSection(_Model):
     levels: list[StreamLevel] = Field(default_factory=list)
 
 
+class PrefillSample(_Model):
+    """One prompt length: what a single request sees, and what its prefill costs the engine.
+
+    The engine's cost is read off a long stream that runs meanwhile: the token gap in which the
+    request was prefilled grows by exactly the time the engine spent on it. What is left of the
+    time to first token is the request's path (client, transport, server, backend IPC)."""
+
+    prompt_tokens: int = Field(description="Prompt tokens (prompt bytes / bytes_per_token).")
+    prompt_bytes: int
+    requests: int
+    ttft_ms: float = Field(description="Median client-side time to first token.")
+    queue_ms: float = Field(description="Mean queue time Triton reported for these requests.")
+    engine_ms: float = Field(description="Median growth of the running stream's token gap: the prefill's engine time.")
+    step_wait_ms: float = Field(description="Half the running stream's usual gap: the wait for the step under way.")
+    path_ms: float = Field(description="ttft_ms - queue_ms - engine_ms - step_wait_ms: the request's way in and its first token's way out.")
+
+
+class DecodeSample(_Model):
+    """Token gaps of concurrent streams: one decode step per token while all of them run."""
+
+    concurrency: int
+    requests: int
+    mean_gap_ms: float = Field(description="Median over streams of (last token - first token) / (tokens - 1).")
+    step_ms: float = Field(description="mean_gap_ms less the prefills of newcomers that land in the same steps.")
+    running_seen: float | None = Field(default=None, description="Mean running sequences the engine's metrics showed.")
+
+
+class EngineMeasurement(_Model):
+    """The engine behind a decoupled model, measured from outside: what simulate and tune use."""
+
+    interface: str = Field(description="The LLM interface the profile spoke (llm_interface.LLMInterface.describe).")
+    interface_kind: Literal["generic", "vllm", "trtllm"]
+    bytes_per_token: float = Field(description="Prompt bytes per token used to size prompts.")
+    bytes_per_token_source: str = Field(description="'backend token counts', 'spec', or 'assumed (4)'.")
+    request_overhead_ms: float = Field(description="Median path_ms of the prefill samples: a request's time outside the engine.")
+    prefill: list[PrefillSample] = Field(default_factory=list)
+    decode: list[DecodeSample] = Field(default_factory=list)
+    prefill_fixed_ms: float
+    prefill_ms_per_token: float
+    decode_fixed_ms: float
+    decode_ms_per_seq: float
+    decode_context_tokens: float = Field(description="Mean cached tokens per sequence during the decode levels (the per-seq cost holds there).")
+    kv_capacity_tokens: int | None = Field(default=None, description="Tokens the KV pool holds, where it could be measured.")
+    kv_block_tokens: int | None = None
+    kv_capacity_source: str | None = Field(default=None, description="'vllm metrics', 'trt-llm metrics', 'model metrics', 'capacity probe'.")
+    kv_capacity_detail: str | None = None
+    engine_metrics: list[str] = Field(default_factory=list, description="Engine metric families found on the endpoint.")
+    preemptions_seen: int = Field(default=0, description="Preemptions the engine counted during the profile.")
+    notes: list[str] = Field(default_factory=list)
+
+
 class Profile(_Model):
     """What one model measured on one server. Written as `<out>/<model>.json`."""
 
@@ -188,6 +239,7 @@ class Profile(_Model):
     knee: Knee | None = None
     memory: MemorySection | None = None
     streaming: StreamingSection | None = None
+    engine: EngineMeasurement | None = None
 
 
 def read_profile(text: str) -> Profile:

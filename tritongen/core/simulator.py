@@ -44,13 +44,9 @@ sources and checked on the embedded server, see tests/unit/test_simulator.py and
 * **Length-tiered lanes**: several model entries serve one route; a request goes to the first
   whose prompt-length range holds it.
 * **Streaming LLMs** (decoupled models with an `llm` engine): Triton's batcher hands requests to
-  the engine (instance time is only the hand-off), and the engine does continuous batching at
-  token granularity, as tinyllm's engine does: each step admits waiting requests up to
-  `max_num_seqs`, prefills them one by one (each emits its first token), then runs one decode step
-  for the whole running batch. KV memory is a pool of `kv_pool_blocks` blocks of
-  `kv_block_tokens`; with `kv_policy: oom` blocks are taken as tokens arrive and a request that
-  finds the pool empty is killed ("out of memory", tinyllm's behaviour); with `admission` a
-  request is admitted only when its whole prompt + max_tokens fits, otherwise held back.
+  the engine (instance time is only the hand-off), and the engine (`tritongen.core.engine`) does
+  continuous batching over its KV pool with its own policy: reserve at admission (wait or kill),
+  or grow and preempt / kill. Where its values come from: `tritongen.core.engine_sources`.
 
 Overheads (`Overheads`, fitted from live runs on the embedded server, see `fit_overheads`):
   request_ms       time a request spends outside the scheduler and the instance: client encode,
@@ -82,6 +78,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tritongen.core.engine import DONE, FIRST, KILLED, REFUSED, EngineModel, EngineState, LLMCurve
 from tritongen.core.handoff import HandoffStats, handoff_stats
 from tritongen.core.traffic import Arrivals
 
@@ -145,56 +142,6 @@ class ServiceCurve(_Strict):
         if total:
             extra = sum((p.compute_total_ms - p.compute_infer_ms) * p.count for p in profile.curve) / total
         return cls.from_fit(profile.fit, extra_ms=max(0.0, extra))
-
-
-class LLMCurve(_Strict):
-    """Step times of a continuous-batching engine."""
-
-    prefill_fixed_ms: float = Field(default=0.0, ge=0, description="Fixed cost of one prefill.")
-    prefill_ms_per_token: float = Field(ge=0, description="Prefill cost per prompt token.")
-    decode_fixed_ms: float = Field(ge=0, description="Fixed cost of one decode step.")
-    decode_ms_per_seq: float = Field(ge=0, description="Decode step cost per sequence in the batch.")
-    decode_ms_per_context_token: float = Field(default=0.0, ge=0, description="Decode cost per cached token (attention).")
-
-    def prefill_ms(self, tokens: int) -> float:
-        return self.prefill_fixed_ms + self.prefill_ms_per_token * tokens
-
-    def decode_ms(self, seqs: int, context_tokens: int) -> float:
-        return self.decode_fixed_ms + self.decode_ms_per_seq * seqs + self.decode_ms_per_context_token * context_tokens
-
-    @classmethod
-    def from_profile(cls, profile) -> "LLMCurve":
-        """From a streaming `Profile`.
-
-        Decode: at concurrency c the engine makes c tokens per step, so a step takes
-        c / (tokens per second); a line through those points gives the fixed and per-sequence
-        cost. (Client-side inter-token gaps are not used: responses arrive in bursts.) Prefill:
-        the smallest median TTFT over the levels, less one step, spread over the prompt tokens.
-        """
-        section = profile.streaming
-        if section is None or not section.levels:
-            raise ValueError(f"profile of {profile.model!r} has no streaming levels")
-        levels = [lv for lv in section.levels if lv.tokens_per_s and lv.tokens_per_s > 0]
-        if not levels:
-            raise ValueError(f"profile of {profile.model!r}: no level measured tokens per second")
-        xs = np.array([lv.concurrency for lv in levels], dtype=float)
-        ys = np.array([lv.concurrency * 1000.0 / lv.tokens_per_s for lv in levels], dtype=float)
-        if len(set(xs.tolist())) >= 2:
-            slope, intercept = np.polyfit(xs, ys, 1)
-        else:
-            slope, intercept = 0.0, float(ys[0])
-        per_seq = max(0.0, float(slope))
-        fixed = max(0.0, float(intercept))
-        prefill = None
-        for lv, step in zip(levels, ys):
-            if lv.ttft_p50_ms is not None:
-                value = max(0.0, lv.ttft_p50_ms - float(step))
-                prefill = value if prefill is None else min(prefill, value)
-        return cls(
-            prefill_ms_per_token=(prefill or 0.0) / max(1, section.prompt_tokens),
-            decode_fixed_ms=fixed,
-            decode_ms_per_seq=per_seq,
-        )
 
 
 class Overheads(_Strict):
@@ -319,21 +266,6 @@ class BatcherConfig(_Strict):
         return priority
 
 
-class LLMEngineConfig(_Strict):
-    """A continuous-batching engine behind a decoupled model (tinyllm, or an LLM backend)."""
-
-    max_num_seqs: int = Field(ge=1)
-    kv_pool_blocks: int = Field(ge=1)
-    kv_block_tokens: int = Field(ge=1)
-    kv_policy: Literal["oom", "admission"] = Field(
-        default="oom", description="oom: take blocks as tokens come, kill on exhaustion; admission: reserve at admission."
-    )
-    curve: LLMCurve
-
-    def blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.kv_block_tokens)
-
-
 class ModelSim(_Strict):
     """One Triton model entry as the simulator sees it."""
 
@@ -346,7 +278,7 @@ class ModelSim(_Strict):
     resources: dict[str, int] = Field(default_factory=dict, description="Rate-limiter resources per execution.")
     rate_limiter_priority: int = Field(default=0, ge=0)
     curve: ServiceCurve | None = None
-    llm: LLMEngineConfig | None = None
+    llm: EngineModel | None = None
     prompt_tokens_min: int = Field(default=0, ge=0, description="Lanes: shortest prompt this entry takes.")
     prompt_tokens_max: int | None = Field(default=None, ge=0, description="Lanes: longest prompt this entry takes.")
 
@@ -439,6 +371,8 @@ class ModelStats(BaseModel):
     mean_batch_rows: float | None
     utilisation: float = Field(description="Instance busy time / (instances x window).")
     busy_fraction: float = Field(description="Share of the window with at least one instance (or the engine) busy.")
+    preemptions: int = Field(default=0, description="LLM engines: sequences preempted (recomputed later), whole run.")
+    engine_killed: int = Field(default=0, description="LLM engines: sequences killed for want of KV memory, whole run.")
 
 
 class SimResult(BaseModel):
@@ -617,10 +551,8 @@ class _Model:
         self.payload_seq = 1
         # engine
         self.llm = cfg.llm
-        self.waiting: deque[int] = deque()
-        self.running: list[int] = []
+        self.engine: EngineState | None = None  # built by the simulation (it holds the token counts)
         self.engine_busy = False
-        self.free_blocks = cfg.llm.kv_pool_blocks if cfg.llm else 0
 
 
 class Simulation:
@@ -646,10 +578,9 @@ class Simulation:
         self.t_done = [math.nan] * n
         self.t_start = [math.nan] * n
         self.t_first = [math.nan] * n
-        # LLM sequence state, by request index
-        self.cache_len = [0] * n
-        self.generated = [0] * n
-        self.blocks = [0] * n
+        for m in self.models:
+            if m.llm is not None:
+                m.engine = EngineState(m.llm, self.prompt, self.output)
         self.heap: list[tuple] = []
         self.seq = 0
         self.now = 0.0
@@ -1066,9 +997,10 @@ class Simulation:
                 m.any_busy_s += self._window_overlap(m.any_busy_since, now)
             self._device_busy(m.inst_device[inst], now, -1)
         if m.llm is not None:
+            assert m.engine is not None
             for r in p.reqs:
-                m.waiting.append(r)
-            if not m.engine_busy and m.waiting:
+                m.engine.submit(r)
+            if not m.engine_busy and m.engine.busy:
                 m.engine_busy = True
                 self._engine_busy(m, now, +1)
                 self._push(now, _STEP, m.index, None)
@@ -1136,91 +1068,29 @@ class Simulation:
                 m.any_busy_s += self._window_overlap(m.any_busy_since, now)
             self._device_busy(m.inst_device[0], now, -1)
 
+    _ENGINE_STATUS = {DONE: OK, KILLED: OOM, REFUSED: TOO_LARGE}
+
     def _engine_step(self, m: _Model, now: float) -> None:
-        eng = m.llm
-        assert eng is not None
-        curve = eng.curve
-        t = now
-        cache_len, generated, blocks = self.cache_len, self.generated, self.blocks
-        admitted: list[int] = []
-        while m.waiting and len(m.running) + len(admitted) < eng.max_num_seqs:
-            r = m.waiting[0]
-            prompt, out = self.prompt[r], self.output[r]
-            if out <= 0:
-                m.waiting.popleft()
-                self._finish(r, OK, t)
-                continue
-            if eng.kv_policy == "admission":
-                need = eng.blocks_for(prompt + out - 1)
-                if need > eng.kv_pool_blocks:
-                    m.waiting.popleft()
-                    self._finish(r, TOO_LARGE, t)
-                    continue
-                if need > m.free_blocks:
-                    break  # held back until running sequences free their blocks
+        """One engine step (`tritongen.core.engine`); the engine stays busy until it ends."""
+        engine = m.engine
+        assert engine is not None
+        t, events = engine.step(now)
+        request_s = self.ov.request_ms / 1000.0
+        for r, what, at in events:
+            if what == FIRST:
+                self.t_start[r] = now
+                self.t_first[r] = at + request_s
             else:
-                need = eng.blocks_for(prompt)
-                if need > m.free_blocks:
-                    m.waiting.popleft()
-                    self._finish(r, OOM, t)
-                    continue
-            m.waiting.popleft()
-            m.free_blocks -= need
-            blocks[r] = need
-            admitted.append(r)
-        for r in admitted:
-            t += curve.prefill_ms(self.prompt[r]) / 1000.0
-            self.t_start[r] = now
-            self.t_first[r] = t + self.ov.request_ms / 1000.0
-            cache_len[r] = self.prompt[r]
-            generated[r] = 1
-            if self.output[r] <= 1:
-                self._retire(m, r, t)
-            else:
-                m.running.append(r)
-        batch: list[int] = []
-        context = 0
-        T = eng.kv_block_tokens
-        oom_policy = eng.kv_policy == "oom"
-        for r in m.running:
-            c = cache_len[r]
-            if oom_policy and c // T >= blocks[r]:
-                if m.free_blocks == 0:
-                    self._retire(m, r, t, status=OOM)
-                    continue
-                m.free_blocks -= 1
-                blocks[r] += 1
-            batch.append(r)
-            context += c + 1
-        if batch:
-            t += curve.decode_ms(len(batch), context) / 1000.0
-            output = self.output
-            for r in batch:
-                cache_len[r] += 1
-                g = generated[r] + 1
-                generated[r] = g
-                if g >= output[r]:
-                    self._retire(m, r, t)
-        if len(m.running) != len(batch) or any(self.status[r] for r in batch):
-            m.running = [r for r in m.running if self.status[r] == 0]
-        if not admitted and not batch and not m.running and m.waiting:
-            # Nothing ran and nothing can: the head can never be admitted (a safety net).
-            r = m.waiting.popleft()
-            self._finish(r, TOO_LARGE, t)
-        if t > now or m.running or m.waiting:
+                self._finish(r, self._ENGINE_STATUS[what], at)
+        if t > now or engine.busy:
             # The step occupies the engine until t: newcomers wait for the next step there.
             self._push(t, _STEP, m.index, None)
         else:
             m.engine_busy = False
             self._engine_busy(m, t, -1)
-        if batch or admitted:
+        if t > now:
             m.executions += 1
-            m.exec_rows += len(batch) or len(admitted)
-
-    def _retire(self, m: _Model, r: int, t: float, status: int = OK) -> None:
-        m.free_blocks += self.blocks[r]
-        self.blocks[r] = 0
-        self._finish(r, status, t)
+            m.exec_rows += max(1, len(events))
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -1296,6 +1166,8 @@ class Simulation:
                     # an engine's steps run back to back while it is busy, so its busy time is its busy periods
                     utilisation=min(1.0, (m.any_busy_s if m.llm else m.busy_s) / (span * (1 if m.llm else m.n_inst))),
                     busy_fraction=min(1.0, m.any_busy_s / span),
+                    preemptions=m.engine.preemptions if m.engine else 0,
+                    engine_killed=m.engine.killed if m.engine else 0,
                 )
             )
         return SimResult(
@@ -1336,30 +1208,18 @@ def _policy_from_proto(p) -> QueuePolicy:
     )
 
 
-def _int_param(parameters: Mapping, key: str) -> int | None:
-    entry = parameters.get(key)
-    if entry is None:
-        return None
-    text = getattr(entry, "string_value", entry)
-    try:
-        return int(str(text).strip())
-    except ValueError:
-        return None
-
-
 def model_sim_from_config(
     config,
     curve: ServiceCurve | None = None,
-    llm_curve: LLMCurve | None = None,
+    engine: EngineModel | None = None,
     route: str | None = None,
-    kv_policy: Literal["oom", "admission"] = "oom",
     prompt_tokens_max: int | None = None,
     prompt_tokens_min: int = 0,
 ) -> ModelSim:
     """A `ModelSim` from Triton's `ModelConfig` proto (a parsed config.pbtxt).
 
-    Decoupled models with `kv_pool_blocks`/`kv_block_tokens`/`max_num_seqs` parameters (tinyllm's
-    convention, rendered by tritongen) become an LLM engine driven by `llm_curve`.
+    A decoupled model is a streaming LLM: it needs its `engine` (`engine_sources.resolve_engine`
+    reads it from the backend's files, the spec and the profile); a classic model its `curve`.
     """
     batcher = None
     if config.HasField("dynamic_batching"):
@@ -1388,14 +1248,12 @@ def model_sim_from_config(
     llm = None
     decoupled = config.HasField("model_transaction_policy") and config.model_transaction_policy.decoupled
     if decoupled:
-        params = config.parameters
-        pool = _int_param(params, "kv_pool_blocks")
-        block = _int_param(params, "kv_block_tokens")
-        seqs = _int_param(params, "max_num_seqs")
-        if pool and block and seqs:
-            if llm_curve is None:
-                raise ValueError(f"model {config.name!r} is a streaming LLM: the simulation needs its LLM curve (a streaming profile)")
-            llm = LLMEngineConfig(max_num_seqs=seqs, kv_pool_blocks=pool, kv_block_tokens=block, kv_policy=kv_policy, curve=llm_curve)
+        if engine is None:
+            raise ValueError(
+                f"model {config.name!r} is a streaming LLM: the simulation needs its engine "
+                "(a streaming profile, and the engine's values from its backend files or the spec's `engine:` section)"
+            )
+        llm = engine
     if llm is None and curve is None:
         raise ValueError(f"model {config.name!r}: the simulation needs its service curve (a classic profile)")
     return ModelSim(

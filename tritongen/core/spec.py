@@ -117,6 +117,35 @@ class Lanes(StrictModel):
     )
 
 
+class EngineSection(StrictModel):
+    """The LLM engine behind a model, for backends whose own files do not say (a user's Python
+    backend, tinyllm) or to state what a TensorRT-LLM engine was built with. For the vLLM backend
+    `1/model.json` is the source; a value here that contradicts it is an error."""
+
+    kv_policy: Literal["reserve_wait", "reserve_kill", "grow_preempt", "grow_kill"] | None = Field(
+        default=None,
+        description=(
+            "What the engine does when KV memory runs out: reserve_wait (reserve prompt + max_tokens at admission, "
+            "wait; TensorRT-LLM guaranteed_no_evict), reserve_kill (reserve, kill what does not fit), grow_preempt "
+            "(vLLM: grow, preempt and recompute), grow_kill (grow, kill the sequence that finds no block)."
+        ),
+    )
+    max_num_seqs: int | None = Field(default=None, ge=1, description="Sequences the engine runs at once.")
+    kv_block_tokens: int | None = Field(default=None, ge=1, description="Tokens per KV block (TensorRT-LLM: tokens_per_block).")
+    kv_pool_tokens: int | None = Field(
+        default=None, ge=1, description="Tokens the KV pool holds; default: the KV budget tritongen plans."
+    )
+    max_batched_tokens: int | None = Field(default=None, ge=1, description="Prefill tokens one engine step takes at most.")
+    render_parameters: bool = Field(
+        default=False,
+        description=(
+            "Write kv_policy, max_num_seqs, kv_block_tokens, kv_pool_blocks, max_batched_tokens and max_context "
+            "into config.pbtxt parameters (for Python backends that read them, like tinyllm). Off: render writes "
+            "only the model's own `parameters`."
+        ),
+    )
+
+
 class ModelSpec(StrictModel):
     """One served model."""
 
@@ -157,6 +186,12 @@ class ModelSpec(StrictModel):
     lanes: Lanes | None = Field(default=None, description="LLMs: split into short and long lanes.")
     classes: list[str] | None = Field(default=None, description="Traffic classes this model serves; default all.")
     parameters: dict[str, str] = Field(default_factory=dict, description="Extra backend parameters, passed through.")
+    engine: EngineSection | None = Field(default=None, description="LLMs: the engine behind the model (see EngineSection).")
+    bytes_per_token: float | None = Field(
+        default=None, gt=0,
+        description="LLMs: prompt bytes per token of the model's tokenizer; default: measured by the profile where "
+        "the backend reports token counts (vLLM), else 4.",
+    )
 
     @model_validator(mode="after")
     def _kind_rules(self) -> "ModelSpec":
@@ -164,7 +199,7 @@ class ModelSpec(StrictModel):
         if self.kind == "classic":
             if self.max_batch_size is None:
                 raise ValueError(f"{where}: classic models need `max_batch_size` (0 disables batching)")
-            for field in ("streaming", "lanes", "max_context"):
+            for field in ("streaming", "lanes", "max_context", "engine", "bytes_per_token"):
                 if getattr(self, field):
                     raise ValueError(f"{where}: `{field}` applies to LLMs only; remove it or set kind: llm")
             return self

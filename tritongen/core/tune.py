@@ -35,10 +35,9 @@ from tritongen.core.plan import (
     ModelEntryPlan,
     QueuePolicyView,
 )
+from tritongen.core.engine import EngineModel
 from tritongen.core.simulator import (
     BatcherConfig,
-    LLMCurve,
-    LLMEngineConfig,
     ModelSim,
     Overheads,
     QueuePolicy,
@@ -114,13 +113,12 @@ class TuneInputs:
     arrivals: Arrivals  # the traffic this entry serves, class priorities set from the spec
     classes: list[TrafficClass]
     curve: ServiceCurve | None = None
-    llm_curve: LLMCurve | None = None
+    engine: EngineModel | None = None  # streaming LLMs: the engine as served (engine_sources.resolve_engine)
     overheads: Overheads = field(default_factory=Overheads)
     memory_available_bytes: int | None = None  # device memory this entry may use for instances
     instance_bytes: int = 0
     rate_limit: bool = False
     resources: dict[str, int] = field(default_factory=dict)
-    kv_policy: Literal["oom", "admission"] = "oom"
     max_error_fraction: float = 0.01
     seed: int = 0
     max_instances: int = 4
@@ -221,23 +219,19 @@ def model_sim(inputs: TuneInputs, params: Params) -> ModelSim:
     group = entry.instance_groups[0]
     resources = {"compute": group.compute_units} if group.compute_units else {}
     llm = None
-    if entry.kind == "llm" and entry.kv is not None:
-        if inputs.llm_curve is None:
-            raise ValueError(f"model {entry.name!r}: tuning a streaming LLM needs its streaming profile")
-        llm = LLMEngineConfig(
-            max_num_seqs=params.max_num_seqs or entry.kv.max_sequences,
-            kv_pool_blocks=entry.kv.pool_blocks,
-            kv_block_tokens=entry.kv.block_tokens,
-            kv_policy=inputs.kv_policy,
-            curve=inputs.llm_curve,
-        )
+    if entry.kind == "llm":
+        if inputs.engine is None:
+            raise ValueError(f"model {entry.name!r}: tuning a streaming LLM needs its engine (a streaming profile)")
+        llm = inputs.engine
+        if params.max_num_seqs:
+            llm = llm.model_copy(update={"max_num_seqs": params.max_num_seqs})
     elif inputs.curve is None:
         raise ValueError(f"model {entry.name!r}: tuning needs its profiled latency curve")
     return ModelSim(
         name=entry.name,
         route=entry.spec_model,
         max_batch_size=params.max_batch_size,
-        dynamic_batching=batcher,
+        dynamic_batching=batcher if params.max_batch_size > 0 or entry.dynamic_batching is not None else None,
         instances=params.instances,
         devices=list(group.gpus) or [-1],
         resources=resources,
@@ -355,6 +349,15 @@ def _closeness(e: Evaluation) -> tuple:
     return (round(e.error_fraction, 3), round(e.worst_ratio, 3))
 
 
+def llm_seq_options(engine: EngineModel, top: int) -> list[int]:
+    """Engine batches to try: the served one, halves and doubles of it (within `top` where the
+    served one is below it): more sequences share each decode step, fewer leave KV room."""
+    base = engine.max_num_seqs
+    cap = max(base, top)
+    options = {base, max(1, base // 2), max(1, base // 4), min(cap, base * 2), min(cap, base * 4)}
+    return sorted(options)
+
+
 def coarse_candidates(inputs: TuneInputs) -> list[Params]:
     entry = inputs.entry
     policy = inputs.spec.policy
@@ -362,10 +365,12 @@ def coarse_candidates(inputs: TuneInputs) -> list[Params]:
     mid_delay = delays[len(delays) // 2]
     multi = len(inputs.classes) > 1
     out = []
-    if entry.kind == "llm" and entry.kv is not None:
-        base = entry.kv.max_sequences
-        for seqs in sorted({base, max(base, min(policy.max_batch, base * 2)), max(base, min(policy.max_batch, base * 4))}):
-            out.append(Params(max_batch_size=seqs, preferred=(), delay_us=0, instances=1,
+    if entry.kind == "llm" and inputs.engine is not None:
+        for seqs in llm_seq_options(inputs.engine, policy.max_batch):
+            # Triton's max_batch_size follows the engine's batch where Triton batches at all (the
+            # vLLM backend takes requests one by one: max_batch_size 0).
+            mbs = seqs if entry.max_batch_size > 0 else 0
+            out.append(Params(max_batch_size=mbs, preferred=(), delay_us=0, instances=1,
                               policy="strict" if multi else "single", max_num_seqs=seqs))
         return out
     top = max(1, entry.max_batch_size)
@@ -502,11 +507,15 @@ def apply_candidate(entry: ModelEntryPlan, params: Params, classes: Sequence[Tra
     ]
     parameters = dict(entry.parameters)
     notes = list(entry.notes)
+    engine_args = dict(entry.engine_args) if entry.engine_args is not None else None
     if params.max_num_seqs is not None and "max_num_seqs" in parameters:
         parameters["max_num_seqs"] = str(params.max_num_seqs)
+    if params.max_num_seqs is not None and engine_args is not None:
+        engine_args["max_num_seqs"] = params.max_num_seqs
     notes.append(f"tuned by `tritongen tune`: {params.label()}")
     return entry.model_copy(
         update={
+            "engine_args": engine_args,
             "max_batch_size": params.max_batch_size,
             "dynamic_batching": batching,
             "instance_groups": groups,

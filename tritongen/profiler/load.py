@@ -300,8 +300,10 @@ class StreamWorker(threading.Thread):
         limit: int | None = None,
         request_timeout_s: float = 60.0,
         go: threading.Event | None = None,
+        pause_s: float = 0.0,
     ) -> None:
         super().__init__(name=f"tritongen-stream-{model}", daemon=True)
+        self.pause_s = pause_s  # between requests (0: closed loop, back to back)
         self.ready = threading.Event()  # connected, stream open
         self.go = go  # when given, the first request waits for it (streams that start together)
         self.url = url
@@ -344,6 +346,8 @@ class StreamWorker(threading.Thread):
                 self.current = None
                 if record.error is not None:
                     self.stop.wait(0.02)  # a failing model answers fast: do not spin
+                elif self.pause_s:
+                    self.stop.wait(self.pause_s)
         except Exception as err:  # noqa: BLE001 - a broken stream ends this worker; the level sees it
             self.fatal = _short(str(err) or type(err).__name__)
         finally:
@@ -403,13 +407,14 @@ class StreamLoad:
         limit: int | None = None,
         inputs: Mapping[str, np.ndarray] | None = None,
         together: bool = False,
+        pause_s: float = 0.0,
     ) -> tuple[list[StreamWorker], threading.Event]:
         """Start workers; with `together`, every stream connects first and the first requests go
         out at once (connecting takes a few ms per stream, longer than a small model's request)."""
         stop = threading.Event()
         go = threading.Event() if together else None
         workers = [
-            StreamWorker(self.url, self.model, inputs or self.inputs, self.output, stop, limit, self.request_timeout_s, go)
+            StreamWorker(self.url, self.model, inputs or self.inputs, self.output, stop, limit, self.request_timeout_s, go, pause_s)
             for _ in range(concurrency)
         ]
         for worker in workers:

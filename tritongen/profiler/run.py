@@ -37,12 +37,14 @@ import httpx
 import numpy as np
 
 from tritongen import __version__
-from tritongen.client import sample_input
+from tritongen.client import numpy_inputs, sample_input
 from tritongen.core import profile_math as pm
 from tritongen.core.kv import kv_shape, weight_bytes
 from tritongen.core.plan import ModelEntryPlan, TensorView, plan_deployment
+from tritongen.core.llm_interface import LLMInterface
 from tritongen.core.profile_types import (
     CurvePoint,
+    EngineMeasurement,
     KVMeasurement,
     LoadLevel,
     MemorySection,
@@ -53,6 +55,7 @@ from tritongen.core.profile_types import (
     StreamLevel,
 )
 from tritongen.errors import BadInput, RunFailed, TritongenError
+from tritongen.profiler.engine import EngineProfiler, engine_settings, interface_of
 from tritongen.profiler.load import ClassicLoad, ModelFailed, RequestRecord, StreamLoad, StreamRecord, Window
 from tritongen.profiler.memory import (
     MemoryProbe,
@@ -228,6 +231,8 @@ class Target:
     prompt_tokens: int | None = None
     output_tokens: int | None = None
     max_prompt_tokens: int | None = None  # a short lane takes prompts up to its split only
+    bytes_per_token: float | None = None  # the spec's tokenizer ratio
+    interface: LLMInterface | None = None  # streaming models: the LLM interface they speak
 
     @property
     def parameters(self) -> dict[str, str]:
@@ -335,6 +340,7 @@ def resolve_targets(admin: TritonAdmin, names: Sequence[str], loaded: LoadedSpec
                 prompt_tokens=model.typical_prompt_tokens,
                 output_tokens=model.typical_output_tokens,
                 max_prompt_tokens=entry.prompt_tokens_max,
+                bytes_per_token=model.bytes_per_token,
             )
         )
     return targets
@@ -353,10 +359,6 @@ def prompt_text(tokens: int) -> str:
     return (_FILLER * (tokens // len(_FILLER) + 1))[:tokens]
 
 
-def _is_max_tokens(tensor: TensorView) -> bool:
-    return "max_tokens" in tensor.name or "max_new_tokens" in tensor.name
-
-
 def classic_inputs(target: Target, seed: int) -> dict[str, np.ndarray]:
     """One row per request (a leading batch dimension of 1 when the model batches)."""
     rng = np.random.default_rng(seed)
@@ -365,14 +367,11 @@ def classic_inputs(target: Target, seed: int) -> dict[str, np.ndarray]:
 
 
 def stream_inputs(target: Target, prompt_tokens: int, max_tokens: int, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    rows = 1 if target.max_batch_size > 0 else None
-    text = prompt_text(prompt_tokens)
-    return {
-        t.name: sample_input(t, rows, rng, text, max_tokens)
-        for t in target.inputs
-        if not t.optional or _is_max_tokens(t)
-    }
+    """A streaming request in the model's own interface (`target.interface`), stream on; the prompt
+    is `prompt_tokens` bytes (the memory probes count bytes as tinyllm's byte tokenizer does)."""
+    del seed  # prompts are text; kept so memory probes can vary their requests later
+    assert target.interface is not None
+    return numpy_inputs(target.interface.request(prompt_text(prompt_tokens), max_tokens, stream=True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -457,6 +456,7 @@ class _Builder:
     levels: list[LoadLevel] = field(default_factory=list)
     memory: MemorySection | None = None
     streaming: StreamingSection | None = None
+    engine: EngineMeasurement | None = None
 
     def build(self, complete: bool, error: str | None) -> Profile:
         fit = pm.fit_curve(self.curve) if self.curve else None
@@ -484,6 +484,7 @@ class _Builder:
             knee=knee,
             memory=self.memory,
             streaming=self.streaming,
+            engine=self.engine,
         )
 
 
@@ -523,7 +524,9 @@ class Profiler:
         probe_factory: Callable[[Target], tuple[MemoryProbe, list[str]]] | None = None,
         can_reload: bool = False,
         server_check: Callable[[], str | None] | None = None,
+        kv_capacity_probe: bool = False,
     ) -> None:
+        self.kv_capacity_probe = kv_capacity_probe
         self.admin = admin
         self.endpoints = endpoints
         self.settings = settings
@@ -682,8 +685,9 @@ class Profiler:
 
     def _streaming(self, target: Target, builder: _Builder) -> None:
         s = builder.settings
-        output = target.outputs[0].name
-        stream = StreamLoad(self.endpoints.grpc, target.name, {}, output)
+        interface = interface_of(target.name, target.config)
+        target = replace(target, interface=interface)
+        stream = StreamLoad(self.endpoints.grpc, target.name, {}, interface.text_output)
         probe, notes = self.probe_factory(target)
         memory = MemorySection(
             probe=probe.name,
@@ -713,15 +717,23 @@ class Profiler:
         assert s.prompt_tokens is not None and s.output_tokens is not None
         section = StreamingSection(prompt_tokens=s.prompt_tokens, max_tokens=s.output_tokens)
         builder.streaming = section
-        load = StreamLoad(self.endpoints.grpc, target.name, stream_inputs(target, s.prompt_tokens, s.output_tokens), output)
-        for concurrency in s.stream_concurrency_levels:
+
+        def level(load: StreamLoad, concurrency: int):
             label = f"{target.name}: {concurrency} stream(s)"
             self.reporter.update(f"{label}: warming up")
-            records, windows, start = load.run_level(
-                concurrency, s.warmup_s, s.window_s, self._decide(), self._on_window(label, "tok/s")
-            )
-            section.levels.append(self._stream_level(concurrency, records, windows, start))
+            found = load.run_level(concurrency, s.warmup_s, s.window_s, self._decide(), self._on_window(label, "tok/s"))
+            section.levels.append(self._stream_level(concurrency, *found))
             self.reporter.update(label, advance=1)
+            return found
+
+        profiler = EngineProfiler(
+            self.admin, self.endpoints.grpc, target.name, target.config,
+            engine_settings(target.max_context, s.prompt_tokens, s.output_tokens, s.quick, s.stream_concurrency_levels,
+                            capacity_probe=self.kv_capacity_probe),
+            target.bytes_per_token, level, lambda what: self.reporter.update(f"{target.name}: {what}"),
+            max_context=target.max_context,
+        )
+        builder.engine, _raw = profiler.measure()
 
     def _stream_level(self, concurrency: int, records: list[StreamRecord], windows: list[Window], start: float) -> StreamLevel:
         s = self.settings

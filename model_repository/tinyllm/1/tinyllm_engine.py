@@ -44,6 +44,10 @@ FLOAT = np.float32
 KV_DTYPE_BYTES = 4  # the KV cache is float32
 
 
+# What tinyllm does when its pool runs dry (tritongen's documented engine parameter kv_policy).
+KV_POLICY = "grow_kill"
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Architecture and serving knobs; the field names are the config.pbtxt parameter keys."""
@@ -118,6 +122,13 @@ class EngineConfig:
         """
         known = set(cls.parameter_names())
         values: dict[str, int] = {}
+        policy = (parameters or {}).get("kv_policy")
+        policy = policy.get("string_value", "") if isinstance(policy, Mapping) else policy
+        if policy and str(policy).strip() != KV_POLICY:
+            raise ValueError(
+                f"tinyllm's engine takes KV blocks as tokens come and kills the sequence that finds none "
+                f"(kv_policy {KV_POLICY}); the config says kv_policy {policy!r}"
+            )
         for key, raw in (parameters or {}).items():
             if key not in known:
                 continue

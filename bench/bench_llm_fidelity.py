@@ -1,0 +1,177 @@
+"""Live versus simulated, on LLM stand-ins tritongen did not write its engine model for.
+
+For each stand-in of examples/llm_standins (the vLLM backend's interface with vLLM's semantics;
+a hand-written Python backend that reserves prompt + max_tokens and kills what does not fit):
+  1. profile it on the embedded server (`Profiler`: interface, request overhead, prefill, decode,
+     KV capacity) and compare the measured step costs with what the stand-in is configured with
+     (its 1/standin.json, which tritongen never reads);
+  2. resolve its engine (the backend's files, the spec's `engine:` section, the profile);
+  3. find the simulated capacity, then run Poisson traffic at 0.5x, 0.9x and 1.5x of it, live
+     (real gRPC streams, `run_load`) and simulated, and print completed/s, TTFT P50/P99, kills and
+     preemptions side by side.
+
+Goals (issue 14): completed/s within 10%, TTFT P50/P99 within 25%, kills and preemptions within
+25% or both zero; step costs within 15% of the configured ones.
+
+    .venv/bin/python bench/bench_llm_fidelity.py [--seconds 20] [--models vllm_standin,reserve_llm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.report import saved_report  # noqa: E402
+from tritongen.core.llm_interface import interface_from_config  # noqa: E402
+from tritongen.core.engine_sources import SpecEngine, measured_from_profile, resolve_engine  # noqa: E402
+from tritongen.core.simulator import ModelSim, Overheads, ServerSim, simulate  # noqa: E402
+from tritongen.core.traffic import TrafficSpec, generate_arrivals  # noqa: E402
+from tritongen.engine_files import vllm_engine_args  # noqa: E402
+from tritongen.loadgen import LoadTarget, run_load  # noqa: E402
+from tritongen.profiler.memory import parse_metrics  # noqa: E402
+from tritongen.profiler.run import Endpoints, Profiler, TritonAdmin, default_settings, resolve_targets  # noqa: E402
+from tritongen.server import ServerOptions, TritonServer  # noqa: E402
+
+STANDINS = ROOT / "examples" / "llm_standins"
+REPOSITORY = STANDINS / "repository"
+PYTHON_BACKENDS = {"vllm": STANDINS / "backends" / "vllm"}
+
+# What a user would write about each model: the vLLM stand-in needs nothing (model.json, its
+# metrics and its token counts say it all); the hand-written one is described in the spec.
+CASES = {
+    "vllm_standin": {"spec": None, "bytes_per_token": None, "prompt": 64, "output": 48},
+    "reserve_llm": {
+        # what its config.pbtxt parameters pool_tokens / max_active say, in the spec's words
+        "spec": SpecEngine(kv_policy="reserve_kill", kv_pool_tokens=1920, max_num_seqs=48),
+        "bytes_per_token": 3.0,
+        "prompt": 48,
+        "output": 48,
+    },
+}
+LOADS = (0.5, 0.9, 1.5)
+
+
+def configured_costs(model: str) -> dict:
+    return json.loads((REPOSITORY / model / "1" / "standin.json").read_text())
+
+
+def profile(server: TritonServer, model: str, case: dict, out: Path):
+    endpoints = Endpoints(http=server.http_url, grpc=server.grpc_url, metrics=server.metrics_url)
+    admin = TritonAdmin(endpoints)
+    try:
+        targets = [replace(t, bytes_per_token=case["bytes_per_token"], prompt_tokens=case["prompt"], output_tokens=case["output"])
+                   for t in resolve_targets(admin, [model], None)]
+        profiler = Profiler(admin, endpoints, default_settings(quick=False).model_copy(update={"stream_concurrency_levels": [1, 4, 8, 16]}), out)
+        return profiler.run(targets)[0]
+    finally:
+        admin.close()
+
+
+def preemptions(server: TritonServer) -> float:
+    import httpx
+
+    text = httpx.get(server.metrics_url, timeout=10).text
+    return sum(s.value for s in parse_metrics(text) if s.name == "vllm:num_preemptions_total")
+
+
+def rel(a: float | None, b: float | None) -> str:
+    if a is None or b is None:
+        return "-"
+    if a == 0 and b == 0:
+        return "both 0"
+    return f"{(b - a) / a:+.0%}" if a else "inf"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--models", default=",".join(CASES))
+    args = ap.parse_args()
+    options = ServerOptions(repository=REPOSITORY, python_backends=PYTHON_BACKENDS)
+    with saved_report("llm_fidelity"), TritonServer(options) as server, tempfile.TemporaryDirectory() as tmp:
+        for model in args.models.split(","):
+            case = CASES[model]
+            prof = profile(server, model, case, Path(tmp))
+            eng = prof.engine
+            assert eng is not None
+            truth = configured_costs(model)
+            print(f"\n## {model}: {eng.interface}")
+            print(f"bytes/token {eng.bytes_per_token:g} ({eng.bytes_per_token_source}); request overhead {eng.request_overhead_ms:.2f} ms; "
+                  f"KV capacity {eng.kv_capacity_tokens} tokens ({eng.kv_capacity_source}: {eng.kv_capacity_detail})")
+            for note in eng.notes:
+                print(f"note: {note}")
+            print("| prompt tokens | TTFT ms | queue ms | engine ms (prefill) | path ms |\n|---|---|---|---|---|")
+            for p in eng.prefill:
+                print(f"| {p.prompt_tokens} | {p.ttft_ms:.2f} | {p.queue_ms:.2f} | {p.engine_ms:.2f} | {p.path_ms:.2f} |")
+            print("| streams | mean gap ms | decode step ms |\n|---|---|---|")
+            for d in eng.decode:
+                print(f"| {d.concurrency} | {d.mean_gap_ms:.2f} | {d.step_ms:.2f} |")
+            print("| step cost | configured | measured | error |\n|---|---|---|---|")
+            for name in ("prefill_fixed_ms", "prefill_ms_per_token", "decode_fixed_ms", "decode_ms_per_seq"):
+                print(f"| {name} | {truth[name]:g} | {getattr(eng, name):.4g} | {rel(truth[name], getattr(eng, name))} |")
+            for length in (case["prompt"],):
+                c = truth["prefill_fixed_ms"] + truth["prefill_ms_per_token"] * length
+                m = eng.prefill_fixed_ms + eng.prefill_ms_per_token * length
+                print(f"| prefill at {length} tokens | {c:.3g} | {m:.3g} | {rel(c, m)} |")
+            config = _config(server, model)
+            engine = resolve_engine(
+                model=model, backend=config.get("backend"), measured=measured_from_profile(eng),
+                parameters={k: v.get("string_value", "") for k, v in (config.get("parameters") or {}).items()},
+                engine_args=vllm_engine_args(REPOSITORY / model) if config.get("backend") == "vllm" else None,
+                spec=case["spec"],
+            )
+            print(f"engine: {engine.kv_policy}, {engine.kv_pool_blocks} x {engine.kv_block_tokens} tokens, "
+                  f"max_num_seqs {engine.max_num_seqs}; sources: {engine.sources}")
+            sim_server = ServerSim(models=[ModelSim(name=model, llm=engine)], overheads=Overheads(request_ms=eng.request_overhead_ms))
+            def traffic(rate: float, seed: int = 5):
+                spec = TrafficSpec(shape="poisson", rate_per_s=rate, duration_s=args.seconds, warmup_s=2.0,
+                                   classes=[{"name": "all", "share": 1.0, "priority": 1,
+                                             "prompt_tokens": case["prompt"], "output_tokens": case["output"]}])
+                return generate_arrivals(spec, seed=seed)
+
+            # capacity: what the simulated engine completes per second when far more is offered
+            capacity = simulate(sim_server, traffic(200.0), seed=1).throughput_per_s
+            if capacity <= 0:
+                print("the simulation completed nothing at 200 req/s: see the engine above")
+                continue
+            print(f"simulated capacity {capacity:.1f} req/s\n")
+            print("| load | req/s | completed/s live / sim | TTFT P50 ms live / sim | TTFT P99 ms live / sim | kills live / sim | preemptions live / sim |")
+            print("|---|---|---|---|---|---|---|")
+            for factor in LOADS:
+                arrivals = traffic(capacity * factor)
+                sim = simulate(sim_server, arrivals, seed=2)
+                before = preemptions(server)
+                target = LoadTarget(model, streaming=True, batched=False, interface=interface_from_config(config, model=model), bytes_per_token=eng.bytes_per_token)
+                live = run_load(arrivals, {"all": target}, grpc_url=server.grpc_url, request_timeout_s=60.0)
+                live_pre = preemptions(server) - before
+                lc, sc = live.summary()[0][0], sim.classes[0]
+                sim_pre = sim.models[0].preemptions
+                print(
+                    f"| {factor:g}x | {arrivals.mean_rate:.1f} | {lc.throughput_per_s:.1f} / {sc.throughput_per_s:.1f} ({rel(lc.throughput_per_s, sc.throughput_per_s)}) "
+                    f"| {_f(lc.ttft_p50_ms)} / {_f(sc.ttft_p50_ms)} ({rel(lc.ttft_p50_ms, sc.ttft_p50_ms)}) "
+                    f"| {_f(lc.ttft_p99_ms)} / {_f(sc.ttft_p99_ms)} ({rel(lc.ttft_p99_ms, sc.ttft_p99_ms)}) "
+                    f"| {lc.oom_killed} / {sc.oom_killed} ({rel(lc.oom_killed, sc.oom_killed)}) "
+                    f"| {live_pre:.0f} / {sim_pre} ({rel(live_pre, sim_pre)}) |"
+                )
+    return 0
+
+
+def _f(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def _config(server: TritonServer, model: str) -> dict:
+    import httpx
+
+    return httpx.get(f"http://{server.http_url}/v2/models/{model}/config", timeout=10).json()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,147 @@
+"""The LLM path on models tritongen did not write its own engine for (examples/llm_standins):
+`vllm_standin` speaks the vLLM backend's interface (a Python-based backend named "vllm", its
+model.json, vLLM-named metrics, preemption by recompute); `reserve_llm` is a hand-written Python
+backend with the generic interface that reserves prompt + max_tokens, kills what does not fit and
+exports no metrics. Each is profiled on the embedded server and its measured step costs are held
+against its configured ones (1/standin.json, which tritongen never reads) with wide margins: the
+tight figures are bench/bench_llm_fidelity.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO_ROOT, cli
+from tritongen.core.profile_types import read_profile
+from tritongen.profiler.run import Endpoints, Profiler, TritonAdmin, default_settings, resolve_targets
+from tritongen.server import ServerOptions, TritonServer
+
+STANDINS = REPO_ROOT / "examples" / "llm_standins"
+REPOSITORY = STANDINS / "repository"
+
+ODD_MODEL = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return None
+'''
+ODD_CONFIG = '''name: "odd_llm"
+backend: "python"
+max_batch_size: 0
+input { name: "tokens" data_type: TYPE_INT32 dims: [ -1 ] }
+output { name: "logits" data_type: TYPE_FP32 dims: [ -1 ] }
+model_transaction_policy { decoupled: true }
+instance_group { kind: KIND_CPU count: 1 }
+'''
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory) -> Path:
+    """The stand-ins, plus a decoupled model whose interface no LLM client knows."""
+    root = tmp_path_factory.mktemp("standins") / "repo"
+    shutil.copytree(REPOSITORY, root, ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "odd_llm" / "1").mkdir(parents=True)
+    (root / "odd_llm" / "1" / "model.py").write_text(ODD_MODEL)
+    (root / "odd_llm" / "config.pbtxt").write_text(ODD_CONFIG)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(repository: Path):
+    options = ServerOptions(repository=repository, python_backends={"vllm": STANDINS / "backends" / "vllm"})
+    with TritonServer(options) as running:
+        yield running
+
+
+def urls(server: TritonServer) -> tuple[str, ...]:
+    return ("--url", server.http_url, "--grpc-url", server.grpc_url, "--metrics-url", server.metrics_url)
+
+
+def configured(model: str) -> dict:
+    return json.loads((REPOSITORY / model / "1" / "standin.json").read_text())
+
+
+def assert_costs_near(engine, truth: dict, prompt: int, margin: float) -> None:
+    """The costs a simulation uses, where traffic puts them: a prefill of a typical prompt and a
+    decode step at 1 and 8 sequences."""
+    def prefill(c, n):
+        return c["prefill_fixed_ms"] + c["prefill_ms_per_token"] * n
+
+    def step(c, n):
+        return c["decode_fixed_ms"] + c["decode_ms_per_seq"] * n
+
+    got = engine.model_dump()
+    for what, measured, want in (
+        (f"prefill of {prompt} tokens", prefill(got, prompt), prefill(truth, prompt)),
+        ("decode step at 1 sequence", step(got, 1), step(truth, 1)),
+        ("decode step at 8 sequences", step(got, 8), step(truth, 8)),
+    ):
+        assert abs(measured - want) <= margin * want, f"{what}: measured {measured:.2f} ms, configured {want:.2f} ms"
+
+
+def test_the_vllm_standin_is_profiled_through_the_vllm_interface(server: TritonServer, tmp_path: Path) -> None:
+    out = tmp_path / "profiles"
+    result = cli("profile", *urls(server), "--model", "vllm_standin", "--quick", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    profile = read_profile((out / "vllm_standin.json").read_text())
+    engine = profile.engine
+    assert engine is not None and engine.interface_kind == "vllm"
+    assert "sampling_parameters" in engine.interface
+    # the backend's own token counts: 4 bytes per token
+    assert engine.bytes_per_token_source == "backend token counts" and abs(engine.bytes_per_token - 4.0) < 0.3
+    # the pool from vLLM's usage gauge against the streams' blocks: 168 blocks x 16 tokens
+    assert engine.kv_capacity_source == "vllm metrics"
+    assert abs(engine.kv_capacity_tokens - 168 * 16) <= 0.3 * 168 * 16
+    assert {"vllm:kv_cache_usage_perc", "vllm:num_preemptions_total"} <= set(engine.engine_metrics)
+    assert_costs_near(engine, configured("vllm_standin"), 64, margin=0.5)
+    # every request carried stream=true: tokens arrived one by one, a few ms apart
+    assert all(d.mean_gap_ms > 1.0 for d in engine.decode)
+
+    # simulate its own config: the engine comes from model.json and the profile
+    sim = cli("simulate", "--profile", str(out / "vllm_standin.json"), "--config", str(REPOSITORY / "vllm_standin" / "config.pbtxt"),
+              "--traffic", str(REPO_ROOT / "examples" / "traffic" / "poisson.yaml"), "--requests", "400", "--json")
+    assert sim.returncode == 0, sim.stderr
+    result_doc = json.loads(sim.stdout)["vllm_standin"]
+    assert result_doc["throughput_per_s"] > 0
+
+
+def test_the_hand_written_backend_is_profiled_with_the_capacity_probe(server: TritonServer, tmp_path: Path) -> None:
+    endpoints = Endpoints(http=server.http_url, grpc=server.grpc_url, metrics=server.metrics_url)
+    admin = TritonAdmin(endpoints)
+    try:
+        # what the spec would say: its tokenizer takes 3 bytes per token
+        targets = [replace(t, bytes_per_token=3.0, prompt_tokens=48, output_tokens=48)
+                   for t in resolve_targets(admin, ["reserve_llm"], None)]
+        profiler = Profiler(admin, endpoints, default_settings(quick=True), tmp_path, kv_capacity_probe=True)
+        engine = profiler.run(targets)[0].engine
+    finally:
+        admin.close()
+    assert engine is not None and engine.interface_kind == "generic" and "stream" in engine.interface
+    assert engine.engine_metrics == []  # it exports none
+    assert engine.kv_capacity_source == "capacity probe"
+    # 1920 tokens hold 20 requests of 48 + 48: the probe's doubling stops between 16 and 32
+    assert 16 * 96 <= engine.kv_capacity_tokens <= 1920
+    assert_costs_near(engine, configured("reserve_llm"), 48, margin=0.5)
+
+
+def test_an_unknown_interface_is_one_clear_error(server: TritonServer, tmp_path: Path) -> None:
+    result = cli("profile", *urls(server), "--model", "odd_llm", "--quick", "-o", str(tmp_path))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "odd_llm" in result.stderr and "tokens" in result.stderr and "text_input" in result.stderr
+
+
+def test_engine_values_that_contradict_model_json_are_refused(tmp_path: Path) -> None:
+    profile = REPO_ROOT / "examples" / "profiles" / "vllm_standin.json"
+    result = cli("simulate", "--profile", str(profile), "--config", str(REPOSITORY / "vllm_standin" / "config.pbtxt"),
+                 "--traffic", str(REPO_ROOT / "examples" / "traffic" / "poisson.yaml"), "--engine", "max_num_seqs=64")
+    assert result.returncode == 2
+    assert "max_num_seqs is 32 in model.json but 64 in --engine" in result.stderr
+    assert "Traceback" not in result.stderr

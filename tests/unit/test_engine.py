@@ -1,0 +1,166 @@
+"""The LLM engine model (`tritongen.core.engine`) and where its values come from
+(`tritongen.core.engine_sources`): small cases worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from tritongen.core.engine import DONE, FIRST, KILLED, REFUSED, EngineModel, EngineState, LLMCurve
+from tritongen.core.engine_sources import EngineSourceError, MeasuredEngine, SpecEngine, resolve_engine
+
+# prefill 1 ms + 0.1 ms/token; decode 2 ms + 1 ms per sequence
+COSTS = LLMCurve(prefill_fixed_ms=1.0, prefill_ms_per_token=0.1, decode_fixed_ms=2.0, decode_ms_per_seq=1.0)
+
+
+def engine(policy: str, pool_blocks: int, block: int = 4, seqs: int = 8, **kw) -> EngineModel:
+    return EngineModel(kv_policy=policy, kv_block_tokens=block, kv_pool_blocks=pool_blocks, max_num_seqs=seqs, curve=COSTS, **kw)
+
+
+def run(model: EngineModel, prompt: list[int], output: list[int], limit: int = 1000) -> tuple[EngineState, list[tuple[int, str, float]]]:
+    state = EngineState(model, prompt, output)
+    for r in range(len(prompt)):
+        state.submit(r)
+    t, events = 0.0, []
+    for _ in range(limit):
+        if not state.busy:
+            break
+        t, happened = state.step(t)
+        events.extend(happened)
+    return state, events
+
+
+def times(events, what: str) -> dict[int, float]:
+    return {r: round(t * 1000, 6) for r, kind, t in events if kind == what}
+
+
+def test_one_sequence_costs_its_prefill_then_one_decode_per_token() -> None:
+    # prefill 1 + 0.1 x 10 = 2 ms -> first token at 2 ms; decode (2 + 1) ms per token: 5, 8 ms
+    _state, events = run(engine("grow_kill", 64), [10], [3])
+    assert times(events, FIRST) == {0: 2.0}
+    assert times(events, DONE) == {0: 8.0}
+
+
+def test_admitted_sequences_prefill_one_after_another_and_decode_together() -> None:
+    # step 1: prefills 2 ms + 2 ms (first tokens at 2 and 4), decode of both (2 + 2) -> 8 ms
+    _state, events = run(engine("grow_kill", 64), [10, 10], [2, 2])
+    assert times(events, FIRST) == {0: 2.0, 1: 4.0}
+    assert times(events, DONE) == {0: 8.0, 1: 8.0}
+
+
+def test_reserve_wait_holds_the_head_until_its_whole_reservation_fits() -> None:
+    # each needs ceil((4 + 5) / 4) = 3 blocks; the pool has 3: the second waits for the first
+    state, events = run(engine("reserve_wait", 3), [4, 4], [5, 5])
+    first, done = times(events, FIRST), times(events, DONE)
+    assert first[1] >= done[0]
+    assert state.killed == 0 and state.preemptions == 0
+    assert [kind for _r, kind, _t in events].count(DONE) == 2
+
+
+def test_reserve_kill_kills_what_does_not_fit_at_admission() -> None:
+    state, events = run(engine("reserve_kill", 4), [4, 4, 3], [5, 5, 1])
+    # 0 reserves ceil(9 / 4) = 3 of 4 blocks; 1 needs 3 -> killed; 2 needs ceil(4 / 4) = 1 -> fits
+    assert times(events, KILLED) == {1: 0.0}
+    assert set(times(events, DONE)) == {0, 2}
+    assert state.killed == 1
+
+
+def test_grow_kill_kills_the_sequence_that_finds_no_block() -> None:
+    # prompts of 4 tokens take 1 block each (pool 2); the 5th cached token needs a second block
+    state, events = run(engine("grow_kill", 2), [4, 4], [3, 3])
+    assert state.killed >= 1
+    assert KILLED in {kind for _r, kind, _t in events}
+
+
+def test_grow_preempt_preempts_the_newest_and_recomputes_it_later() -> None:
+    # pool 3 blocks of 4: both admitted (1 block each); at their 5th cached token each needs a
+    # second block: 0 gets the last free one and 1 (the newest) is preempted. 1 must recompute its
+    # prompt and its first token (5 tokens, 2 blocks) and only 1 is free: it waits until 0 is done.
+    state, events = run(engine("grow_preempt", 3), [4, 4], [6, 6])
+    assert state.preemptions == 1 and state.killed == 0
+    assert set(times(events, DONE)) == {0, 1}
+    assert list(times(events, FIRST)) == [0, 1]  # the resumed one does not emit its first token again
+    assert times(events, DONE)[1] > times(events, DONE)[0]
+
+
+def test_a_resumed_sequence_pays_the_recompute_of_prompt_and_generated_tokens() -> None:
+    model = engine("grow_preempt", 64)
+    state = EngineState(model, [8], [10])
+    state.submit(0)
+    state.step(0.0)  # prefill 8 tokens + one decode: 2 tokens made, 9 cached
+    state._preempt(0)
+    t, events = state.step(1.0)
+    # recompute prefill of the 8 + 2 tokens it holds: 1 + 1.0 = 2 ms, then one decode (3 ms)
+    assert events == []
+    assert t == pytest.approx(1.0 + (2.0 + 3.0) / 1000)
+
+
+def test_max_batched_tokens_spreads_long_prefills_over_steps() -> None:
+    model = engine("grow_kill", 64, max_batched_tokens=15)
+    state = EngineState(model, [10, 10], [2, 2])
+    state.submit(0)
+    state.submit(1)
+    _t, events = state.step(0.0)
+    assert [r for r, kind, _t in events if kind == FIRST] == [0]  # 10 + 10 > 15: the second waits a step
+
+
+def test_max_context_refuses_at_once() -> None:
+    _state, events = run(engine("grow_preempt", 64, max_context=16), [10], [10])
+    assert events == [(0, REFUSED, 0.0)]
+
+
+def test_sequences_fitting_counts_whole_blocks() -> None:
+    model = engine("reserve_wait", 100, block=16, seqs=64)
+    assert model.sequences_fitting(48, 48) == 100 // 6
+
+
+# ---------------------------------------------------------------------------------------------
+# Sources
+
+MEASURED = MeasuredEngine(curve=COSTS, kv_capacity_tokens=4096, kv_capacity_source="vllm metrics")
+
+
+def test_vllm_values_come_from_model_json() -> None:
+    args = {"max_num_seqs": 48, "block_size": 32, "num_gpu_blocks_override": 100, "max_model_len": 1024}
+    model = resolve_engine(model="m", backend="vllm", parameters={}, measured=MEASURED, engine_args=args)
+    assert (model.kv_policy, model.max_num_seqs, model.kv_block_tokens, model.kv_pool_blocks, model.max_context) == (
+        "grow_preempt", 48, 32, 100, 1024,
+    )
+    assert model.sources["kv_pool_blocks"] == "model.json"
+
+
+def test_vllm_without_a_block_override_takes_the_measured_pool() -> None:
+    model = resolve_engine(model="m", backend="vllm", parameters={}, measured=MEASURED, engine_args={})
+    assert model.kv_pool_blocks == 4096 // 16 and model.max_num_seqs == 256
+    assert "vllm metrics" in model.sources["kv_pool_blocks"]
+
+
+def test_trtllm_policy_and_pool_come_from_its_parameters() -> None:
+    params = {"batch_scheduler_policy": "max_utilization", "max_tokens_in_paged_kv_cache": "6400"}
+    model = resolve_engine(model="t", backend="tensorrtllm", parameters=params, measured=MEASURED,
+                           spec=SpecEngine(kv_block_tokens=64, max_num_seqs=32))
+    assert (model.kv_policy, model.kv_pool_blocks, model.max_num_seqs) == ("grow_preempt", 100, 32)
+
+
+def test_tritongen_engine_parameters_describe_a_python_backend() -> None:
+    params = {"kv_policy": "grow_kill", "kv_pool_blocks": "428", "kv_block_tokens": "16", "max_num_seqs": "26"}
+    model = resolve_engine(model="tinyllm", backend="python", parameters=params, measured=MEASURED)
+    assert (model.kv_policy, model.kv_pool_blocks, model.max_num_seqs) == ("grow_kill", 428, 26)
+
+
+def test_a_spec_that_contradicts_the_backend_files_is_an_error_naming_both() -> None:
+    with pytest.raises(EngineSourceError, match=r"max_num_seqs is 48 in model.json but 64 in the spec's engine: section"):
+        resolve_engine(model="m", backend="vllm", parameters={}, measured=MEASURED,
+                       engine_args={"max_num_seqs": 48}, spec=SpecEngine(max_num_seqs=64))
+    with pytest.raises(EngineSourceError, match="KV pool is stated in model.json and again"):
+        resolve_engine(model="m", backend="vllm", parameters={}, measured=MEASURED,
+                       engine_args={"num_gpu_blocks_override": 10}, spec=SpecEngine(kv_pool_tokens=160))
+
+
+def test_an_unknown_policy_or_pool_is_an_error_that_says_what_to_set() -> None:
+    with pytest.raises(EngineSourceError, match="set engine.kv_policy"):
+        resolve_engine(model="x", backend="python", parameters={}, measured=MEASURED)
+    with pytest.raises(EngineSourceError, match="engine.kv_pool_tokens"):
+        resolve_engine(model="x", backend="python", parameters={}, spec=SpecEngine(kv_policy="reserve_kill"),
+                       measured=MeasuredEngine(curve=COSTS))
+    with pytest.raises(EngineSourceError, match="not an integer"):
+        resolve_engine(model="x", backend="vllm", parameters={}, measured=MEASURED, engine_args={"max_num_seqs": "many"})

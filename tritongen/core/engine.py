@@ -1,0 +1,261 @@
+"""The LLM engine behind a decoupled Triton model: continuous batching over a KV pool.
+
+Triton's dynamic batcher only queues and hands requests over; the engine (vLLM, TensorRT-LLM's
+inflight batcher, tinyllm, a user's Python backend) decides which sequences run each step, and
+its KV policy decides what overload looks like. Kept apart from the batcher so each can be read,
+tested and fitted on its own; `tritongen.core.simulator` drives it inside the event loop.
+
+One step (the same order the stand-ins and tinyllm follow):
+  1. admit waiting requests in FIFO order while fewer than `max_num_seqs` run, the step's prefill
+     tokens stay within `max_batched_tokens`, and the KV policy lets them in;
+  2. prefill each admitted sequence one after another (`prefill_fixed_ms + prefill_ms_per_token x
+     tokens`); a new sequence emits its first token when its prefill ends, a resumed (preempted)
+     one recomputes prompt + generated tokens and emits nothing;
+  3. one decode step for every running sequence (`decode_fixed_ms + decode_ms_per_seq x n +
+     decode_ms_per_context_token x cached tokens`); each emits one token at its end.
+
+KV policies (what an engine does when the pool runs dry):
+  reserve_wait  reserve prompt + max_tokens at admission; the head waits until it fits
+                (TensorRT-LLM GUARANTEED_NO_EVICT). Nothing is killed or preempted.
+  reserve_kill  reserve prompt + max_tokens at admission; a request that does not fit is killed
+                with an out-of-memory error (a naive hand-written backend).
+  grow_preempt  take blocks as tokens come; admit when the prompt fits; when a running sequence
+                needs a block and none is free, the most recently admitted one is preempted and
+                recomputed later (vLLM). Overload shows as queueing and preemptions.
+  grow_kill     take blocks as tokens come; a sequence that needs a block when none is free is
+                killed (tinyllm, most home-made engines).
+
+Pure and deterministic: no I/O, no clock, no randomness.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+KVPolicy = Literal["reserve_wait", "reserve_kill", "grow_preempt", "grow_kill"]
+KV_POLICIES: tuple[str, ...] = ("reserve_wait", "reserve_kill", "grow_preempt", "grow_kill")
+
+# What happens to a request, as the engine reports it.
+FIRST, DONE, KILLED, REFUSED = "first", "done", "killed", "refused"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LLMCurve(_Strict):
+    """Step costs of a continuous-batching engine, in milliseconds."""
+
+    prefill_fixed_ms: float = Field(default=0.0, ge=0, description="Fixed cost of one prefill.")
+    prefill_ms_per_token: float = Field(ge=0, description="Prefill cost per prompt token.")
+    decode_fixed_ms: float = Field(ge=0, description="Fixed cost of one decode step.")
+    decode_ms_per_seq: float = Field(ge=0, description="Decode step cost per sequence in the batch.")
+    decode_ms_per_context_token: float = Field(default=0.0, ge=0, description="Decode cost per cached token (attention).")
+
+    def prefill_ms(self, tokens: int) -> float:
+        return self.prefill_fixed_ms + self.prefill_ms_per_token * tokens
+
+    def decode_ms(self, seqs: int, context_tokens: int) -> float:
+        return self.decode_fixed_ms + self.decode_ms_per_seq * seqs + self.decode_ms_per_context_token * context_tokens
+
+
+class EngineModel(_Strict):
+    """What the simulator needs to know about one engine, with where each value came from."""
+
+    kv_policy: KVPolicy = Field(description="What the engine does when its KV pool runs dry (module docstring).")
+    kv_block_tokens: int = Field(ge=1, description="Tokens per KV block (1 for an engine that counts tokens).")
+    kv_pool_blocks: int = Field(ge=1, description="Blocks in the KV pool.")
+    max_num_seqs: int = Field(ge=1, description="Sequences that may run at once.")
+    max_batched_tokens: int | None = Field(
+        default=None, ge=1, description="Prefill tokens one step may take (vLLM max_num_batched_tokens); None = no limit."
+    )
+    max_context: int | None = Field(
+        default=None, ge=1, description="Prompt + max_tokens above this is refused at once (vLLM max_model_len)."
+    )
+    curve: LLMCurve
+    sources: dict[str, str] = Field(default_factory=dict, description="Field name -> where its value came from.")
+
+    @property
+    def pool_tokens(self) -> int:
+        return self.kv_pool_blocks * self.kv_block_tokens
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.kv_block_tokens)
+
+    def sequences_fitting(self, prompt_tokens: int, output_tokens: int) -> int:
+        """Sequences of this size the pool holds at their longest (at most max_num_seqs)."""
+        per = max(1, self.blocks_for(prompt_tokens + output_tokens))
+        return max(0, min(self.max_num_seqs, self.kv_pool_blocks // per))
+
+
+class EngineState:
+    """The running state of one engine. The caller owns time: `step(now)` returns when the step
+    ends and what happened to which request, and the caller schedules the next step there.
+
+    Requests are caller indices; `prompt[r]` and `output[r]` are their token counts.
+    """
+
+    def __init__(self, model: EngineModel, prompt: Sequence[int], output: Sequence[int]) -> None:
+        self.model = model
+        self.prompt = prompt
+        self.output = output
+        self.waiting: deque[int] = deque()
+        self.running: list[int] = []  # in admission order: the last is preempted first
+        self.free_blocks = model.kv_pool_blocks
+        self.cache_len: dict[int, int] = {}
+        self.generated: dict[int, int] = {}
+        self.blocks: dict[int, int] = {}
+        self.preemptions = 0
+        self.killed = 0
+        self.steps = 0
+        self.decoded_seqs = 0
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def submit(self, r: int) -> None:
+        self.waiting.append(r)
+
+    def _release(self, r: int) -> None:
+        self.free_blocks += self.blocks.pop(r, 0)
+        self.cache_len.pop(r, None)
+
+    def _admission_need(self, r: int) -> tuple[int, int]:
+        """(blocks to take now, prefill tokens) for the head request."""
+        m = self.model
+        if m.kv_policy in ("reserve_wait", "reserve_kill"):
+            return m.blocks_for(self.prompt[r] + self.output[r]), self.prompt[r]
+        # a resumed sequence recomputes its prompt and every token it already sent
+        tokens = self.prompt[r] + self.generated.get(r, 0)
+        return m.blocks_for(tokens), tokens
+
+    def step(self, now: float) -> tuple[float, list[tuple[int, str, float]]]:
+        """Run one step starting at `now` (seconds). Returns (end time, events); events are
+        (request, FIRST | DONE | KILLED | REFUSED, time)."""
+        m = self.model
+        curve = m.curve
+        events: list[tuple[int, str, float]] = []
+        t = now
+        admitted: list[tuple[int, int]] = []
+        batched = 0
+        while self.waiting and len(self.running) + len(admitted) < m.max_num_seqs:
+            r = self.waiting[0]
+            prompt, out = self.prompt[r], self.output[r]
+            if out <= 0:
+                self.waiting.popleft()
+                events.append((r, DONE, t))
+                continue
+            if m.max_context is not None and prompt + out > m.max_context:
+                self.waiting.popleft()
+                events.append((r, REFUSED, t))
+                continue
+            need, tokens = self._admission_need(r)
+            whole = need if m.kv_policy != "grow_preempt" else m.blocks_for(prompt + out)
+            if whole > m.kv_pool_blocks:  # could never run to its end (or would preempt itself forever)
+                self.waiting.popleft()
+                events.append((r, REFUSED, t))
+                continue
+            if m.max_batched_tokens is not None and admitted and batched + tokens > m.max_batched_tokens:
+                break  # the step's token budget is spent: the head goes in the next step
+            if need > self.free_blocks:
+                if m.kv_policy in ("reserve_kill", "grow_kill"):
+                    self.waiting.popleft()
+                    self.killed += 1
+                    events.append((r, KILLED, t))
+                    continue
+                break  # held back until running sequences free their blocks
+            self.waiting.popleft()
+            self.free_blocks -= need
+            self.blocks[r] = need
+            batched += tokens
+            admitted.append((r, tokens))
+        for r, tokens in admitted:
+            t += curve.prefill_ms(tokens) / 1000.0
+            self.cache_len[r] = tokens
+            if r in self.generated:  # resumed after a preemption: its tokens were already sent
+                self.running.append(r)
+                continue
+            self.generated[r] = 1
+            events.append((r, FIRST, t))
+            if self.output[r] <= 1:
+                self._retire(r, t, events)
+            else:
+                self.running.append(r)
+        batch = self._grow(t, events)
+        if batch:
+            context = sum(self.cache_len[r] + 1 for r in batch)
+            t += curve.decode_ms(len(batch), context) / 1000.0
+            self.decoded_seqs += len(batch)
+            for r in batch:
+                self.cache_len[r] += 1
+                self.generated[r] += 1
+                if self.generated[r] >= self.output[r]:
+                    self._retire(r, t, events)
+        if admitted or batch:
+            self.steps += 1
+        elif self.waiting and not self.running:
+            # Nothing ran and nothing can: the head can never be admitted (a safety net).
+            r = self.waiting.popleft()
+            events.append((r, REFUSED, t))
+        return t, events
+
+    def _grow(self, t: float, events: list[tuple[int, str, float]]) -> list[int]:
+        """The decode batch, after each sequence got the block its next token needs."""
+        m = self.model
+        T = m.kv_block_tokens
+        if m.kv_policy in ("reserve_wait", "reserve_kill"):
+            return list(self.running)
+        batch: list[int] = []
+        i = 0
+        while i < len(self.running):
+            r = self.running[i]
+            if self.cache_len[r] // T >= self.blocks[r]:
+                if self.free_blocks == 0 and m.kv_policy == "grow_kill":
+                    self.running.pop(i)
+                    self.killed += 1
+                    self._release(r)
+                    self.generated.pop(r, None)
+                    events.append((r, KILLED, t))
+                    continue
+                while self.free_blocks == 0:
+                    victim = self.running[-1]
+                    self._preempt(victim)
+                    if victim == r:
+                        break
+                if r not in self.blocks:  # preempted itself: nothing left to make room from
+                    continue
+                self.free_blocks -= 1
+                self.blocks[r] += 1
+            batch.append(r)
+            i += 1
+        return batch
+
+    def _preempt(self, r: int) -> None:
+        self.running.remove(r)
+        self._release(r)
+        self.waiting.appendleft(r)
+        self.preemptions += 1
+
+    def _retire(self, r: int, t: float, events: list[tuple[int, str, float]]) -> None:
+        if r in self.running:
+            self.running.remove(r)
+        self._release(r)
+        self.generated.pop(r, None)
+        events.append((r, DONE, t))
+
+
+def engine_problems(model: EngineModel) -> list[str]:
+    """Values that make an engine unable to serve anything (a readable list, empty when sound)."""
+    problems = []
+    if model.max_context is not None and model.blocks_for(model.max_context) > model.kv_pool_blocks:
+        problems.append(
+            f"the KV pool holds {model.pool_tokens} tokens, less than one sequence at max_context "
+            f"{model.max_context}: long requests can never run"
+        )
+    return problems
+

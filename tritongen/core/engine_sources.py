@@ -1,0 +1,269 @@
+"""Where an LLM engine's values come from: the backend's own files first, then the spec's
+documented `engine:` section, then what the profile measured.
+
+- vLLM backend (`backend: "vllm"`): `1/model.json` engine arguments (`max_num_seqs`,
+  `max_num_batched_tokens`, `block_size`, `max_model_len`, `num_gpu_blocks_override`); the KV
+  policy is grow-and-preempt. Without `num_gpu_blocks_override` the pool is what vLLM sized from
+  the GPU, which only the engine's metrics (or a probe) can tell.
+- TensorRT-LLM (`backend: "tensorrtllm"`): config parameters `batch_scheduler_policy`
+  (`guaranteed_no_evict` reserves at admission, `max_utilization` pauses and resumes),
+  `max_tokens_in_paged_kv_cache`, `enable_chunked_context`. Tokens per block and the runtime batch
+  are engine build options: the spec's `engine:` section names them.
+- Any other backend (tinyllm, a user's Python backend): tritongen's documented engine parameters
+  in the config (`kv_policy`, `max_num_seqs`, `kv_block_tokens`, `kv_pool_blocks`,
+  `max_batched_tokens`, `max_context`), which `render` writes from the spec's `engine:` section
+  for backends that read them (`engine.render_parameters`), or the spec's section itself.
+
+Two sources that both state a value and disagree are an error naming both: the simulation would
+otherwise model an engine the server does not run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from tritongen.core.engine import KV_POLICIES, EngineModel, LLMCurve
+
+# tritongen's documented engine parameters (config.pbtxt `parameters`), read for backends other
+# than vLLM and TensorRT-LLM.
+ENGINE_PARAMETERS = ("kv_policy", "max_num_seqs", "kv_block_tokens", "kv_pool_blocks", "max_batched_tokens", "max_context")
+
+VLLM_DEFAULT_MAX_NUM_SEQS = 256  # vLLM EngineArgs default
+VLLM_DEFAULT_BLOCK_SIZE = 16
+TRTLLM_POLICIES = {"guaranteed_no_evict": "reserve_wait", "max_utilization": "grow_preempt"}
+
+
+class EngineSourceError(ValueError):
+    """The engine's values are missing or contradict each other (message names the sources)."""
+
+
+@dataclass(frozen=True)
+class SpecEngine:
+    """The spec's `engine:` section as this module needs it (None = not stated)."""
+
+    kv_policy: str | None = None
+    max_num_seqs: int | None = None
+    kv_block_tokens: int | None = None
+    kv_pool_tokens: int | None = None
+    max_batched_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class MeasuredEngine:
+    """What a profile measured: step costs and, where it could see it, the KV pool."""
+
+    curve: LLMCurve
+    kv_capacity_tokens: int | None = None
+    kv_capacity_source: str | None = None
+    kv_block_tokens: int | None = None
+
+
+@dataclass
+class _Claims:
+    model: str
+    values: dict[str, tuple[object, str]] = field(default_factory=dict)
+
+    def add(self, name: str, value: object, source: str) -> None:
+        if value is None:
+            return
+        if name in self.values:
+            old, where = self.values[name]
+            if old != value:
+                raise EngineSourceError(
+                    f"model {self.model!r}: {name} is {old} in {where} but {value} in {source}; "
+                    f"make them agree (the backend runs what its own files say)"
+                )
+            return
+        self.values[name] = (value, source)
+
+    def get(self, name: str) -> object | None:
+        found = self.values.get(name)
+        return found[0] if found else None
+
+
+def _int(value: object, name: str, where: str, model: str) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise EngineSourceError(f"model {model!r}: {name} in {where} is {value!r}, not an integer") from None
+    if number < 1:
+        raise EngineSourceError(f"model {model!r}: {name} in {where} is {number}; it must be at least 1")
+    return number
+
+
+def _truthy(value: object) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _from_vllm(claims: _Claims, args: Mapping[str, object]) -> None:
+    where = "model.json"
+    m = claims.model
+    claims.add("kv_policy", "grow_preempt", "the vLLM backend (preempts and recomputes)")
+    claims.add("max_num_seqs", _int(args.get("max_num_seqs"), "max_num_seqs", where, m), where)
+    claims.add("kv_block_tokens", _int(args.get("block_size"), "block_size", where, m), where)
+    claims.add("max_batched_tokens", _int(args.get("max_num_batched_tokens"), "max_num_batched_tokens", where, m), where)
+    claims.add("max_context", _int(args.get("max_model_len"), "max_model_len", where, m), where)
+    blocks = _int(args.get("num_gpu_blocks_override"), "num_gpu_blocks_override", where, m)
+    claims.add("kv_pool_blocks", blocks, where)
+
+
+def _from_trtllm(claims: _Claims, parameters: Mapping[str, str]) -> None:
+    where = "config.pbtxt parameters"
+    m = claims.model
+    policy = str(parameters.get("batch_scheduler_policy", "guaranteed_no_evict")).strip().lower()
+    if policy not in TRTLLM_POLICIES:
+        raise EngineSourceError(
+            f"model {m!r}: batch_scheduler_policy {policy!r} in {where} is not one of {sorted(TRTLLM_POLICIES)}"
+        )
+    claims.add("kv_policy", TRTLLM_POLICIES[policy], f"batch_scheduler_policy {policy} ({where})")
+    tokens = _int(parameters.get("max_tokens_in_paged_kv_cache"), "max_tokens_in_paged_kv_cache", where, m)
+    if tokens is not None:
+        claims.add("kv_pool_tokens", tokens, where)
+
+
+def _from_parameters(claims: _Claims, parameters: Mapping[str, str]) -> None:
+    where = "config.pbtxt parameters"
+    m = claims.model
+    policy = parameters.get("kv_policy")
+    if policy is not None:
+        if policy not in KV_POLICIES:
+            raise EngineSourceError(f"model {m!r}: kv_policy {policy!r} in {where} is not one of {list(KV_POLICIES)}")
+        claims.add("kv_policy", policy, where)
+    for name in ("max_num_seqs", "kv_block_tokens", "kv_pool_blocks", "max_batched_tokens", "max_context"):
+        claims.add(name, _int(parameters.get(name), name, where, m), where)
+
+
+def resolve_engine(
+    *,
+    model: str,
+    backend: str | None,
+    parameters: Mapping[str, str],
+    measured: MeasuredEngine | None,
+    engine_args: Mapping[str, object] | None = None,
+    spec: SpecEngine | None = None,
+    spec_where: str = "the spec's engine: section",
+    max_context: int | None = None,
+    max_batch_size: int = 0,
+    planned_pool_blocks: int | None = None,
+) -> EngineModel:
+    """The engine model of one decoupled LLM, each value labelled with its source."""
+    claims = _Claims(model)
+    if backend == "vllm":
+        _from_vllm(claims, engine_args or {})
+    elif backend == "tensorrtllm":
+        _from_trtllm(claims, parameters)
+    else:
+        _from_parameters(claims, parameters)
+    if spec is not None:
+        where = spec_where
+        claims.add("kv_policy", spec.kv_policy, where)
+        claims.add("max_num_seqs", spec.max_num_seqs, where)
+        claims.add("kv_block_tokens", spec.kv_block_tokens, where)
+        claims.add("max_batched_tokens", spec.max_batched_tokens, where)
+        if spec.kv_pool_tokens is not None:
+            if claims.get("kv_pool_blocks") is not None or claims.get("kv_pool_tokens") is not None:
+                stated = claims.values.get("kv_pool_blocks") or claims.values.get("kv_pool_tokens")
+                assert stated is not None
+                raise EngineSourceError(
+                    f"model {model!r}: the KV pool is stated in {stated[1]} and again as kv_pool_tokens "
+                    f"{spec.kv_pool_tokens} in {where}; remove one (the backend runs what its own files say)"
+                )
+            claims.add("kv_pool_tokens", spec.kv_pool_tokens, where)
+    claims.add("max_context", max_context, "the spec's max_context")
+    if measured is not None and measured.kv_block_tokens is not None and claims.get("kv_block_tokens") is None:
+        claims.add("kv_block_tokens", measured.kv_block_tokens, f"the profile ({measured.kv_capacity_source})")
+
+    policy = claims.get("kv_policy")
+    if policy is None:
+        raise EngineSourceError(
+            f"model {model!r} (backend {backend or '?'}): its KV policy is unknown; set engine.kv_policy in the spec "
+            f"to one of {list(KV_POLICIES)} (what the backend does when its KV memory runs out)"
+        )
+    sources = {name: where for name, (_value, where) in claims.values.items()}
+    block = claims.get("kv_block_tokens")
+    if block is None:
+        if backend == "vllm":
+            block, sources["kv_block_tokens"] = VLLM_DEFAULT_BLOCK_SIZE, "vLLM's default block_size"
+        elif policy in ("reserve_kill", "reserve_wait") and backend != "tensorrtllm":
+            block, sources["kv_block_tokens"] = 1, "token-granular reservation (no block size stated)"
+        else:
+            raise EngineSourceError(
+                f"model {model!r}: tokens per KV block are unknown; set engine.kv_block_tokens in the spec"
+            )
+    block = int(block)  # type: ignore[arg-type]
+    pool_blocks = claims.get("kv_pool_blocks")
+    pool_tokens = claims.get("kv_pool_tokens")
+    if pool_blocks is None and pool_tokens is not None:
+        pool_blocks = int(pool_tokens) // block  # type: ignore[arg-type]
+        sources["kv_pool_blocks"] = sources.pop("kv_pool_tokens")
+    if pool_blocks is None and measured is not None and measured.kv_capacity_tokens:
+        pool_blocks = measured.kv_capacity_tokens // block
+        sources["kv_pool_blocks"] = f"the profile ({measured.kv_capacity_source})"
+    if pool_blocks is None and planned_pool_blocks:
+        pool_blocks, sources["kv_pool_blocks"] = planned_pool_blocks, "tritongen's KV plan (budget / block bytes)"
+    if not pool_blocks:
+        raise EngineSourceError(
+            f"model {model!r}: the size of its KV pool is unknown: neither the backend's files, the engine's "
+            "metrics in the profile nor the spec state it; set engine.kv_pool_tokens in the spec, or profile "
+            "with --kv-capacity-probe"
+        )
+    seqs = claims.get("max_num_seqs")
+    if seqs is None:
+        if backend == "vllm":
+            seqs, sources["max_num_seqs"] = VLLM_DEFAULT_MAX_NUM_SEQS, "vLLM's default max_num_seqs"
+        elif max_batch_size > 0:
+            seqs, sources["max_num_seqs"] = max_batch_size, "Triton's max_batch_size (no engine limit stated)"
+        else:
+            seqs = int(pool_blocks)  # type: ignore[arg-type]
+            sources["max_num_seqs"] = "no limit stated: the pool bounds it"
+    if measured is None:
+        raise EngineSourceError(
+            f"model {model!r}: its step costs are unknown; profile it (`tritongen profile`) and pass the profile"
+        )
+    sources["curve"] = "the profile"
+    batched = claims.get("max_batched_tokens")
+    return EngineModel(
+        kv_policy=policy,  # type: ignore[arg-type]
+        kv_block_tokens=block,
+        kv_pool_blocks=int(pool_blocks),  # type: ignore[arg-type]
+        max_num_seqs=int(seqs),  # type: ignore[arg-type]
+        max_batched_tokens=int(batched) if batched is not None else None,  # type: ignore[arg-type]
+        max_context=claims.get("max_context"),  # type: ignore[arg-type]
+        curve=measured.curve,
+        sources=sources,
+    )
+
+
+def measured_from_profile(engine) -> MeasuredEngine:
+    """A profile's `EngineMeasurement` as the resolver reads it."""
+    return MeasuredEngine(
+        curve=LLMCurve(
+            prefill_fixed_ms=engine.prefill_fixed_ms,
+            prefill_ms_per_token=engine.prefill_ms_per_token,
+            decode_fixed_ms=engine.decode_fixed_ms,
+            decode_ms_per_seq=engine.decode_ms_per_seq,
+        ),
+        kv_capacity_tokens=engine.kv_capacity_tokens,
+        kv_capacity_source=engine.kv_capacity_source,
+        kv_block_tokens=engine.kv_block_tokens,
+    )
+
+
+def spec_engine_of(model_spec) -> SpecEngine | None:
+    """The spec's `engine:` section of a `ModelSpec` (None when it has none)."""
+    section = getattr(model_spec, "engine", None)
+    return None if section is None else stated_engine(section)
+
+
+def stated_engine(section) -> SpecEngine:
+    """An `EngineSection` (the spec's, or `simulate --engine`'s) as the resolver reads it."""
+    return SpecEngine(
+        kv_policy=section.kv_policy,
+        max_num_seqs=section.max_num_seqs,
+        kv_block_tokens=section.kv_block_tokens,
+        kv_pool_tokens=section.kv_pool_tokens,
+        max_batched_tokens=section.max_batched_tokens,
+    )

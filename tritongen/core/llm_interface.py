@@ -1,0 +1,596 @@
+"""Which LLM interface a Triton model speaks, and the request that asks it for N tokens.
+
+tritongen sends LLM requests from its profiler, load generator, demo and sidecar. Real LLM models on
+Triton do not share one set of inputs: the vLLM backend takes max_tokens inside a JSON string,
+TensorRT-LLM's ensemble wants a batch dimension and a required max_tokens tensor, a user's Python
+backend may have no stream switch at all. A request built for the wrong interface is refused, or
+worse, accepted: a model that was never asked to stream answers with one whole response, and a
+profiler counting responses then counts one token. So the interface is read from the model's
+config (`detect_interface`, `interface_from_config`) and requests are built from what was found
+(`LLMInterface.request`, `.generate_body`), never from tritongen's own model's names.
+
+Three interfaces are recognised:
+
+- "vllm": the vLLM backend (backend "vllm", or any model with a `sampling_parameters` input, e.g. a
+  copy of its model.py under backend "python"). max_tokens travels in `sampling_parameters`, or,
+  without that tensor, in the request parameters.
+- "trtllm": TensorRT-LLM's text-in/text-out models: the `ensemble` and `tensorrt_llm_bls` models of
+  all_models/inflight_batcher_llm (text_input, a required max_tokens, stream), and the LLM-API model
+  of all_models/llmapi (text_input, sampling_param_max_tokens, streaming). The raw `tensorrt_llm`
+  model speaks token ids and is refused (`TokenIdModel`) with a pointer to the ensemble or BLS.
+- "generic": Triton's generate-extension convention, the shape of most users' own Python backends
+  and of tritongen's tinyllm: a STRING text input, an optional integer max_tokens, an optional BOOL
+  stream.
+
+Pure: config data in, tensor descriptions out. No I/O, no numpy, no tritonclient; the adapters
+(`tritongen.client.numpy_inputs`) turn `RequestTensor`s into arrays.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Kind = Literal["generic", "vllm", "trtllm"]
+_Field = tuple[str, str, str | bool | int]  # (input name, wire datatype, the one element)
+
+VLLM_DEFAULT_MAX_TOKENS = 16
+"""vLLM's `SamplingParams.max_tokens` default: what a vLLM model generates when no max_tokens is sent
+(the backend builds its SamplingParams from the request's JSON alone, src/utils/vllm_backend_utils.py
+`TritonSamplingParams.from_dict`)."""
+
+# Names accepted for the generic interface's roles, in order of preference. "prompt"/"text" and
+# "max_new_tokens"/"max_output_tokens" are what custom Python backends wrapping Hugging Face
+# `generate()` or an OpenAI-style API commonly call them; "streaming" is the LLM-API model's name.
+# Nothing looser is guessed (no "any STRING input"): a wrong guess sends the prompt into a tensor
+# that means something else.
+GENERIC_TEXT_INPUTS = ("text_input", "prompt", "text")
+GENERIC_MAX_TOKENS_INPUTS = ("max_tokens", "max_new_tokens", "max_output_tokens")
+GENERIC_STREAM_INPUTS = ("stream", "streaming")
+
+# Inputs only TensorRT-LLM's ensemble/BLS have (docs/model_config.md, "Unique Inputs for
+# tensorrt_llm_bls model" and "Common Inputs"). Plain sampling names (top_k, top_p, temperature)
+# are left out on purpose: a user's own model may have those too.
+TRTLLM_MARKERS = frozenset({
+    "bad_words", "stop_words", "end_id", "pad_id", "beam_width", "length_penalty", "decoder_text_input",
+    "embedding_bias_words", "embedding_bias_weights", "prompt_embedding_table", "prompt_vocab_size",
+    "lora_task_id", "num_draft_tokens", "use_draft_logits",
+})
+TRTLLM_MARKERS_NEEDED = 2
+
+# The raw tensorrt_llm model's token-id inputs (docs/model_config.md, "Unique Inputs for tensorrt_llm model").
+TOKEN_ID_INPUTS = ("input_ids", "input_lengths", "request_output_len")
+
+_INTEGER_TYPES = frozenset({
+    "TYPE_INT8", "TYPE_INT16", "TYPE_INT32", "TYPE_INT64", "TYPE_UINT8", "TYPE_UINT16", "TYPE_UINT32", "TYPE_UINT64",
+})
+_STRING = frozenset({"TYPE_STRING"})
+_BOOL = frozenset({"TYPE_BOOL"})
+
+EXPECTED = (
+    "tritongen speaks: generic (a STRING text_input, prompt or text; optional integer max_tokens, "
+    "max_new_tokens or max_output_tokens; optional BOOL stream), the vLLM backend (backend \"vllm\" or a "
+    "sampling_parameters input), TensorRT-LLM ensemble/BLS (text_input, max_tokens and inputs such as "
+    "bad_words, stop_words, end_id, pad_id) or its LLM-API model (text_input, sampling_param_max_tokens)"
+)
+
+
+class UnknownInterface(ValueError):
+    """A model tritongen cannot send an LLM request to; the message says why, lists the model's inputs
+    and what tritongen expects, in one line."""
+
+
+class TokenIdModel(UnknownInterface):
+    """TensorRT-LLM's raw `tensorrt_llm` model: it takes token ids, tritongen sends text."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class TensorInfo(_Strict):
+    """One input or output as the model's config declares it (without the batch dimension)."""
+
+    name: str = Field(min_length=1, description="Tensor name.")
+    data_type: str = Field(
+        description="Config type name, 'TYPE_STRING' style; 'STRING', 'BYTES' and 'INT32' style are "
+        "accepted and given the prefix (BYTES is the wire name of TYPE_STRING)."
+    )
+    dims: list[int] = Field(description="Shape without the batch dimension; -1 = variable.")
+    optional: bool = Field(default=False, description="Inputs: the request may leave it out.")
+
+    @field_validator("data_type", mode="before")
+    @classmethod
+    def _config_type_name(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        name = value.upper().removeprefix("TYPE_")
+        return "TYPE_STRING" if name == "BYTES" else f"TYPE_{name}"
+
+    @property
+    def one_element(self) -> bool:
+        """dims [1] or [-1]: one prompt, one count, one flag fits, sent with shape [1] (or [1, 1] batched)."""
+        return len(self.dims) == 1 and self.dims[0] in (1, -1)
+
+    def label(self) -> str:
+        """'max_tokens INT32 [1] optional', for messages."""
+        dims = ",".join(str(d) for d in self.dims)
+        return f"{self.name} {self.data_type.removeprefix('TYPE_')} [{dims}]" + (" optional" if self.optional else "")
+
+
+class RequestTensor(_Strict):
+    """One input of a request: a single element, which the adapter turns into an array of `shape`."""
+
+    name: str = Field(description="Input name.")
+    datatype: str = Field(description="Wire datatype as the inference protocol names it: BYTES, BOOL, INT32, ...")
+    shape: list[int] = Field(description="Full request shape, batch dimension included where the model has one.")
+    value: str | bool | int = Field(description="The one element: text for BYTES (UTF-8 on the wire), a flag, a count.")
+
+
+def wire_datatype(data_type: str) -> str:
+    """TYPE_INT32 -> INT32, TYPE_STRING -> BYTES: the inference protocol's name for a config type."""
+    name = data_type.removeprefix("TYPE_")
+    return "BYTES" if name == "STRING" else name
+
+
+class LLMInterface(_Strict):
+    """How to ask one model for text: which tensors carry the prompt, max_tokens, the stream switch.
+
+    Built by `detect_interface`; every role names a tensor that the model's config declares."""
+
+    kind: Kind = Field(description="Which family of interface: generic, vllm or trtllm.")
+    label: str = Field(description="The family in words for reports: 'vLLM backend', 'TensorRT-LLM ensemble', ...")
+    model: str = Field(description="The model's name, for messages.")
+    text_input: str = Field(description="STRING input that takes the prompt.")
+    text_output: str = Field(description="STRING output that carries the generated text.")
+    max_tokens_input: str | None = Field(
+        description="Integer input that takes max_tokens. None: it goes in `sampling_parameters_input`'s "
+        "JSON, else in the request parameters (key 'max_tokens')."
+    )
+    max_tokens_datatype: str | None = Field(description="Wire datatype of `max_tokens_input` (INT32, INT64, ...).")
+    sampling_parameters_input: str | None = Field(
+        description="vLLM: the STRING input holding the sampling parameters as JSON; the backend then "
+        "ignores the request parameters (src/utils/request.py, `_get_input_tensors`)."
+    )
+    stream_input: str | None = Field(
+        description="BOOL input that switches streaming. None: the model has no switch (it streams, or not)."
+    )
+    exclude_input_input: str | None = Field(
+        description="BOOL input that keeps the prompt out of text_output; always sent true, so the output "
+        "holds the completion only (vLLM and TensorRT-LLM echo the prompt by default when not streaming)."
+    )
+    input_token_count_input: str | None = Field(
+        description="BOOL input that asks for the prompt's token count (return_num_input_tokens)."
+    )
+    input_token_count_output: str | None = Field(
+        description="Integer output with the prompt's token count (num_input_tokens), when the model has both."
+    )
+    batched: bool = Field(description="max_batch_size > 0: every tensor carries a leading batch dimension of 1.")
+    decoupled: bool = Field(description="Decoupled transaction policy: the model may send many responses per request.")
+    default_max_tokens: int | None = Field(
+        description="What the backend generates when max_tokens is not sent: 16 for vLLM, the model's "
+        "`default_max_tokens` config parameter for generic models (tinyllm's convention); None: unknown "
+        "or max_tokens is required."
+    )
+
+    # ---------------------------------------------------------------------------------------------
+
+    def will_stream(self, stream: bool = True) -> bool:
+        """Whether a request built with `stream` gets its tokens as separate responses.
+
+        A model that is not decoupled sends exactly one response per request, so it never streams;
+        a decoupled model without a stream switch is taken to stream (tinyllm always does), except
+        vLLM, which does not stream unless told to (src/utils/request.py reads a missing stream as
+        false)."""
+        if not self.decoupled:
+            return False
+        if self.stream_input is None:
+            return self.kind != "vllm"
+        return stream
+
+    def _fields(self, prompt: str, max_tokens: int, stream: bool, count_input_tokens: bool) -> list[_Field]:
+        """(name, wire datatype, value) of every tensor a request sends, in a stable order."""
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        fields: list[_Field] = [(self.text_input, "BYTES", prompt)]
+        if self.max_tokens_input is not None:
+            fields.append((self.max_tokens_input, self.max_tokens_datatype or "INT32", max_tokens))
+        if self.sampling_parameters_input is not None:
+            fields.append((self.sampling_parameters_input, "BYTES", json.dumps({"max_tokens": max_tokens})))
+        if self.stream_input is not None:
+            # stream=true on a model that is not decoupled is refused or misbehaves: TensorRT-LLM's
+            # decoupled_mode "Must be set to true for requests setting the stream tensor to true"
+            # (docs/model_config.md), and the server's /generate wants exactly one response.
+            fields.append((self.stream_input, "BOOL", bool(stream and self.decoupled)))
+        if self.exclude_input_input is not None:
+            # true whether streaming or not: vLLM refuses false when streaming, and prepends the
+            # prompt to the one non-streamed response by default (src/utils/request.py)
+            fields.append((self.exclude_input_input, "BOOL", True))
+        if self.input_token_count_input is not None and count_input_tokens:
+            fields.append((self.input_token_count_input, "BOOL", True))
+        return fields
+
+    def request(
+        self, prompt: str, max_tokens: int, stream: bool = True, count_input_tokens: bool = False
+    ) -> list[RequestTensor]:
+        """The input tensors of one request for `max_tokens` tokens of `prompt`.
+
+        `stream`: ask for token-by-token responses where the model has a switch (sent false on a
+        model that is not decoupled; see `will_stream`). `count_input_tokens`: also ask for the
+        prompt's token count in `input_token_count_output`, where the model offers it (ignored
+        otherwise). Send `request_parameters(max_tokens)` with it."""
+        lead = [1] if self.batched else []
+        return [RequestTensor(name=name, datatype=dt, shape=lead + [1], value=value)
+                for name, dt, value in self._fields(prompt, max_tokens, stream, count_input_tokens)]
+
+    def request_parameters(self, max_tokens: int) -> dict[str, int]:
+        """Triton request parameters the request needs: {'max_tokens': N} where no tensor takes it
+        (vLLM without a sampling_parameters input reads its sampling parameters from here; a generic
+        model without a max_tokens input may); else empty."""
+        if self.max_tokens_input is None and self.sampling_parameters_input is None:
+            return {"max_tokens": max_tokens}
+        return {}
+
+    def generate_body(
+        self, prompt: str, max_tokens: int, stream: bool = True, count_input_tokens: bool = False
+    ) -> dict[str, Any]:
+        """JSON body for POST /v2/models/<model>/generate_stream (SSE) or /generate.
+
+        The server maps each top-level key, and each key of "parameters", to the input of that name
+        or else to a request parameter, and fills the shape (batch dimension included) from the
+        model's metadata (server src/http_server.cc, `ConvertGenerateRequest`/`ExactMappingInput`),
+        so the values are the same single elements as `request`'s."""
+        fields = self._fields(prompt, max_tokens, stream, count_input_tokens)
+        body: dict[str, Any] = {name: value for name, _, value in fields}
+        parameters = self.request_parameters(max_tokens)
+        if parameters:
+            body["parameters"] = parameters
+        return body
+
+    def describe(self) -> str:
+        """One line for reports, e.g. 'vLLM backend (text_input, stream, sampling_parameters.max_tokens)'."""
+        if self.max_tokens_input is not None:
+            where = self.max_tokens_input
+        elif self.sampling_parameters_input is not None:
+            where = f"{self.sampling_parameters_input}.max_tokens"
+        else:
+            where = "parameters.max_tokens"
+        parts = [self.text_input, self.stream_input or "no stream input", where]
+        note = "" if self.decoupled else "; not decoupled: one response per request"
+        return f"{self.label} ({', '.join(parts)}{note})"
+
+
+# ------------------------------------------------------------------------------------------------
+# detection
+
+# What the vLLM backend's auto_complete_config adds to a config that lists none (src/model.py,
+# `_auto_complete_inputs_and_outputs`): its sample config.pbtxt lists no inputs at all.
+VLLM_AUTOCOMPLETE_INPUTS = (
+    TensorInfo(name="text_input", data_type="TYPE_STRING", dims=[1]),
+    TensorInfo(name="image", data_type="TYPE_STRING", dims=[-1], optional=True),
+    TensorInfo(name="stream", data_type="TYPE_BOOL", dims=[1], optional=True),
+    TensorInfo(name="sampling_parameters", data_type="TYPE_STRING", dims=[1], optional=True),
+    TensorInfo(name="exclude_input_in_output", data_type="TYPE_BOOL", dims=[1], optional=True),
+    TensorInfo(name="return_finish_reason", data_type="TYPE_BOOL", dims=[1], optional=True),
+    TensorInfo(name="return_cumulative_logprob", data_type="TYPE_BOOL", dims=[1], optional=True),
+    TensorInfo(name="return_logprobs", data_type="TYPE_BOOL", dims=[1], optional=True),
+    TensorInfo(name="return_num_input_tokens", data_type="TYPE_BOOL", dims=[1], optional=True),
+    TensorInfo(name="return_num_output_tokens", data_type="TYPE_BOOL", dims=[1], optional=True),
+    TensorInfo(name="embedding_request", data_type="TYPE_STRING", dims=[1], optional=True),
+)
+VLLM_AUTOCOMPLETE_OUTPUTS = (
+    TensorInfo(name="text_output", data_type="TYPE_STRING", dims=[-1]),
+    TensorInfo(name="finish_reason", data_type="TYPE_STRING", dims=[-1]),
+    TensorInfo(name="cumulative_logprob", data_type="TYPE_FP32", dims=[-1]),
+    TensorInfo(name="logprobs", data_type="TYPE_STRING", dims=[-1]),
+    TensorInfo(name="num_input_tokens", data_type="TYPE_UINT32", dims=[1]),
+    TensorInfo(name="num_output_tokens", data_type="TYPE_UINT32", dims=[-1]),
+)
+
+
+def _pick(tensors: Mapping[str, TensorInfo], names: Sequence[str], types: frozenset[str]) -> TensorInfo | None:
+    """The first of `names` the model has with one of `types` and room for one element."""
+    for name in names:
+        tensor = tensors.get(name)
+        if tensor is not None and tensor.data_type in types and tensor.one_element:
+            return tensor
+    return None
+
+
+def _unknown(model: str, inputs: Sequence[TensorInfo], reason: str) -> UnknownInterface:
+    found = ", ".join(t.label() for t in inputs) or "none listed"
+    return UnknownInterface(f"model {model!r}: {reason}; its inputs: {found}; {EXPECTED}")
+
+
+def _text_output(model: str, inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo]) -> str:
+    strings = [t.name for t in outputs if t.data_type == "TYPE_STRING"]
+    if "text_output" in strings:
+        return "text_output"
+    if len(strings) == 1:
+        return strings[0]
+    if not strings:
+        raise _unknown(model, inputs, "no STRING output to read the text from")
+    raise _unknown(model, inputs, f"no text_output, and several STRING outputs ({', '.join(strings)}) to choose from")
+
+
+def _refuse_token_ids(model: str, inputs: Mapping[str, TensorInfo]) -> None:
+    token_ids = [name for name in TOKEN_ID_INPUTS if name in inputs]
+    if "input_ids" in token_ids and len(token_ids) >= 2 and _pick(inputs, GENERIC_TEXT_INPUTS, _STRING) is None:
+        raise TokenIdModel(
+            f"model {model!r} is TensorRT-LLM's token-id model (inputs {', '.join(token_ids)}): it takes token "
+            "ids, tritongen sends text; point tritongen at the repository's ensemble model (platform \"ensemble\", "
+            "usually named \"ensemble\") or at tensorrt_llm_bls, which tokenize text_input and detokenize text_output"
+        )
+
+
+def detect_interface(
+    *,
+    model: str,
+    backend: str | None,
+    platform: str | None,
+    inputs: Sequence[TensorInfo],
+    outputs: Sequence[TensorInfo],
+    max_batch_size: int,
+    decoupled: bool,
+    parameters: Mapping[str, str] | None = None,
+) -> LLMInterface:
+    """The interface of a model from its config's fields; `UnknownInterface` when it has none tritongen knows.
+
+    Rules, first match wins:
+    1. inputs input_ids with input_lengths or request_output_len, and no text input: TensorRT-LLM's
+       raw model, refused (`TokenIdModel`) with a pointer to the ensemble or BLS model.
+    2. backend "vllm", or a `sampling_parameters` input: vLLM. With no inputs listed (a config.pbtxt
+       read from disk: the backend's sample lists none) and backend "vllm", the backend's
+       auto-completed inputs and outputs are assumed. A config that lists some is taken as it is:
+       the server's (GET /v2/models/M/config) is already complete, and may come from a vLLM backend
+       older than this list. vLLM is always decoupled: the backend sets the policy and refuses to
+       load without it (src/model.py, `auto_complete_config` and `_init_engine_args`).
+    3. text_input and a `sampling_param_*` input: TensorRT-LLM's LLM-API model.
+    4. text_input, an integer max_tokens and at least two of TRTLLM_MARKERS (bad_words, stop_words,
+       end_id, pad_id, ...): TensorRT-LLM ensemble (platform "ensemble") or BLS (backend "python").
+       Read an ensemble's config from the server: Triton marks an ensemble decoupled there when a
+       step is (core src/ensemble_scheduler/ensemble_utils.cc), its config.pbtxt says nothing.
+    5. otherwise generic: a STRING text input (GENERIC_TEXT_INPUTS), optionally an integer max_tokens
+       (GENERIC_MAX_TOKENS_INPUTS) and a BOOL stream (GENERIC_STREAM_INPUTS).
+
+    Every tensor tritongen fills must take one element (dims [1] or [-1]). Only the prompt, max_tokens,
+    the stream switch, exclude_input_in_output and (when asked) return_num_input_tokens are sent;
+    optional sampling inputs are left unset, so the model's defaults apply, and a required input
+    outside those is an `UnknownInterface` that names it.
+
+    `parameters`: the config's string parameters; generic models may give `default_max_tokens`.
+    """
+    inputs = list(inputs)
+    outputs = list(outputs)
+    is_vllm_backend = (backend or "").lower() == "vllm"
+    if is_vllm_backend and not inputs:
+        inputs = list(VLLM_AUTOCOMPLETE_INPUTS)
+        outputs = outputs or list(VLLM_AUTOCOMPLETE_OUTPUTS)
+    by_name = {t.name: t for t in inputs}
+    _refuse_token_ids(model, by_name)
+
+    count_input = _pick(by_name, ("return_num_input_tokens",), _BOOL)
+    count_output = next((t for t in outputs if t.name == "num_input_tokens" and t.data_type in _INTEGER_TYPES), None)
+    common: dict[str, Any] = {
+        "model": model,
+        "batched": max_batch_size > 0,
+        "input_token_count_input": count_input.name if count_input and count_output else None,
+        "input_token_count_output": count_output.name if count_input and count_output else None,
+    }
+
+    if is_vllm_backend or "sampling_parameters" in by_name:
+        text = _pick(by_name, ("text_input",), _STRING)
+        sampling = _pick(by_name, ("sampling_parameters",), _STRING)
+        roles = dict(
+            kind="vllm", label="vLLM backend", text=text, max_tokens=None, sampling=sampling,
+            stream=_pick(by_name, ("stream",), _BOOL), exclude=_pick(by_name, ("exclude_input_in_output",), _BOOL),
+            decoupled=True, default_max_tokens=VLLM_DEFAULT_MAX_TOKENS,
+        )
+    elif "text_input" in by_name and any(name.startswith("sampling_param_") for name in by_name):
+        roles = dict(
+            kind="trtllm", label="TensorRT-LLM LLM API", text=_pick(by_name, ("text_input",), _STRING),
+            max_tokens=_pick(by_name, ("sampling_param_max_tokens",), _INTEGER_TYPES), sampling=None,
+            stream=_pick(by_name, ("streaming",), _BOOL),
+            exclude=_pick(by_name, ("sampling_param_exclude_input_from_output",), _BOOL),
+            decoupled=decoupled, default_max_tokens=None,
+        )
+    elif ("text_input" in by_name and "max_tokens" in by_name
+          and len(TRTLLM_MARKERS & by_name.keys()) >= TRTLLM_MARKERS_NEEDED):
+        if (platform or "").lower() == "ensemble":
+            label = "TensorRT-LLM ensemble"
+        elif (backend or "").lower() == "python":
+            label = "TensorRT-LLM BLS"
+        else:
+            label = "TensorRT-LLM"
+        roles = dict(
+            kind="trtllm", label=label, text=_pick(by_name, ("text_input",), _STRING),
+            max_tokens=_pick(by_name, ("max_tokens",), _INTEGER_TYPES), sampling=None,
+            stream=_pick(by_name, ("stream",), _BOOL), exclude=_pick(by_name, ("exclude_input_in_output",), _BOOL),
+            decoupled=decoupled, default_max_tokens=None,
+        )
+    else:
+        roles = dict(
+            kind="generic", label="generic", text=_pick(by_name, GENERIC_TEXT_INPUTS, _STRING),
+            max_tokens=_pick(by_name, GENERIC_MAX_TOKENS_INPUTS, _INTEGER_TYPES), sampling=None,
+            stream=_pick(by_name, GENERIC_STREAM_INPUTS, _BOOL), exclude=None,
+            decoupled=decoupled, default_max_tokens=_int_or_none((parameters or {}).get("default_max_tokens")),
+        )
+
+    text = roles["text"]
+    if text is None and not inputs:
+        raise _unknown(model, inputs, "the config lists no inputs (read it from the server, GET "
+                       "/v2/models/<model>/config, which holds the backend's auto-completed inputs)")
+    if text is None:
+        names = "text_input" if roles["kind"] != "generic" else ", ".join(GENERIC_TEXT_INPUTS)
+        raise _unknown(model, inputs, f"no STRING text input with one element ({names})")
+
+    filled = {t.name for t in (text, roles["max_tokens"], roles["sampling"], roles["stream"], roles["exclude"]) if t}
+    if count_input is not None and common["input_token_count_input"] is not None:
+        filled.add(count_input.name)
+    unfillable = [t for t in inputs if not t.optional and t.name not in filled]
+    if unfillable:
+        names = ", ".join(t.label() for t in unfillable)
+        raise _unknown(model, inputs, f"looks like {roles['label']} but requires inputs tritongen cannot fill: {names}")
+
+    max_tokens = roles["max_tokens"]
+    return LLMInterface(
+        kind=roles["kind"],
+        label=roles["label"],
+        text_input=text.name,
+        text_output=_text_output(model, inputs, outputs),
+        max_tokens_input=max_tokens.name if max_tokens else None,
+        max_tokens_datatype=wire_datatype(max_tokens.data_type) if max_tokens else None,
+        sampling_parameters_input=roles["sampling"].name if roles["sampling"] else None,
+        stream_input=roles["stream"].name if roles["stream"] else None,
+        exclude_input_input=roles["exclude"].name if roles["exclude"] else None,
+        decoupled=roles["decoupled"],
+        default_max_tokens=roles["default_max_tokens"],
+        **common,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# configs as Triton and protobuf give them
+
+
+def _get(mapping: Mapping[str, Any], snake: str, camel: str, default: Any = None) -> Any:
+    return mapping[snake] if snake in mapping else mapping.get(camel, default)
+
+
+def _tensors(entries: Any) -> list[TensorInfo]:
+    out = []
+    for entry in entries or []:
+        out.append(TensorInfo(
+            name=str(entry["name"]),
+            data_type=str(_get(entry, "data_type", "dataType", "TYPE_INVALID")),
+            dims=[int(d) for d in entry.get("dims", [])],  # MessageToDict writes int64 dims as strings
+            optional=bool(entry.get("optional", False)),
+        ))
+    return out
+
+
+def _string_parameters(parameters: Any) -> dict[str, str]:
+    out = {}
+    for key, value in (parameters or {}).items():
+        text = _get(value, "string_value", "stringValue") if isinstance(value, Mapping) else value
+        if isinstance(text, str):
+            out[str(key)] = text
+    return out
+
+
+def interface_from_config(config: Mapping[str, Any], *, model: str | None = None) -> LLMInterface:
+    """`detect_interface` on a model config as Triton's GET /v2/models/<model>/config returns it
+    (snake_case JSON), or as `google.protobuf.json_format.MessageToDict(ModelConfig)` writes it
+    (camelCase, int64 dims as strings, defaults left out), or tritonclient.grpc's
+    `get_model_config(as_json=True)` (the same, wrapped in {"config": ...}).
+
+    `model`: the name to report, where the config has none (a config.pbtxt may leave it to the
+    directory name)."""
+    if "config" in config and isinstance(config["config"], Mapping):
+        config = config["config"]
+    policy = _get(config, "model_transaction_policy", "modelTransactionPolicy", {}) or {}
+    return detect_interface(
+        model=model or str(config.get("name") or "<unnamed>"),
+        backend=config.get("backend") or None,
+        platform=config.get("platform") or None,
+        inputs=_tensors(config.get("input")),
+        outputs=_tensors(config.get("output")),
+        max_batch_size=int(_get(config, "max_batch_size", "maxBatchSize", 0) or 0),
+        decoupled=bool(policy.get("decoupled", False)),
+        parameters=_string_parameters(config.get("parameters")),
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# reading max_tokens back from a request
+
+
+def _int_or_none(value: Any) -> int | None:
+    """An integer from an int, an integral float or a numeric string (vLLM's own sample client sends
+    "max_tokens": "100" and the backend casts it with int()); None for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, (str, bytes)):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def _elements(value: Any) -> list[Any]:
+    """The elements of a tensor value: a numpy array (anything with tolist()), a nested list, a scalar."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        out: list[Any] = []
+        for v in value:
+            out.extend(_elements(v))
+        return out
+    return [value]
+
+
+def _parameter_value(value: Any) -> Any:
+    """A request parameter's value: plain (HTTP JSON), or gRPC's InferParameter as a dict
+    ({'int64_param': 5}, or MessageToDict's {'int64Param': '5'})."""
+    if isinstance(value, Mapping) and len(value) == 1:
+        (key, inner), = value.items()
+        if str(key).endswith(("_param", "Param")):
+            return inner
+    return value
+
+
+def _require_int(value: Any, where: str) -> int:
+    found = _int_or_none(value)
+    if found is None:
+        raise ValueError(f"{where} must be an integer, got {value!r}")
+    return found
+
+
+def max_tokens_of(interface: LLMInterface, tensors: Mapping[str, Any], parameters: Mapping[str, Any] | None) -> int | None:
+    """The max_tokens a request asks of `interface`'s model, read where that backend reads it; for a
+    cost estimate before the request is sent.
+
+    `tensors`: input name -> value (numpy array, nested list or scalar; BYTES as bytes or str).
+    `parameters`: the request parameters. Where the backend reads it: the max_tokens tensor; for
+    vLLM the `sampling_parameters` JSON when that tensor is sent (the request parameters are then
+    ignored, as the backend does), else the request parameters. Several batch rows: the largest.
+    Not sent: the backend's default (`interface.default_max_tokens`, None when unknown). A value
+    that is there but not an integer, or sampling_parameters that are not a JSON object, raise
+    ValueError."""
+    if interface.max_tokens_input is not None and interface.max_tokens_input in tensors:
+        values = _elements(tensors[interface.max_tokens_input])
+        if values:
+            return max(_require_int(v, f"input {interface.max_tokens_input!r}") for v in values)
+    if interface.sampling_parameters_input is not None and interface.sampling_parameters_input in tensors:
+        values = _elements(tensors[interface.sampling_parameters_input])
+        if values:
+            text = values[0].decode("utf-8", "replace") if isinstance(values[0], bytes) else values[0]
+            try:
+                doc = json.loads(text) if isinstance(text, str) else None
+            except ValueError:
+                doc = None
+            if not isinstance(doc, dict):
+                raise ValueError(f"input {interface.sampling_parameters_input!r} is not a JSON object: {values[0]!r}")
+            if "max_tokens" in doc and doc["max_tokens"] is not None:
+                return _require_int(doc["max_tokens"], f"{interface.sampling_parameters_input}.max_tokens")
+            return interface.default_max_tokens
+    if interface.max_tokens_input is None and parameters and parameters.get("max_tokens") is not None:
+        return _require_int(_parameter_value(parameters["max_tokens"]), "request parameter 'max_tokens'")
+    return interface.default_max_tokens
+
+
+_FILLER = "Triton serves models; tritongen measures them before it configures them. "
+
+
+def prompt_of(tokens: int, bytes_per_token: float) -> str:
+    """An ASCII prompt of about `tokens` tokens for a tokenizer of `bytes_per_token` bytes per token."""
+    size = max(1, int(round(tokens * bytes_per_token)))
+    return (_FILLER * (size // len(_FILLER) + 1))[:size]

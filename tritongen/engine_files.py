@@ -1,0 +1,105 @@
+"""Read an LLM engine's values from a model directory (config.pbtxt beside the backend's own files)
+and resolve them with the profile and the spec (`tritongen.core.engine_sources`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from tritongen.core.engine import EngineModel
+from tritongen.core.engine_sources import EngineSourceError, MeasuredEngine, SpecEngine, measured_from_profile, resolve_engine, spec_engine_of
+from tritongen.errors import BadInput
+
+
+def vllm_engine_args(model_dir: Path) -> dict | None:
+    """The vLLM backend's `<version>/model.json` (the highest numbered version that has one)."""
+    versions = sorted((p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name), reverse=True) if model_dir.is_dir() else []
+    for version in versions:
+        path = version / "model.json"
+        if path.is_file():
+            try:
+                data = json.loads(path.read_text())
+            except json.JSONDecodeError as err:
+                raise BadInput(f"{path}: not valid JSON: {err}") from None
+            if not isinstance(data, dict):
+                raise BadInput(f"{path}: expected a JSON object of vLLM engine arguments")
+            return data
+    return None
+
+
+def as_served(config, model_dir: Path | None):
+    """What the server makes of a config.pbtxt read from a file: the name defaults to the model's
+    directory, and the vLLM backend's auto-complete sets `max_batch_size: 0` and the decoupled
+    policy (its sample config states neither)."""
+    if not config.name and model_dir is not None:
+        config.name = model_dir.name
+    if config.backend == "vllm":
+        config.max_batch_size = 0
+        config.model_transaction_policy.decoupled = True
+    return config
+
+
+def config_parameters(config) -> dict[str, str]:
+    """string_value of each parameter of a ModelConfig proto."""
+    return {key: value.string_value for key, value in config.parameters.items()}
+
+
+def engine_for(
+    config,
+    profile,
+    *,
+    model_dir: Path | None = None,
+    engine_args: Mapping | None = None,
+    spec_model=None,
+    stated: SpecEngine | None = None,
+    stated_where: str = "the spec's engine: section",
+) -> EngineModel:
+    """The engine of a decoupled model: its config (a ModelConfig proto), the backend's files in
+    `model_dir`, the spec's model (or engine values `stated` elsewhere, e.g. on the command line),
+    and the streaming profile."""
+    if profile is None or getattr(profile, "engine", None) is None:
+        raise BadInput(
+            f"model {config.name!r} is a streaming LLM: give its streaming profile (`tritongen profile` writes one "
+            "with the engine's measured step costs)"
+        )
+    backend = config.backend or None
+    if engine_args is None and backend == "vllm" and model_dir is not None:
+        engine_args = vllm_engine_args(model_dir)
+    try:
+        return resolve_engine(
+            model=config.name,
+            backend=backend,
+            parameters=config_parameters(config),
+            measured=measured_from_profile(profile.engine),
+            engine_args=engine_args,
+            spec=stated if stated is not None else (spec_engine_of(spec_model) if spec_model is not None else None),
+            spec_where=stated_where,
+            max_context=getattr(spec_model, "max_context", None),
+            max_batch_size=int(config.max_batch_size),
+        )
+    except EngineSourceError as err:
+        raise BadInput(str(err)) from None
+
+
+def entry_engine(entry, model, profile=None, measured: MeasuredEngine | None = None) -> EngineModel:
+    """The engine a plan entry (`ModelEntryPlan`) renders, with the profile's measured costs (and
+    capacity), or with given `measured` costs (what-if runs)."""
+    if measured is None:
+        if profile is None or profile.engine is None:
+            raise BadInput(f"profile of {entry.name}: no engine section (profile the model again with this version)")
+        measured = measured_from_profile(profile.engine)
+    try:
+        return resolve_engine(
+            model=entry.name,
+            backend=entry.backend,
+            parameters=entry.parameters,
+            measured=measured,
+            engine_args=entry.engine_args,
+            spec=spec_engine_of(model),
+            max_context=model.max_context,
+            max_batch_size=entry.max_batch_size,
+            planned_pool_blocks=entry.kv.pool_blocks if entry.kv is not None else None,
+        )
+    except EngineSourceError as err:
+        raise BadInput(str(err)) from None

@@ -1,0 +1,429 @@
+"""Measure the engine behind a decoupled LLM from outside, through the interface it speaks.
+
+What the simulator's engine model (`tritongen.core.engine`) needs, each labelled with its source:
+  - the request overhead: the round trip of a request the server refuses at once (no inputs), so
+    what is left of a first token's time is the engine's;
+  - prefill cost versus prompt length: time to first token of single requests on an idle engine at
+    three or more prompt lengths, net of the queue time Triton reports and of that overhead;
+  - decode step versus running sequences: token gaps of concurrent streams (each running stream gets
+    one token per step), net of the newcomers' prefills that land in the same steps;
+  - KV capacity: from the engine's own metrics where it exports them (TensorRT-LLM block gauges,
+    vLLM's `kv_cache_usage_perc` against the tokens in flight, a model's `*_kv_blocks_total`), else
+    an opt-in probe that raises concurrency until the first out-of-memory answer or preemption.
+
+Prompts are sized in tokens with the model's bytes per token: the spec's, else the backend's own
+token count (vLLM's `num_input_tokens`), else 4 (labelled "assumed").
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tritongen.client import infer_inputs, numpy_inputs
+from tritongen.core.llm_interface import LLMInterface, UnknownInterface, interface_from_config, prompt_of
+from tritongen.core.profile_types import DecodeSample, EngineMeasurement, PrefillSample
+from tritongen.errors import BadInput, RunFailed
+from tritongen.profiler.load import ModelFailed, StreamLoad, StreamRecord
+from tritongen.profiler.memory import kv_gauges, parse_metrics
+
+ASSUMED_BYTES_PER_TOKEN = 4.0
+OOM_MARKERS = ("out of memory", "oom", "kv cache", "no free blocks")
+
+
+def interface_of(name: str, config: dict) -> LLMInterface:
+    try:
+        return interface_from_config(config, model=name)
+    except UnknownInterface as err:
+        raise BadInput(str(err)) from None
+
+
+def stream_inputs(interface: LLMInterface, prompt_tokens: int, max_tokens: int, bytes_per_token: float,
+                  count_input_tokens: bool = False) -> dict[str, np.ndarray]:
+    return numpy_inputs(interface.request(prompt_of(prompt_tokens, bytes_per_token), max_tokens, stream=True,
+                                          count_input_tokens=count_input_tokens))
+
+
+# ---------------------------------------------------------------------------------------------
+# Fits (pure)
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """(intercept, slope) of a least-squares line, both clamped at 0 (costs are never negative)."""
+    if len(set(xs)) < 2:
+        return max(0.0, float(np.mean(ys))), 0.0
+    slope, intercept = np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)
+    slope = max(0.0, float(slope))
+    if intercept < 0:
+        # refit through the origin with the slope alone
+        slope = float(np.dot(xs, ys) / max(1e-12, np.dot(xs, xs)))
+        intercept = 0.0
+    return float(intercept), slope
+
+
+def mean_gap_ms(records: Sequence[StreamRecord], start: float, end: float) -> tuple[float | None, int]:
+    """Median over finished streams of their mean token gap, and how many streams gave one."""
+    gaps = []
+    for r in records:
+        if r.error is not None or r.end is None or not (start <= r.end < end) or len(r.token_times) < 3:
+            continue
+        span = r.token_times[-1] - r.token_times[0]
+        if span > 0:
+            gaps.append(span / (len(r.token_times) - 1) * 1000.0)
+    return (statistics.median(gaps) if gaps else None), len(gaps)
+
+
+def gap_growth(runs: Sequence[Sequence[float]], single: StreamRecord) -> tuple[float, float] | None:
+    """(growth, usual gap) in ms: how much longer than usual the long stream's gap that holds
+    `single`'s first token is (the engine time `single`'s prefill took), and its usual gap.
+    `runs`: the long stream's requests, token times each. None when no run spans it with a few
+    tokens on both sides."""
+    if single.ttft_s is None:
+        return None
+    first = single.token_times[0]
+    for times in runs:
+        if len(times) < 8 or not (times[0] < first <= times[-1]):
+            continue
+        after = next(i for i, t in enumerate(times) if t >= first)
+        if after < 3 or after > len(times) - 3:
+            return None
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        usual = statistics.median(g for i, g in enumerate(gaps) if abs(i - (after - 1)) > 1)
+        return max(0.0, (gaps[after - 1] - usual) * 1000.0), usual * 1000.0
+    return None
+
+
+def _decoding(worker) -> StreamRecord | None:
+    """The worker's current request once it has a few tokens (decoding), else None after a wait."""
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        current = worker.current
+        if current is not None and len(current.token_times) >= 4:
+            return current
+        if worker.fatal:
+            raise ModelFailed(f"the long stream failed: {worker.fatal}")
+        time.sleep(0.005)
+    return None
+
+
+def decode_step_ms(gap_ms: float, concurrency: int, output_tokens: int, prefill_ms: float) -> float:
+    """The decode step under `concurrency` streams of `output_tokens`: each other stream starts a
+    newcomer about once per `output_tokens` steps, and its prefill runs inside one of our steps."""
+    extra = (concurrency - 1) / max(1, output_tokens) * prefill_ms
+    return max(0.0, gap_ms - extra)
+
+
+# ---------------------------------------------------------------------------------------------
+# The live part
+
+
+@dataclass
+class EngineSettings:
+    prefill_lengths: list[int]
+    prefill_repeats: int
+    concurrency_levels: list[int]
+    prompt_tokens: int
+    output_tokens: int
+    capacity_probe: bool = False
+
+
+def engine_settings(max_context: int | None, prompt: int, output: int, quick: bool, levels: Sequence[int],
+                    capacity_probe: bool = False) -> EngineSettings:
+    """Three (quick) or four prompt lengths up to half the context, and the decode levels."""
+    top = max(8, min((max_context or 1024) // 2, max(4 * prompt, 64), 1024))
+    fractions = (0.1, 0.5, 1.0) if quick else (0.05, 0.25, 0.6, 1.0)
+    lengths = sorted({max(4, int(round(top * f))) for f in fractions})
+    return EngineSettings(
+        prefill_lengths=lengths,
+        prefill_repeats=3 if quick else 5,
+        concurrency_levels=sorted(set(levels)) if len(set(levels)) >= 2 else [1, 4],
+        prompt_tokens=prompt,
+        output_tokens=output,
+        capacity_probe=capacity_probe,
+    )
+
+
+class EngineProfiler:
+    """One model's engine measurement. `admin` is the profiler's TritonAdmin (stats, metrics)."""
+
+    def __init__(self, admin, grpc_url: str, model: str, config: dict, settings: EngineSettings,
+                 bytes_per_token: float | None, run_level: Callable, update: Callable[[str], None],
+                 max_context: int | None = None) -> None:
+        self.max_context = max_context
+        self.admin = admin
+        self.grpc_url = grpc_url
+        self.model = model
+        self.settings = settings
+        self.interface = interface_of(model, config)
+        self.spec_bytes_per_token = bytes_per_token
+        self.run_level = run_level  # (StreamLoad, concurrency) -> (records, windows, start)
+        self.update = update
+        self.notes: list[str] = []
+
+    # -- pieces ---------------------------------------------------------------------------------
+
+    def _stream(self, inputs) -> StreamLoad:
+        return StreamLoad(self.grpc_url, self.model, inputs, self.interface.text_output)
+
+    def bytes_per_token(self) -> tuple[float, str]:
+        if self.spec_bytes_per_token:
+            return self.spec_bytes_per_token, "spec"
+        output = self.interface.input_token_count_output
+        if output:
+            text = prompt_of(256, 1.0)
+            tensors = numpy_inputs(self.interface.request(text, 1, stream=True, count_input_tokens=True))
+            count = _first_output_int(self.grpc_url, self.model, tensors, output)
+            if count:
+                return round(len(text.encode()) / count, 4), "backend token counts"
+            self.notes.append(f"bytes per token: the backend returned no {output}; assumed {ASSUMED_BYTES_PER_TOKEN:g}")
+        return ASSUMED_BYTES_PER_TOKEN, f"assumed ({ASSUMED_BYTES_PER_TOKEN:g})"
+
+    def _queue_totals(self) -> tuple[int, int]:
+        stats = self.admin.stats(self.model).get("inference_stats") or {}
+        queue = stats.get("queue") or {}
+        return int(queue.get("ns", 0)), int(queue.get("count", 0))
+
+    def prefill(self, bpt: float) -> list[PrefillSample]:
+        """Single requests (max_tokens 1, one stream, a pause between them) at each prompt length
+        while one long stream decodes: the long stream's gap that holds a single request's prefill
+        grows by the prefill's engine time."""
+        probe_prompt = 8
+        room = (self.max_context - probe_prompt - 1) if self.max_context else 512
+        long_load = self._stream(stream_inputs(self.interface, probe_prompt, max(16, min(512, room)), bpt))
+        samples = []
+        for length in self.settings.prefill_lengths:
+            self.update(f"prefill at {length} prompt tokens")
+            inputs = stream_inputs(self.interface, length, 1, bpt)
+            single = self._stream(inputs)
+            long_workers, long_stop = long_load.start(1)
+            ns0, n0 = self._queue_totals()
+            try:
+                if _decoding(long_workers[0]) is None:
+                    raise ModelFailed(f"model {self.model!r}: a long request made no tokens within 5 s")
+                singles, single_stop = single.start(1, limit=self.settings.prefill_repeats + 1, pause_s=0.06)
+                singles[0].join(60.0)
+                StreamLoad.finish(singles, single_stop)
+            finally:
+                StreamLoad.finish(long_workers, long_stop)
+            ns1, n1 = self._queue_totals()
+            records = singles[0].records[1:]  # the first warms the path at this length
+            failed = [r.error for r in records if r.error not in (None, "stopped")]
+            if failed:
+                raise ModelFailed(f"model {self.model!r} failed a single request of {length} prompt tokens: {failed[0]}")
+            runs = [list(r.token_times) for r in long_workers[0].records]
+            found = [(r.ttft_s * 1000.0, gap_growth(runs, r)) for r in records if r.ttft_s is not None]
+            measured = [(ttft, grown[0], grown[1]) for ttft, grown in found if grown is not None]
+            if not measured:
+                raise ModelFailed(
+                    f"model {self.model!r}: no single {length}-token request was prefilled while a long stream ran "
+                    "(does the engine batch continuously?)"
+                )
+            # Triton's queue counts both streams' requests; the long stream's wait no more than the others'
+            queue_ms = (ns1 - ns0) / max(1, n1 - n0) / 1e6
+            ttft = statistics.median(t for t, _, _ in measured)
+            engine = statistics.median(g for _, g, _ in measured)
+            # a request lands at a random point of the running step and waits for its end: half a step
+            step_wait = statistics.median(u for _, _, u in measured) / 2.0
+            samples.append(PrefillSample(
+                prompt_tokens=length, prompt_bytes=len(prompt_of(length, bpt)), requests=len(measured),
+                ttft_ms=round(ttft, 3), queue_ms=round(queue_ms, 3), engine_ms=round(engine, 3),
+                step_wait_ms=round(step_wait, 3), path_ms=round(max(0.0, ttft - queue_ms - engine - step_wait), 3),
+            ))
+        return samples
+
+    def decode(self, bpt: float, prefill_ms: float) -> tuple[list[DecodeSample], dict[int, tuple]]:
+        s = self.settings
+        load = self._stream(stream_inputs(self.interface, s.prompt_tokens, s.output_tokens, bpt))
+        out, raw = [], {}
+        for c in s.concurrency_levels:
+            self.update(f"decode at {c} stream(s)")
+            records, windows, start = self.run_level(load, c)
+            end = start + sum(w.duration_s for w in windows)
+            gap, n = mean_gap_ms(records, start, end)
+            raw[c] = (records, windows, start)
+            if gap is None:
+                self.notes.append(f"decode at {c} streams: no stream finished with 3 or more tokens")
+                continue
+            out.append(DecodeSample(concurrency=c, requests=n, mean_gap_ms=round(gap, 3),
+                                    step_ms=round(decode_step_ms(gap, c, s.output_tokens, prefill_ms), 3)))
+        return out, raw
+
+    # -- KV capacity ----------------------------------------------------------------------------
+
+    def _families(self) -> list:
+        """This model's samples (and those with no model label, e.g. an engine's server-wide gauges)."""
+        text = self.admin.metrics()
+        samples = parse_metrics(text) if text else []
+        return [x for x in samples if x.labels.get("model", self.model) == self.model]
+
+    def capacity(self, bpt: float) -> tuple[int | None, int | None, str | None, str | None, list[str]]:
+        """(capacity tokens, block tokens, source, detail, engine metric families seen)."""
+        samples = self._families()
+        names = sorted({s.name for s in samples if s.name.startswith(("vllm:", "nv_trt_llm_")) or "_kv_" in s.name})
+        trt = {s.labels.get("kv_cache_block_type"): s.value for s in samples if s.name == "nv_trt_llm_kv_cache_block_metrics"}
+        if trt.get("max") and trt.get("tokens_per"):
+            tokens = int(trt["max"] * trt["tokens_per"])
+            return tokens, int(trt["tokens_per"]), "trt-llm metrics", f"{trt['max']:.0f} blocks x {trt['tokens_per']:.0f} tokens", names
+        gauges = kv_gauges(samples, self.model)
+        if gauges.blocks_total and gauges.block_tokens:
+            return (gauges.blocks_total * gauges.block_tokens, gauges.block_tokens, "model metrics",
+                    f"{gauges.blocks_total} blocks x {gauges.block_tokens} tokens (*_kv_blocks_total)", names)
+        if any(n in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc") for n in names):
+            found = self._vllm_capacity(bpt)
+            if found is not None:
+                return found[0], 16, "vllm metrics", found[1], names
+        if self.settings.capacity_probe:
+            found = self._probe(bpt, names)
+            if found is not None:
+                return found[0], None, "capacity probe", found[1], names
+        return None, None, None, None, names
+
+    def _usage(self) -> float | None:
+        for s in self._families():
+            if s.name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc") and s.labels.get("model", self.model) == self.model:
+                return s.value
+        return None
+
+    def _vllm_capacity(self, bpt: float, block: int = 16) -> tuple[int, str] | None:
+        """Hold streams whose prompts fill exactly 4 blocks and read the usage gauge while each has
+        made a few tokens: every stream then holds exactly 5 blocks (its 5th fills while it makes
+        tokens 2 to block + 1), so capacity = streams x 5 / usage, whatever the client's lag.
+        vLLM's default block size (16): the metric does not say the block size."""
+        s = self.settings
+        streams = max(s.concurrency_levels)
+        prompt = 4 * block
+        load = self._stream(stream_inputs(self.interface, prompt, 4 * block, bpt))
+        exact: list[float] = []
+        for _attempt in range(3):
+            workers, stop = load.start(streams, limit=1, together=True)
+            try:
+                deadline = time.monotonic() + 30.0
+                while any(w.is_alive() for w in workers) and time.monotonic() < deadline and not exact:
+                    counts = [len(w.current.token_times) for w in workers if w.current is not None]
+                    if len(counts) < streams or min(counts) < 2:
+                        time.sleep(0.002)
+                        continue
+                    usage = self._usage()
+                    after = [len(w.current.token_times) for w in workers if w.current is not None]
+                    if usage is not None and usage >= 0.98:  # the pool is smaller: it preempts
+                        streams = max(1, streams // 2)
+                        break
+                    if usage and len(after) == streams and max(after) <= block // 2 + 2:
+                        exact.append(streams * 5 / usage * block)
+                    elif after and max(after) > block // 2 + 2:
+                        break
+            finally:
+                StreamLoad.finish(workers, stop)
+            if exact:
+                break
+        if not exact:
+            self.notes.append("vLLM metrics: the usage gauge could not be read while every stream held 5 blocks")
+            return None
+        tokens = int(round(statistics.median(exact)))
+        return tokens, f"kv_cache_usage_perc while {streams} streams held 5 blocks of {block} each"
+
+    def _preemptions(self) -> float:
+        return sum(s.value for s in self._families() if s.name == "vllm:num_preemptions_total")
+
+    def _probe(self, bpt: float, names: list[str]) -> tuple[int, str] | None:
+        """Raise concurrency of long requests until an out-of-memory answer or a preemption."""
+        s = self.settings
+        prompt, output = s.prompt_tokens, s.output_tokens
+        load = self._stream(stream_inputs(self.interface, prompt, output, bpt))
+        fits, streams = 0, 1
+        while streams <= 512:
+            self.update(f"KV capacity probe: {streams} streams")
+            before = self._preemptions()
+            workers, stop = load.start(streams, limit=1, together=True)
+            for w in workers:
+                w.join(60.0)
+            StreamLoad.finish(workers, stop)
+            errors = [r.error for w in workers for r in w.records if r.error]
+            if any(any(m in e.lower() for m in OOM_MARKERS) for e in errors) or self._preemptions() > before:
+                break
+            fits, streams = streams, streams * 2
+        if not fits:
+            return None
+        low, high = fits, streams
+        return fits * (prompt + output), (
+            f"{low} streams of {prompt} + {output} tokens ran, {high} did not (first out-of-memory answer or preemption)"
+        )
+
+    # -- all of it ------------------------------------------------------------------------------
+
+    def measure(self) -> tuple[EngineMeasurement, dict[int, tuple]]:
+        bpt, bpt_source = self.bytes_per_token()
+        preempt0 = self._preemptions()
+        prefill = self.prefill(bpt)
+        fixed, per_token = fit_line([p.prompt_tokens for p in prefill], [p.engine_ms for p in prefill])
+        overhead = statistics.median(p.path_ms for p in prefill)
+        prefill_typical = fixed + per_token * self.settings.prompt_tokens
+        decode, raw = self.decode(bpt, prefill_typical)
+        if len(decode) < 2:
+            raise RunFailed(f"model {self.model!r}: the decode step could not be measured at two concurrencies ({self.notes})")
+        d_fixed, d_per_seq = fit_line([d.concurrency for d in decode], [d.step_ms for d in decode])
+        self.update("KV capacity")
+        capacity, block, source, detail, names = self.capacity(bpt)
+        return EngineMeasurement(
+            interface=self.interface.describe(),
+            interface_kind=self.interface.kind,
+            bytes_per_token=bpt,
+            bytes_per_token_source=bpt_source,
+            request_overhead_ms=overhead,
+            prefill=prefill,
+            decode=decode,
+            prefill_fixed_ms=round(fixed, 4),
+            prefill_ms_per_token=round(per_token, 6),
+            decode_fixed_ms=round(d_fixed, 4),
+            decode_ms_per_seq=round(d_per_seq, 5),
+            decode_context_tokens=self.settings.prompt_tokens + self.settings.output_tokens / 2,
+            kv_capacity_tokens=capacity,
+            kv_block_tokens=block,
+            kv_capacity_source=source,
+            kv_capacity_detail=detail,
+            engine_metrics=names,
+            preemptions_seen=int(self._preemptions() - preempt0),
+            notes=self.notes,
+        ), raw
+
+
+def _first_output_int(url: str, model: str, inputs: dict[str, np.ndarray], output: str, timeout_s: float = 30.0) -> int | None:
+    """Send one streaming request and return the first integer value of `output` it carries."""
+    import tritonclient.grpc as grpcclient
+
+    found: list[int] = []
+    done = threading.Event()
+
+    def callback(result, error) -> None:
+        if error is not None:
+            done.set()
+            return
+        value = result.as_numpy(output)
+        if value is not None and value.size and not found:
+            found.append(int(value.reshape(-1)[0]))
+        final = result.get_response().parameters.get("triton_final_response")
+        if final is not None and final.bool_param:
+            done.set()
+
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        client.start_stream(callback=callback)
+        client.async_stream_infer(model, infer_inputs(grpcclient, inputs), enable_empty_final_response=True)
+        done.wait(timeout_s)
+        client.stop_stream(cancel_requests=True)
+    except InferenceServerException as err:
+        raise RunFailed(
+            f"model {model!r}: no gRPC stream to {url} ({err.message()}); is that the server's gRPC address? "
+            "(--grpc-url; the default is port 8001 on the --url host)"
+        ) from None
+    finally:
+        client.close()
+    return found[0] if found else None
+
