@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.tritongen-installed
 
-.PHONY: demo test venv clean bench bench-fidelity bench-sidecar bench-profile bench-simulator bench-fixed-vs-tuned bench-check-conformance
+.PHONY: demo test venv clean bench bench-fidelity bench-sidecar bench-profile bench-simulator bench-fixed-vs-tuned bench-check-conformance bench-llm-fidelity
 
 venv: $(STAMP)
 
@@ -26,7 +26,7 @@ demo: $(STAMP)
 # (date, machine, commit). Run them one at a time on a quiet host; `make bench` runs them all (~12 min).
 TRITON_SERVER_REPO ?= /tmp/triton-server
 
-bench: bench-simulator bench-profile bench-fidelity bench-sidecar bench-fixed-vs-tuned bench-check-conformance
+bench: bench-simulator bench-profile bench-fidelity bench-llm-fidelity bench-sidecar bench-fixed-vs-tuned bench-check-conformance
 
 bench-fidelity: $(STAMP)
 	$(PY) bench/bench_sim_fidelity.py
@@ -46,6 +46,9 @@ bench-simulator: $(STAMP)
 
 bench-fixed-vs-tuned: $(STAMP)
 	$(PY) bench/bench_fixed_vs_tuned.py
+
+bench-llm-fidelity: $(STAMP)
+	$(PY) bench/bench_llm_fidelity.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

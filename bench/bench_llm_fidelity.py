@@ -55,6 +55,8 @@ CASES = {
         "output": 48,
     },
 }
+# tinyllm, the model this repository wrote (real numpy maths, CPU-bound), as served by make demo
+TINYLLM = {"spec": None, "bytes_per_token": 1.0, "prompt": 48, "output": 16}
 LOADS = (0.5, 0.9, 1.5)
 
 
@@ -92,75 +94,91 @@ def rel(a: float | None, b: float | None) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--models", default=",".join(CASES))
+    ap.add_argument("--models", default=",".join([*CASES, "tinyllm"]))
     args = ap.parse_args()
-    options = ServerOptions(repository=REPOSITORY, python_backends=PYTHON_BACKENDS)
-    with saved_report("llm_fidelity"), TritonServer(options) as server, tempfile.TemporaryDirectory() as tmp:
+    with saved_report("llm_fidelity"), tempfile.TemporaryDirectory() as tmp:
         for model in args.models.split(","):
-            case = CASES[model]
-            prof = profile(server, model, case, Path(tmp))
-            eng = prof.engine
-            assert eng is not None
-            truth = configured_costs(model)
-            print(f"\n## {model}: {eng.interface}")
-            print(f"bytes/token {eng.bytes_per_token:g} ({eng.bytes_per_token_source}); request overhead {eng.request_overhead_ms:.2f} ms; "
-                  f"KV capacity {eng.kv_capacity_tokens} tokens ({eng.kv_capacity_source}: {eng.kv_capacity_detail})")
-            for note in eng.notes:
-                print(f"note: {note}")
-            print("| prompt tokens | TTFT ms | queue ms | engine ms (prefill) | path ms |\n|---|---|---|---|---|")
-            for p in eng.prefill:
-                print(f"| {p.prompt_tokens} | {p.ttft_ms:.2f} | {p.queue_ms:.2f} | {p.engine_ms:.2f} | {p.path_ms:.2f} |")
-            print("| streams | mean gap ms | decode step ms |\n|---|---|---|")
-            for d in eng.decode:
-                print(f"| {d.concurrency} | {d.mean_gap_ms:.2f} | {d.step_ms:.2f} |")
-            print("| step cost | configured | measured | error |\n|---|---|---|---|")
-            for name in ("prefill_fixed_ms", "prefill_ms_per_token", "decode_fixed_ms", "decode_ms_per_seq"):
-                print(f"| {name} | {truth[name]:g} | {getattr(eng, name):.4g} | {rel(truth[name], getattr(eng, name))} |")
-            for length in (case["prompt"],):
-                c = truth["prefill_fixed_ms"] + truth["prefill_ms_per_token"] * length
-                m = eng.prefill_fixed_ms + eng.prefill_ms_per_token * length
-                print(f"| prefill at {length} tokens | {c:.3g} | {m:.3g} | {rel(c, m)} |")
-            config = _config(server, model)
-            engine = resolve_engine(
-                model=model, backend=config.get("backend"), measured=measured_from_profile(eng),
-                parameters={k: v.get("string_value", "") for k, v in (config.get("parameters") or {}).items()},
-                engine_args=vllm_engine_args(REPOSITORY / model) if config.get("backend") == "vllm" else None,
-                spec=case["spec"],
-            )
-            print(f"engine: {engine.kv_policy}, {engine.kv_pool_blocks} x {engine.kv_block_tokens} tokens, "
-                  f"max_num_seqs {engine.max_num_seqs}; sources: {engine.sources}")
-            sim_server = ServerSim(models=[ModelSim(name=model, llm=engine)], overheads=Overheads(request_ms=eng.request_overhead_ms))
-            def traffic(rate: float, seed: int = 5):
-                spec = TrafficSpec(shape="poisson", rate_per_s=rate, duration_s=args.seconds, warmup_s=2.0,
-                                   classes=[{"name": "all", "share": 1.0, "priority": 1,
-                                             "prompt_tokens": case["prompt"], "output_tokens": case["output"]}])
-                return generate_arrivals(spec, seed=seed)
+            if model == "tinyllm":
+                from tritongen.cli.serve_cmd import server_flags_from
 
-            # capacity: what the simulated engine completes per second when far more is offered
-            capacity = simulate(sim_server, traffic(200.0), seed=1).throughput_per_s
-            if capacity <= 0:
-                print("the simulation completed nothing at 200 req/s: see the engine above")
-                continue
-            print(f"simulated capacity {capacity:.1f} req/s\n")
-            print("| load | req/s | completed/s live / sim | TTFT P50 ms live / sim | TTFT P99 ms live / sim | kills live / sim | preemptions live / sim |")
-            print("|---|---|---|---|---|---|---|")
-            for factor in LOADS:
-                arrivals = traffic(capacity * factor)
-                sim = simulate(sim_server, arrivals, seed=2)
-                before = preemptions(server)
-                target = LoadTarget(model, streaming=True, batched=False, interface=interface_from_config(config, model=model), bytes_per_token=eng.bytes_per_token)
-                live = run_load(arrivals, {"all": target}, grpc_url=server.grpc_url, request_timeout_s=60.0)
-                live_pre = preemptions(server) - before
-                lc, sc = live.summary()[0][0], sim.classes[0]
-                sim_pre = sim.models[0].preemptions
-                print(
-                    f"| {factor:g}x | {arrivals.mean_rate:.1f} | {lc.throughput_per_s:.1f} / {sc.throughput_per_s:.1f} ({rel(lc.throughput_per_s, sc.throughput_per_s)}) "
-                    f"| {_f(lc.ttft_p50_ms)} / {_f(sc.ttft_p50_ms)} ({rel(lc.ttft_p50_ms, sc.ttft_p50_ms)}) "
-                    f"| {_f(lc.ttft_p99_ms)} / {_f(sc.ttft_p99_ms)} ({rel(lc.ttft_p99_ms, sc.ttft_p99_ms)}) "
-                    f"| {lc.oom_killed} / {sc.oom_killed} ({rel(lc.oom_killed, sc.oom_killed)}) "
-                    f"| {live_pre:.0f} / {sim_pre} ({rel(live_pre, sim_pre)}) |"
-                )
+                repo = ROOT / "model_repository"
+                options = ServerOptions(repository=repo, extra_args=server_flags_from(repo))
+                case = TINYLLM
+            else:
+                options = ServerOptions(repository=REPOSITORY, python_backends=PYTHON_BACKENDS)
+                case = CASES[model]
+            with TritonServer(options) as server:
+                one_model(server, model, case, Path(tmp), args.seconds)
     return 0
+
+
+def one_model(server: TritonServer, model: str, case: dict, tmp: Path, seconds: float) -> None:
+    repository = Path(server.options.repository)
+    prof = profile(server, model, case, tmp)
+    eng = prof.engine
+    assert eng is not None
+    truth = configured_costs(model) if (repository / model / "1" / "standin.json").is_file() else None
+    print(f"\n## {model}: {eng.interface}")
+    print(f"bytes/token {eng.bytes_per_token:g} ({eng.bytes_per_token_source}); request overhead {eng.request_overhead_ms:.2f} ms; "
+          f"KV capacity {eng.kv_capacity_tokens} tokens ({eng.kv_capacity_source}: {eng.kv_capacity_detail})")
+    for note in eng.notes:
+        print(f"note: {note}")
+    print("| prompt tokens | TTFT ms | queue ms | engine ms (prefill) | path ms |\n|---|---|---|---|---|")
+    for p in eng.prefill:
+        print(f"| {p.prompt_tokens} | {p.ttft_ms:.2f} | {p.queue_ms:.2f} | {p.engine_ms:.2f} | {p.path_ms:.2f} |")
+    print("| streams | mean gap ms | decode step ms |\n|---|---|---|")
+    for d in eng.decode:
+        print(f"| {d.concurrency} | {d.mean_gap_ms:.2f} | {d.step_ms:.2f} |")
+    print("| step cost | configured | measured | error |\n|---|---|---|---|")
+    for name in ("prefill_fixed_ms", "prefill_ms_per_token", "decode_fixed_ms", "decode_ms_per_seq"):
+        if truth is None:
+            print(f"| {name} | (real maths: not configured) | {getattr(eng, name):.4g} | - |")
+            continue
+        print(f"| {name} | {truth[name]:g} | {getattr(eng, name):.4g} | {rel(truth[name], getattr(eng, name))} |")
+    for length in (case["prompt"],) if truth is not None else ():
+        c = truth["prefill_fixed_ms"] + truth["prefill_ms_per_token"] * length
+        m = eng.prefill_fixed_ms + eng.prefill_ms_per_token * length
+        print(f"| prefill at {length} tokens | {c:.3g} | {m:.3g} | {rel(c, m)} |")
+    config = _config(server, model)
+    engine = resolve_engine(
+        model=model, backend=config.get("backend"), measured=measured_from_profile(eng),
+        parameters={k: v.get("string_value", "") for k, v in (config.get("parameters") or {}).items()},
+        engine_args=vllm_engine_args(repository / model) if config.get("backend") == "vllm" else None,
+        spec=case["spec"],
+    )
+    print(f"engine: {engine.kv_policy}, {engine.kv_pool_blocks} x {engine.kv_block_tokens} tokens, "
+          f"max_num_seqs {engine.max_num_seqs}; sources: {engine.sources}")
+    sim_server = ServerSim(models=[ModelSim(name=model, llm=engine)], overheads=Overheads(request_ms=eng.request_overhead_ms))
+    def traffic(rate: float, seed: int = 5):
+        spec = TrafficSpec(shape="poisson", rate_per_s=rate, duration_s=seconds, warmup_s=2.0,
+                           classes=[{"name": "all", "share": 1.0, "priority": 1,
+                                     "prompt_tokens": case["prompt"], "output_tokens": case["output"]}])
+        return generate_arrivals(spec, seed=seed)
+
+    # capacity: what the simulated engine completes per second when far more is offered
+    capacity = simulate(sim_server, traffic(200.0), seed=1).throughput_per_s
+    if capacity <= 0:
+        print("the simulation completed nothing at 200 req/s: see the engine above")
+        return
+    print(f"simulated capacity {capacity:.1f} req/s\n")
+    print("| load | req/s | completed/s live / sim | TTFT P50 ms live / sim | TTFT P99 ms live / sim | kills live / sim | preemptions live / sim |")
+    print("|---|---|---|---|---|---|---|")
+    for factor in LOADS:
+        arrivals = traffic(capacity * factor)
+        sim = simulate(sim_server, arrivals, seed=2)
+        before = preemptions(server)
+        target = LoadTarget(model, streaming=True, batched=False, interface=interface_from_config(config, model=model), bytes_per_token=eng.bytes_per_token)
+        live = run_load(arrivals, {"all": target}, grpc_url=server.grpc_url, request_timeout_s=60.0)
+        live_pre = preemptions(server) - before
+        lc, sc = live.summary()[0][0], sim.classes[0]
+        sim_pre = sim.models[0].preemptions
+        print(
+            f"| {factor:g}x | {arrivals.mean_rate:.1f} | {lc.throughput_per_s:.1f} / {sc.throughput_per_s:.1f} ({rel(lc.throughput_per_s, sc.throughput_per_s)}) "
+            f"| {_f(lc.ttft_p50_ms)} / {_f(sc.ttft_p50_ms)} ({rel(lc.ttft_p50_ms, sc.ttft_p50_ms)}) "
+            f"| {_f(lc.ttft_p99_ms)} / {_f(sc.ttft_p99_ms)} ({rel(lc.ttft_p99_ms, sc.ttft_p99_ms)}) "
+            f"| {lc.oom_killed} / {sc.oom_killed} ({rel(lc.oom_killed, sc.oom_killed)}) "
+            f"| {live_pre:.0f} / {sim_pre} ({rel(live_pre, sim_pre)}) |"
+        )
 
 
 def _f(v: float | None) -> str:

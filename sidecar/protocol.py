@@ -104,8 +104,19 @@ def _sampling_max_tokens(text: Any) -> int | None:
         doc = json.loads(text)
     except ValueError:
         raise BadRequest("sampling_parameters is not valid JSON") from None
-    value = doc.get("max_tokens") if isinstance(doc, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return _count(doc.get("max_tokens") if isinstance(doc, dict) else None)
+
+
+def _count(value: Any) -> int | None:
+    """An integer, or a numeric string as vLLM's own sample client sends (`"max_tokens": "100"`;
+    the vLLM backend converts it with int())."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -218,9 +229,7 @@ def _facts(prompts: list[int | None], max_tokens: list[int | None]) -> LLMFacts:
 
 def _param_max_tokens(parameters: Any) -> int | None:
     if isinstance(parameters, dict):
-        value = parameters.get("max_tokens")
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
+        return _count(parameters.get("max_tokens"))
     return None
 
 

@@ -264,6 +264,10 @@ class TritonServer:
     def failure_reason(self) -> str:
         """The server's own words: error lines of its log, the load failures first."""
         lines = self.log_text().splitlines()
+        # a refused command line prints the whole usage text; the line that says why comes first
+        usage = [ln for ln in lines if "unrecognized option" in ln or "Invalid option value" in ln]
+        if usage:
+            return "\n".join(usage) + f"\n(command line: {' '.join(self.process.args) if self.process else '?'})"
         errors = [ln for ln in lines if ln.startswith("E") or "failed to load" in ln or "error" in ln.lower()]
         picked = errors[-12:] if errors else lines[-12:]
         return "\n".join(picked).strip() or "(the server printed nothing)"

@@ -27,6 +27,7 @@ from tritongen.cli.serve_cmd import server_flags_from
 from tritongen.core.simulator import OK, OOM
 from tritongen.core.traffic import Arrivals, generate_arrivals, scale_rate
 from tritongen.errors import RunFailed
+from tritongen.core.llm_interface import interface_from_config
 from tritongen.loadgen import LoadResult, LoadTarget, run_load
 from tritongen.profiler.report import PALETTE, Chart, Series, svg_chart
 from tritongen.render import SIDECAR_POLICY_FILE
@@ -102,7 +103,11 @@ def drive(
     model: str, setup: str, arrivals: Arrivals, server: TritonServer, streaming: bool,
     via: SidecarProcess | None, class_parameter: str | None,
 ) -> ModelRun:
-    target = LoadTarget(model=model, streaming=streaming, batched=True, class_parameter=class_parameter)
+    interface = None
+    if streaming:  # the LLM interface the served config speaks (the bytes count as tinyllm's tokens)
+        config = httpx.get(f"http://{server.http_url}/v2/models/{model}/config", timeout=10).json()
+        interface = interface_from_config(config, model=model)
+    target = LoadTarget(model=model, streaming=streaming, batched=True, class_parameter=class_parameter, interface=interface)
     http_url = via.http_url if via else server.http_url
     grpc_url = via.grpc_url if via else server.grpc_url
     busy_before = compute_busy_ns(server.http_url, model)

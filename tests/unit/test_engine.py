@@ -164,3 +164,81 @@ def test_an_unknown_policy_or_pool_is_an_error_that_says_what_to_set() -> None:
                        measured=MeasuredEngine(curve=COSTS))
     with pytest.raises(EngineSourceError, match="not an integer"):
         resolve_engine(model="x", backend="vllm", parameters={}, measured=MEASURED, engine_args={"max_num_seqs": "many"})
+
+
+# ---------------------------------------------------------------------------------------------
+# The profile's fits (tritongen.profiler.engine, pure parts)
+
+
+def test_gap_growth_reads_the_prefill_off_the_running_stream() -> None:
+    from tritongen.profiler.engine import gap_growth
+    from tritongen.profiler.load import StreamRecord
+
+    # a stream with 10 ms gaps; one gap of 17 ms holds the single request's first token
+    times = [0.010 * i for i in range(6)] + [0.050 + 0.017] + [0.067 + 0.010 * i for i in range(1, 6)]
+    single = StreamRecord(start=0.045, token_times=[0.066])
+    grown = gap_growth([times], single)
+    assert grown is not None
+    assert grown[0] == pytest.approx(7.0, abs=1e-6) and grown[1] == pytest.approx(10.0, abs=1e-6)
+    assert gap_growth([times[:5]], single) is None  # the stream did not run across it
+
+
+def test_decode_step_is_net_of_newcomers_prefills() -> None:
+    from tritongen.profiler.engine import decode_step_ms, fit_line
+
+    # 8 streams of 32 tokens: each step also carries 7/32 of a 10 ms prefill
+    assert decode_step_ms(12.0, 8, 32, 10.0) == pytest.approx(12.0 - 7 / 32 * 10.0)
+    assert fit_line([1, 4, 8], [3.0, 6.0, 10.0]) == pytest.approx((2.0, 1.0), abs=0.1)
+    intercept, slope = fit_line([1, 2], [0.5, 3.0])  # a negative intercept: refit through the origin
+    assert intercept == 0.0 and slope > 0
+
+
+def test_tune_says_what_capacity_an_infeasible_llm_needs() -> None:
+    from tritongen.core.plan import plan_deployment
+    from tritongen.core.traffic import TrafficSpec, generate_arrivals
+    from tritongen.core.tune import Params, TuneInputs, needed_capacity
+    from tritongen.specio import load_spec
+    from tests.helpers import EXAMPLES
+
+    loaded = load_spec(EXAMPLES / "deployment.yaml")
+    spec = loaded.spec
+    entry = plan_deployment(spec, loaded.architectures).entry("tinyllm")
+    # one decode step of 20 ms + 2 ms per sequence, 4 at a time: about 11 requests/s of 16 tokens
+    slow = EngineModel(kv_policy="grow_kill", kv_block_tokens=16, kv_pool_blocks=400, max_num_seqs=4,
+                       curve=LLMCurve(prefill_fixed_ms=5.0, prefill_ms_per_token=0.1, decode_fixed_ms=20.0, decode_ms_per_seq=2.0))
+    traffic = TrafficSpec(shape="poisson", rate_per_s=40.0, duration_s=20, warmup_s=1,
+                          classes=[{"name": c.name, "share": c.share, "priority": c.priority, "prompt_tokens": 32, "output_tokens": 16}
+                                   for c in spec.traffic_classes])
+    arrivals = generate_arrivals(traffic, seed=1).with_priorities({c.name: c.priority for c in spec.traffic_classes})
+    inputs = TuneInputs(spec=spec, entry=entry, arrivals=arrivals, classes=list(spec.traffic_classes), engine=slow)
+    note = needed_capacity(inputs, Params(max_batch_size=4, preferred=(), delay_us=0, instances=1, policy="strict", max_num_seqs=4))
+    assert "needs about" in note
+    # the targets held at some rate below 40/s, and the note says how much more is needed
+    needed = float(note.split("needs about ")[1].split("x")[0])
+    assert 1.5 < needed < 40
+
+
+def test_simulate_engine_option_and_served_vllm_configs() -> None:
+    from tritongen.cli.simulate_cmd import parse_engine_option
+    from tritongen.engine_files import as_served
+    from tritongen.errors import BadInput
+    from tritongen.pbtxt import parse_model_config
+    from pathlib import Path
+
+    stated = parse_engine_option("kv_policy=reserve_kill,kv_pool_tokens=1920,max_num_seqs=48")
+    assert stated is not None and (stated.kv_policy, stated.kv_pool_tokens, stated.max_num_seqs) == ("reserve_kill", 1920, 48)
+    with pytest.raises(BadInput, match="kv_policy"):
+        parse_engine_option("kv_policy=evict")
+    with pytest.raises(BadInput, match="key=value"):
+        parse_engine_option("max_num_seqs")
+    # the vLLM backend's sample config states neither its name nor its decoupled policy
+    config = as_served(parse_model_config('backend: "vllm"\ninstance_group [ { count: 1 kind: KIND_MODEL } ]\n', "c"), Path("/r/my_llm"))
+    assert config.name == "my_llm" and config.model_transaction_policy.decoupled and config.max_batch_size == 0
+
+
+def test_the_sidecar_reads_max_tokens_sent_as_a_numeric_string() -> None:
+    from sidecar.protocol import _param_max_tokens, _sampling_max_tokens
+
+    assert _sampling_max_tokens('{"max_tokens": "100"}') == 100  # vLLM's own sample client sends strings
+    assert _param_max_tokens({"max_tokens": "7"}) == 7
+    assert _param_max_tokens({"max_tokens": True}) is None

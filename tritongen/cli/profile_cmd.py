@@ -115,6 +115,22 @@ def results_tables(profiles: list[Profile]) -> list[Table]:
                     _ms(lv.itl_p50_ms), _ms(lv.itl_p99_ms), str(lv.errors),
                 )
         tables.append(t)
+    engines = [p for p in profiles if p.engine is not None]
+    if engines:
+        t = Table(title="LLM engines: what simulate and tune use (measured through the model's own interface)")
+        for col in ("model", "interface", "prefill", "decode step", "request path", "KV capacity", "bytes/token"):
+            t.add_column(col)
+        for p in engines:
+            e = p.engine
+            assert e is not None
+            capacity = "-" if e.kv_capacity_tokens is None else f"{e.kv_capacity_tokens:,} tokens ({e.kv_capacity_source})"
+            t.add_row(
+                p.model, e.interface,
+                f"{e.prefill_fixed_ms:.2f} ms + {e.prefill_ms_per_token * 1000:.1f} µs/token",
+                f"{e.decode_fixed_ms:.2f} ms + {e.decode_ms_per_seq:.3f} ms/seq",
+                f"{e.request_overhead_ms:.2f} ms", capacity, f"{e.bytes_per_token:g} ({e.bytes_per_token_source})",
+            )
+        tables.append(t)
     summary = Table(title="Profiles")
     for col in ("model", "status", "curve fit (compute_infer)", "fit error max/mean", "KV B/token measured vs analytic", "safety pad"):
         summary.add_column(col)

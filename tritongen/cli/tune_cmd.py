@@ -24,6 +24,7 @@ from tritongen.cli.simulate_cmd import arrivals_from, parse_overheads, read_traf
 from tritongen.core.plan import DeploymentPlan, ModelEntryPlan
 from tritongen.core.sidecar_policy import build_sidecar_policy
 from tritongen.core.engine import EngineModel
+from tritongen.core.llm_interface import TensorInfo, UnknownInterface, detect_interface
 from tritongen.engine_files import entry_engine
 from tritongen.core.simulator import Overheads, ServiceCurve, rate_limit_from_flags
 from tritongen.core.traffic import Arrivals
@@ -70,6 +71,21 @@ def entry_arrivals(arrivals: Arrivals, plan: DeploymentPlan, entry: ModelEntryPl
     out = arrivals.take(mask)
     out.class_model = [None] * len(out.class_names)
     return out
+
+
+def entry_interface(entry: ModelEntryPlan):
+    """The LLM interface of a plan entry (what its rendered config declares)."""
+    def info(t):
+        return TensorInfo(name=t.name, data_type=t.data_type, dims=list(t.dims), optional=t.optional)
+
+    try:
+        return detect_interface(
+            model=entry.name, backend=entry.backend, platform=None, inputs=[info(t) for t in entry.inputs],
+            outputs=[info(t) for t in entry.outputs], max_batch_size=entry.max_batch_size, decoupled=entry.decoupled,
+            parameters=entry.parameters,
+        )
+    except UnknownInterface as err:
+        raise BadInput(str(err)) from None
 
 
 def _llm_overheads(ov: Overheads, profile, given: str | None) -> Overheads:
@@ -250,7 +266,9 @@ def _verify(loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed
             cands.append(Candidate(label=f"#{i + 1} {e.params.label()}", model=name, config_text=render_entry_config(tuned, name, spec_name)))
         arr = entry_arrivals(arrivals_all, plan, entry, loaded.spec)
         streaming = entry.kind == "llm" and entry.decoupled
-        target = LoadTarget(name, streaming=streaming, batched=entry.max_batch_size > 0)
+        target = LoadTarget(name, streaming=streaming, batched=entry.max_batch_size > 0,
+                            interface=entry_interface(entry) if streaming else None,
+                            bytes_per_token=next(m.bytes_per_token for m in loaded.spec.models if m.name == entry.spec_model) or 1.0)
 
         def targets_for(c, _t=target, _arr=arr, _e=entry):
             return {cn: _t for cn in _arr.class_names}, {_e.name: 1}, ([_e.name] if streaming else [])

@@ -344,17 +344,20 @@ def engine_parameters(kv: KVPlan, model: ModelSpec) -> dict[str, str]:
 
 def _vllm_engine_args(spec: DeploymentSpec, model: ModelSpec, kv: KVPlan, device_bytes: int) -> dict[str, object]:
     kv_dtype = {"auto": "auto", "fp8": "fp8", "int8": "fp8"}.get(model.kv_dtype, "auto")
-    return {
+    args: dict[str, object] = {
         "model": model.hf_model,
         "disable_log_requests": True,
         # vLLM's fraction is of the device's total memory and covers weights + KV + activations.
         "gpu_memory_utilization": round(kv.device_bytes / device_bytes, 4),
-        "max_num_seqs": kv.max_sequences,
+        "max_num_seqs": min(kv.max_sequences, model.engine.max_num_seqs) if model.engine and model.engine.max_num_seqs else kv.max_sequences,
         "max_model_len": model.max_context,
         "tensor_parallel_size": model.tensor_parallel,
         "kv_cache_dtype": kv_dtype,
         "block_size": kv.block_tokens,
     }
+    if model.engine is not None and model.engine.max_batched_tokens:
+        args["max_num_batched_tokens"] = model.engine.max_batched_tokens
+    return args
 
 
 def _merge_parameters(model: ModelSpec, derived: dict[str, str]) -> dict[str, str]:

@@ -140,17 +140,19 @@ def _model_entry(
             "block_tokens": kv.block_tokens,
             "max_context": model.max_context,
             "default_max_tokens": _int_param(model, "default_max_tokens"),
-            "prompt_bytes_per_token": 1.0,
+            # the spec's tokenizer ratio; without one, bytes (the safe bound: never under-counts)
+            "prompt_bytes_per_token": model.bytes_per_token or 1.0,
             "preallocated": True,
             "prefill_peak": [{"prompt_tokens": t, "peak_bytes": b} for t, b in prefill],
             "prefill_peak_source": "profile" if prefill else "none",
         }
         out["memory_quota_bytes"] = kv.budget_bytes * engines
-        out["max_inflight"] = max(1, kv.max_sequences * engines)
+        seqs = _engine_sequences(entry) or kv.max_sequences  # what the engine runs at once, as rendered (tuned)
+        out["max_inflight"] = max(1, seqs * engines)
         out["release_grace_ms"] = grace
         notes.append(
             f"{entry.name}: {bpt:g} KV bytes/token ({source}), blocks of {kv.block_tokens} tokens; quota "
-            f"{kv.budget_bytes} B x {engines} engine(s); {kv.max_sequences} x {engines} in flight; "
+            f"{kv.budget_bytes} B x {engines} engine(s); {seqs} x {engines} in flight; "
             f"prefill peaks: {len(prefill) or 'none'}"
         )
     else:
@@ -235,3 +237,11 @@ def build_sidecar_policy(
         "limits": {"max_body_bytes": 64 * MIB, "max_header_bytes": 16 * 1024, "max_retry_after_s": 30},
         "notes": notes,
     }
+
+
+def _engine_sequences(entry: ModelEntryPlan) -> int | None:
+    """max_num_seqs as the entry renders it: vLLM's model.json, or tritongen's engine parameters."""
+    if entry.engine_args and entry.engine_args.get("max_num_seqs"):
+        return int(entry.engine_args["max_num_seqs"])  # type: ignore[arg-type]
+    value = entry.parameters.get("max_num_seqs")
+    return int(value) if value and value.isdigit() else None

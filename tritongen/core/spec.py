@@ -223,6 +223,11 @@ class ModelSpec(StrictModel):
                 f"{where}: lanes.split_prompt_tokens {self.lanes.split_prompt_tokens} must be below "
                 f"max_context {self.max_context}, or the long lane is empty"
             )
+        if self.backend == "vllm" and self.engine is not None and self.engine.render_parameters:
+            raise ValueError(
+                f"{where}: engine.render_parameters writes config parameters for Python backends; the vLLM backend "
+                "reads its engine from 1/model.json, which render writes from this section: remove render_parameters"
+            )
         if self.backend == "vllm" and not self.hf_model:
             raise ValueError(f"{where}: the vllm backend needs `hf_model` (the model id or path the engine loads)")
         return self

@@ -331,6 +331,30 @@ def capacity_factor(inputs: TuneInputs, params: Params, arrivals: Arrivals, hi: 
     return lo_f
 
 
+def needed_capacity(inputs: TuneInputs, params: Params, steps: int = 6) -> str:
+    """When nothing meets the targets: the rate the closest candidate still serves within them
+    (bisection below the traffic's rate), and how much more capacity the traffic needs."""
+    offered = inputs.arrivals.mean_rate
+    lo, hi = 0.0, 1.0
+    for _ in range(steps):
+        mid = (lo + hi) / 2 if lo > 0 else hi / 4
+        if mid <= 0.01:
+            break
+        if evaluate(inputs, params, scale_rate(inputs.arrivals, mid))[0].feasible:
+            lo = mid
+        else:
+            hi = mid
+    if lo <= 0:
+        return (
+            f"even at a quarter of the offered {offered:.1f} req/s the closest candidate misses its targets: "
+            "the targets need a faster engine (or looser targets), not more of this one"
+        )
+    return (
+        f"the closest candidate meets every target up to about {lo * offered:.1f} req/s of the offered "
+        f"{offered:.1f} req/s: the traffic needs about {1 / lo:.1f}x this capacity (replicas or a faster device)"
+    )
+
+
 def rank_key(e: Evaluation) -> tuple:
     """Feasible first; then capacity (throughput within targets); fewer instances; headroom."""
     cap = e.capacity_factor if e.capacity_factor is not None else 0.0
@@ -473,6 +497,7 @@ def tune_model(inputs: TuneInputs, top_coarse: int = 3, capacity_top: int = 5, p
             f"no candidate meets every target for {inputs.entry.name!r}; the closest is shown "
             f"({ranked[0].reason})"
         )
+        notes.append(needed_capacity(inputs, ranked[0].params))
     winner = ranked[0]
     runner_up = next((e for e in ranked[1:] if e.params != winner.params), None)
     return TuneResult(
