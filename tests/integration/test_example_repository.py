@@ -79,7 +79,7 @@ def test_demo_before_after(tmp_path: Path) -> None:
     """The whole product on the embedded server: profile, tune, render, sidecar, same load twice."""
     out = tmp_path / "demo-out"
     # Shorter than `make demo` (1200 requests, 4000 per tuning simulation): the same steps, half the time.
-    result = cli("demo", "--requests", "120", "--tune-requests", "600", "-o", str(out))
+    result = cli("demo", "--requests", "100", "--tune-requests", "500", "-o", str(out))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = {
         tuple(cells[:2]): cells
