@@ -27,11 +27,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+import httpx
 import numpy as np
 
 from tritongen.core.simulator import (
@@ -84,6 +86,9 @@ class LoadTarget:
     # for streaming are ignored. Prompts are sized in tokens x `bytes_per_token`.
     interface: LLMInterface | None = None
     bytes_per_token: float = 1.0
+    # Streaming models: "grpc" (bidirectional stream per request) or "http" (POST
+    # /v2/models/M/generate_stream, server-sent events; needs `interface`).
+    protocol: str = "grpc"
 
 
 @dataclass
@@ -181,6 +186,8 @@ class _Runner:
         self.rng = np.random.default_rng(seed)
         self._tensor_cache: dict[tuple[str, int], np.ndarray] = {}
         self.t0 = 0.0
+        self.sse = None  # httpx.AsyncClient for HTTP generate_stream targets
+        self.sse_wanted = False
 
     def _error(self, i: int, message: str, now: float) -> None:
         self.status[i] = classify_error(message)
@@ -290,10 +297,50 @@ class _Runner:
             except Exception:
                 pass
 
+    async def _sse(self, i: int, target: LoadTarget) -> None:
+        """One request over HTTP generate_stream: each server-sent event is one response."""
+        assert target.interface is not None and self.sse is not None
+        body = target.interface.generate_body(
+            prompt_of(int(self.arr.prompt[i]), target.bytes_per_token), int(self.arr.output[i]), stream=True
+        )
+        parameters = self._class_parameters(i, target)
+        if parameters:
+            body["parameters"] = {**body.get("parameters", {}), **parameters}
+        output = target.interface.text_output
+        self.send_t[i] = self._now()
+        try:
+            async with asyncio.timeout(self.request_timeout_s):
+                async with self.sse.stream("POST", f"/v2/models/{target.model}/generate_stream", json=body) as response:
+                    if response.status_code != 200:
+                        text = (await response.aread()).decode("utf-8", "replace")
+                        self._error(i, f"[{response.status_code}] {text}", self._now())
+                        return
+                    async for line in response.aiter_lines():
+                        if not line.startswith("data:"):
+                            continue
+                        now = self._now()
+                        event = json.loads(line[5:])
+                        if "error" in event:
+                            self._error(i, str(event["error"]), now)
+                            return
+                        value = event.get(output)
+                        if value not in (None, "", []):
+                            if math.isnan(self.first_t[i]):
+                                self.first_t[i] = now
+                            self.tokens[i] += 1
+            self.done_t[i] = self._now()
+            self.status[i] = OK
+        except (asyncio.TimeoutError, TimeoutError):
+            self._error(i, f"client timeout after {self.request_timeout_s:.0f} s", self._now())
+        except Exception as err:  # transport errors, a broken event
+            self._error(i, f"{type(err).__name__}: {err}", self._now())
+
     async def _one(self, i: int, target: LoadTarget, http, grpc) -> None:
         self.in_flight += 1
         try:
-            if target.streaming:
+            if target.streaming and target.protocol == "http":
+                await self._sse(i, target)
+            elif target.streaming:
                 await self._stream(i, target, grpc)
             else:
                 await self._classic(i, target, http)
@@ -315,6 +362,11 @@ class _Runner:
                 import tritonclient.grpc.aio as grpcaio
 
                 grpc = grpcaio.InferenceServerClient(self.grpc_url)
+            if self.http_url and self.sse_wanted:
+                self.sse = httpx.AsyncClient(
+                    base_url=f"http://{self.http_url}", timeout=self.request_timeout_s,
+                    limits=httpx.Limits(max_connections=max(16, self.max_in_flight)),
+                )
             times = self.arr.t
             self.t0 = time.perf_counter() - float(times[0]) + 0.05 if len(times) else time.perf_counter()
             for i in range(len(times)):
@@ -348,6 +400,8 @@ class _Runner:
                 await http.close()
             if grpc is not None:
                 await grpc.close()
+            if self.sse is not None:
+                await self.sse.aclose()
 
 
 class _null:
@@ -407,10 +461,13 @@ def run_load(
         def route(i: int) -> LoadTarget | None:
             return by_class[int(arrivals.cls[i])]
 
-    needs_grpc = any(t.streaming for t in (targets.values() if not callable(targets) else []))
-    if needs_grpc and not grpc_url:
+    known = list(targets.values()) if not callable(targets) else []
+    if any(t.streaming and t.protocol != "http" for t in known) and not grpc_url:
         raise ValueError("streaming targets need a gRPC url")
+    if any(t.streaming and t.protocol == "http" and t.interface is None for t in known):
+        raise ValueError("HTTP generate_stream targets need the model's LLM interface")
     runner = _Runner(http_url, grpc_url, arrivals, route, max_in_flight, request_timeout_s, drain_s, seed, prewarm_connections)
+    runner.sse_wanted = callable(targets) or any(t.streaming and t.protocol == "http" for t in known)
     start = time.perf_counter()
     with no_gc_pauses():
         asyncio.run(runner.run())

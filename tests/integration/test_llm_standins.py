@@ -16,7 +16,13 @@ from pathlib import Path
 
 import pytest
 
+import httpx
+
 from tests.helpers import REPO_ROOT, cli
+from tritongen.core.llm_interface import interface_from_config
+from tritongen.core.simulator import OK
+from tritongen.core.traffic import TrafficSpec, generate_arrivals
+from tritongen.loadgen import LoadTarget, run_load
 from tritongen.core.profile_types import read_profile
 from tritongen.profiler.run import Endpoints, Profiler, TritonAdmin, default_settings, resolve_targets
 from tritongen.server import ServerOptions, TritonServer
@@ -126,9 +132,26 @@ def test_the_hand_written_backend_is_profiled_with_the_capacity_probe(server: Tr
     assert engine is not None and engine.interface_kind == "generic" and "stream" in engine.interface
     assert engine.engine_metrics == []  # it exports none
     assert engine.kv_capacity_source == "capacity probe"
-    # 1920 tokens hold 20 requests of 48 + 48: the probe's doubling stops between 16 and 32
-    assert 16 * 96 <= engine.kv_capacity_tokens <= 1920
+    # 1920 tokens hold 20 requests of 48 + 48: doubling stops between 16 and 32, bisection near 20
+    assert 18 * 96 <= engine.kv_capacity_tokens <= 1920
     assert_costs_near(engine, configured("reserve_llm"), 48, margin=0.5)
+
+
+@pytest.mark.parametrize("model", ["vllm_standin", "reserve_llm"])
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_the_load_generator_streams_each_interface_over_grpc_and_sse(server: TritonServer, model: str, protocol: str) -> None:
+    """Every request asks for 6 tokens in the model's own interface and gets them one response
+    each, over gRPC streams and over HTTP generate_stream (server-sent events)."""
+    config = httpx.get(f"http://{server.http_url}/v2/models/{model}/config", timeout=10).json()
+    target = LoadTarget(model, streaming=True, batched=False, interface=interface_from_config(config, model=model),
+                        bytes_per_token=3.0, protocol=protocol)
+    spec = TrafficSpec(shape="poisson", rate_per_s=20.0, duration_s=1.0, warmup_s=0.0,
+                       classes=[{"name": "all", "share": 1.0, "priority": 1, "prompt_tokens": 24, "output_tokens": 6}])
+    arrivals = generate_arrivals(spec, seed=3)
+    result = run_load(arrivals, {"all": target}, http_url=server.http_url, grpc_url=server.grpc_url, request_timeout_s=20)
+    assert (result.status == OK).all(), result.errors
+    assert (result.tokens == 6).all()
+    assert (result.first_t < result.done_t).all()
 
 
 def test_an_unknown_interface_is_one_clear_error(server: TritonServer, tmp_path: Path) -> None:

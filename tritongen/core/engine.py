@@ -247,15 +247,3 @@ class EngineState:
         self._release(r)
         self.generated.pop(r, None)
         events.append((r, DONE, t))
-
-
-def engine_problems(model: EngineModel) -> list[str]:
-    """Values that make an engine unable to serve anything (a readable list, empty when sound)."""
-    problems = []
-    if model.max_context is not None and model.blocks_for(model.max_context) > model.kv_pool_blocks:
-        problems.append(
-            f"the KV pool holds {model.pool_tokens} tokens, less than one sequence at max_context "
-            f"{model.max_context}: long requests can never run"
-        )
-    return problems
-

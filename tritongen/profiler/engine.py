@@ -33,7 +33,8 @@ from tritongen.profiler.load import ModelFailed, StreamLoad, StreamRecord
 from tritongen.profiler.memory import kv_gauges, parse_metrics
 
 ASSUMED_BYTES_PER_TOKEN = 4.0
-OOM_MARKERS = ("out of memory", "oom", "kv cache", "no free blocks")
+# what an engine that runs out of KV memory says (tinyllm, the stand-ins, PyTorch, vLLM, TRT-LLM)
+OOM_MARKERS = ("out of memory", "outofmemory", "kv cache is full", "no free blocks", "insufficient kv")
 
 
 def interface_of(name: str, config: dict) -> LLMInterface:
@@ -331,12 +332,13 @@ class EngineProfiler:
         return sum(s.value for s in self._families() if s.name == "vllm:num_preemptions_total")
 
     def _probe(self, bpt: float, names: list[str]) -> tuple[int, str] | None:
-        """Raise concurrency of long requests until an out-of-memory answer or a preemption."""
+        """Raise concurrency of long requests (doubling, then bisecting) until the first
+        out-of-memory answer or preemption: capacity ~ the most streams that all ran x their tokens."""
         s = self.settings
         prompt, output = s.prompt_tokens, s.output_tokens
         load = self._stream(stream_inputs(self.interface, prompt, output, bpt))
-        fits, streams = 0, 1
-        while streams <= 512:
+
+        def runs(streams: int) -> bool:
             self.update(f"KV capacity probe: {streams} streams")
             before = self._preemptions()
             workers, stop = load.start(streams, limit=1, together=True)
@@ -344,14 +346,19 @@ class EngineProfiler:
                 w.join(60.0)
             StreamLoad.finish(workers, stop)
             errors = [r.error for w in workers for r in w.records if r.error]
-            if any(any(m in e.lower() for m in OOM_MARKERS) for e in errors) or self._preemptions() > before:
-                break
+            return not any(any(m in e.lower() for m in OOM_MARKERS) for e in errors) and self._preemptions() <= before
+
+        fits, streams = 0, 1
+        while streams <= 512 and runs(streams):
             fits, streams = streams, streams * 2
-        if not fits:
+        if not fits or streams > 512:
             return None
         low, high = fits, streams
-        return fits * (prompt + output), (
-            f"{low} streams of {prompt} + {output} tokens ran, {high} did not (first out-of-memory answer or preemption)"
+        while high - low > max(1, low // 8):
+            mid = (low + high) // 2
+            low, high = (mid, high) if runs(mid) else (low, mid)
+        return low * (prompt + output), (
+            f"{low} streams of {prompt} + {output} tokens all ran, {high} did not (first out-of-memory answer or preemption)"
         )
 
     # -- all of it ------------------------------------------------------------------------------
