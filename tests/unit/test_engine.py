@@ -184,7 +184,13 @@ def test_gap_growth_reads_the_prefill_off_the_running_stream() -> None:
 
 
 def test_decode_step_is_net_of_newcomers_prefills() -> None:
-    from tritongen.profiler.engine import decode_step_ms, fit_line
+    from tritongen.profiler.engine import decode_step_ms, decode_steps_ms, fit_line
+    from tritongen.profiler.load import StreamRecord
+
+    # a stream of 5 tokens 10 ms apart, except one 14 ms gap that held another stream's 4 ms prefill
+    a = StreamRecord(start=0.0, token_times=[0.010, 0.020, 0.034, 0.044, 0.054], end=0.054)
+    b = StreamRecord(start=0.015, token_times=[0.030, 0.040], end=0.060)  # its first token at 30 ms
+    assert decode_steps_ms([a, b], 0.0, 1.0, 4.0) == pytest.approx(10.0)
 
     # 8 streams of 32 tokens: each step also carries 7/32 of a 10 ms prefill
     assert decode_step_ms(12.0, 8, 32, 10.0) == pytest.approx(12.0 - 7 / 32 * 10.0)

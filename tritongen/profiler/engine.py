@@ -17,6 +17,7 @@ token count (vLLM's `num_input_tokens`), else 4 (labelled "assumed").
 
 from __future__ import annotations
 
+import bisect
 import statistics
 import threading
 import time
@@ -110,6 +111,23 @@ def _decoding(worker) -> StreamRecord | None:
             raise ModelFailed(f"the long stream failed: {worker.fatal}")
         time.sleep(0.005)
     return None
+
+
+def decode_steps_ms(records: Sequence[StreamRecord], start: float, end: float, prefill_ms: float) -> float | None:
+    """Median over finished streams of their decode step: each stream's span from first to last
+    token, less the prefills that landed inside it (the other streams' first tokens in that span:
+    each newcomer's prefill ran in one of this stream's steps), over its gaps."""
+    firsts = sorted(r.token_times[0] for r in records if r.token_times)
+    steps = []
+    for r in records:
+        if r.error is not None or r.end is None or not (start <= r.end < end) or len(r.token_times) < 3:
+            continue
+        a, b = r.token_times[0], r.token_times[-1]
+        inside = bisect.bisect_right(firsts, b) - bisect.bisect_right(firsts, a)
+        span_ms = (b - a) * 1000.0 - inside * prefill_ms
+        if span_ms > 0:
+            steps.append(span_ms / (len(r.token_times) - 1))
+    return statistics.median(steps) if steps else None
 
 
 def decode_step_ms(gap_ms: float, concurrency: int, output_tokens: int, prefill_ms: float) -> float:
@@ -250,8 +268,10 @@ class EngineProfiler:
             if gap is None:
                 self.notes.append(f"decode at {c} streams: no stream finished with 3 or more tokens")
                 continue
-            out.append(DecodeSample(concurrency=c, requests=n, mean_gap_ms=round(gap, 3),
-                                    step_ms=round(decode_step_ms(gap, c, s.output_tokens, prefill_ms), 3)))
+            step = decode_steps_ms(records, start, end, prefill_ms)
+            if step is None:  # no newcomer could be placed: the expected share of prefills per step
+                step = decode_step_ms(gap, c, s.output_tokens, prefill_ms)
+            out.append(DecodeSample(concurrency=c, requests=n, mean_gap_ms=round(gap, 3), step_ms=round(step, 3)))
         return out, raw
 
     # -- KV capacity ----------------------------------------------------------------------------
