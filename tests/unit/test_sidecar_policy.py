@@ -103,7 +103,7 @@ def test_gpu_example_lanes_devices_and_engines() -> None:
     assert short["kv"]["bytes_per_token"] == kv.kv_bytes_per_token == 131072
     assert short["devices"] == [f"gpu{i}" for i in next(p for p in plan.placements if p.model == "llama3-8b").gpus]
     assert short["engines"] == 1 and short["memory_quota_bytes"] == kv.budget_bytes
-    assert short["kv"]["default_max_tokens"] is None  # unknown: charged up to max_context
+    assert short["kv"]["default_max_tokens"] == 16  # vLLM's own default when a request names none
     assert short["priority_levels"] == 0  # vLLM entries have no Triton batcher: priority is not forwarded
     qwen = model(doc, "qwen2.5-7b")
     assert qwen["classes"] == ["normal", "batch"]

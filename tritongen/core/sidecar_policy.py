@@ -73,6 +73,16 @@ def _weights(model: ModelSpec) -> int:
     return weight_bytes(model.weights.parameters, model.weights.dtype)
 
 
+# What a backend generates when a request names no max_tokens (vLLM: SamplingParams' default).
+BACKEND_DEFAULT_MAX_TOKENS = {"vllm": 16}
+
+
+def _default_max_tokens(model: ModelSpec) -> int | None:
+    """The model's own `default_max_tokens` parameter, else its backend's default, else unknown
+    (the sidecar then charges a request up to max_context)."""
+    return _int_param(model, "default_max_tokens") or BACKEND_DEFAULT_MAX_TOKENS.get(model.backend)
+
+
 def _int_param(model: ModelSpec, key: str) -> int | None:
     value = model.parameters.get(key)
     if value is None:
@@ -139,7 +149,7 @@ def _model_entry(
             "bytes_per_token_source": source,
             "block_tokens": kv.block_tokens,
             "max_context": model.max_context,
-            "default_max_tokens": _int_param(model, "default_max_tokens"),
+            "default_max_tokens": _default_max_tokens(model),
             # the spec's tokenizer ratio; without one, bytes (the safe bound: never under-counts)
             "prompt_bytes_per_token": model.bytes_per_token or 1.0,
             "preallocated": True,
