@@ -111,8 +111,7 @@ class EngineState:
         self.blocks: dict[int, int] = {}
         self.preemptions = 0
         self.killed = 0
-        self.steps = 0
-        self.decoded_seqs = 0
+        self.last_batch = 0  # sequences the last step worked on (decoded, else prefilled)
 
     @property
     def busy(self) -> bool:
@@ -190,15 +189,13 @@ class EngineState:
         if batch:
             context = sum(self.cache_len[r] + 1 for r in batch)
             t += curve.decode_ms(len(batch), context) / 1000.0
-            self.decoded_seqs += len(batch)
             for r in batch:
                 self.cache_len[r] += 1
                 self.generated[r] += 1
                 if self.generated[r] >= self.output[r]:
                     self._retire(r, t, events)
-        if admitted or batch:
-            self.steps += 1
-        elif self.waiting and not self.running:
+        self.last_batch = len(batch) or len(admitted)
+        if not (admitted or batch) and self.waiting and not self.running:
             # Nothing ran and nothing can: the head can never be admitted (a safety net).
             r = self.waiting.popleft()
             events.append((r, REFUSED, t))

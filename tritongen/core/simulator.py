@@ -1088,9 +1088,9 @@ class Simulation:
         else:
             m.engine_busy = False
             self._engine_busy(m, t, -1)
-        if t > now:
+        if engine.last_batch:
             m.executions += 1
-            m.exec_rows += max(1, len(events))
+            m.exec_rows += engine.last_batch
 
     # -- the loop --------------------------------------------------------------------------
 
