@@ -30,7 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.report import saved_report  # noqa: E402
 from tritongen.core.llm_interface import interface_from_config  # noqa: E402
-from tritongen.core.engine_sources import SpecEngine, measured_from_profile, resolve_engine  # noqa: E402
+from tritongen.core.engine_sources import measured_from_profile, resolve_engine  # noqa: E402
+from tritongen.core.spec import EngineSection  # noqa: E402
 from tritongen.core.simulator import ModelSim, Overheads, ServerSim, simulate  # noqa: E402
 from tritongen.core.traffic import TrafficSpec, generate_arrivals  # noqa: E402
 from tritongen.engine_files import vllm_engine_args  # noqa: E402
@@ -49,7 +50,7 @@ CASES = {
     "vllm_standin": {"spec": None, "bytes_per_token": None, "prompt": 64, "output": 48},
     "reserve_llm": {
         # what its config.pbtxt parameters pool_tokens / max_active say, in the spec's words
-        "spec": SpecEngine(kv_policy="reserve_kill", kv_pool_tokens=1920, max_num_seqs=48),
+        "spec": EngineSection(kv_policy="reserve_kill", kv_pool_tokens=1920, max_num_seqs=48),
         "bytes_per_token": 3.0,
         "prompt": 48,
         "output": 48,

@@ -8,7 +8,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tritongen.core.engine import EngineModel
-from tritongen.core.engine_sources import EngineSourceError, MeasuredEngine, SpecEngine, measured_from_profile, resolve_engine, spec_engine_of
+from tritongen.core.engine_sources import EngineSourceError, MeasuredEngine, measured_from_profile, resolve_engine
+from tritongen.core.simulator import Overheads
+from tritongen.core.spec import EngineSection
 from tritongen.errors import BadInput
 
 
@@ -52,7 +54,7 @@ def engine_for(
     model_dir: Path | None = None,
     engine_args: Mapping | None = None,
     spec_model=None,
-    stated: SpecEngine | None = None,
+    stated: EngineSection | None = None,
     stated_where: str = "the spec's engine: section",
 ) -> EngineModel:
     """The engine of a decoupled model: its config (a ModelConfig proto), the backend's files in
@@ -73,7 +75,7 @@ def engine_for(
             parameters=config_parameters(config),
             measured=measured_from_profile(profile.engine),
             engine_args=engine_args,
-            spec=stated if stated is not None else (spec_engine_of(spec_model) if spec_model is not None else None),
+            spec=stated if stated is not None else getattr(spec_model, "engine", None),
             spec_where=stated_where,
             max_context=getattr(spec_model, "max_context", None),
             max_batch_size=int(config.max_batch_size),
@@ -96,10 +98,19 @@ def entry_engine(entry, model, profile=None, measured: MeasuredEngine | None = N
             parameters=entry.parameters,
             measured=measured,
             engine_args=entry.engine_args,
-            spec=spec_engine_of(model),
+            spec=model.engine,
             max_context=model.max_context,
             max_batch_size=entry.max_batch_size,
             planned_pool_blocks=entry.kv.pool_blocks if entry.kv is not None else None,
         )
     except EngineSourceError as err:
         raise BadInput(str(err)) from None
+
+
+def with_request_overhead(overheads: Overheads, profile) -> Overheads:
+    """A streaming profile measured its requests' path outside the engine: that replaces the
+    overheads' request time (callers keep theirs when the user gave --overheads)."""
+    engine = getattr(profile, "engine", None)
+    if engine is None:
+        return overheads
+    return overheads.model_copy(update={"request_ms": engine.request_overhead_ms})

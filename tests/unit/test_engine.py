@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tritongen.core.engine import DONE, FIRST, KILLED, REFUSED, EngineModel, EngineState, LLMCurve
-from tritongen.core.engine_sources import EngineSourceError, MeasuredEngine, SpecEngine, resolve_engine
+from tritongen.core.engine_sources import EngineSourceError, MeasuredEngine, resolve_engine
+from tritongen.core.spec import EngineSection
 
 # prefill 1 ms + 0.1 ms/token; decode 2 ms + 1 ms per sequence
 COSTS = LLMCurve(prefill_fixed_ms=1.0, prefill_ms_per_token=0.1, decode_fixed_ms=2.0, decode_ms_per_seq=1.0)
@@ -137,7 +138,7 @@ def test_vllm_without_a_block_override_takes_the_measured_pool() -> None:
 def test_trtllm_policy_and_pool_come_from_its_parameters() -> None:
     params = {"batch_scheduler_policy": "max_utilization", "max_tokens_in_paged_kv_cache": "6400"}
     model = resolve_engine(model="t", backend="tensorrtllm", parameters=params, measured=MEASURED,
-                           spec=SpecEngine(kv_block_tokens=64, max_num_seqs=32))
+                           spec=EngineSection(kv_block_tokens=64, max_num_seqs=32))
     assert (model.kv_policy, model.kv_pool_blocks, model.max_num_seqs) == ("grow_preempt", 100, 32)
 
 
@@ -150,17 +151,17 @@ def test_tritongen_engine_parameters_describe_a_python_backend() -> None:
 def test_a_spec_that_contradicts_the_backend_files_is_an_error_naming_both() -> None:
     with pytest.raises(EngineSourceError, match=r"max_num_seqs is 48 in model.json but 64 in the spec's engine: section"):
         resolve_engine(model="m", backend="vllm", parameters={}, measured=MEASURED,
-                       engine_args={"max_num_seqs": 48}, spec=SpecEngine(max_num_seqs=64))
+                       engine_args={"max_num_seqs": 48}, spec=EngineSection(max_num_seqs=64))
     with pytest.raises(EngineSourceError, match="KV pool is stated in model.json and again"):
         resolve_engine(model="m", backend="vllm", parameters={}, measured=MEASURED,
-                       engine_args={"num_gpu_blocks_override": 10}, spec=SpecEngine(kv_pool_tokens=160))
+                       engine_args={"num_gpu_blocks_override": 10}, spec=EngineSection(kv_pool_tokens=160))
 
 
 def test_an_unknown_policy_or_pool_is_an_error_that_says_what_to_set() -> None:
     with pytest.raises(EngineSourceError, match="set engine.kv_policy"):
         resolve_engine(model="x", backend="python", parameters={}, measured=MEASURED)
     with pytest.raises(EngineSourceError, match="engine.kv_pool_tokens"):
-        resolve_engine(model="x", backend="python", parameters={}, spec=SpecEngine(kv_policy="reserve_kill"),
+        resolve_engine(model="x", backend="python", parameters={}, spec=EngineSection(kv_policy="reserve_kill"),
                        measured=MeasuredEngine(curve=COSTS))
     with pytest.raises(EngineSourceError, match="not an integer"):
         resolve_engine(model="x", backend="vllm", parameters={}, measured=MEASURED, engine_args={"max_num_seqs": "many"})

@@ -22,7 +22,6 @@ from rich.table import Table
 
 from tritongen.cli.main import app
 from tritongen.core.engine import EngineModel
-from tritongen.core.engine_sources import SpecEngine, stated_engine
 from tritongen.core.spec import EngineSection
 from tritongen.core.simulator import (
     EMBEDDED_CPU_OVERHEADS,
@@ -35,7 +34,7 @@ from tritongen.core.simulator import (
     simulate,
 )
 from tritongen.core.traffic import Arrivals, TrafficSpec, TraceError, generate_arrivals
-from tritongen.engine_files import as_served, engine_for
+from tritongen.engine_files import as_served, engine_for, with_request_overhead
 from tritongen.errors import BadInput
 from tritongen.pbtxt import parse_model_config
 from tritongen.specio import format_loc
@@ -105,7 +104,7 @@ class Service:
     engine: EngineModel | None = None
     overheads: Overheads | None = None
 
-    def engine_for(self, config, config_path: Path | None = None, stated: SpecEngine | None = None) -> EngineModel | None:
+    def engine_for(self, config, config_path: Path | None = None, stated: EngineSection | None = None) -> EngineModel | None:
         """The engine of a decoupled config: the curve file's, or resolved from the backend's files,
         the spec and the profile; None for a classic config."""
         if not (config.HasField("model_transaction_policy") and config.model_transaction_policy.decoupled):
@@ -114,13 +113,6 @@ class Service:
             return self.engine
         return engine_for(config, self.profile, model_dir=config_path.parent if config_path else None,
                           stated=stated, stated_where="--engine")
-
-    def llm_overheads(self, fallback: Overheads) -> Overheads:
-        """A streaming profile measured its own request overhead: use it for first tokens and ends."""
-        engine = getattr(self.profile, "engine", None)
-        if engine is None:
-            return fallback
-        return fallback.model_copy(update={"request_ms": engine.request_overhead_ms})
 
 
 def read_service(path: Path) -> Service:
@@ -182,7 +174,7 @@ def parse_overheads(text: str | None, fallback: Overheads | None) -> Overheads:
         raise BadInput(f"--overheads: {format_loc(tuple(first['loc']))}: {first['msg']}") from None
 
 
-def parse_engine_option(text: str | None) -> SpecEngine | None:
+def parse_engine_option(text: str | None) -> EngineSection | None:
     """`--engine key=value,...` as the spec's `engine:` section (EngineSection) would state it."""
     if text is None:
         return None
@@ -193,11 +185,10 @@ def parse_engine_option(text: str | None) -> SpecEngine | None:
             raise BadInput(f"--engine: expected key=value pairs, got {part!r}")
         values[key.strip()] = value.strip()
     try:
-        section = EngineSection.model_validate(values)
+        return EngineSection.model_validate(values)
     except ValidationError as err:
         first = err.errors()[0]
         raise BadInput(f"--engine: {format_loc(tuple(first['loc']))}: {first['msg']}") from None
-    return stated_engine(section)
 
 
 def flags_near(config: Path) -> list[str]:
@@ -267,7 +258,7 @@ def simulate_cmd(
     service = read_service(profile)
     ov = parse_overheads(overheads, service.overheads)
     if overheads is None and service.profile is not None:
-        ov = service.llm_overheads(ov)
+        ov = with_request_overhead(ov, service.profile)
     spec, trace_text = read_traffic(traffic)
     arrivals = arrivals_from(spec, trace_text, seed, requests, str(traffic))
     # One model per run: every class goes to the config under test.

@@ -25,7 +25,7 @@ from tritongen.core.plan import DeploymentPlan, ModelEntryPlan
 from tritongen.core.sidecar_policy import build_sidecar_policy
 from tritongen.core.engine import EngineModel
 from tritongen.core.llm_interface import TensorInfo, UnknownInterface, detect_interface
-from tritongen.engine_files import entry_engine
+from tritongen.engine_files import entry_engine, with_request_overhead
 from tritongen.core.simulator import Overheads, ServiceCurve, rate_limit_from_flags
 from tritongen.core.traffic import Arrivals
 from tritongen.core.tune import (
@@ -86,13 +86,6 @@ def entry_interface(entry: ModelEntryPlan):
         )
     except UnknownInterface as err:
         raise BadInput(str(err)) from None
-
-
-def _llm_overheads(ov: Overheads, profile, given: str | None) -> Overheads:
-    """A streaming profile measured its request overhead; it replaces the default unless --overheads was given."""
-    if given is not None or profile.engine is None:
-        return ov
-    return ov.model_copy(update={"request_ms": profile.engine.request_overhead_ms})
 
 
 def explain(result: TuneResult, baseline: Evaluation | None, measured: dict[str, object] | None) -> None:
@@ -201,7 +194,7 @@ def tune(
         available, per_instance = memory_budget(plan, entry)
         inputs = TuneInputs(
             spec=loaded.spec, entry=entry, arrivals=arr, classes=loaded.spec.classes_of(model), curve=curve,
-            engine=engine, overheads=_llm_overheads(ov, profile, overheads), memory_available_bytes=available,
+            engine=engine, overheads=ov if overheads is not None else with_request_overhead(ov, profile), memory_available_bytes=available,
             instance_bytes=per_instance, rate_limit=rate_limit, resources=resources,
             max_error_fraction=max_error, seed=seed,
         )

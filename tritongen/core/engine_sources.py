@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tritongen.core.engine import KV_POLICIES, EngineModel, LLMCurve
+from tritongen.core.spec import EngineSection
 
 # tritongen's documented engine parameters (config.pbtxt `parameters`), read for backends other
 # than vLLM and TensorRT-LLM.
@@ -36,17 +37,6 @@ TRTLLM_POLICIES = {"guaranteed_no_evict": "reserve_wait", "max_utilization": "gr
 
 class EngineSourceError(ValueError):
     """The engine's values are missing or contradict each other (message names the sources)."""
-
-
-@dataclass(frozen=True)
-class SpecEngine:
-    """The spec's `engine:` section as this module needs it (None = not stated)."""
-
-    kv_policy: str | None = None
-    max_num_seqs: int | None = None
-    kv_block_tokens: int | None = None
-    kv_pool_tokens: int | None = None
-    max_batched_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -143,7 +133,7 @@ def resolve_engine(
     parameters: Mapping[str, str],
     measured: MeasuredEngine | None,
     engine_args: Mapping[str, object] | None = None,
-    spec: SpecEngine | None = None,
+    spec: EngineSection | None = None,
     spec_where: str = "the spec's engine: section",
     max_context: int | None = None,
     max_batch_size: int = 0,
@@ -249,21 +239,4 @@ def measured_from_profile(engine) -> MeasuredEngine:
         kv_capacity_tokens=engine.kv_capacity_tokens,
         kv_capacity_source=engine.kv_capacity_source,
         kv_block_tokens=engine.kv_block_tokens,
-    )
-
-
-def spec_engine_of(model_spec) -> SpecEngine | None:
-    """The spec's `engine:` section of a `ModelSpec` (None when it has none)."""
-    section = getattr(model_spec, "engine", None)
-    return None if section is None else stated_engine(section)
-
-
-def stated_engine(section) -> SpecEngine:
-    """An `EngineSection` (the spec's, or `simulate --engine`'s) as the resolver reads it."""
-    return SpecEngine(
-        kv_policy=section.kv_policy,
-        max_num_seqs=section.max_num_seqs,
-        kv_block_tokens=section.kv_block_tokens,
-        kv_pool_tokens=section.kv_pool_tokens,
-        max_batched_tokens=section.max_batched_tokens,
     )
