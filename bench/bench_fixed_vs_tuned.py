@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from tritongen.core.engine import LLMCurve  # noqa: E402
 from tritongen.core.engine_sources import MeasuredEngine  # noqa: E402
 from tritongen.core.plan import plan_deployment  # noqa: E402
-from tritongen.engine_files import entry_engine  # noqa: E402
+from tritongen.engine_files import entry_engine, entry_interface  # noqa: E402
 from tritongen.core.simulator import (  # noqa: E402
     OK,
     BatcherConfig,
@@ -244,7 +244,8 @@ def live_part(seconds: float, log) -> list[dict]:
             f"tuned: {result.winner.params.label()}": render_plan(apply_results(plan, {model: apply_candidate(entry, result.winner.params, classes, spec)}), "bench").files[f"{model}/config.pbtxt"],
         }
         streaming = entry.kind == "llm"
-        target = LoadTarget(model, streaming=streaming, batched=True)
+        target = LoadTarget(model, streaming=streaming, batched=True,
+                            interface=entry_interface(entry) if streaming else None)
         targets = {c["name"]: target for c in LIVE_CLASSES}
         for label, text in configs.items():
             # A fresh server per config: reloading tinyllm in place crashed tritonserver 2.51 here.

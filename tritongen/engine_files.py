@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tritongen.core.engine import EngineModel
 from tritongen.core.engine_sources import EngineSourceError, MeasuredEngine, measured_from_profile, resolve_engine
+from tritongen.core.llm_interface import LLMInterface, TensorInfo, UnknownInterface, detect_interface
 from tritongen.core.simulator import Overheads
 from tritongen.core.spec import EngineSection
 from tritongen.errors import BadInput
@@ -114,3 +115,18 @@ def with_request_overhead(overheads: Overheads, profile) -> Overheads:
     if engine is None:
         return overheads
     return overheads.model_copy(update={"request_ms": engine.request_overhead_ms})
+
+
+def entry_interface(entry) -> LLMInterface:
+    """The LLM interface of a plan entry (`ModelEntryPlan`): what its rendered config declares."""
+    def info(t):
+        return TensorInfo(name=t.name, data_type=t.data_type, dims=list(t.dims), optional=t.optional)
+
+    try:
+        return detect_interface(
+            model=entry.name, backend=entry.backend, platform=None, inputs=[info(t) for t in entry.inputs],
+            outputs=[info(t) for t in entry.outputs], max_batch_size=entry.max_batch_size, decoupled=entry.decoupled,
+            parameters=entry.parameters,
+        )
+    except UnknownInterface as err:
+        raise BadInput(str(err)) from None

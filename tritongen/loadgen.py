@@ -75,19 +75,15 @@ class LoadTarget:
     input_name: str = "FEATURES"
     input_dims: tuple[int, ...] = (32,)
     input_dtype: str = "FP32"
-    # streaming models (tinyllm's / Triton's generate names)
-    prompt_input: str = "text_input"
-    max_tokens_input: str | None = "max_tokens"
-    output_name: str = "text_output"
     # Through the policy sidecar: send the class name as this request parameter (e.g. "traffic_class").
     class_parameter: str | None = None
-    # Streaming models: the LLM interface the model speaks (`llm_interface`); when given it builds
-    # every request (stream on, max_tokens where that interface carries it) and the fields above
-    # for streaming are ignored. Prompts are sized in tokens x `bytes_per_token`.
+    # Streaming models: the LLM interface the model speaks (`llm_interface`, required): it builds
+    # every request (stream on, max_tokens where that interface carries it). Prompts are sized in
+    # tokens x `bytes_per_token`.
     interface: LLMInterface | None = None
     bytes_per_token: float = 1.0
     # Streaming models: "grpc" (bidirectional stream per request) or "http" (POST
-    # /v2/models/M/generate_stream, server-sent events; needs `interface`).
+    # /v2/models/M/generate_stream, server-sent events).
     protocol: str = "grpc"
 
 
@@ -146,12 +142,6 @@ def _features(target: LoadTarget, rows: int, rng: np.random.Generator) -> np.nda
     shape = ([rows] if target.batched else []) + list(target.input_dims)
     dtype = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64, "INT32": np.int32, "INT64": np.int64}[target.input_dtype]
     return rng.standard_normal(shape).astype(dtype)
-
-
-def prompt_text(tokens: int) -> bytes:
-    """A byte-level prompt of exactly `tokens` tokens (tinyllm: one byte = one token)."""
-    base = b"The quick brown fox jumps over the lazy dog. "
-    return (base * (tokens // len(base) + 1))[: max(1, tokens)]
 
 
 class _Runner:
@@ -234,23 +224,11 @@ class _Runner:
     async def _stream(self, i: int, target: LoadTarget, grpc) -> None:
         import tritonclient.grpc.aio as grpcaio
 
-        if target.interface is not None:
-            text_value = prompt_of(int(self.arr.prompt[i]), target.bytes_per_token)
-            tensors = target.interface.request(text_value, int(self.arr.output[i]), stream=True)
-            inputs = infer_inputs(grpcaio, numpy_inputs(tensors))
-            output_name = target.interface.text_output
-        else:
-            prompt = np.array([prompt_text(int(self.arr.prompt[i]))], dtype=np.object_)
-            shape = [1, 1] if target.batched else [1]
-            inputs = []
-            text = grpcaio.InferInput(target.prompt_input, shape, "BYTES")
-            text.set_data_from_numpy(prompt.reshape(shape))
-            inputs.append(text)
-            if target.max_tokens_input:
-                mt = grpcaio.InferInput(target.max_tokens_input, shape, "INT32")
-                mt.set_data_from_numpy(np.array([int(self.arr.output[i])], dtype=np.int32).reshape(shape))
-                inputs.append(mt)
-            output_name = target.output_name
+        assert target.interface is not None  # run_load refuses streaming targets without one
+        text_value = prompt_of(int(self.arr.prompt[i]), target.bytes_per_token)
+        tensors = target.interface.request(text_value, int(self.arr.output[i]), stream=True)
+        inputs = infer_inputs(grpcaio, numpy_inputs(tensors))
+        output_name = target.interface.text_output
         priority = int(self.arr.class_priority[int(self.arr.cls[i])])
         finished = asyncio.Event()
 
@@ -464,8 +442,8 @@ def run_load(
     known = list(targets.values()) if not callable(targets) else []
     if any(t.streaming and t.protocol != "http" for t in known) and not grpc_url:
         raise ValueError("streaming targets need a gRPC url")
-    if any(t.streaming and t.protocol == "http" and t.interface is None for t in known):
-        raise ValueError("HTTP generate_stream targets need the model's LLM interface")
+    if any(t.streaming and t.interface is None for t in known):
+        raise ValueError("streaming targets need the model's LLM interface (LoadTarget.interface)")
     runner = _Runner(http_url, grpc_url, arrivals, route, max_in_flight, request_timeout_s, drain_s, seed, prewarm_connections)
     runner.sse_wanted = callable(targets) or any(t.streaming and t.protocol == "http" for t in known)
     start = time.perf_counter()

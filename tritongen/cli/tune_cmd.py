@@ -24,8 +24,7 @@ from tritongen.cli.simulate_cmd import arrivals_from, parse_overheads, read_traf
 from tritongen.core.plan import DeploymentPlan, ModelEntryPlan
 from tritongen.core.sidecar_policy import build_sidecar_policy
 from tritongen.core.engine import EngineModel
-from tritongen.core.llm_interface import TensorInfo, UnknownInterface, detect_interface
-from tritongen.engine_files import entry_engine, with_request_overhead
+from tritongen.engine_files import entry_engine, entry_interface, with_request_overhead
 from tritongen.core.simulator import Overheads, ServiceCurve, rate_limit_from_flags
 from tritongen.core.traffic import Arrivals
 from tritongen.core.tune import (
@@ -71,21 +70,6 @@ def entry_arrivals(arrivals: Arrivals, plan: DeploymentPlan, entry: ModelEntryPl
     out = arrivals.take(mask)
     out.class_model = [None] * len(out.class_names)
     return out
-
-
-def entry_interface(entry: ModelEntryPlan):
-    """The LLM interface of a plan entry (what its rendered config declares)."""
-    def info(t):
-        return TensorInfo(name=t.name, data_type=t.data_type, dims=list(t.dims), optional=t.optional)
-
-    try:
-        return detect_interface(
-            model=entry.name, backend=entry.backend, platform=None, inputs=[info(t) for t in entry.inputs],
-            outputs=[info(t) for t in entry.outputs], max_batch_size=entry.max_batch_size, decoupled=entry.decoupled,
-            parameters=entry.parameters,
-        )
-    except UnknownInterface as err:
-        raise BadInput(str(err)) from None
 
 
 def explain(result: TuneResult, baseline: Evaluation | None, measured: dict[str, object] | None) -> None:

@@ -1,15 +1,17 @@
 """Measure the engine behind a decoupled LLM from outside, through the interface it speaks.
 
 What the simulator's engine model (`tritongen.core.engine`) needs, each labelled with its source:
-  - the request overhead: the round trip of a request the server refuses at once (no inputs), so
-    what is left of a first token's time is the engine's;
-  - prefill cost versus prompt length: time to first token of single requests on an idle engine at
-    three or more prompt lengths, net of the queue time Triton reports and of that overhead;
-  - decode step versus running sequences: token gaps of concurrent streams (each running stream gets
-    one token per step), net of the newcomers' prefills that land in the same steps;
+  - prefill cost versus prompt length: single requests at three or four prompt lengths while one
+    long stream decodes; the long stream's token gap that holds a request's prefill grows by that
+    prefill's engine time;
+  - the request path (`request_overhead_ms`): what is left of those requests' time to first token
+    after Triton's queue time, the prefill and half a running step (the wait for the step under way);
+  - decode step versus running sequences: each concurrent stream's span from first to last token,
+    less the other streams' prefills that landed inside it, over its gaps;
   - KV capacity: from the engine's own metrics where it exports them (TensorRT-LLM block gauges,
-    vLLM's `kv_cache_usage_perc` against the tokens in flight, a model's `*_kv_blocks_total`), else
-    an opt-in probe that raises concurrency until the first out-of-memory answer or preemption.
+    vLLM's `kv_cache_usage_perc` while every stream holds a known number of blocks, a model's
+    `*_kv_blocks_total`), else an opt-in probe that doubles, then bisects, the concurrency of long
+    requests until the first out-of-memory answer or preemption.
 
 Prompts are sized in tokens with the model's bytes per token: the spec's, else the backend's own
 token count (vLLM's `num_input_tokens`), else 4 (labelled "assumed").
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tritongen.client import infer_inputs, numpy_inputs
+from tritongen.core.engine_sources import VLLM_DEFAULT_BLOCK_SIZE
 from tritongen.core.llm_interface import LLMInterface, UnknownInterface, interface_from_config, prompt_of
 from tritongen.core.profile_types import DecodeSample, EngineMeasurement, PrefillSample
 from tritongen.errors import BadInput, RunFailed
@@ -34,6 +37,7 @@ from tritongen.profiler.load import ModelFailed, StreamLoad, StreamRecord
 from tritongen.profiler.memory import kv_gauges, parse_metrics
 
 ASSUMED_BYTES_PER_TOKEN = 4.0
+VLLM_USAGE_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # the newer name, the older one
 # what an engine that runs out of KV memory says (tinyllm, the stand-ins, PyTorch, vLLM, TRT-LLM)
 OOM_MARKERS = ("out of memory", "outofmemory", "kv cache is full", "no free blocks", "insufficient kv")
 
@@ -68,12 +72,15 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     return float(intercept), slope
 
 
+def _decoded(records: Sequence[StreamRecord], start: float, end: float) -> list[StreamRecord]:
+    """Streams that finished inside the measured windows with three or more tokens."""
+    return [r for r in records if r.error is None and r.end is not None and start <= r.end < end and len(r.token_times) >= 3]
+
+
 def mean_gap_ms(records: Sequence[StreamRecord], start: float, end: float) -> tuple[float | None, int]:
     """Median over finished streams of their mean token gap, and how many streams gave one."""
     gaps = []
-    for r in records:
-        if r.error is not None or r.end is None or not (start <= r.end < end) or len(r.token_times) < 3:
-            continue
+    for r in _decoded(records, start, end):
         span = r.token_times[-1] - r.token_times[0]
         if span > 0:
             gaps.append(span / (len(r.token_times) - 1) * 1000.0)
@@ -119,9 +126,7 @@ def decode_steps_ms(records: Sequence[StreamRecord], start: float, end: float, p
     each newcomer's prefill ran in one of this stream's steps), over its gaps."""
     firsts = sorted(r.token_times[0] for r in records if r.token_times)
     steps = []
-    for r in records:
-        if r.error is not None or r.end is None or not (start <= r.end < end) or len(r.token_times) < 3:
-            continue
+    for r in _decoded(records, start, end):
         a, b = r.token_times[0], r.token_times[-1]
         inside = bisect.bisect_right(firsts, b) - bisect.bisect_right(firsts, a)
         span_ms = (b - a) * 1000.0 - inside * prefill_ms
@@ -194,11 +199,11 @@ class EngineProfiler:
             return self.spec_bytes_per_token, "spec"
         output = self.interface.input_token_count_output
         if output:
-            text = prompt_of(256, 1.0)
-            tensors = numpy_inputs(self.interface.request(text, 1, stream=True, count_input_tokens=True))
+            sent = 256  # bytes, at one byte per token
+            tensors = stream_inputs(self.interface, sent, 1, 1.0, count_input_tokens=True)
             count = _first_output_int(self.grpc_url, self.model, tensors, output)
             if count:
-                return round(len(text.encode()) / count, 4), "backend token counts"
+                return round(sent / count, 4), "backend token counts"
             self.notes.append(f"bytes per token: the backend returned no {output}; assumed {ASSUMED_BYTES_PER_TOKEN:g}")
         return ASSUMED_BYTES_PER_TOKEN, f"assumed ({ASSUMED_BYTES_PER_TOKEN:g})"
 
@@ -255,16 +260,15 @@ class EngineProfiler:
             ))
         return samples
 
-    def decode(self, bpt: float, prefill_ms: float) -> tuple[list[DecodeSample], dict[int, tuple]]:
+    def decode(self, bpt: float, prefill_ms: float) -> list[DecodeSample]:
         s = self.settings
         load = self._stream(stream_inputs(self.interface, s.prompt_tokens, s.output_tokens, bpt))
-        out, raw = [], {}
+        out = []
         for c in s.concurrency_levels:
             self.update(f"decode at {c} stream(s)")
             records, windows, start = self.run_level(load, c)
             end = start + sum(w.duration_s for w in windows)
             gap, n = mean_gap_ms(records, start, end)
-            raw[c] = (records, windows, start)
             if gap is None:
                 self.notes.append(f"decode at {c} streams: no stream finished with 3 or more tokens")
                 continue
@@ -272,7 +276,7 @@ class EngineProfiler:
             if step is None:  # no newcomer could be placed: the expected share of prefills per step
                 step = decode_step_ms(gap, c, s.output_tokens, prefill_ms)
             out.append(DecodeSample(concurrency=c, requests=n, mean_gap_ms=round(gap, 3), step_ms=round(step, 3)))
-        return out, raw
+        return out
 
     # -- KV capacity ----------------------------------------------------------------------------
 
@@ -294,23 +298,23 @@ class EngineProfiler:
         if gauges.blocks_total and gauges.block_tokens:
             return (gauges.blocks_total * gauges.block_tokens, gauges.block_tokens, "model metrics",
                     f"{gauges.blocks_total} blocks x {gauges.block_tokens} tokens (*_kv_blocks_total)", names)
-        if any(n in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc") for n in names):
+        if any(n in VLLM_USAGE_GAUGES for n in names):
             found = self._vllm_capacity(bpt)
             if found is not None:
-                return found[0], 16, "vllm metrics", found[1], names
+                return found[0], VLLM_DEFAULT_BLOCK_SIZE, "vllm metrics", found[1], names
         if self.settings.capacity_probe:
-            found = self._probe(bpt, names)
+            found = self._probe(bpt)
             if found is not None:
                 return found[0], None, "capacity probe", found[1], names
         return None, None, None, None, names
 
     def _usage(self) -> float | None:
         for s in self._families():
-            if s.name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc") and s.labels.get("model", self.model) == self.model:
+            if s.name in VLLM_USAGE_GAUGES:
                 return s.value
         return None
 
-    def _vllm_capacity(self, bpt: float, block: int = 16) -> tuple[int, str] | None:
+    def _vllm_capacity(self, bpt: float, block: int = VLLM_DEFAULT_BLOCK_SIZE) -> tuple[int, str] | None:
         """Hold streams whose prompts fill exactly 4 blocks and read the usage gauge while each has
         made a few tokens: every stream then holds exactly 5 blocks (its 5th fills while it makes
         tokens 2 to block + 1), so capacity = streams x 5 / usage, whatever the client's lag.
@@ -351,7 +355,7 @@ class EngineProfiler:
     def _preemptions(self) -> float:
         return sum(s.value for s in self._families() if s.name == "vllm:num_preemptions_total")
 
-    def _probe(self, bpt: float, names: list[str]) -> tuple[int, str] | None:
+    def _probe(self, bpt: float) -> tuple[int, str] | None:
         """Raise concurrency of long requests (doubling, then bisecting) until the first
         out-of-memory answer or preemption: capacity ~ the most streams that all ran x their tokens."""
         s = self.settings
@@ -383,14 +387,14 @@ class EngineProfiler:
 
     # -- all of it ------------------------------------------------------------------------------
 
-    def measure(self) -> tuple[EngineMeasurement, dict[int, tuple]]:
+    def measure(self) -> EngineMeasurement:
         bpt, bpt_source = self.bytes_per_token()
         preempt0 = self._preemptions()
         prefill = self.prefill(bpt)
         fixed, per_token = fit_line([p.prompt_tokens for p in prefill], [p.engine_ms for p in prefill])
         overhead = statistics.median(p.path_ms for p in prefill)
         prefill_typical = fixed + per_token * self.settings.prompt_tokens
-        decode, raw = self.decode(bpt, prefill_typical)
+        decode = self.decode(bpt, prefill_typical)
         if len(decode) < 2:
             raise RunFailed(f"model {self.model!r}: the decode step could not be measured at two concurrencies ({self.notes})")
         d_fixed, d_per_seq = fit_line([d.concurrency for d in decode], [d.step_ms for d in decode])
@@ -416,7 +420,7 @@ class EngineProfiler:
             engine_metrics=names,
             preemptions_seen=int(self._preemptions() - preempt0),
             notes=self.notes,
-        ), raw
+        )
 
 
 def _first_output_int(url: str, model: str, inputs: dict[str, np.ndarray], output: str, timeout_s: float = 30.0) -> int | None:

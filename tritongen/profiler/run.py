@@ -37,7 +37,7 @@ import httpx
 import numpy as np
 
 from tritongen import __version__
-from tritongen.client import numpy_inputs, sample_input
+from tritongen.client import sample_input
 from tritongen.core import profile_math as pm
 from tritongen.core.kv import kv_shape, weight_bytes
 from tritongen.core.plan import ModelEntryPlan, TensorView, plan_deployment
@@ -56,6 +56,7 @@ from tritongen.core.profile_types import (
 )
 from tritongen.errors import BadInput, RunFailed, TritongenError
 from tritongen.profiler.engine import EngineProfiler, engine_settings, interface_of
+from tritongen.profiler.engine import stream_inputs as engine_stream_inputs
 from tritongen.profiler.load import ClassicLoad, ModelFailed, RequestRecord, StreamLoad, StreamRecord, Window
 from tritongen.profiler.memory import (
     MemoryProbe,
@@ -350,15 +351,6 @@ def resolve_targets(admin: TritonAdmin, names: Sequence[str], loaded: LoadedSpec
 # Inputs
 
 
-_FILLER = "Triton serves models; tritongen measures them before it configures them. "
-
-
-def prompt_text(tokens: int) -> str:
-    """An ASCII prompt of exactly `tokens` bytes (one token each for a byte-level tokenizer;
-    roughly tokens / 4 for a BPE tokenizer)."""
-    return (_FILLER * (tokens // len(_FILLER) + 1))[:tokens]
-
-
 def classic_inputs(target: Target, seed: int) -> dict[str, np.ndarray]:
     """One row per request (a leading batch dimension of 1 when the model batches)."""
     rng = np.random.default_rng(seed)
@@ -366,12 +358,11 @@ def classic_inputs(target: Target, seed: int) -> dict[str, np.ndarray]:
     return {t.name: sample_input(t, rows, rng, "hello", 8) for t in target.inputs if not t.optional}
 
 
-def stream_inputs(target: Target, prompt_tokens: int, max_tokens: int, seed: int = 0) -> dict[str, np.ndarray]:
+def stream_inputs(target: Target, prompt_tokens: int, max_tokens: int) -> dict[str, np.ndarray]:
     """A streaming request in the model's own interface (`target.interface`), stream on; the prompt
     is `prompt_tokens` bytes (the memory probes count bytes as tinyllm's byte tokenizer does)."""
-    del seed  # prompts are text; kept so memory probes can vary their requests later
     assert target.interface is not None
-    return numpy_inputs(target.interface.request(prompt_text(prompt_tokens), max_tokens, stream=True))
+    return engine_stream_inputs(target.interface, prompt_tokens, max_tokens, 1.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -733,7 +724,7 @@ class Profiler:
             target.bytes_per_token, level, lambda what: self.reporter.update(f"{target.name}: {what}"),
             max_context=target.max_context,
         )
-        builder.engine, _raw = profiler.measure()
+        builder.engine = profiler.measure()
 
     def _stream_level(self, concurrency: int, records: list[StreamRecord], windows: list[Window], start: float) -> StreamLevel:
         s = self.settings
@@ -873,8 +864,8 @@ class Profiler:
             return
         # Warm up first: a fresh instance allocates for good on its first requests (buffers,
         # lazily built state), which is not a prefill transient.
-        for repeat in range(2):
-            record = self._single(stream, stream_inputs(target, min(16, lengths[0]), 4, seed=repeat), memory)
+        for _warm in range(2):
+            record = self._single(stream, stream_inputs(target, min(16, lengths[0]), 4), memory)
             if record.error is not None:
                 raise ModelFailed(f"model {target.name!r} failed a warm-up request: {record.error}")
         steady = steady_value(probe, samples=7)
@@ -884,9 +875,9 @@ class Profiler:
         for length in lengths:
             self.reporter.update(f"{target.name}: prefill scan, prompt {length} tokens")
             peak, samples, hwm = steady, 0, False
-            for repeat in range(max(1, s.prefill_repeats)):
+            for _repeat in range(max(1, s.prefill_repeats)):
                 with PeakSampler(probe) as sampler:
-                    record = self._single(stream, stream_inputs(target, length, 1, seed=repeat), memory)
+                    record = self._single(stream, stream_inputs(target, length, 1), memory)
                 if record.error is not None:
                     raise ModelFailed(f"model {target.name!r} failed a single request with a {length}-token prompt: {record.error}")
                 peak = max(peak, sampler.peak or steady)
