@@ -4,7 +4,6 @@ and resolve them with the profile and the spec (`tritongen.core.engine_sources`)
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 
 from tritongen.core.engine import EngineModel
@@ -53,22 +52,19 @@ def engine_for(
     profile,
     *,
     model_dir: Path | None = None,
-    engine_args: Mapping | None = None,
-    spec_model=None,
     stated: EngineSection | None = None,
-    stated_where: str = "the spec's engine: section",
+    stated_where: str = "--engine",
 ) -> EngineModel:
-    """The engine of a decoupled model: its config (a ModelConfig proto), the backend's files in
-    `model_dir`, the spec's model (or engine values `stated` elsewhere, e.g. on the command line),
-    and the streaming profile."""
+    """The engine of a decoupled model read from files: its config (a ModelConfig proto), the
+    backend's files in `model_dir`, engine values `stated` elsewhere (the command line), and the
+    streaming profile. A plan entry's engine is `entry_engine`'s."""
     if profile is None or getattr(profile, "engine", None) is None:
         raise BadInput(
             f"model {config.name!r} is a streaming LLM: give its streaming profile (`tritongen profile` writes one "
             "with the engine's measured step costs)"
         )
     backend = config.backend or None
-    if engine_args is None and backend == "vllm" and model_dir is not None:
-        engine_args = vllm_engine_args(model_dir)
+    engine_args = vllm_engine_args(model_dir) if backend == "vllm" and model_dir is not None else None
     try:
         return resolve_engine(
             model=config.name,
@@ -76,9 +72,8 @@ def engine_for(
             parameters=config_parameters(config),
             measured=measured_from_profile(profile.engine),
             engine_args=engine_args,
-            spec=stated if stated is not None else getattr(spec_model, "engine", None),
+            spec=stated,
             spec_where=stated_where,
-            max_context=getattr(spec_model, "max_context", None),
             max_batch_size=int(config.max_batch_size),
         )
     except EngineSourceError as err:

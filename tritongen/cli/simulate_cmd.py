@@ -111,8 +111,7 @@ class Service:
             return None
         if self.engine is not None:
             return self.engine
-        return engine_for(config, self.profile, model_dir=config_path.parent if config_path else None,
-                          stated=stated, stated_where="--engine")
+        return engine_for(config, self.profile, model_dir=config_path.parent if config_path else None, stated=stated)
 
 
 def read_service(path: Path) -> Service:
