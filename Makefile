@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.tritongen-installed
 
-.PHONY: demo test venv clean bench bench-fidelity bench-sidecar bench-profile bench-simulator bench-fixed-vs-tuned bench-check-conformance bench-llm-fidelity
+.PHONY: demo test venv clean bench bench-fidelity bench-sidecar bench-profile bench-simulator bench-fixed-vs-tuned bench-check-conformance bench-llm-fidelity bench-llm-guard
 
 venv: $(STAMP)
 
@@ -26,14 +26,14 @@ demo: $(STAMP)
 # (date, machine, commit). Run them one at a time on a quiet host; `make bench` runs them all (~12 min).
 TRITON_SERVER_REPO ?= /tmp/triton-server
 
-bench: bench-simulator bench-profile bench-fidelity bench-llm-fidelity bench-sidecar bench-fixed-vs-tuned bench-check-conformance
+bench: bench-simulator bench-profile bench-fidelity bench-llm-fidelity bench-llm-guard bench-sidecar bench-fixed-vs-tuned bench-check-conformance
 
 bench-fidelity: $(STAMP)
 	$(PY) bench/bench_sim_fidelity.py
 
 bench-sidecar: $(STAMP)
-	$(PY) bench/bench_sidecar.py --seconds 4
-	$(PY) bench/bench_sidecar.py --seconds 4 --pinned
+	$(PY) bench/bench_sidecar.py
+	$(PY) bench/bench_sidecar.py --pinned --models identity
 
 bench-check-conformance: $(STAMP)
 	$(PY) bench/bench_check_conformance.py --server-repo $(TRITON_SERVER_REPO)
@@ -49,6 +49,9 @@ bench-fixed-vs-tuned: $(STAMP)
 
 bench-llm-fidelity: $(STAMP)
 	$(PY) bench/bench_llm_fidelity.py
+
+bench-llm-guard: $(STAMP)
+	$(PY) bench/bench_llm_guard.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -68,12 +68,25 @@ from sidecar.policy import (
 Clock = Callable[[], float]
 
 DRAIN_WINDOW_S = 10.0
+ARRIVAL_WINDOW_S = 5.0  # arrival rates per level (expected_wait_s), over this window
 DRAIN_MIN_SAMPLES = 2
 SEQ_LEN_ALPHA = 0.2
 SERVICE_ALPHA = 0.2
 LATENCY_SAMPLES = 64
 LATENCY_MIN_SAMPLES = 5
 LATENCY_QUANTILE = 0.9
+# The share of an LLM's rooms its lower classes may fill (LowerShare): judged on the top class's
+# first-token latency over the last window, at most one move per step.
+SHARE_WINDOW_S = 3.0
+SHARE_STEP_S = 0.5
+SHARE_MIN = 0.5  # lower classes keep at least half their room: throughput is what they lose
+SHARE_HIGH = 0.8  # top class's recent P90 first-token latency above this share of its target: shrink
+SHARE_LOW = 0.5  # below this (or no top-class traffic): grow back
+SHARE_DECREASE = 0.7
+SHARE_INCREASE = 0.1
+
+
+_LIMIT_GROUP = ("limit", "llm")  # the queue group the adaptive concurrency limit holds
 
 
 class Action(str, Enum):
@@ -84,6 +97,7 @@ class Action(str, Enum):
 
 # Reasons a request is refused (Decision.reason); the proxies map them to status codes.
 EXCEEDS_BUDGET = "exceeds_budget"  # can never fit this class's share of a static limit
+EXCEEDS_CONTEXT = "exceeds_context"  # asks for more tokens than the model's context holds
 CLASS_NOT_SERVED = "class_not_served"
 TENANT_CLASS_NOT_ALLOWED = "tenant_class_not_allowed"  # the tenant may not send this class
 QUEUE_FULL = "queue_full"
@@ -105,6 +119,8 @@ class Cost:
     # histogram). A prompt the sidecar cannot read (shared memory) is charged a full context
     # above but is not listed here: it is not a measured length.
     prompt_lengths: tuple[int, ...] = ()
+    # (reason, detail) when the request can never run (cost.py): refused at once, never queued.
+    never: tuple[str, str] | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -131,7 +147,7 @@ class Room:
     need: float
     shared: bool  # True: blocks every model behind it in the queue; False: see `holds`
     static: bool  # capacity does not change with live readings
-    holds: str = "model"  # not shared: whose requests wait behind one it blocks ("model" or "tenant")
+    holds: str = "model"  # not shared: whose requests wait behind one it blocks ("model", "tenant", "limit")
 
     @property
     def free(self) -> float:
@@ -243,6 +259,52 @@ class AdaptiveLimit:
         return "hold"
 
 
+class LowerShare:
+    """How much of one LLM's rooms its lower classes may fill, from the top class's latency.
+
+    A decoupled model takes every request at once, so Triton's priority levels never reach its
+    engine, and an engine busy with batch sequences is slow to start an interactive one (each step
+    takes longer, and the prefill waits for the step). Reserving a fixed share for the top class
+    would waste it when there is no interactive traffic; so the share moves: down
+    (multiplicatively) while the top class's recent first-token latency nears its target, back up
+    (additively) when it is well inside it or the top class is quiet. The engine keeps all its
+    room whenever interactive requests are served in time, which is what keeps goodput.
+
+    The latency judged is arrival to first token as the sidecar sees it (queue wait included).
+    The share never goes below half: what lower classes lose is throughput, and the engine must
+    stay busy (issue 15: never fewer requests served than without the sidecar)."""
+
+    def __init__(self) -> None:
+        self.value = 1.0
+        self._samples: deque[tuple[float, float]] = deque(maxlen=256)  # (when, first-token latency)
+        self._last_move = -math.inf
+
+    def observe(self, now: float, latency_s: float) -> None:
+        self._samples.append((now, latency_s))
+
+    def recent_p90(self, now: float) -> float | None:
+        while self._samples and self._samples[0][0] < now - SHARE_WINDOW_S:
+            self._samples.popleft()
+        if len(self._samples) < 3:
+            return None
+        ordered = sorted(latency for _, latency in self._samples)
+        return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+
+    def update(self, now: float, target_s: float) -> str:
+        if now - self._last_move < SHARE_STEP_S:
+            return "hold"
+        p90 = self.recent_p90(now)
+        if p90 is not None and p90 > SHARE_HIGH * target_s and self.value > SHARE_MIN:
+            self.value = max(SHARE_MIN, self.value * SHARE_DECREASE)
+            self._last_move = now
+            return "down"
+        if (p90 is None or p90 < SHARE_LOW * target_s) and self.value < 1.0:
+            self.value = min(1.0, self.value + SHARE_INCREASE)
+            self._last_move = now
+            return "up"
+        return "hold"
+
+
 # ------------------------------------------------------------------------------------------------
 # The state
 
@@ -259,6 +321,7 @@ class _Reservation:
     kv_on_device: bool  # the engine does not pre-allocate its pool: KV bytes are device bytes too
     lingering_until: float | None = None
     first_response_at: float | None = None
+    arrived_at: float = 0.0  # when the sidecar first saw it (admitted_at unless it queued)
 
     @property
     def device_bytes(self) -> int:
@@ -301,6 +364,7 @@ class AdmissionState:
         self._inflight_tenant: dict[str, int] = {}  # no zero entries (see _count_tenant)
         self._reserved_tenant: dict[str, int] = {}
         self._inflight = 0
+        self._inflight_llm = 0  # what the adaptive concurrency limit counts
         self._lingering = 0
         self._seq = 0
         self._snapshot: HeadroomSnapshot | None = None
@@ -309,6 +373,9 @@ class AdmissionState:
         self._seq_len: dict[str, float] = {}
         self._service_s: dict[str, float] = {}  # EWMA of admitted -> released, per model
         self._upstream_latency: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=LATENCY_SAMPLES))
+        self._lower_share: dict[str, LowerShare] = defaultdict(LowerShare)
+        self._arrivals: dict[str, deque[tuple[float, int]]] = defaultdict(lambda: deque(maxlen=2048))
+        self._token_counters: Mapping[str, Callable[[bytes], int]] = {}
         self._demand = False
         self._granted: list[Decision] = []
         self._expired: list[Decision] = []
@@ -323,6 +390,13 @@ class AdmissionState:
         self.limit.reconfigure(policy.concurrency)
         self._pump()
 
+    def set_token_counters(self, counters: Mapping[str, Callable[[bytes], int]]) -> None:
+        """The models' tokenizers (sidecar/tokens.py), loaded by the owner; the proxies count with them."""
+        self._token_counters = dict(counters)
+
+    def token_counter(self, model: str) -> Callable[[bytes], int] | None:
+        return self._token_counters.get(model)
+
     def observe_headroom(self, snapshot: HeadroomSnapshot) -> None:
         self._snapshot = snapshot
         for scope, reading in snapshot.readings.items():
@@ -333,6 +407,7 @@ class AdmissionState:
     # -- lookups ----------------------------------------------------------------------------------
 
     def _index(self) -> None:
+        self._top_level = min(c.priority for c in self.policy.classes)
         self._models = {m.name: m for m in self.policy.models}
         self._classes = {c.name: c for c in self.policy.classes}
         self._devices = {d.id: d for d in self.policy.devices}
@@ -351,7 +426,7 @@ class AdmissionState:
             unknown = ModelPolicy.model_construct(
                 name=name, kind="classic", streaming=False, devices=[d.id for d in self.policy.devices],
                 engines=1, kv=None, request_bytes=0, request_bytes_source="analytic", memory_quota_bytes=None,
-                max_inflight=self.policy.concurrency.max, classes=None, release_grace_ms=0.0,
+                max_inflight=None, classes=None, release_grace_ms=0.0,
                 priority_levels=16, default_priority=0,
             )
             self._unknown_models[name] = unknown
@@ -359,6 +434,21 @@ class AdmissionState:
 
     def known_model(self, name: str) -> bool:
         return name in self._models
+
+    def _top_priority(self, model: ModelPolicy) -> int:
+        """The most urgent class level the model serves (1 is the top)."""
+        return min((c.priority for c in self.policy.classes if model.classes is None or c.name in model.classes),
+                   default=1)
+
+    def lower_share(self, model: str) -> float:
+        """The share of the model's rooms its lower classes may fill now (LowerShare); 1.0 unless the
+        top class's first tokens are coming late."""
+        found = self._lower_share.get(model)
+        return found.value if found is not None else 1.0
+
+    def _counts_for_limit(self, name: str) -> bool:
+        found = self._models.get(name)
+        return found is not None and found.kv is not None
 
     def tenant_quota(self, tenant: str) -> TenantQuota | None:
         """The tenant's own quota, else the policy's `default_tenant` (None: unlimited)."""
@@ -429,16 +519,30 @@ class AdmissionState:
         # The tenant's rooms come first in each list: a request over its tenant's quota is named as
         # waiting for its tenant, and so holds only its tenant's requests, not its model's.
         slots, memory = self._tenant_rooms(request, frac)
-        slots += [
-            Room("concurrency_limit", "requests", self._inflight,
-                 max(1, math.floor(self.limit.value * frac)), 1, shared=True, static=False),
-            Room(f"model_concurrency_quota:{model.name}", "requests", self._inflight_model[model.name],
-                 max(1, math.floor(model.max_inflight * frac)), 1, shared=False, static=True),
-        ]
-        if model.memory_quota_bytes is not None:
+        if model.kv is not None and self.known_model(model.name):
+            # The adaptive limit guards LLM memory; a classic model is bounded by what Triton accepts.
+            slots.append(Room("concurrency_limit", "requests", self._inflight_llm,
+                              max(1, math.floor(self.limit.value * frac)), 1, shared=False, static=False,
+                              holds="limit"))
+        if model.max_inflight is not None:
+            slots.append(Room(f"model_concurrency_quota:{model.name}", "requests", self._inflight_model[model.name],
+                              max(1, math.floor(model.max_inflight * frac)), 1, shared=False, static=True))
+        reserves = model.kv is None or model.kv.reserves
+        if model.memory_quota_bytes is not None and reserves:
             memory.append(Room(f"model_memory_quota:{model.name}", "bytes", self._reserved_kv[model.name],
                                math.floor(model.memory_quota_bytes * frac), cost.kv_bytes, shared=False, static=True))
-        if model.kv is not None:
+        share = self.lower_share(model.name)
+        if share < 1.0 and model.kv is not None and klass.priority != self._top_priority(model):
+            # The top class's first tokens are late: lower classes fill less (LowerShare), of the
+            # pool where the engine reserves, else of its sequences.
+            if model.memory_quota_bytes is not None and reserves:
+                memory.append(Room(f"lower_class_share:{model.name}", "bytes", self._reserved_kv[model.name],
+                                   math.floor(model.memory_quota_bytes * frac * share), cost.kv_bytes, shared=False,
+                                   static=False))
+            elif model.max_inflight is not None:
+                slots.append(Room(f"lower_class_share:{model.name}", "requests", self._inflight_model[model.name],
+                                  max(1, math.floor(model.max_inflight * frac * share)), 1, shared=False, static=False))
+        if model.kv is not None and reserves:
             pool = f"pool:{model.name}"
             cap = self.capacity(pool, now)
             if cap is not None:
@@ -479,10 +583,16 @@ class AdmissionState:
     # -- queue order ------------------------------------------------------------------------------
 
     def effective_level(self, waiting: _Waiting, now: float) -> int:
-        """Promoted one level per starvation guard period waited; 1 is the top."""
+        """Promoted one level per starvation guard period waited, but never level with the top class:
+        a waiting request of a lower class has a deadline of its own (it is refused, never starved
+        for ever), while one promoted beside the top class would, under sustained overload, queue
+        every new top-class request behind the whole backlog and see them refused."""
+        top = self._top_level
+        if waiting.priority <= top:
+            return waiting.priority
         guard_s = self.policy.starvation_guard_ms / 1000
         promoted = int((now - waiting.enqueued_at) // guard_s) if guard_s > 0 else 0
-        return max(1, waiting.priority - promoted)
+        return max(top + 1, waiting.priority - promoted)
 
     def _order(self, now: float) -> list[_Waiting]:
         return sorted(self._waiting.values(), key=lambda w: (self.effective_level(w, now), w.enqueued_at, w.seq))
@@ -490,12 +600,15 @@ class AdmissionState:
     @staticmethod
     def _hold_key(request: Request, room: Room) -> tuple[str, str]:
         """The group a request blocked by a non-shared room holds in the queue: its model's requests
-        (a model quota or pool) or its tenant's (a tenant quota)."""
+        (a model quota or pool), its tenant's (a tenant quota) or every LLM request (the adaptive
+        concurrency limit, which only LLM requests count against)."""
+        if room.holds == "limit":
+            return _LIMIT_GROUP
         return ("tenant", request.tenant) if room.holds == "tenant" else ("model", request.model)
 
-    @staticmethod
-    def _groups(request: Request) -> tuple[tuple[str, str], tuple[str, str]]:
-        return ("model", request.model), ("tenant", request.tenant)
+    def _groups(self, request: Request) -> tuple[tuple[str, str], ...]:
+        groups = (("model", request.model), ("tenant", request.tenant))
+        return (*groups, _LIMIT_GROUP) if self._counts_for_limit(request.model) else groups
 
     # -- the main entry points --------------------------------------------------------------------
 
@@ -519,6 +632,10 @@ class AdmissionState:
                 detail=f"tenant {request.tenant!r} may send classes {quota.classes}; class {klass.name!r} is not one "
                 "of them",
             )
+        if request.cost.never is not None:
+            reason, detail = request.cost.never
+            return Decision(Action.REJECT, request.id, reason, limit=f"model_context:{model.name}"
+                            if reason == EXCEEDS_CONTEXT else f"engine_pool:{model.name}", detail=detail)
         memory, slots = self.rooms(request, now)
         verdict = decide(request.cost, memory, slots)
         never = [r for r in (*memory, *slots) if r.static and r.need > r.capacity]
@@ -532,6 +649,7 @@ class AdmissionState:
             )
         if verdict.ok and not self._waiting:  # the common case: room, and nobody ahead
             self._reserve(request, now)
+            self._note_arrival(request.model, klass.priority, now)
             return Decision(Action.ADMIT, request.id, "admitted", headroom_bytes=verdict.headroom_bytes)
         self._seq += 1
         allowed_s = self.allowed_wait_s(request.model, klass)
@@ -541,6 +659,7 @@ class AdmissionState:
         granted = [g for g in self._granted if g.request_id == request.id]
         if granted:
             self._granted.remove(granted[0])
+            self._note_arrival(request.model, klass.priority, now)
             return granted[0]
         # Not admitted: it waits, unless its queue is full or the wait would exceed the class's.
         del self._waiting[request.id]
@@ -552,9 +671,9 @@ class AdmissionState:
             limit_name, cap, used = blocked.name, blocked.capacity, blocked.used
         ahead = self._ahead(request.model, (klass.priority, now, self._seq), now)
         same_class = sum(1 for w in self._waiting.values() if w.request.klass == klass.name)
-        wait_s = self.expected_wait_s(request.model, ahead + 1, now)
+        wait_s = self.expected_wait_s(request.model, ahead + 1, now, klass.priority)
         common = dict(limit=limit_name, limit_capacity=cap, limit_used=used, headroom_bytes=verdict.headroom_bytes)
-        if same_class >= klass.queue_cap:
+        if klass.queue_cap is not None and same_class >= klass.queue_cap:
             return Decision(
                 Action.REJECT, request.id, QUEUE_FULL, retry_after_s=self.retry_after_s(wait_s),
                 queue_position=ahead + 1, **common,
@@ -577,6 +696,7 @@ class AdmissionState:
                 f"{ahead} request(s) ahead, exceeds the {allowed_s * 1000:.0f} ms class {klass.name!r} may wait",
             )
         self._waiting[request.id] = waiting
+        self._note_arrival(request.model, klass.priority, now)
         return Decision(Action.QUEUE, request.id, "queued", queue_position=ahead + 1, **common,
                         detail=f"waiting for {limit_name}")
 
@@ -609,6 +729,11 @@ class AdmissionState:
         if res.first_response_at is None:
             res.first_response_at = self._now()
             self._upstream_latency[res.request.model].append(res.first_response_at - res.admitted_at)
+            model = self._models.get(res.request.model)
+            if model is not None and model.kv is not None:
+                klass = self.class_policy(res.request.klass)
+                if klass.priority == self._top_priority(model):
+                    self._lower_share[model.name].observe(res.first_response_at, res.first_response_at - res.arrived_at)
         if res.prefill_bytes == 0:
             return
         for scope in res.device_scopes:
@@ -630,6 +755,8 @@ class AdmissionState:
         now = self._now()
         model = res.request.model
         self._inflight -= 1
+        if self._counts_for_limit(model):
+            self._inflight_llm -= 1
         self._inflight_model[model] -= 1
         self._sequences_model[model] -= res.request.cost.sequences
         self._count_tenant(res.request.tenant, inflight=-1)
@@ -661,6 +788,13 @@ class AdmissionState:
         self.last_limit_move = self.limit.update(now, watermark, delay, self._demand or near_limit)
         if self.last_limit_move != "hold":
             self._demand = False
+        self._refuse_hopeless(now)
+        for name, share in self._lower_share.items():
+            model = self._models.get(name)
+            if model is not None:
+                top = self._top_priority(model)
+                target = min(c.p99_ms for c in self.policy.classes if c.priority == top) / 1000
+                share.update(now, target)
         self._pump(now)
 
     @property
@@ -674,7 +808,7 @@ class AdmissionState:
 
     # -- internals --------------------------------------------------------------------------------
 
-    def _reserve(self, request: Request, now: float) -> None:
+    def _reserve(self, request: Request, now: float, arrived_at: float | None = None) -> None:
         model = self.model_policy(request.model)
         cost = request.cost
         kv_scopes = (f"pool:{model.name}",) if model.kv is not None else ()
@@ -682,6 +816,7 @@ class AdmissionState:
             request, now, kv_scopes, tuple(model.devices), kv_bytes=cost.kv_bytes,
             extra_bytes=cost.prefill_bytes + cost.request_bytes, prefill_bytes=cost.prefill_bytes,
             kv_on_device=model.kv is not None and not model.kv.preallocated,
+            arrived_at=now if arrived_at is None else arrived_at,
         )
         self._reservations[request.id] = res
         for scope in kv_scopes:
@@ -690,6 +825,8 @@ class AdmissionState:
             self._reserved_scope[scope] += res.device_bytes
         self._reserved_kv[request.model] += cost.kv_bytes
         self._inflight += 1
+        if self._counts_for_limit(request.model):
+            self._inflight_llm += 1
         self._inflight_model[request.model] += 1
         self._sequences_model[request.model] += cost.sequences
         self._count_tenant(request.tenant, inflight=1, reserved=res.held_bytes)
@@ -737,6 +874,30 @@ class AdmissionState:
                 f"longest queue wait, without room being made",
             ))
 
+    def _refuse_hopeless(self, now: float) -> None:
+        """Refuse now, not at its deadline, a waiting request whose predicted wait (its place in its
+        model's queue / the model's drain rate) is well past the time it has left: a client told
+        early can retry elsewhere. Well past: 1.5 x, so a wait the estimate gets slightly wrong
+        is still served."""
+        if not self._waiting:
+            return
+        places: dict[str, int] = defaultdict(int)
+        for waiting in self._order(now):
+            model = waiting.request.model
+            places[model] += 1
+            predicted = self.expected_wait_s(model, places[model], now, self.effective_level(waiting, now))
+            left = waiting.deadline - now
+            if predicted is None or predicted <= 1.5 * left:
+                continue
+            del self._waiting[waiting.request.id]
+            self._expired.append(Decision(
+                Action.REJECT, waiting.request.id, QUEUE_WAIT, retry_after_s=self.retry_after_s(predicted),
+                waited_s=now - waiting.enqueued_at, limit="queue_order", queue_position=places[model],
+                detail=f"the predicted wait, {predicted * 1000:.0f} ms for place {places[model]} in the queue, is "
+                f"far past the {max(0.0, left) * 1000:.0f} ms left of class {waiting.request.klass!r}'s wait",
+            ))
+            places[model] -= 1
+
     def _pump(self, now: float | None = None, expire: bool = True) -> None:
         """Grant waiting requests in effective order while they fit."""
         if not self._waiting:
@@ -753,7 +914,7 @@ class AdmissionState:
             verdict = decide(request.cost, memory, slots)
             if verdict.ok:
                 del self._waiting[request.id]
-                self._reserve(request, now)
+                self._reserve(request, now, waiting.enqueued_at)
                 self._granted.append(Decision(
                     Action.ADMIT, request.id, "admitted", headroom_bytes=verdict.headroom_bytes,
                     waited_s=now - waiting.enqueued_at,
@@ -801,17 +962,48 @@ class AdmissionState:
             allowed = min(allowed, klass.p99_ms / 1000 - upstream)
         return max(0.0, allowed)
 
-    def expected_wait_s(self, model: str, position: int, now: float) -> float | None:
+    def expected_wait_s(self, model: str, position: int, now: float, priority: int | None = None) -> float | None:
+        """Seconds until a request at `position` in its model's queue leaves it: position / drain
+        rate, where, for a request of a lower class, the top class's requests arriving meanwhile
+        (at their recent rate) always pass it, and those of the classes between pass it until the
+        starvation guard has promoted it to their level (effective_level). None: no drain measured."""
         rate = self.drain_rate(model, now)
         if rate is None or rate <= 0:
             return None
-        return position / rate
+        top = self._top_level
+        if priority is None or priority <= top:
+            return position / rate
+        passing_top = self._arrival_rate(model, now, below=top + 1)
+        passing_mid = self._arrival_rate(model, now, below=priority) - passing_top
+        promoted_s = max(0, priority - top - 1) * self.policy.starvation_guard_ms / 1000
+        left = rate - passing_top  # what the top class leaves for everyone else
+        if left <= 0.05 * rate:
+            return math.inf
+        return (position + passing_mid * promoted_s) / left
+
+    def _note_arrival(self, model: str, priority: int, now: float) -> None:
+        """A request that is admitted or waits (a refused one takes nothing from the drain)."""
+        self._arrivals[model].append((now, priority))
+
+    def _arrival_rate(self, model: str, now: float, below: int) -> float:
+        """Requests per second of levels more urgent than `below` (lower numbers), recent window."""
+        seen = self._arrivals.get(model)
+        if not seen:
+            return 0.0
+        while seen and seen[0][0] < now - ARRIVAL_WINDOW_S:
+            seen.popleft()
+        if len(seen) < DRAIN_MIN_SAMPLES:
+            return 0.0
+        span = max(now - seen[0][0], 0.5)
+        return sum(1 for _, level in seen if level < below) / span
 
     def retry_after_s(self, wait_s: float | None) -> float:
         """Seconds before a retry can expect room: the drain-rate estimate, at least 1, capped."""
         cap = self.policy.limits.max_retry_after_s
         if wait_s is None:
             return 1.0
+        if not math.isfinite(wait_s):
+            return float(cap)
         return float(min(cap, max(1, math.ceil(wait_s))))
 
     def queue_delay_s(self, now: float) -> float | None:
@@ -821,19 +1013,17 @@ class AdmissionState:
         return max(snap.queue_delay_s.values())
 
     def watermark(self, now: float | None = None) -> float:
-        """The fullest memory limit: reserved / capacity, over every model's quota and scope."""
+        """The fullest device: reserved / capacity over every device a model uses. KV quotas and pools
+        are left out: each request's footprint is checked against them exactly, so a full pool is a
+        busy engine, not a memory risk, and stepping the limit down for it would only cost goodput."""
         now = self._now() if now is None else now
         worst = 0.0
-        for model in self.policy.models:
-            if model.memory_quota_bytes:
-                worst = max(worst, self._reserved_kv[model.name] / model.memory_quota_bytes)
-            scopes = list(model.devices) + ([f"pool:{model.name}"] if model.kv is not None else [])
-            for scope in scopes:
-                cap = self.capacity(scope, now)
-                if cap is None:
-                    continue
-                used = self._reserved_scope.get(scope, 0)
-                worst = max(worst, 1.0 if cap <= 0 else used / cap)
+        for scope in sorted({d for m in self.policy.models for d in m.devices}):
+            cap = self.capacity(scope, now)
+            if cap is None:
+                continue
+            used = self._reserved_scope.get(scope, 0)
+            worst = max(worst, 1.0 if cap <= 0 else used / cap)
         return worst
 
     def oom_risk(self, model: str) -> float | None:

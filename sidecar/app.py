@@ -38,6 +38,7 @@ from sidecar.headroom import (
     HeadroomChain,
     HeadroomSource,
     NvmlSource,
+    PoolModel,
     StaticSource,
     TritonMetricsSource,
 )
@@ -45,6 +46,7 @@ from sidecar.http_proxy import Admin, HttpProxy
 from sidecar.loop import new_event_loop
 from sidecar.metrics import SidecarMetrics
 from sidecar.policy import PolicyError, SidecarPolicy, load_policy
+from sidecar.tokens import load_counters
 from sidecar.upstream import UpstreamHealth
 
 log = logging.getLogger("tritongen.sidecar")
@@ -105,7 +107,8 @@ class SidecarConfig:
 
 def default_sources(policy: SidecarPolicy, sidecar: Sidecar) -> list[HeadroomSource]:
     devices = [d.id for d in policy.devices]
-    pools = [m.name for m in policy.models if m.kv is not None]
+    pools = {m.name: PoolModel(m.kv.bytes_per_token, m.kv.engine_pool_bytes * m.engines if m.kv.engine_pool_bytes
+                               else None) for m in policy.models if m.kv is not None}
     out: list[HeadroomSource] = []
     for name in policy.headroom.sources:
         if name == "nvml":
@@ -162,8 +165,10 @@ class Sidecar:
     async def _start(self) -> Sidecar:
         cfg = self.config
         self.policy = load_policy(cfg.policy_path)
+        counters = load_counters(self.policy, Path(cfg.policy_path).parent)
         self._policy_stat = self._stat()
         self.state = AdmissionState(self.policy, self.clock)
+        self.state.set_token_counters(counters)
         self.controller = AdmissionController(self.state, self.metrics, self.clock)
         self._side_session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0))
         self.chain = HeadroomChain(self._source_factory(self.policy, self), self.clock)
@@ -195,7 +200,7 @@ class Sidecar:
         self.http_port = _bound_port(runner)
 
         if cfg.grpc_upstream:
-            self.grpc = GrpcProxy(cfg.grpc_upstream, self.controller, self.health, self.metrics, policy)
+            self.grpc = GrpcProxy(cfg.grpc_upstream, self.controller, self.health, self.metrics, policy, token=cfg.token)
             await self.grpc.start()
             server = grpc.aio.server(options=[
                 ("grpc.max_receive_message_length", limits.max_body_bytes),
@@ -298,6 +303,7 @@ class Sidecar:
             self._policy_stat = self._stat()
             try:
                 new = load_policy(self.config.policy_path)
+                counters = load_counters(new, Path(self.config.policy_path).parent)
             except PolicyError as err:
                 message = f"policy reload ({why}) refused; keeping policy {self.policy.digest()}: {err}"
                 log.error("%s", message)
@@ -312,6 +318,7 @@ class Sidecar:
                 log.warning("policy reload: `limits` (body and header sizes) take effect at the next start")
             self.policy = new
             self.state.apply_policy(new)
+            self.state.set_token_counters(counters)
             assert self.controller is not None
             self.controller.dispatch()
             self.controller.wake()

@@ -24,12 +24,14 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from sidecar.admission import (
     CLASS_NOT_SERVED,
     EXCEEDS_BUDGET,
+    EXCEEDS_CONTEXT,
     TENANT_CLASS_NOT_ALLOWED,
     Action,
     AdmissionState,
@@ -47,7 +49,7 @@ log = logging.getLogger("tritongen.sidecar")
 UPSTREAM_UNAVAILABLE = "upstream_unavailable"
 
 
-_STATUS = {EXCEEDS_BUDGET: 413, CLASS_NOT_SERVED: 400, TENANT_CLASS_NOT_ALLOWED: 403}
+_STATUS = {EXCEEDS_BUDGET: 413, EXCEEDS_CONTEXT: 400, CLASS_NOT_SERVED: 400, TENANT_CLASS_NOT_ALLOWED: 403}
 
 
 def refusal(
@@ -131,6 +133,7 @@ class AdmissionController:
         self._known_models: set[str] = set()
         self._tenant_labels: set[str] = set()
         self._children: dict[tuple[str, ...], object] = {}
+        self._hot: dict[tuple[str, str], _Series] = {}  # (class, model label) -> its per-request series
 
     def _child(self, metric: object, *labels: str) -> object:
         """prometheus_client's labels() lookup is not free; keep the children per label set."""
@@ -168,72 +171,24 @@ class AdmissionController:
     def label(self, model: str) -> str:
         return model if self.state.known_model(model) else "other"
 
-    @contextlib.asynccontextmanager
-    async def admit(
-        self, model: str, klass: str, cost: Cost, tenant: str = DEFAULT_TENANT
-    ) -> AsyncIterator[Ticket]:
-        rid = next(self._ids)
-        arrived = self.clock()
-        mlabel = self.label(model)
-        tlabel = self.state.tenant_label(tenant)
-        decision = self.state.submit(Request(rid, model, klass, cost, tenant))
-        future: asyncio.Future[Decision] | None = None
-        if decision.action is Action.QUEUE:
-            # Registered before anything else runs: handing out other grants below may grant this one.
-            future = asyncio.get_running_loop().create_future()
-            self._waiters[rid] = future
-        self.dispatch()
-        if decision.action is Action.REJECT:
-            self._rejected(decision, klass, mlabel, tlabel)
-            raise Rejected(decision, model, klass, tenant)
-        if future is not None:
-            self._child(self.metrics.queued, klass, mlabel).inc()  # type: ignore[attr-defined]
-            self._wake.set()
-            try:
-                decision = await future
-            except asyncio.CancelledError:
-                self._waiters.pop(rid, None)
-                if not self.state.cancel(rid):
-                    self.state.release(rid)  # granted in the same instant; nothing went upstream
-                    self.dispatch()
-                raise
-            if decision.action is Action.REJECT:
-                self._rejected(decision, klass, mlabel, tlabel)
-                raise Rejected(decision, model, klass, tenant)
-        admitted = self.clock()
-        self._admitted(cost, klass, mlabel, tlabel, decision.waited_s)
-        ticket = Ticket(rid, model, klass, cost, arrived, admitted, decision.waited_s, self, tenant=tenant)
-        outcome = "ok"
-        try:
-            yield ticket
-        except asyncio.CancelledError:
-            outcome = "cancelled"
-            raise
-        except GeneratorExit:
-            outcome = "cancelled"
-            raise
-        except BaseException:
-            outcome = "error"
-            raise
-        finally:
-            outcome = ticket.outcome or outcome
-            grace = 0.0
-            if ticket.sent and not ticket.completed:
-                grace = self.state.model_policy(model).release_grace_ms / 1000
-            tokens = cost.prompt_tokens + ticket.tokens if ticket.tokens else None
-            self.state.release(rid, tokens=tokens, linger_s=grace)
-            self.dispatch()
-            self._child(self.metrics.outcomes, klass, mlabel, outcome).inc()  # type: ignore[attr-defined]
-            end = self.clock()
-            if outcome == "ok":
-                self._child(self.metrics.latency, klass, mlabel).observe(end - arrived)  # type: ignore[attr-defined]
-            if log.isEnabledFor(logging.DEBUG):
-                ttft = "-" if ticket.first_token_at is None else f"{1000 * (ticket.first_token_at - arrived):.1f}"
-                log.debug("%s %s %s (tenant %s): waited %.1f ms, first response %s ms, total %.1f ms, %d responses",
-                          model, klass, outcome, tenant, 1000 * decision.waited_s, ttft, 1000 * (end - arrived),
-                          ticket.tokens)
-            if grace:
-                self._wake.set()  # the ticker ends lingering reservations
+    def admit(self, model: str, klass: str, cost: Cost, tenant: str = DEFAULT_TENANT) -> _Admission:
+        """The reservation of one request, as an async context manager yielding its `Ticket`."""
+        return _Admission(self, model, klass, cost, tenant)
+
+    def _series(self, klass: str, mlabel: str) -> _Series:
+        series = self._hot.get((klass, mlabel))
+        if series is None:
+            m = self.metrics
+            series = self._hot[(klass, mlabel)] = _Series(
+                m.admitted.labels(klass, mlabel), m.queue_wait.labels(klass), m.latency.labels(klass, mlabel), {}
+            )
+        return series
+
+    def _finished(self, series: _Series, klass: str, mlabel: str, outcome: str) -> None:
+        child = series.outcomes.get(outcome)
+        if child is None:
+            child = series.outcomes[outcome] = self.metrics.outcomes.labels(klass, mlabel, outcome)
+        child.inc()
 
     def first_token(self, ticket: Ticket) -> None:
         self.state.end_prefill(ticket.id)
@@ -241,14 +196,14 @@ class AdmissionController:
         assert ticket.first_token_at is not None
         self.metrics.ttft.labels(ticket.klass, self.label(ticket.model)).observe(ticket.first_token_at - ticket.arrived)
 
-    def _admitted(self, cost: Cost, klass: str, mlabel: str, tlabel: str, waited_s: float) -> None:
+    def _admitted(self, series: _Series, cost: Cost, mlabel: str, tlabel: str, waited_s: float) -> None:
         """Count an admission. Prompt lengths are observed here, not on arrival: the histogram
         describes what reached Triton's queue (DR103 judges that queue), and a refused request
         that is retried would otherwise be counted once per try."""
         m = self.metrics
-        self._child(m.admitted, klass, mlabel).inc()  # type: ignore[attr-defined]
+        series.admitted.inc()
         self._child(m.tenant_admitted, tlabel).inc()  # type: ignore[attr-defined]
-        self._child(m.queue_wait, klass).observe(waited_s)  # type: ignore[attr-defined]
+        series.queue_wait.observe(waited_s)
         if cost.prompt_lengths:
             histogram = self._child(m.prompt_tokens, mlabel)
             for length in cost.prompt_lengths:
@@ -313,3 +268,102 @@ class AdmissionController:
             m.tenant_inflight.labels(label).set(inflight)
             m.tenant_reserved.labels(label).set(reserved)
         self._tenant_labels = set(usage)
+
+
+@dataclass(frozen=True)
+class _Series:
+    """The metric children every admitted request of one (class, model label) touches."""
+
+    admitted: Any
+    queue_wait: Any
+    latency: Any
+    outcomes: dict[str, Any]
+
+
+class _Admission:
+    """`AdmissionController.admit(...)`: enter waits for (or is refused) the reservation, exit
+    releases it, exactly once, whatever ended the block.
+
+    A class rather than a `contextlib.asynccontextmanager` generator: every request of the
+    pass-through enters one, and the generator machinery (a generator, `asend`/`athrow` and
+    contextlib's wrapper per request) cost several microseconds more than these two methods.
+    """
+
+    __slots__ = ("_ctl", "_model", "_klass", "_cost", "_tenant", "_ticket", "_mlabel", "_series", "_waited_s")
+
+    def __init__(self, ctl: AdmissionController, model: str, klass: str, cost: Cost, tenant: str) -> None:
+        self._ctl = ctl
+        self._model = model
+        self._klass = klass
+        self._cost = cost
+        self._tenant = tenant
+        self._ticket: Ticket | None = None
+
+    async def __aenter__(self) -> Ticket:
+        ctl, model, klass, cost, tenant = self._ctl, self._model, self._klass, self._cost, self._tenant
+        state = ctl.state
+        rid = next(ctl._ids)
+        arrived = ctl.clock()
+        mlabel = model if state.known_model(model) else "other"
+        tlabel = state.tenant_label(tenant)
+        decision = state.submit(Request(rid, model, klass, cost, tenant))
+        future: asyncio.Future[Decision] | None = None
+        if decision.action is Action.QUEUE:
+            # Registered before anything else runs: handing out other grants below may grant this one.
+            future = asyncio.get_running_loop().create_future()
+            ctl._waiters[rid] = future
+        if state.has_events:
+            ctl.dispatch()
+        if decision.action is Action.REJECT:
+            ctl._rejected(decision, klass, mlabel, tlabel)
+            raise Rejected(decision, model, klass, tenant)
+        if future is not None:
+            ctl._child(ctl.metrics.queued, klass, mlabel).inc()  # type: ignore[attr-defined]
+            ctl._wake.set()
+            try:
+                decision = await future
+            except asyncio.CancelledError:
+                ctl._waiters.pop(rid, None)
+                if not state.cancel(rid):
+                    state.release(rid)  # granted in the same instant; nothing went upstream
+                    ctl.dispatch()
+                raise
+            if decision.action is Action.REJECT:
+                ctl._rejected(decision, klass, mlabel, tlabel)
+                raise Rejected(decision, model, klass, tenant)
+        series = ctl._series(klass, mlabel)
+        ctl._admitted(series, cost, mlabel, tlabel, decision.waited_s)
+        self._mlabel, self._series, self._waited_s = mlabel, series, decision.waited_s
+        self._ticket = Ticket(rid, model, klass, cost, arrived, ctl.clock(), decision.waited_s, ctl, tenant=tenant)
+        return self._ticket
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        ticket = self._ticket
+        assert ticket is not None
+        self._ticket = None
+        ctl, state = self._ctl, self._ctl.state
+        if exc_type is None:
+            outcome = "ok"
+        elif issubclass(exc_type, (asyncio.CancelledError, GeneratorExit)):
+            outcome = "cancelled"
+        else:
+            outcome = "error"
+        outcome = ticket.outcome or outcome
+        grace = 0.0
+        if ticket.sent and not ticket.completed:
+            grace = state.model_policy(ticket.model).release_grace_ms / 1000
+        tokens = ticket.cost.prompt_tokens + ticket.tokens if ticket.tokens else None
+        state.release(ticket.id, tokens=tokens, linger_s=grace)
+        if state.has_events:
+            ctl.dispatch()
+        ctl._finished(self._series, ticket.klass, self._mlabel, outcome)
+        end = ctl.clock()
+        if outcome == "ok":
+            self._series.latency.observe(end - ticket.arrived)
+        if log.isEnabledFor(logging.DEBUG):
+            ttft = "-" if ticket.first_token_at is None else f"{1000 * (ticket.first_token_at - ticket.arrived):.1f}"
+            log.debug("%s %s %s (tenant %s): waited %.1f ms, first response %s ms, total %.1f ms, %d responses",
+                      ticket.model, ticket.klass, outcome, ticket.tenant, 1000 * self._waited_s, ttft,
+                      1000 * (end - ticket.arrived), ticket.tokens)
+        if grace:
+            ctl._wake.set()  # the ticker ends lingering reservations

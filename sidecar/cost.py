@@ -4,6 +4,11 @@ LLM: for each sequence, (prompt tokens + requested output tokens), clamped to ma
 rounded up to whole KV blocks, x KV bytes per token; plus the profiled prefill peak for the prompt
 length (held only until the first token). Classic: the per-request memory the policy names.
 
+A request that can never run is marked (`Cost.never`) rather than clamped, so the sidecar refuses
+it at once instead of letting the engine kill it: output tokens of max_context or more (no prompt
+fits beside them), or a footprint beyond one engine's whole pool. An engine that grows and
+preempts (vLLM) is charged no KV bytes: nothing is reserved for it (policy.KVCost).
+
 The same arithmetic gives each stated prompt's length in tokens (`Cost.prompt_lengths`), which the
 sidecar exports as the `sidecar_prompt_tokens` histogram (doctor rule DR103 reads it). Tokens are
 UTF-8 bytes / `prompt_bytes_per_token`: with the default 1.0 (the safe bound for admission) they
@@ -14,11 +19,14 @@ spread P95 / P50 that DR103 judges does not change with that factor.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sidecar.admission import Cost
+from sidecar.admission import EXCEEDS_BUDGET, EXCEEDS_CONTEXT, Cost
 from sidecar.policy import KVCost, ModelPolicy, PrefillPoint
+
+
+TokenCounter = Callable[[bytes], int]  # a prompt's UTF-8 bytes -> its tokens (the model's tokenizer)
 
 
 @dataclass(frozen=True)
@@ -27,6 +35,9 @@ class LLMFacts:
 
     prompt_bytes: Sequence[int | None]  # UTF-8 bytes of each prompt; None: unknown (shared memory)
     max_tokens: Sequence[int | None]  # per sequence; None: not given
+    # Each prompt's tokens counted by the model's tokenizer (sidecar/tokens.py); None: not counted,
+    # the policy's prompt_bytes_per_token ratio estimates them from the bytes.
+    prompt_tokens: Sequence[int | None] | None = None
 
     def __post_init__(self) -> None:
         if len(self.max_tokens) not in (0, 1, len(self.prompt_bytes)):
@@ -55,11 +66,14 @@ def prefill_peak_bytes(points: Sequence[PrefillPoint], prompt_tokens: int) -> in
     return last.peak_bytes  # pragma: no cover - the loop covers every length in range
 
 
-def sequence_tokens(kv: KVCost, prompt_bytes: int | None, max_tokens: int | None) -> tuple[int, int]:
-    """(prompt tokens, total tokens) one sequence may hold, clamped to max_context."""
+def sequence_tokens(
+    kv: KVCost, prompt_bytes: int | None, max_tokens: int | None, counted: int | None = None
+) -> tuple[int, int]:
+    """(prompt tokens, total tokens) one sequence may hold, clamped to max_context; `counted` is the
+    prompt's exact token count when a tokenizer gave one."""
     if prompt_bytes is None:
         return kv.max_context, kv.max_context  # unknown prompt: assume the worst
-    prompt = math.ceil(prompt_bytes / kv.prompt_bytes_per_token)
+    prompt = counted if counted is not None else math.ceil(prompt_bytes / kv.prompt_bytes_per_token)
     if max_tokens is None or max_tokens < 0:
         output = kv.default_max_tokens if kv.default_max_tokens is not None else kv.max_context - prompt
     else:
@@ -78,18 +92,29 @@ def llm_cost(kv: KVCost, facts: LLMFacts) -> Cost:
         outputs = list(facts.max_tokens)
     else:
         outputs = [facts.max_tokens[0] if facts.max_tokens else None] * len(prompts)
+    counted = list(facts.prompt_tokens or [])
+    if len(counted) != len(prompts):
+        counted = [None] * len(prompts)
     kv_total = prefill = tokens = prompt_total = 0
     lengths: list[int] = []
-    for prompt_bytes, max_tokens in zip(prompts, outputs):
-        prompt_tokens, total = sequence_tokens(kv, prompt_bytes, max_tokens)
-        kv_total += kv_bytes_for(kv, total)
+    never: tuple[str, str] | None = None
+    for prompt_bytes, max_tokens, exact in zip(prompts, outputs, counted):
+        if never is None and max_tokens is not None and max_tokens >= kv.max_context:
+            never = (EXCEEDS_CONTEXT, f"max_tokens {max_tokens} leaves no room for a prompt in the model's "
+                     f"{kv.max_context}-token context; ask for fewer than {kv.max_context} tokens")
+        prompt_tokens, total = sequence_tokens(kv, prompt_bytes, max_tokens, exact)
+        footprint = kv_bytes_for(kv, total)
+        if never is None and kv.engine_pool_bytes is not None and footprint > kv.engine_pool_bytes:
+            never = (EXCEEDS_BUDGET, f"the sequence needs {footprint} KV bytes ({total} tokens) but one engine's "
+                     f"whole pool holds {kv.engine_pool_bytes}; it can never run")
+        kv_total += footprint
         prefill += prefill_peak_bytes(kv.prefill_peak, prompt_tokens)
         tokens += total
         prompt_total += prompt_tokens
         if prompt_bytes is not None:  # an unreadable prompt is charged max_context, not measured
             lengths.append(prompt_tokens)
-    return Cost(kv_bytes=kv_total, prefill_bytes=prefill, tokens=tokens, prompt_tokens=prompt_total,
-                sequences=len(prompts), prompt_lengths=tuple(lengths))
+    return Cost(kv_bytes=kv_total if kv.reserves else 0, prefill_bytes=prefill, tokens=tokens,
+                prompt_tokens=prompt_total, sequences=len(prompts), prompt_lengths=tuple(lengths), never=never)
 
 
 def cost_for(model: ModelPolicy, facts: LLMFacts | None) -> Cost:

@@ -16,6 +16,12 @@ client gets the sidecar's (empty) initial metadata and Triton's, arriving later,
 
 Refusals: `RESOURCE_EXHAUSTED` with the JSON body as details and `retry-after` in the trailing
 metadata (unary), or a stream response whose `error_message` carries the same JSON (streams).
+
+Triton's admin methods (RepositoryIndex/ModelLoad/ModelUnload, LogSettings, TraceSetting, the
+System- and CudaSharedMemory ones; sidecar/admin_apis.py) need the admin token in the metadata
+(`authorization: Bearer <token>` or `x-sidecar-token`), unless the policy's `admin_apis.open`
+opens their category: PERMISSION_DENIED when the sidecar has no token, UNAUTHENTICATED when the
+call lacks it, the JSON refusal as details. The token's key is not forwarded.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from typing import Any
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from sidecar import protocol
+from sidecar import admin_apis, protocol
 from sidecar.controller import (
     AdmissionController,
     Rejected,
@@ -54,7 +60,8 @@ _DROP_METADATA = ("user-agent", "content-type", "te", "authority", "host")
 _FINAL = "triton_final_response"
 _EMPTY_FINAL = "triton_enable_empty_final_response"
 _GRPC_STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 403: grpc.StatusCode.PERMISSION_DENIED,
-                413: grpc.StatusCode.RESOURCE_EXHAUSTED, 429: grpc.StatusCode.RESOURCE_EXHAUSTED}
+                413: grpc.StatusCode.RESOURCE_EXHAUSTED, 429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+                401: grpc.StatusCode.UNAUTHENTICATED}
 _STATUS_WAIT_S = 1.0  # after Triton's last stream message, how long its status (and trailers) may take
 
 Metadata = tuple[tuple[str, Any], ...]
@@ -162,8 +169,10 @@ class GrpcProxy:
         health: UpstreamHealth,
         metrics: SidecarMetrics,
         policy: Callable[[], SidecarPolicy],
+        token: str | None = None,
     ) -> None:
         self.upstream = upstream.split("://", 1)[-1]
+        self.token = token  # the admin token (None: admin methods only as the policy opens them)
         self.controller = controller
         self.health = health
         self.metrics = metrics
@@ -205,6 +214,10 @@ class GrpcProxy:
         if not await self._connected():
             await self._abort_down(context)
 
+    def _still_connected(self) -> bool:
+        channel = self.channel
+        return channel is not None and channel.get_state(try_to_connect=False) == grpc.ChannelConnectivity.READY
+
     def _unary(self, method: str) -> Any:
         call = self._unary_calls.get(method)
         if call is None:
@@ -225,6 +238,12 @@ class GrpcProxy:
                 if method == MODEL_STREAM_INFER:
                     return grpc.stream_stream_rpc_method_handler(proxy.model_stream_infer)
                 if method.startswith(SERVICE):
+                    if admin_apis.grpc_admin_category(method) is not None:
+
+                        async def admin(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+                            return await proxy.admin_passthrough(method, request, context)
+
+                        return grpc.unary_unary_rpc_method_handler(admin)
 
                     async def passthrough(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
                         return await proxy.passthrough(method, request, context)
@@ -239,15 +258,40 @@ class GrpcProxy:
         context.set_trailing_metadata((("retry-after", "1"),))
         await context.abort(grpc.StatusCode.UNAVAILABLE, json.dumps(unavailable(self.health.reason)))
 
-    async def passthrough(self, method: str, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def admin_passthrough(self, method: str, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """A shut admin method: passed through with the admin token (its key removed) or when the
+        policy opens the category; refused otherwise."""
+        category = admin_apis.grpc_admin_category(method)
+        assert category is not None
+        metadata = _metadata(context)
+        via_authorization = admin_apis.token_matches(admin_apis.bearer(_header(metadata, "authorization")), self.token)
+        if not (
+            via_authorization
+            or admin_apis.token_matches(_header(metadata, admin_apis.TOKEN_HEADER), self.token)
+            or category in self.policy().admin_apis.open
+        ):
+            status, body = admin_apis.refusal(category, "grpc", token_configured=bool(self.token))
+            self.metrics.admin_refused.labels(category, "grpc").inc()
+            log.debug("refused %s: Triton's %s API is shut (%d)", method, category, status)
+            await context.abort(_GRPC_STATUS[status], json.dumps(body))
+        drop = ("authorization", admin_apis.TOKEN_HEADER) if via_authorization else (admin_apis.TOKEN_HEADER,)
+        return await self.passthrough(method, request, context, tuple((k, v) for k, v in metadata if k not in drop))
+
+    async def passthrough(
+        self, method: str, request: bytes, context: grpc.aio.ServicerContext, metadata: Metadata | None = None
+    ) -> bytes:
         if not self.health.up:
             await self._abort_down(context)
         await self._ready(context)
-        call = self._unary(method)(request, metadata=_metadata(context), timeout=context.time_remaining())
+        if metadata is None:
+            metadata = _metadata(context)
+        call = self._unary(method)(request, metadata=metadata, timeout=context.time_remaining())
         try:
             response: bytes = await call
         except grpc.aio.AioRpcError as err:
-            if err.code() == grpc.StatusCode.UNAVAILABLE:
+            # Triton itself answers some calls UNAVAILABLE (RepositoryModelLoad/Unload when model
+            # control is not explicit): over a connection still READY that is its answer, not an outage.
+            if err.code() == grpc.StatusCode.UNAVAILABLE and not self._still_connected():
                 self.health.mark_down(f"gRPC UNAVAILABLE: {err.details()}")
             await _abort_like(context, err)
             raise AssertionError("unreachable") from None  # pragma: no cover
@@ -262,7 +306,8 @@ class GrpcProxy:
             policy, _header(metadata, policy.class_header), protocol.grpc_class(request, policy.class_parameter)
         )
         tenant = protocol.resolve_tenant(_header(metadata, policy.tenant_header))
-        facts = protocol.grpc_llm_facts(request, model.kv) if model.kv else None
+        count = self.controller.state.token_counter(request.model_name)
+        facts = protocol.grpc_llm_facts(request, model.kv, count) if model.kv else None
         cost = cost_for(model, facts)
         if model.priority_levels and (klass.priority != model.default_priority or "priority" in request.parameters):
             protocol.grpc_set_priority(request, klass.priority)

@@ -6,7 +6,8 @@ Sources, in the policy's order (default `nvml`, `triton_metrics`, `static`):
     raises `NVMLError_LibraryNotFound`; the source then fails cleanly (and retries init rarely).
   * `TritonMetricsSource`: Triton's Prometheus endpoint: `nv_gpu_memory_{total,used}_bytes` per
     GPU, a model's own KV-pool gauges (`<prefix>_kv_blocks_used/_total`, `_kv_bytes_per_token`,
-    `_kv_block_tokens`, labelled `model=<name>`, as `tinyllm` exports them) and, from the
+    `_kv_block_tokens`, labelled `model=<name>`, as `tinyllm` exports them), else the engine's
+    (TensorRT-LLM's block gauges, vLLM's usage fraction of the policy's pool) and, from the
     `nv_inference_queue_duration_us` counters, the queueing delay Triton measured per model.
   * `StaticSource`: the plan's arithmetic from the policy; it always answers.
 
@@ -22,11 +23,12 @@ import asyncio
 import logging
 import math
 import re
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sidecar.admission import HeadroomSnapshot, Reading
+from tritongen.core.engine_metrics import TRTLLM_BLOCK_TYPE, TRTLLM_KV_BLOCKS, VLLM_USAGE_GAUGES
 from sidecar.policy import SidecarPolicy
 
 log = logging.getLogger("tritongen.sidecar.headroom")
@@ -189,6 +191,7 @@ _WANTED_EXACT = frozenset({
     "nv_gpu_memory_total_bytes", "nv_gpu_memory_used_bytes", "nv_gpu_utilization",
     "nv_inference_queue_duration_us", "nv_inference_request_success", "nv_inference_request_failure",
 })
+_WANTED_EXACT |= {TRTLLM_KV_BLOCKS, *VLLM_USAGE_GAUGES}
 _WANTED_SUFFIX = ("_kv_blocks_used", "_kv_blocks_total", "_kv_bytes_per_token", "_kv_block_tokens")
 
 
@@ -196,15 +199,28 @@ def _wanted(name: str) -> bool:
     return name in _WANTED_EXACT or name.endswith(_WANTED_SUFFIX)
 
 
+@dataclass(frozen=True)
+class PoolModel:
+    """What the policy knows of an LLM's pool, to turn an engine's block or fraction gauges into bytes."""
+
+    bytes_per_token: float
+    pool_bytes: int | None  # all engines together; None: unknown (a fraction gauge cannot be read)
+
+
 class TritonMetricsSource:
     """GPU memory, model KV pools and queueing delay from Triton's /metrics. `fetch` returns the text."""
 
     name = "triton_metrics"
 
-    def __init__(self, fetch: Callable[[], Awaitable[str]], device_ids: Sequence[str], pool_models: Sequence[str]) -> None:
+    def __init__(
+        self, fetch: Callable[[], Awaitable[str]], device_ids: Sequence[str],
+        pool_models: Sequence[str] | Mapping[str, PoolModel],
+    ) -> None:
         self._fetch = fetch
         self.device_ids = [d for d in device_ids if d.startswith("gpu")]
-        self.pool_models = list(pool_models)
+        self.pool_models: dict[str, PoolModel | None] = (
+            dict(pool_models) if isinstance(pool_models, Mapping) else dict.fromkeys(pool_models)
+        )
         self._last_queue: dict[str, tuple[float, float]] = {}  # model -> (queue_us, requests)
 
     async def read(self) -> SourceReading:
@@ -267,11 +283,30 @@ class TritonMetricsSource:
             blocks = pick("_kv_blocks_total", sum)
             bpt = pick("_kv_bytes_per_token", max)
             block_tokens = pick("_kv_block_tokens", max) or 1.0
-            if used is None or blocks is None or not bpt:
+            if used is not None and blocks is not None and bpt:
+                per_block = block_tokens * bpt
+                out.append(Reading(f"pool:{model}", int(blocks * per_block), int(used * per_block), self.name, live=True))
                 continue
-            per_block = block_tokens * bpt
-            out.append(Reading(f"pool:{model}", int(blocks * per_block), int(used * per_block), self.name, live=True))
+            engine = self._engine_pool(model, mine)
+            if engine is not None:
+                out.append(engine)
         return out
+
+    def _engine_pool(self, model: str, mine: list[Sample]) -> Reading | None:
+        """The pool from the engine's own gauges (tritongen.core.engine_metrics): TensorRT-LLM's used
+        and max blocks with its tokens per block, or vLLM's usage fraction of the policy's pool."""
+        known = self.pool_models.get(model)
+        if known is None:
+            return None
+        trt = {s.labels.get(TRTLLM_BLOCK_TYPE): s.value for s in mine if s.name == TRTLLM_KV_BLOCKS}
+        if {"used", "max", "tokens_per"} <= trt.keys():
+            per_block = trt["tokens_per"] * known.bytes_per_token
+            return Reading(f"pool:{model}", int(trt["max"] * per_block), int(trt["used"] * per_block), self.name)
+        fractions = [s.value for s in mine if s.name in VLLM_USAGE_GAUGES]
+        if fractions and known.pool_bytes:
+            fraction = min(1.0, max(0.0, sum(fractions) / len(fractions)))
+            return Reading(f"pool:{model}", known.pool_bytes, int(fraction * known.pool_bytes), self.name)
+        return None
 
     def _queue_delay(self, samples: list[Sample]) -> dict[str, float]:
         """Mean time requests spent in Triton's queue since the previous reading, per model."""

@@ -1,7 +1,10 @@
 """The HTTP/REST side: Triton's v2 API through admission (aiohttp server and client).
 
 Admission applies to `POST /v2/models/<m>[/versions/<v>]/{infer,generate,generate_stream}`;
-everything else (health, metadata, config, statistics, repository, ...) is passed through.
+everything else (health, metadata, config, statistics, ...) is passed through, except Triton's
+admin APIs (model repository, logging, trace, shared memory; sidecar/admin_apis.py): those need the
+admin token below (403 without `--token-file`, 401 without the token) unless the policy's
+`admin_apis.open` opens them, and the sidecar's token header does not go upstream.
 Bodies and headers are forwarded as they came (binary tensor data included); the only change is
 the `priority` parameter the request's class sets, written into the JSON (header) part. The
 tenant is read from the policy's `tenant_header` (default `x-tenant`; none: tenant `default`). Request
@@ -25,8 +28,9 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
+from yarl import URL
 
-from sidecar import protocol
+from sidecar import admin_apis, protocol
 from sidecar.controller import (
     AdmissionController,
     Rejected,
@@ -52,6 +56,9 @@ _HOP = frozenset(
 # aiohttp's server decodes gzip/deflate request bodies (and counts the size limit after decoding):
 # bodies go upstream decoded, so their Content-Encoding does not.
 _REQUEST_DROP = _HOP | {"content-encoding"}
+# an admin API request (see sidecar/admin_apis.py) goes upstream without the sidecar's token header
+_ADMIN_DROP = _REQUEST_DROP | {admin_apis.TOKEN_HEADER}
+_ADMIN_DROP_AUTH = _ADMIN_DROP | {"authorization"}
 _MODEL_OPS = ("infer", "generate", "generate_stream")
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
@@ -204,7 +211,8 @@ class HttpProxy:
                 klass = protocol.resolve_class(
                     policy, header_class, protocol.infer_class(parsed, policy.class_parameter) if parsed else None
                 )
-                facts = protocol.infer_llm_facts(parsed, model.kv) if parsed is not None and model.kv else None
+                facts = (protocol.infer_llm_facts(parsed, model.kv, state.token_counter(model_name))
+                         if parsed is not None and model.kv else None)
                 client_priority = bool(parsed and isinstance(parsed.parameters, dict) and "priority" in parsed.parameters)
                 if model.priority_levels and (klass.priority != model.default_priority or client_priority):
                     if parsed is None:
@@ -215,7 +223,7 @@ class HttpProxy:
             else:
                 doc = protocol.parse_generate(body)
                 klass = protocol.resolve_class(policy, header_class, protocol.generate_class(doc, policy.class_parameter))
-                facts = protocol.generate_llm_facts(doc, model.kv) if model.kv else None
+                facts = protocol.generate_llm_facts(doc, model.kv, state.token_counter(model_name)) if model.kv else None
                 client_priority = "priority" in (doc.get("parameters") or {})
                 if model.priority_levels and (klass.priority != model.default_priority or client_priority):
                     body = protocol.generate_with_priority(doc, klass.priority)
@@ -316,17 +324,44 @@ class HttpProxy:
 
     # -- everything else --------------------------------------------------------------------------
 
+    def _admin_api(self, request: web.Request, category: str) -> tuple[web.Response | None, frozenset[str]]:
+        """(a refusal or None, the headers not to forward) for a request to a shut admin API."""
+        token = self.admin.token
+        headers = request.headers
+        via_authorization = admin_apis.token_matches(admin_apis.bearer(headers.get("Authorization")), token)
+        if (
+            via_authorization
+            or admin_apis.token_matches(headers.get(admin_apis.TOKEN_HEADER), token)
+            or category in self.policy().admin_apis.open
+        ):
+            return None, _ADMIN_DROP_AUTH if via_authorization else _ADMIN_DROP
+        status, body = admin_apis.refusal(category, "http", token_configured=bool(token))
+        self.metrics.admin_refused.labels(category, "http").inc()
+        log.debug("refused %s %s: Triton's %s API is shut (%d)", request.method, request.path, category, status)
+        challenge = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        return _json_response(status, body, headers=challenge), _ADMIN_DROP
+
     async def passthrough(self, request: web.Request) -> web.StreamResponse:
         if request.path.startswith("/sidecar/"):
             return _json_response(404, {"error": f"no sidecar endpoint {request.path}"})
+        # classified as Triton will see it: the path the client session sends (dot segments resolved)
+        url = URL(f"{self.base}{request.path_qs}")
+        path = url.raw_path
+        if self.prefix and path.startswith(self.prefix):
+            path = path[len(self.prefix):]
+        drop = _REQUEST_DROP
+        category = admin_apis.http_admin_category(path)
+        if category is not None:
+            denied, drop = self._admin_api(request, category)
+            if denied is not None:
+                return denied
         if not self.health.up:
             return self._down()
         assert self.session is not None
         body = await request.read() if request.body_exists else None
-        url = f"{self.base}{request.path_qs}"
         try:
             async with self.session.request(
-                request.method, url, data=body, headers=_forward_headers(request.headers, _REQUEST_DROP)
+                request.method, url, data=body, headers=_forward_headers(request.headers, drop)
             ) as up:
                 data = await up.read()
                 return web.Response(status=up.status, body=data, headers=_forward_headers(up.headers))

@@ -91,6 +91,10 @@ class SidecarMetrics:
                                        buckets=PROMPT_TOKEN_BUCKETS, registry=r)
         self.malformed = Counter("sidecar_requests_malformed", "Requests refused with 400 before admission.",
                                  ["protocol"], registry=r)
+        self.admin_refused = Counter("sidecar_admin_refused", "Requests for Triton's admin APIs (model-repository, "
+                                     "logging, trace, shared-memory) refused: no valid admin token and the category "
+                                     "not opened by the policy's admin_apis.open.", ["category", "protocol"],
+                                     registry=r)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -64,7 +65,10 @@ class ClassPolicy(_Strict):
     max_queue_wait_ms: float = Field(
         gt=0, description="A request waits at most this long in the sidecar's queue, then gets a 429."
     )
-    queue_cap: int = Field(ge=0, description="Requests of this class waiting at once; one more gets a 429 at once.")
+    queue_cap: int | None = Field(
+        default=None, ge=0, description="Requests of this class waiting at once; one more gets a 429 at once. None "
+        "(the default): no count limit, a request is refused only when its predicted wait exceeds the class's budget."
+    )
     budget_fraction: float = Field(
         gt=0, le=1, description="Share of every memory and concurrency limit this class may fill; the rest is "
         "kept for higher classes (1.0 for the most latency-sensitive class)."
@@ -76,18 +80,43 @@ class PrefillPoint(_Strict):
     peak_bytes: int = Field(ge=0, description="Transient memory over steady state while that prompt is prefilled.")
 
 
+KVPolicyName = Literal["reserve_wait", "reserve_kill", "grow_preempt", "grow_kill"]
+
+
 class KVCost(_Strict):
-    """How an LLM request's memory is computed: (prompt + output tokens) x bytes per token."""
+    """How an LLM request's memory is computed: (prompt + output tokens) x bytes per token.
+
+    `kv_policy` says what the engine does with it (tritongen/core/engine.py): engines that reserve
+    at admission (reserve_wait, reserve_kill) or kill when they run dry (grow_kill) get each
+    request's whole footprint reserved against their pool, which is what keeps them from killing;
+    a grow-and-preempt engine (vLLM) never kills, so it is admitted by its sequence limit and the
+    predicted wait alone, and no KV is reserved for it."""
 
     bytes_per_token: float = Field(gt=0, description="KV-cache bytes per token (per rank).")
     bytes_per_token_source: Literal["profile", "analytic"] = Field(description="Where bytes_per_token comes from.")
     block_tokens: int = Field(default=1, ge=1, description="Paged engines allocate whole blocks of this many tokens.")
-    max_context: int = Field(ge=1, description="Prompt + output tokens at most; requested lengths are clamped to it.")
+    max_context: int = Field(
+        ge=1, description="Prompt + output tokens at most. A request asking for more output than this is refused at "
+        "once (400); an unknown prompt is charged up to it."
+    )
+    kv_policy: KVPolicyName | None = Field(
+        default=None, description="The engine's KV policy (see the class docstring); None: unknown, reserve as "
+        "reserve_kill would."
+    )
+    engine_pool_bytes: int | None = Field(
+        default=None, gt=0, description="One engine's whole KV pool: a request whose footprint exceeds it can never "
+        "run, and is refused at once (413). None: not known."
+    )
     default_max_tokens: int | None = Field(
         default=None, ge=0, description="Output tokens assumed when a request names none (None: up to max_context)."
     )
     prompt_bytes_per_token: float = Field(
         default=1.0, gt=0, description="UTF-8 bytes per prompt token; 1.0 (byte-level tokenizer) is the safe bound."
+    )
+    tokenizer: str | None = Field(
+        default=None, min_length=1, description="A Hugging Face tokenizer.json (relative: to the policy file) the "
+        "sidecar counts each prompt's tokens with, when the `tokenizers` package is installed; else, or when a prompt "
+        "cannot be read, prompt_bytes_per_token estimates them."
     )
     prompt_input: str = Field(default="text_input", min_length=1, description="Input tensor holding the prompt.")
     max_tokens_input: str = Field(default="max_tokens", min_length=1, description="Input tensor holding max_tokens.")
@@ -99,6 +128,11 @@ class KVCost(_Strict):
         default_factory=list, description="Profiled prefill memory peak by prompt length (empty: no profile)."
     )
     prefill_peak_source: Literal["profile", "none"] = Field(default="none")
+
+    @property
+    def reserves(self) -> bool:
+        """Whether admission reserves each request's KV footprint (every policy but grow_preempt)."""
+        return self.kv_policy != "grow_preempt"
 
     @field_validator("prefill_peak")
     @classmethod
@@ -125,7 +159,10 @@ class ModelPolicy(_Strict):
     memory_quota_bytes: int | None = Field(
         default=None, gt=0, description="KV bytes this model may hold at once (LLMs: KV budget x engines)."
     )
-    max_inflight: int = Field(ge=1, description="Requests of this model in flight at once (its concurrency quota).")
+    max_inflight: int | None = Field(
+        default=None, ge=1, description="Requests of this model in flight at once (its concurrency quota); None: no "
+        "sidecar limit (Triton's own queue bounds it)."
+    )
     classes: list[str] | None = Field(default=None, description="Classes this model serves; None: all.")
     priority_levels: int = Field(
         default=0, ge=0, le=16, description="The model's Triton priority levels (0: none, priority is not forwarded)."
@@ -274,6 +311,35 @@ class LimitsPolicy(_Strict):
     max_retry_after_s: int = Field(default=30, ge=1, description="Retry-After never says more than this.")
 
 
+class AdminApisPolicy(_Strict):
+    """Triton's admin APIs behind the sidecar (sidecar/admin_apis.py): model repository, logging,
+    trace and shared memory are shut, served only to requests with the sidecar's admin token
+    (`--token-file`); a category listed in `open` is served to every client."""
+
+    open: list[Literal["model-repository", "logging", "trace", "shared-memory"]] = Field(
+        default_factory=list, description="Admin API categories every client may use without the token: "
+        "'model-repository' (index, load, unload), 'logging', 'trace' (global and per-model settings), "
+        "'shared-memory' (system and CUDA status, register, unregister). Empty: all four need the token.",
+    )
+
+    @field_validator("open", mode="before")
+    @classmethod
+    def _known(cls, names: Any) -> Any:
+        shut = ("model-repository", "logging", "trace", "shared-memory")
+        always_open = ("health", "metadata", "inference", "model-config", "statistics")
+        if not isinstance(names, list):
+            return names  # the type error says what is expected
+        for name in names:
+            if name in always_open:
+                raise ValueError(f"{name!r} is never shut by the sidecar; only {list(shut)} can be opened")
+            if not isinstance(name, str) or name not in shut:
+                raise ValueError(f"unknown admin API category {name!r}; the valid ones are {list(shut)}")
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"admin_apis.open names {dupes} more than once")
+        return names
+
+
 class SidecarPolicy(_Strict):
     version: Literal[1] = Field(description="Policy format version.")
     deployment: str = Field(min_length=1, description="The spec's deployment name.")
@@ -296,6 +362,10 @@ class SidecarPolicy(_Strict):
     concurrency: ConcurrencyPolicy
     headroom: HeadroomPolicy
     limits: LimitsPolicy = Field(default_factory=LimitsPolicy)
+    admin_apis: AdminApisPolicy = Field(
+        default_factory=AdminApisPolicy, description="Triton's admin APIs: shut without the admin token, "
+        "unless opened here.",
+    )
     notes: list[str] = Field(default_factory=list, description="How the numbers were derived (for humans).")
 
     @model_validator(mode="after")
@@ -324,7 +394,45 @@ class SidecarPolicy(_Strict):
             if unknown:
                 raise ValueError(f"model {model.name!r}: classes {unknown} are not in `classes` {sorted(classes)}")
         self._check_tenants(classes)
+        self._check_admissible()
         return self
+
+    def _check_admissible(self) -> None:
+        """A policy under which no request could ever be admitted is refused here, at render (which
+        validates what it writes) and at sidecar start, instead of refusing every request later."""
+        pad = self.headroom.safety_pad_bytes
+        used_devices = {d for m in self.models for d in m.devices}
+        for i, device in enumerate(self.devices):
+            if device.id not in used_devices:
+                continue
+            where = f"devices[{i}] ({device.id!r})"
+            if pad >= device.memory_bytes:
+                raise ValueError(
+                    f"headroom.safety_pad_bytes {pad} ({_mib(pad)}) is not below {where}.memory_bytes "
+                    f"{device.memory_bytes} ({_mib(device.memory_bytes)}): no request could ever be admitted; lower "
+                    "the spec's policy.kv_safety_pad_mb (it renders safety_pad_bytes)"
+                )
+            budget = device.memory_bytes * device.utilization_cap
+            free = budget - pad - device.static_used_bytes
+            if free <= 0:
+                raise ValueError(
+                    f"{where}: no request could ever be admitted: memory_bytes {_mib(device.memory_bytes)} x "
+                    f"utilization_cap {device.utilization_cap:g} = {_mib(budget)}, less headroom.safety_pad_bytes "
+                    f"{_mib(pad)} and static_used_bytes {_mib(device.static_used_bytes)} leaves {_mib(free)}; lower "
+                    "the spec's policy.kv_safety_pad_mb (safety_pad_bytes) or the memory placed on the device, or "
+                    "raise its memory / memory_utilization_cap"
+                )
+        for i, model in enumerate(self.models):
+            kv = model.kv
+            if kv is None or model.memory_quota_bytes is None or not kv.reserves:
+                continue
+            smallest = math.ceil(kv.block_tokens * kv.bytes_per_token)
+            if model.memory_quota_bytes < smallest:
+                raise ValueError(
+                    f"models[{i}] ({model.name!r}): memory_quota_bytes {model.memory_quota_bytes} is below one KV "
+                    f"block ({smallest} bytes): no request could ever be admitted; give the model a KV pool (the "
+                    "spec's memory_quota_mb or engine.kv_pool_tokens)"
+                )
 
     def _check_tenants(self, classes: set[str]) -> None:
         if self.tenant_header == self.class_header:
@@ -364,6 +472,10 @@ class SidecarPolicy(_Strict):
         """A short fingerprint of the policy's content (status and logs say which policy is in force)."""
         canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def _mib(value: float) -> str:
+    return f"{value / 2**20:.1f} MiB"
 
 
 def _loc(loc: tuple[Any, ...]) -> str:

@@ -10,14 +10,18 @@ byte.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.cost import LLMFacts
+from sidecar.cost import LLMFacts, TokenCounter
 from sidecar.policy import DEFAULT_TENANT, NAME_MAX_LENGTH, NAME_PATTERN, KVCost
+
+log = logging.getLogger("tritongen.sidecar.protocol")
+Prompt = bytes | memoryview | None  # a prompt's UTF-8 bytes; None: unreadable here (shared memory)
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -46,20 +50,25 @@ def _flatten(values: Any) -> list[Any]:
     return [values]
 
 
-def decode_bytes_tensor(raw: bytes | memoryview) -> list[int]:
-    """Lengths of the elements of a BYTES tensor in Triton's binary form (uint32 LE length + bytes)."""
+def decode_bytes_elements(raw: bytes | memoryview) -> list[memoryview]:
+    """The elements of a BYTES tensor in Triton's binary form (uint32 LE length + bytes), uncopied."""
     view = memoryview(raw)
-    lengths: list[int] = []
+    elements: list[memoryview] = []
     pos = 0
     while pos < len(view):
         if pos + 4 > len(view):
             raise BadRequest("BYTES tensor data ends inside an element's 4-byte length prefix")
         (n,) = struct.unpack_from("<I", view, pos)
-        pos += 4 + n
-        if pos > len(view):
+        if pos + 4 + n > len(view):
             raise BadRequest(f"BYTES tensor element of {n} bytes runs past the end of its data")
-        lengths.append(n)
-    return lengths
+        elements.append(view[pos + 4:pos + 4 + n])
+        pos += 4 + n
+    return elements
+
+
+def decode_bytes_tensor(raw: bytes | memoryview) -> list[int]:
+    """Lengths of the elements of a BYTES tensor in Triton's binary form."""
+    return [len(e) for e in decode_bytes_elements(raw)]
 
 
 def decode_ints(raw: bytes | memoryview, datatype: str) -> list[int]:
@@ -185,18 +194,18 @@ def _binary_slices(body: InferBody) -> dict[str, memoryview]:
     return out
 
 
-def infer_llm_facts(body: InferBody, kv: KVCost) -> LLMFacts:
+def infer_llm_facts(body: InferBody, kv: KVCost, count: TokenCounter | None = None) -> LLMFacts:
     binary = _binary_slices(body)
-    prompts: list[int | None] = []
+    prompts: list[Prompt] = []
     max_tokens: list[int | None] = []
     for tensor in body.header["inputs"]:
         name = tensor.get("name")
         params = tensor.get("parameters") or {}
         if name == kv.prompt_input:
             if name in binary:
-                prompts = list(decode_bytes_tensor(binary[name]))
+                prompts = list(decode_bytes_elements(binary[name]))
             elif "data" in tensor:
-                prompts = [len(_utf8(v)) for v in _flatten(tensor["data"])]
+                prompts = [_utf8(v) for v in _flatten(tensor["data"])]
             elif "shared_memory_region" in params:
                 prompts = [None]  # unreadable here: charged a full context
             else:
@@ -218,13 +227,21 @@ def infer_llm_facts(body: InferBody, kv: KVCost) -> LLMFacts:
             max_tokens = [found]
     if not prompts:
         prompts = [None]
-    return _facts(prompts, max_tokens)
+    return _facts(prompts, max_tokens, count)
 
 
-def _facts(prompts: list[int | None], max_tokens: list[int | None]) -> LLMFacts:
+def _facts(prompts: list[Prompt], max_tokens: list[int | None], count: TokenCounter | None) -> LLMFacts:
     if len(max_tokens) not in (0, 1, len(prompts)):
         max_tokens = [max((m for m in max_tokens if m is not None), default=None)]
-    return LLMFacts(prompts, max_tokens)
+    lengths = [None if p is None else len(p) for p in prompts]
+    if count is None:
+        return LLMFacts(lengths, max_tokens)
+    try:
+        tokens = [None if p is None else count(bytes(p)) for p in prompts]
+    except Exception as err:  # a prompt the tokenizer cannot read: the byte-ratio estimate stands
+        log.debug("token count failed (%s: %s); using the bytes-per-token ratio", type(err).__name__, err)
+        return LLMFacts(lengths, max_tokens)
+    return LLMFacts(lengths, max_tokens, prompt_tokens=tokens)
 
 
 def _param_max_tokens(parameters: Any) -> int | None:
@@ -273,12 +290,12 @@ def parse_generate(body: bytes) -> dict[str, Any]:
     return doc
 
 
-def generate_llm_facts(doc: dict[str, Any], kv: KVCost) -> LLMFacts:
+def generate_llm_facts(doc: dict[str, Any], kv: KVCost, count: TokenCounter | None = None) -> LLMFacts:
     text = doc.get(kv.prompt_input)
     if text is None:
-        prompts: list[int | None] = [None]
+        prompts: list[Prompt] = [None]
     else:
-        prompts = [len(_utf8(v)) for v in _flatten(text)]
+        prompts = [_utf8(v) for v in _flatten(text)]
     raw = doc.get(kv.max_tokens_input)
     max_tokens: list[int | None] = []
     if raw is not None:
@@ -290,7 +307,7 @@ def generate_llm_facts(doc: dict[str, Any], kv: KVCost) -> LLMFacts:
             found = _sampling_max_tokens(sp if isinstance(sp, str) else json.dumps(sp))
         if found is not None:
             max_tokens = [found]
-    return _facts(prompts, max_tokens)
+    return _facts(prompts, max_tokens, count)
 
 
 def generate_class(doc: dict[str, Any], key: str) -> str | None:
@@ -309,10 +326,10 @@ def generate_with_priority(doc: dict[str, Any], priority: int) -> bytes:
 # gRPC ModelInferRequest
 
 
-def grpc_llm_facts(request: Any, kv: KVCost) -> LLMFacts:
+def grpc_llm_facts(request: Any, kv: KVCost, count: TokenCounter | None = None) -> LLMFacts:
     """Facts from a `service_pb2.ModelInferRequest` (contents or raw_input_contents)."""
     raw = list(request.raw_input_contents)
-    prompts: list[int | None] = []
+    prompts: list[Prompt] = []
     max_tokens: list[int | None] = []
     for index, tensor in enumerate(request.inputs):
         shm = "shared_memory_region" in tensor.parameters
@@ -320,9 +337,9 @@ def grpc_llm_facts(request: Any, kv: KVCost) -> LLMFacts:
             if raw:
                 if index >= len(raw):
                     raise BadRequest(f"raw_input_contents has no entry for input {tensor.name!r}")
-                prompts = list(decode_bytes_tensor(raw[index]))
+                prompts = list(decode_bytes_elements(raw[index]))
             elif len(tensor.contents.bytes_contents):
-                prompts = [len(b) for b in tensor.contents.bytes_contents]
+                prompts = list(tensor.contents.bytes_contents)
             elif shm:
                 prompts = [None]
             else:
@@ -352,7 +369,7 @@ def grpc_llm_facts(request: Any, kv: KVCost) -> LLMFacts:
             max_tokens = [int(getattr(param, kind))]
     if not prompts:
         prompts = [None]
-    return _facts(prompts, max_tokens)
+    return _facts(prompts, max_tokens, count)
 
 
 def grpc_class(request: Any, key: str) -> str | None:

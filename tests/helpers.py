@@ -169,6 +169,10 @@ def sidecar_spec_doc(memory_quota_mb: float = 1.69) -> dict[str, Any]:
              "memory_quota_mb": memory_quota_mb, **tensors,
              "engine": {"kv_policy": "grow_kill", "render_parameters": True},
              "parameters": {"seed": "11", "default_max_tokens": "16", **TINYLLM_NETWORK}},
+            # a non-batching classic model on two instances, the way many users start
+            {"name": "echo", "backend": "python", "kind": "classic", "max_batch_size": 0, "instances": 2,
+             "inputs": [{"name": "IN", "data_type": "FP32", "dims": [4]}],
+             "outputs": [{"name": "OUT", "data_type": "FP32", "dims": [4]}]},
         ],
         "traffic_classes": [
             {"name": "interactive", "kind": "interactive", "priority": 1, "p99_ms": 250, "share": 0.35},
@@ -183,9 +187,30 @@ def _config_parameters(params: dict[str, str]) -> str:
     return "\n".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}' for k, v in sorted(params.items()))
 
 
+ECHO_MODEL = '''"""echo: OUT = IN, one request per execution (max_batch_size 0)."""
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
+                for r in requests]
+'''
+
+
 def write_sidecar_repository(root: Path, tinyllm_params: dict[str, str], ranker_params: dict[str, str]) -> Path:
     """The example models' code with hand-written configs: tinyllm without Triton's dynamic batcher
-    (max_batch_size 0), ranker with its batcher and three priority levels."""
+    (max_batch_size 0), ranker with its batcher and three priority levels, and `echo`, an identity
+    without batching (max_batch_size 0) on two instances."""
+    (root / "echo" / "1").mkdir(parents=True)
+    (root / "echo" / "1" / "model.py").write_text(ECHO_MODEL)
+    (root / "echo" / "config.pbtxt").write_text("""name: "echo"
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+instance_group [ { kind: KIND_CPU count: 2 } ]
+""")
     for name in ("ranker", "tinyllm"):
         version = root / name / "1"
         version.mkdir(parents=True)

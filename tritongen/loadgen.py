@@ -104,6 +104,10 @@ class LoadResult:
     wall_s: float = 0.0
     # time.perf_counter() at scheduled time 0: CLOCK_MONOTONIC on Linux, the clock of Triton's trace
     clock_zero: float = 0.0
+    # Per request: its error message (whitespace folded, at most 300 characters), None when it had
+    # none; tells apart what one status code lumps together (a sidecar refusal and the reason it
+    # names, a model's out-of-memory kill). Empty for results built without it.
+    messages: list[str | None] = field(default_factory=list)
 
     @property
     def window(self) -> tuple[float, float]:
@@ -172,6 +176,7 @@ class _Runner:
         self.status = np.zeros(n, dtype=np.int64)
         self.tokens = np.zeros(n, dtype=np.int64)
         self.errors: list[str] = []
+        self.messages: list[str | None] = [None] * n
         self.in_flight = 0
         self.rng = np.random.default_rng(seed)
         self._tensor_cache: dict[tuple[str, int], np.ndarray] = {}
@@ -182,7 +187,9 @@ class _Runner:
     def _error(self, i: int, message: str, now: float) -> None:
         self.status[i] = classify_error(message)
         self.done_t[i] = now
-        short = " ".join(message.split())[:200]
+        folded = " ".join(message.split())
+        self.messages[i] = folded[:300]
+        short = folded[:200]
         if len(self.errors) < 5 and short not in self.errors:
             self.errors.append(short)
 
@@ -462,4 +469,5 @@ def run_load(
         errors=runner.errors,
         wall_s=time.perf_counter() - start,
         clock_zero=runner.t0,
+        messages=runner.messages,
     )

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import jinja2
 
+from sidecar.policy import parse_policy
 from tritongen.core.plan import DeploymentPlan, plan_deployment
 from tritongen.core.profile_types import Profile
 from tritongen.core.sidecar_policy import build_sidecar_policy
@@ -122,6 +123,9 @@ def render_plan(
             links[f"{entry.name}/1"] = f"../{entry.source_model}/1"
     files[SERVER_FLAGS_FILE] = _render_template(env, "server_flags.txt.j2", SERVER_FLAGS_FILE, plan=plan)
     if sidecar_policy is not None:
+        # The sidecar's own validation, before anything is written: a policy it would refuse at
+        # start (or one under which no request could be admitted) fails the render instead.
+        parse_policy(sidecar_policy, f"the rendered {SIDECAR_POLICY_FILE}")
         files[SIDECAR_POLICY_FILE] = json.dumps(sidecar_policy, indent=2, sort_keys=True) + "\n"
     return RenderedRepository(files=dict(sorted(files.items())), links=links, plan=plan)
 

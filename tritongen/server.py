@@ -186,7 +186,7 @@ class TritonServer:
         opts = self.options
         cmd = [
             str(install.binary),
-            f"--model-repository={opts.repository}",
+            f"--model-repository={Path(opts.repository).resolve()}",  # Triton runs in another directory
             f"--backend-directory={backend_dir}",
             "--http-address=127.0.0.1",
             "--grpc-address=127.0.0.1",

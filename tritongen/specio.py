@@ -124,7 +124,24 @@ def load_spec(path: Path) -> LoadedSpec:
             except BadInput as err:
                 line = _line_of(root, ("models", index, "architecture_config"))
                 raise BadInput(f"{path}:{line}: models[{index}].architecture_config: {err}") from None
+    spec = _resolve_tokenizers(spec, root, path)
     return LoadedSpec(spec=spec, path=path, architectures=architectures)
+
+
+def _resolve_tokenizers(spec: DeploymentSpec, root: Any, path: Path) -> DeploymentSpec:
+    """Each model's `tokenizer` made absolute (relative paths are the spec's), and checked to exist:
+    the sidecar opens it wherever the policy goes."""
+    models = []
+    for index, model in enumerate(spec.models):
+        if model.tokenizer is not None:
+            found = model.tokenizer if model.tokenizer.is_absolute() else (path.parent / model.tokenizer).resolve()
+            if not found.is_file():
+                line = _line_of(root, ("models", index, "tokenizer"))
+                raise BadInput(f"{path}:{line}: models[{index}].tokenizer: {found} is not a file; give the path of "
+                               "the model's tokenizer.json (relative to the spec)")
+            model = model.model_copy(update={"tokenizer": found})
+        models.append(model)
+    return spec.model_copy(update={"models": models})
 
 
 def schema_json() -> str:

@@ -168,3 +168,72 @@ def test_engine_values_that_contradict_model_json_are_refused(tmp_path: Path) ->
     assert result.returncode == 2
     assert "max_num_seqs is 32 in model.json but 64 in --engine" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# the sidecar in front of a hand-written engine that reserves, and kills what does not fit
+
+
+def _burst_at_once(url: str, requests: int, prompt: str, max_tokens: int, klass: str) -> list[dict]:
+    """`requests` SSE streams sent at the same moment; each: status, error text, tokens, seconds."""
+    import asyncio
+    import time
+
+    import aiohttp
+
+    async def one(session: aiohttp.ClientSession) -> dict:
+        out = {"status": None, "error": None, "tokens": 0, "seconds": None}
+        body = {"text_input": prompt, "max_tokens": max_tokens, "stream": True}
+        t0 = time.perf_counter()
+        async with session.post(url, json=body, headers={"x-traffic-class": klass}) as resp:
+            out["status"] = resp.status
+            if resp.status != 200:  # refused before streaming: Triton's or the sidecar's error body
+                out["error"] = await resp.text()
+                out["seconds"] = time.perf_counter() - t0
+                return out
+            async for raw in resp.content:
+                line = raw.decode().strip()
+                if line.startswith("data:"):
+                    event = json.loads(line[5:])
+                    if "error" in event:
+                        out["error"] = event["error"]
+                        break
+                    out["tokens"] += 1
+        out["seconds"] = time.perf_counter() - t0
+        return out
+
+    async def main() -> list[dict]:
+        timeout = aiohttp.ClientTimeout(total=60)
+        async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+            return await asyncio.gather(*(one(session) for _ in range(requests)))
+
+    return asyncio.run(main())
+
+
+def test_a_burst_of_100_at_once_is_served_through_the_sidecar_without_kills(server: TritonServer, tmp_path: Path) -> None:
+    """reserve_llm's pool holds 20 sequences of 48 + 48 tokens; 100 at once directly: most are killed
+    with an out-of-memory error. Through the sidecar, with the policy `render` writes from a spec
+    that describes the model honestly: at least 95 served within the batch class's target, none
+    killed (the rest may be refused with 429, never killed)."""
+    from tritongen.sidecar_process import SidecarProcess
+
+    out = tmp_path / "rendered"
+    rendered = cli("render", str(STANDINS / "deployment.yaml"), "-o", str(out))
+    assert rendered.returncode == 0, rendered.stdout + rendered.stderr
+    policy = json.loads((out / "sidecar_policy.json").read_text())
+    batch_target_s = next(c["p99_ms"] for c in policy["classes"] if c["name"] == "batch") / 1000
+    prompt = "x" * (48 * 3)  # 48 tokens at the stand-in's 3 bytes per token
+
+    direct = _burst_at_once(f"http://{server.http_url}/v2/models/reserve_llm/generate_stream", 100, prompt, 48, "batch")
+    direct_killed = [r for r in direct if r["error"] and "out of memory" in r["error"]]
+    assert len(direct_killed) >= 50, f"the burst must overflow the pool directly: {len(direct_killed)} killed"
+
+    with SidecarProcess(out / "sidecar_policy.json", server, tmp_path / "sidecar.log") as sidecar:
+        through = _burst_at_once(f"http://{sidecar.http_url}/v2/models/reserve_llm/generate_stream", 100, prompt, 48,
+                                 "batch")
+    killed = [r for r in through if r["error"] and "out of memory" in r["error"]]
+    served = [r for r in through if r["status"] == 200 and r["error"] is None and r["tokens"] == 48]
+    in_time = [r for r in served if r["seconds"] <= batch_target_s]
+    others = [r for r in through if r not in served and r["status"] != 429]
+    assert killed == [] and others == [], (killed + others)[:3]
+    assert len(in_time) >= 95, f"{len(in_time)} of 100 served within {batch_target_s:.0f} s ({len(served)} served)"

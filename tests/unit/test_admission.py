@@ -242,16 +242,20 @@ def test_concurrency_quota_scales_with_class_fraction() -> None:
     assert state.submit(req(model="cls", klass="interactive")).admitted
 
 
-def test_global_concurrency_limit_is_shared() -> None:
-    state, _ = make()
+def test_global_concurrency_limit_counts_llm_requests_only() -> None:
+    """The adaptive limit guards LLM memory; classic requests, bounded by what Triton accepts, neither
+    count against it nor wait for it."""
     doc = policy_doc()
-    doc["models"][1]["max_inflight"] = 100
+    doc["models"][0]["max_inflight"] = 100
+    doc["models"][1]["max_inflight"] = None
     state = AdmissionState(parse_policy(doc), FakeClock())
-    held = [req(model="cls", klass="interactive") for _ in range(8)]
-    for r in held:
-        assert state.submit(r).admitted
+    for _ in range(20):
+        assert state.submit(req(model="cls", klass="interactive")).admitted
+    for _ in range(8):
+        assert state.submit(req(model="llm", klass="interactive", kv=1)).admitted
     decision = state.submit(req(model="llm", klass="interactive", kv=1))
     assert decision.action is Action.QUEUE and decision.limit == "concurrency_limit"
+    assert state.submit(req(model="cls", klass="interactive")).admitted
 
 
 def test_strict_priority_order() -> None:
@@ -282,23 +286,27 @@ def test_equal_priority_is_fifo() -> None:
     assert granted_ids(state) == order
 
 
-def test_starvation_guard_promotes_one_level_per_guard() -> None:
+def test_starvation_guard_promotes_one_level_per_guard_up_to_below_the_top() -> None:
     state, clock = make()
     blocker = req(kv=1000, klass="interactive")
     state.submit(blocker)
     batch = req(kv=600, klass="batch")
     state.submit(batch)
+    normal = req(kv=600, klass="normal")
+    clock.advance(0.2)
+    state.submit(normal)
     waiting = state._waiting[batch.id]
-    assert state.effective_level(waiting, clock()) == 3
+    assert state.effective_level(waiting, clock()) == 2  # one guard period: level with normal
     clock.advance(0.2)
-    assert state.effective_level(waiting, clock()) == 2
-    clock.advance(0.2)
-    assert state.effective_level(waiting, clock()) == 1
-    assert state.effective_level(waiting, clock() + 10) == 1  # never above the top
-    # A fresh interactive request now queues behind the promoted batch request (it waited longer).
+    assert state.effective_level(waiting, clock()) == 2  # never level with the top class
+    assert state.effective_level(waiting, clock() + 10) == 2
+    # level with normal, it waited longer: it goes before the normal request; a fresh interactive
+    # request goes before both (the top class is never queued behind a promoted backlog)
     fresh = req(kv=600, klass="interactive")
     assert state.submit(fresh).action is Action.QUEUE
     state.release(blocker.id)
+    assert granted_ids(state) == [fresh.id]
+    state.release(fresh.id)
     assert granted_ids(state) == [batch.id]
 
 
@@ -473,11 +481,11 @@ def test_cancel_waiting_and_after_grant() -> None:
     assert state.release(other.id) is True and state.reserved_bytes == 0
 
 
-def test_unknown_model_passes_under_the_global_limit_at_no_cost() -> None:
+def test_unknown_model_passes_unlimited_at_no_cost() -> None:
     state, _ = make()
     model = state.model_policy("not-in-policy")
     cost = cost_for(model, None)
-    assert cost == Cost() and model.max_inflight == 8 and model.devices == ["gpu0"]
+    assert cost == Cost() and model.max_inflight is None and model.devices == ["gpu0"]
     r = Request("u1", "not-in-policy", "batch", cost)
     assert state.submit(r).admitted
     assert state.inflight == 1 and state.reserved_scope("gpu0") == 0 and not state.known_model("not-in-policy")
@@ -561,7 +569,11 @@ def test_watermark_and_oom_risk() -> None:
     assert state.watermark() == 0
     r = req(kv=500, tokens=50, klass="interactive")
     state.submit(r)
-    assert state.watermark() == pytest.approx(0.5)
+    assert state.watermark() == 0  # a pre-allocated pool's KV is checked exactly, not watermarked
+    busy = req(model="cls", request=50_000, klass="interactive")
+    state.submit(busy)
+    assert state.watermark() == pytest.approx(0.5)  # device bytes: half of gpu0
+    state.release(busy.id)
     # one sequence x 50 tokens (requested, nothing finished yet) x 10 B / 1000 B
     assert state.oom_risk("llm") == pytest.approx(0.5)
     state.release(r.id, tokens=80)
@@ -623,7 +635,7 @@ def test_limit_does_not_oscillate_under_a_steady_mid_band_load() -> None:
 def test_state_tick_moves_the_limit_from_the_watermark() -> None:
     doc = policy_doc(concurrency={"min": 2, "max": 8, "queue_delay_high_ms": 50, "queue_delay_low_ms": 20})
     state = AdmissionState(parse_policy(doc), clock := FakeClock())
-    state.submit(req(kv=950, klass="interactive"))
+    state.submit(req(prefill=95_000, klass="interactive"))  # 95 % of gpu0's memory
     clock.advance(1.0)
     state.tick()
     assert state.limit.value == 7 and state.last_limit_move == "down"

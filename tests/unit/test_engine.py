@@ -152,9 +152,13 @@ def test_a_spec_that_contradicts_the_backend_files_is_an_error_naming_both() -> 
     with pytest.raises(EngineSourceError, match=r"max_num_seqs is 48 in model.json but 64 in the spec's engine: section"):
         resolve_engine(model="m", backend="vllm", parameters={}, measured=MEASURED,
                        engine_args={"max_num_seqs": 48}, spec=EngineSection(max_num_seqs=64))
-    with pytest.raises(EngineSourceError, match="KV pool is stated in model.json and again"):
+    with pytest.raises(EngineSourceError, match=r"KV pool is 160 tokens in model.json but kv_pool_tokens 100"):
         resolve_engine(model="m", backend="vllm", parameters={}, measured=MEASURED,
-                       engine_args={"num_gpu_blocks_override": 10}, spec=EngineSection(kv_pool_tokens=160))
+                       engine_args={"num_gpu_blocks_override": 10}, spec=EngineSection(kv_pool_tokens=100))
+    # the same pool in blocks (10 x vLLM's 16 tokens) and in tokens agrees
+    agreed = resolve_engine(model="m", backend="vllm", parameters={}, measured=MEASURED,
+                            engine_args={"num_gpu_blocks_override": 10}, spec=EngineSection(kv_pool_tokens=160))
+    assert agreed.kv_pool_blocks == 10
 
 
 def test_an_unknown_policy_or_pool_is_an_error_that_says_what_to_set() -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from sidecar.admission import AdmissionState, Reading
 from sidecar.headroom import (
+    PoolModel,
     HeadroomChain,
     NvmlSource,
     SourceFailed,
@@ -300,3 +301,24 @@ def test_admission_uses_what_the_chain_found() -> None:
     assert status["headroom_failures"]["nvml"].startswith("NVML unavailable")  # type: ignore[index]
     assert status["scopes"]["gpu0"]["source"] == "triton_metrics"  # type: ignore[index]
     assert status["scopes"]["pool:llm"]["capacity_bytes"] == 20 * 16 * 512 - 5 * 16 * 512  # type: ignore[index]
+
+
+ENGINE_METRICS = """# TYPE nv_gpu_memory_total_bytes gauge
+nv_gpu_memory_total_bytes{gpu_uuid="GPU-a"} 80000000000
+nv_gpu_memory_used_bytes{gpu_uuid="GPU-a"} 70000000000
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max",model="tensorrt_llm",version="1"} 1000
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="used",model="tensorrt_llm",version="1"} 250
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per",model="tensorrt_llm",version="1"} 64
+vllm:kv_cache_usage_perc{model="vllm_model",version="1"} 0.4
+"""
+
+
+def test_engine_pools_from_tensorrt_llm_blocks_and_vllm_usage() -> None:
+    pools = {"tensorrt_llm": PoolModel(bytes_per_token=100.0, pool_bytes=None),
+             "vllm_model": PoolModel(bytes_per_token=10.0, pool_bytes=5000)}
+    got = run(TritonMetricsSource(fetcher(ENGINE_METRICS), ["gpu0"], pools).read())
+    readings = {r.scope: r for r in got.readings}
+    trt = readings["pool:tensorrt_llm"]  # blocks x tokens per block x the policy's bytes per token
+    assert (trt.total_bytes, trt.used_bytes) == (1000 * 64 * 100, 250 * 64 * 100)
+    vllm = readings["pool:vllm_model"]  # a fraction of the pool the policy knows
+    assert (vllm.total_bytes, vllm.used_bytes) == (5000, 2000)

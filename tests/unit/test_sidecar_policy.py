@@ -55,8 +55,8 @@ def test_cpu_example_by_hand() -> None:
     assert doc["default_class"] == "normal" and doc["starvation_guard_ms"] == 200
     classes = {c["name"]: c for c in doc["classes"]}
     assert [c["name"] for c in doc["classes"]] == ["interactive", "normal", "batch"]
-    # queue wait = p99 x queue_timeout_fraction (0.5), the same window Triton's queue policy gets
-    assert classes["interactive"]["max_queue_wait_ms"] == 125 and classes["batch"]["max_queue_wait_ms"] == 2500
+    # queue wait: the whole target (the sidecar subtracts the measured upstream time itself)
+    assert classes["interactive"]["max_queue_wait_ms"] == 250 and classes["batch"]["max_queue_wait_ms"] == 5000
     assert [c["budget_fraction"] for c in doc["classes"]] == [1.0, 0.9, 0.8]
 
     kv = plan.entry("tinyllm").kv
@@ -66,7 +66,9 @@ def test_cpu_example_by_hand() -> None:
     assert tiny["kv"]["bytes_per_token_source"] == "analytic"
     assert tiny["kv"]["block_tokens"] == 16 and tiny["kv"]["max_context"] == 256
     assert tiny["kv"]["default_max_tokens"] == 16  # from the model's parameters
-    assert tiny["memory_quota_bytes"] == kv.budget_bytes  # one engine
+    # the engine's own pool (whole blocks of the budget) and its sequence limit, as rendered
+    assert tiny["kv"]["kv_policy"] == "grow_kill" and tiny["kv"]["prompt_bytes_per_token"] == 1
+    assert tiny["memory_quota_bytes"] == tiny["kv"]["engine_pool_bytes"] == kv.pool_blocks * 16 * 512  # one engine
     assert tiny["max_inflight"] == kv.max_sequences
     assert tiny["priority_levels"] == 3 and tiny["default_priority"] == 2
     assert tiny["kv"]["prefill_peak"] == [] and tiny["release_grace_ms"] == 500
@@ -74,9 +76,11 @@ def test_cpu_example_by_hand() -> None:
     ranker = model(doc, "ranker")
     assert ranker["kind"] == "classic" and "kv" not in ranker
     assert ranker["request_bytes"] == 32 * 4 + 1 * 4  # FEATURES fp32[32] + SCORES fp32[1]
-    assert ranker["max_inflight"] == 32 * 1 * 2
+    # what Triton accepts: one batch of 32 running + three priority queues of 4 batches each
+    assert ranker["max_inflight"] == 32 + 3 * 4 * 32
 
-    total = tiny["max_inflight"] + ranker["max_inflight"]
+    total = tiny["max_inflight"]  # the adaptive limit counts LLM requests only
+    assert all(c["queue_cap"] is None for c in doc["classes"])  # refused by predicted wait, not by count
     assert doc["concurrency"]["max"] == total and doc["concurrency"]["min"] == -(-total // 3)
     assert doc["concurrency"]["queue_delay_high_ms"] == 250 * 0.25
     assert doc["headroom"]["sources"] == ["triton_metrics", "static"]  # no NVML on a CPU-only node
@@ -102,7 +106,11 @@ def test_gpu_example_lanes_devices_and_engines() -> None:
     kv = plan.entry("llama3-8b_short").kv
     assert short["kv"]["bytes_per_token"] == kv.kv_bytes_per_token == 131072
     assert short["devices"] == [f"gpu{i}" for i in next(p for p in plan.placements if p.model == "llama3-8b").gpus]
-    assert short["engines"] == 1 and short["memory_quota_bytes"] == kv.budget_bytes
+    # vLLM grows and preempts, never kills: no KV reservation, only its sequence limit and the pool's size
+    assert short["engines"] == 1 and short["memory_quota_bytes"] is None
+    assert short["kv"]["kv_policy"] == "grow_preempt"
+    assert short["kv"]["engine_pool_bytes"] == kv.pool_blocks * 16 * 131072
+    assert short["max_inflight"] == plan.entry("llama3-8b_short").engine_args["max_num_seqs"]
     assert short["kv"]["default_max_tokens"] == 16  # vLLM's own default when a request names none
     assert short["priority_levels"] == 0  # vLLM entries have no Triton batcher: priority is not forwarded
     qwen = model(doc, "qwen2.5-7b")
@@ -347,3 +355,75 @@ def test_cli_refuses_a_bad_policy_with_exit_2(tmp_path: Path) -> None:
     assert result.returncode == 2 and "--listen" in result.stderr
     result = cli("sidecar", "--upstream", "127.0.0.1:1")
     assert result.returncode == 2 and "--policy" in result.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# limits from the engine and from Triton (issue 15)
+
+
+def spec_variant(tmp_path: Path, edit: Any) -> Any:
+    """The example spec, edited by `edit(doc)`, loaded from tmp_path (architectures linked)."""
+    import yaml
+
+    doc = yaml.safe_load((EXAMPLES / "deployment.yaml").read_text())
+    edit(doc)
+    (tmp_path / "architectures").symlink_to(EXAMPLES / "architectures")
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _hand_written_llm(doc: dict[str, Any]) -> None:
+    """tinyllm's entry as a user's own backend: reserves prompt + max_tokens from a 1920-token pool."""
+    llm = next(m for m in doc["models"] if m["name"] == "tinyllm")
+    llm.update(name="chat", bytes_per_token=3, typical_prompt_tokens=48, typical_output_tokens=48,
+               engine={"kv_policy": "reserve_kill", "kv_pool_tokens": 1920, "max_num_seqs": 48},
+               parameters={"default_max_tokens": "32"})
+    doc["models"].append({"name": "echo", "backend": "python", "kind": "classic", "max_batch_size": 0,
+                          "instances": 2, "inputs": [{"name": "IN", "data_type": "FP32", "dims": [4]}],
+                          "outputs": [{"name": "OUT", "data_type": "FP32", "dims": [4]}]})
+
+
+def test_a_hand_written_engine_is_admitted_against_its_own_pool(tmp_path: Path) -> None:
+    loaded = load_spec(spec_variant(tmp_path, _hand_written_llm))
+    plan = plan_deployment(loaded.spec, loaded.architectures)
+    doc = build_sidecar_policy(loaded.spec, plan)
+    parse_policy(doc)
+    chat = model(doc, "chat")
+    bpt = chat["kv"]["bytes_per_token"]
+    assert chat["kv"]["kv_policy"] == "reserve_kill" and chat["kv"]["block_tokens"] == 1
+    assert chat["kv"]["engine_pool_bytes"] == chat["memory_quota_bytes"] == 1920 * bpt  # the engine's pool
+    assert chat["max_inflight"] == 48  # the engine's own limit, not pool / max_context
+    assert chat["kv"]["prompt_bytes_per_token"] == 3 and chat["kv"]["default_max_tokens"] == 32
+    note = next(n for n in doc["notes"] if n.startswith("chat:"))
+    assert "20 sequences of the typical 96 tokens fit" in note and "reserved against the pool" in note
+    # a non-batching classic model: Triton's default scheduler queues without bound, so does the sidecar
+    echo = model(doc, "echo")
+    assert echo["max_inflight"] is None and echo["engines"] == 2
+    assert doc["concurrency"]["max"] == 48  # LLM requests only
+
+
+def test_render_refuses_a_policy_nothing_could_pass(tmp_path: Path) -> None:
+    def impossible(doc: dict[str, Any]) -> None:
+        """Classic models only (the plan has no KV pool to check the pad against), 256 MiB of CPU
+        memory and the default 2048 MiB safety pad: the sidecar could never admit anything."""
+        doc["hardware"]["cpu_memory_mb"] = 256
+        doc["models"] = [m for m in doc["models"] if m["kind"] == "classic"]
+        del doc["policy"]["kv_safety_pad_mb"]
+
+    out = tmp_path / "out"
+    result = cli("render", str(spec_variant(tmp_path, impossible)), "-o", str(out))
+    assert result.returncode == 2, result.stdout + result.stderr
+    message = result.stdout + result.stderr
+    assert "safety_pad_bytes" in message and "kv_safety_pad_mb" in message and "Traceback" not in message
+    assert not out.exists() or not any(out.iterdir()), "nothing may be written"
+
+
+def test_the_sidecar_refuses_to_start_on_a_policy_nothing_could_pass(tmp_path: Path) -> None:
+    doc = base()
+    doc["headroom"]["safety_pad_bytes"] = doc["devices"][0]["memory_bytes"] * 2
+    path = tmp_path / POLICY_FILE
+    path.write_text(json.dumps(doc))
+    result = cli("sidecar", "--policy", str(path), "--upstream", "127.0.0.1:1")
+    message = result.stdout + result.stderr
+    assert result.returncode == 2 and "no request could ever be admitted" in message and "Traceback" not in message

@@ -24,7 +24,7 @@ def sidecar(
     grpc_listen: str = typer.Option("127.0.0.1:9001", "--grpc-listen", help="gRPC listen address (with --grpc-upstream)."),
     metrics_listen: str = typer.Option("127.0.0.1:9002", "--metrics-listen", help="Prometheus metrics listen address."),
     token_file: Optional[Path] = typer.Option(
-        None, "--token-file", help="File holding the bearer token for /sidecar/status and /sidecar/reload."
+        None, "--token-file", help="File holding the admin bearer token: /sidecar/status, /sidecar/reload and Triton's admin APIs (repository, logging, trace, shared memory), shut without it."
     ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
 ) -> None:

@@ -126,20 +126,60 @@ def _from_parameters(claims: _Claims, parameters: Mapping[str, str]) -> None:
         claims.add(name, _int(parameters.get(name), name, where, m), where)
 
 
-def resolve_engine(
+@dataclass(frozen=True)
+class EngineLimits:
+    """What bounds an engine, without its costs: what the sidecar admits against (its policy needs
+    no profile), and what `resolve_engine` completes with the measured curve."""
+
+    kv_policy: str
+    kv_block_tokens: int
+    kv_pool_blocks: int
+    max_num_seqs: int
+    max_batched_tokens: int | None
+    max_context: int | None
+    sources: dict[str, str]
+
+    @property
+    def pool_tokens(self) -> int:
+        return self.kv_pool_blocks * self.kv_block_tokens
+
+
+def resolve_engine(*, measured: MeasuredEngine | None, **where: object) -> EngineModel:
+    """The engine model of one decoupled LLM, each value labelled with its source
+    (`resolve_engine_limits`'s arguments, and the profile's measured costs)."""
+    limits = resolve_engine_limits(measured=measured, **where)  # type: ignore[arg-type]
+    if measured is None:
+        raise EngineSourceError(
+            f"model {where.get('model')!r}: its step costs are unknown; profile it (`tritongen profile`) and pass "
+            "the profile"
+        )
+    return EngineModel(
+        kv_policy=limits.kv_policy,  # type: ignore[arg-type]
+        kv_block_tokens=limits.kv_block_tokens,
+        kv_pool_blocks=limits.kv_pool_blocks,
+        max_num_seqs=limits.max_num_seqs,
+        max_batched_tokens=limits.max_batched_tokens,
+        max_context=limits.max_context,
+        curve=measured.curve,
+        sources={**limits.sources, "curve": "the profile"},
+    )
+
+
+def resolve_engine_limits(
     *,
     model: str,
     backend: str | None,
     parameters: Mapping[str, str],
-    measured: MeasuredEngine | None,
+    measured: MeasuredEngine | None = None,
     engine_args: Mapping[str, object] | None = None,
     spec: EngineSection | None = None,
     spec_where: str = "the spec's engine: section",
     max_context: int | None = None,
     max_batch_size: int = 0,
     planned_pool_blocks: int | None = None,
-) -> EngineModel:
-    """The engine model of one decoupled LLM, each value labelled with its source."""
+) -> EngineLimits:
+    """The KV policy, pool and sequence limits of one decoupled LLM, each labelled with its source;
+    `measured` (optional here) adds what the profile saw of the pool."""
     claims = _Claims(model)
     if backend == "vllm":
         _from_vllm(claims, engine_args or {})
@@ -154,14 +194,23 @@ def resolve_engine(
         claims.add("kv_block_tokens", spec.kv_block_tokens, where)
         claims.add("max_batched_tokens", spec.max_batched_tokens, where)
         if spec.kv_pool_tokens is not None:
-            if claims.get("kv_pool_blocks") is not None or claims.get("kv_pool_tokens") is not None:
-                stated = claims.values.get("kv_pool_blocks") or claims.values.get("kv_pool_tokens")
-                assert stated is not None
-                raise EngineSourceError(
-                    f"model {model!r}: the KV pool is stated in {stated[1]} and again as kv_pool_tokens "
-                    f"{spec.kv_pool_tokens} in {where}; remove one (the backend runs what its own files say)"
-                )
-            claims.add("kv_pool_tokens", spec.kv_pool_tokens, where)
+            stated = claims.values.get("kv_pool_blocks") or claims.values.get("kv_pool_tokens")
+            if stated is None:
+                claims.add("kv_pool_tokens", spec.kv_pool_tokens, where)
+            else:
+                # Blocks in the backend's files, tokens in the spec: they agree when the blocks of the
+                # resolved block size hold exactly the stated tokens.
+                block = claims.get("kv_block_tokens") or (spec.kv_block_tokens if spec.kv_block_tokens else None)
+                if block is None and backend == "vllm":
+                    block = VLLM_DEFAULT_BLOCK_SIZE
+                in_blocks = "kv_pool_blocks" in claims.values
+                in_tokens = int(stated[0]) * int(block) if in_blocks and block else stated[0]  # type: ignore[call-overload]
+                if in_tokens != spec.kv_pool_tokens or (in_blocks and not block):
+                    raise EngineSourceError(
+                        f"model {model!r}: the KV pool is {in_tokens} tokens in {stated[1]} but kv_pool_tokens "
+                        f"{spec.kv_pool_tokens} in {where}; make them agree, or remove the spec's (the backend runs "
+                        "what its own files say)"
+                    )
     claims.add("max_context", max_context, "the spec's max_context")
     if measured is not None and measured.kv_block_tokens is not None and claims.get("kv_block_tokens") is None:
         claims.add("kv_block_tokens", measured.kv_block_tokens, f"the profile ({measured.kv_capacity_source})")
@@ -209,20 +258,14 @@ def resolve_engine(
         else:
             seqs = int(pool_blocks)  # type: ignore[arg-type]
             sources["max_num_seqs"] = "no limit stated: the pool bounds it"
-    if measured is None:
-        raise EngineSourceError(
-            f"model {model!r}: its step costs are unknown; profile it (`tritongen profile`) and pass the profile"
-        )
-    sources["curve"] = "the profile"
     batched = claims.get("max_batched_tokens")
-    return EngineModel(
-        kv_policy=policy,  # type: ignore[arg-type]
+    return EngineLimits(
+        kv_policy=str(policy),
         kv_block_tokens=block,
         kv_pool_blocks=int(pool_blocks),  # type: ignore[arg-type]
         max_num_seqs=int(seqs),  # type: ignore[arg-type]
         max_batched_tokens=int(batched) if batched is not None else None,  # type: ignore[arg-type]
         max_context=claims.get("max_context"),  # type: ignore[arg-type]
-        curve=measured.curve,
         sources=sources,
     )
 

@@ -6,15 +6,21 @@ number comes from the same arithmetic the configs were rendered from:
 
 * LLM cost: KV bytes per token measured by the profile (`memory.kv_bytes_per_token_measured`)
   when there is one (and it is not below the arithmetic), else the analytic `kv_shape` figure of
-  the plan; the engine's block size;
-  the profiled prefill peak per prompt length (`memory.prefill`).
-* LLM quotas: the KV budget x engines (the pool the engine was rendered with) and max_sequences x
-  engines in flight.
-* Classic cost: one request's tensor bytes (inputs + outputs, one row); the profile format has no
-  per-request memory figure yet.
-* Classes: the spec's traffic classes; a request may wait in the sidecar for
-  `p99_ms x queue_timeout_fraction` (the same window Triton's queue policy gets); lower classes
-  may fill only part of each limit (normal 90 %, batch 80 %), keeping room for the top class.
+  the plan; the profiled prefill peak per prompt length (`memory.prefill`); prompt bytes per
+  token from the spec, else the backend's own token counts in the profile, else 1 (the bound
+  that never under-counts); the prompt and max_tokens inputs of the model's interface.
+* LLM limits: the engine the model runs (engine_sources: vLLM's model.json, TensorRT-LLM's
+  parameters, tritongen's engine parameters, the spec's `engine:` section, the profile, the KV
+  plan): its KV policy, its pool (tokens x KV bytes per token, per engine; the quota is that x
+  engines), its block size, max_context and max_num_seqs x engines in flight. Engines that
+  reserve or kill get each request's footprint reserved; a grow-and-preempt engine (vLLM) gets no
+  reservation. A model whose engine nothing describes is reserved against the KV plan's pool.
+* Classic limits: what Triton itself accepts (`_triton_accepts`), or none; cost: one request's
+  tensor bytes (inputs + outputs, one row).
+* Classes: the spec's traffic classes; a request may wait in the sidecar for its class's target
+  less the model's measured upstream time, and is refused only when its predicted wait exceeds
+  that (no count cap); lower classes may fill only part of each limit (normal 90 %, batch 80 %),
+  keeping room for the top class.
 * Devices: memory x utilisation cap, and what the plan placed on each (weights, framework
   reserve, pre-allocated KV pools) for the static fallback.
 * Tenants: none. The spec says nothing about who sends the traffic, so the policy names the
@@ -28,10 +34,13 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from tritongen.core.engine_sources import EngineLimits, EngineSourceError, measured_from_profile, resolve_engine_limits
 from tritongen.core.kv import weight_bytes
+from tritongen.core.llm_interface import LLMInterface, TensorInfo, UnknownInterface, detect_interface
 from tritongen.core.plan import DeploymentPlan, ModelEntryPlan, default_class
 from tritongen.core.profile_types import Profile
 from tritongen.core.spec import MIB, DeploymentSpec, ModelSpec, TensorSpec, TrafficClass
+from tritongen.errors import BadInput
 
 POLICY_VERSION = 1
 POLICY_FILE = "sidecar_policy.json"
@@ -77,10 +86,11 @@ def _weights(model: ModelSpec) -> int:
 BACKEND_DEFAULT_MAX_TOKENS = {"vllm": 16}
 
 
-def _default_max_tokens(model: ModelSpec) -> int | None:
-    """The model's own `default_max_tokens` parameter, else its backend's default, else unknown
-    (the sidecar then charges a request up to max_context)."""
-    return _int_param(model, "default_max_tokens") or BACKEND_DEFAULT_MAX_TOKENS.get(model.backend)
+def _default_max_tokens(model: ModelSpec, interface: LLMInterface | None) -> int | None:
+    """The model's own `default_max_tokens` parameter, else its interface's or backend's default,
+    else unknown (the sidecar then charges a request up to max_context)."""
+    return (_int_param(model, "default_max_tokens") or (interface.default_max_tokens if interface else None)
+            or BACKEND_DEFAULT_MAX_TOKENS.get(model.backend))
 
 
 def _int_param(model: ModelSpec, key: str) -> int | None:
@@ -93,14 +103,18 @@ def _int_param(model: ModelSpec, key: str) -> int | None:
         return None
 
 
-def _class_entry(spec: DeploymentSpec, klass: TrafficClass, top: int, queue_cap: int) -> dict[str, Any]:
+def _class_entry(spec: DeploymentSpec, klass: TrafficClass, top: int) -> dict[str, Any]:
     return {
         "name": klass.name,
         "kind": klass.kind,
         "priority": klass.priority,
         "p99_ms": klass.p99_ms,
-        "max_queue_wait_ms": round(klass.p99_ms * spec.policy.queue_timeout_fraction, 3),
-        "queue_cap": queue_cap,
+        # The whole target: the sidecar subtracts the model's measured time to first token (or to the
+        # end, unary) itself (admission.allowed_wait_s), so a request waits as long as it can still
+        # make its target, and no longer. (Triton's own queue policy keeps queue_timeout_fraction:
+        # it cannot measure what comes after its queue.)
+        "max_queue_wait_ms": float(klass.p99_ms),
+        "queue_cap": None,  # refused by predicted wait, not by a count
         "budget_fraction": 1.0 if klass.priority == top else BUDGET_FRACTION[klass.kind],
     }
 
@@ -123,58 +137,154 @@ def _model_entry(
         "priority_levels": batching.priority_levels if batching else 0,
         "default_priority": batching.default_priority_level if batching else 0,
     }
-    memory = profile.memory if profile is not None else None
     if entry.kv is not None:
-        kv = entry.kv
-        measured = memory.kv_bytes_per_token_measured if memory is not None else None
-        # The measured figure when there is one; but never below the arithmetic, which is what a
-        # pre-allocated pool of whole blocks holds per token (a low measurement is noise, not savings).
-        source = "profile" if measured and measured >= kv.kv_bytes_per_token else "analytic"
-        bpt: float = float(measured) if source == "profile" else float(kv.kv_bytes_per_token)
-        if measured and source == "analytic":
-            notes.append(
-                f"{entry.name}: measured {measured:g} KV bytes/token is below the analytic "
-                f"{kv.kv_bytes_per_token}; the analytic figure is used"
-            )
-        prefill = sorted(
-            {p.prompt_tokens: p.peak_delta_bytes for p in (memory.prefill if memory else [])}.items()
-        )
-        grace = DEFAULT_GRACE_MS
-        if profile is not None and profile.streaming is not None:
-            itl = [lv.itl_p99_ms for lv in profile.streaming.levels if lv.itl_p99_ms]
-            if itl:
-                grace = max(100.0, round(16 * max(itl), 1))  # engines check for cancellation every few tokens
-        out["kv"] = {
-            "bytes_per_token": bpt,
-            "bytes_per_token_source": source,
-            "block_tokens": kv.block_tokens,
-            "max_context": model.max_context,
-            "default_max_tokens": _default_max_tokens(model),
-            # the spec's tokenizer ratio; without one, bytes (the safe bound: never under-counts)
-            "prompt_bytes_per_token": model.bytes_per_token or 1.0,
-            "preallocated": True,
-            "prefill_peak": [{"prompt_tokens": t, "peak_bytes": b} for t, b in prefill],
-            "prefill_peak_source": "profile" if prefill else "none",
-        }
-        out["memory_quota_bytes"] = kv.budget_bytes * engines
-        seqs = _engine_sequences(entry) or kv.max_sequences  # what the engine runs at once, as rendered (tuned)
-        out["max_inflight"] = max(1, seqs * engines)
-        out["release_grace_ms"] = grace
-        notes.append(
-            f"{entry.name}: {bpt:g} KV bytes/token ({source}), blocks of {kv.block_tokens} tokens; quota "
-            f"{kv.budget_bytes} B x {engines} engine(s); {seqs} x {engines} in flight; "
-            f"prefill peaks: {len(prefill) or 'none'}"
-        )
+        out.update(_llm_entry(spec, model, entry, profile, engines, notes))
     else:
         out["request_bytes"] = _row_bytes(model.inputs) + _row_bytes(model.outputs)
         out["request_bytes_source"] = "analytic"
-        out["max_inflight"] = max(1, entry.max_batch_size) * engines * 2
+        out["max_inflight"], why = _triton_accepts(entry, engines)
         out["release_grace_ms"] = 0.0
-        notes.append(
-            f"{entry.name}: {out['request_bytes']} B per request (tensor bytes of one row); "
-            f"{out['max_inflight']} in flight (max_batch_size {entry.max_batch_size} x {engines} instance(s) x 2)"
-        )
+        notes.append(f"{entry.name}: {out['request_bytes']} B per request (tensor bytes of one row); {why}")
     return out
+
+
+def _triton_accepts(entry: ModelEntryPlan, engines: int) -> tuple[int | None, str]:
+    """What Triton itself takes of a classic model at once: a batch per instance, plus every
+    priority queue's max_queue_size when all of them are bounded; None when a queue is unbounded
+    (no dynamic batching, or a max_queue_size of 0). The sidecar never holds a model below it."""
+    running = max(1, entry.max_batch_size) * engines
+    batching = entry.dynamic_batching
+    if batching is None:
+        return None, f"no in-flight limit (Triton's default scheduler queues without bound; {running} run at once)"
+    queues = batching.priority_queue_policies or [batching.default_queue_policy]
+    sizes = [q.max_queue_size for q in queues]
+    if not sizes or min(sizes) <= 0:
+        return None, "no in-flight limit (a Triton queue of the model is unbounded)"
+    total = running + sum(sizes)
+    return total, (f"{total} in flight: what Triton accepts (max_batch_size {entry.max_batch_size} x {engines} "
+                   f"instance(s) running + max_queue_size {' + '.join(map(str, sizes))} queued)")
+
+
+def _llm_entry(
+    spec: DeploymentSpec, model: ModelSpec, entry: ModelEntryPlan, profile: Profile | None, engines: int,
+    notes: list[str],
+) -> dict[str, Any]:
+    """An LLM's cost model and limits, from the engine it runs (engine_sources: the backend's files,
+    the spec's engine: section, the profile, the KV plan) at its traffic's typical request size."""
+    kv = entry.kv
+    assert kv is not None
+    memory = profile.memory if profile is not None else None
+    measured = memory.kv_bytes_per_token_measured if memory is not None else None
+    # The measured figure when there is one; but never below the arithmetic, which is what a
+    # pre-allocated pool of whole blocks holds per token (a low measurement is noise, not savings).
+    source = "profile" if measured and measured >= kv.kv_bytes_per_token else "analytic"
+    bpt: float = float(measured) if source == "profile" else float(kv.kv_bytes_per_token)
+    if measured and source == "analytic":
+        notes.append(
+            f"{entry.name}: measured {measured:g} KV bytes/token is below the analytic "
+            f"{kv.kv_bytes_per_token}; the analytic figure is used"
+        )
+    prefill = sorted({p.prompt_tokens: p.peak_delta_bytes for p in (memory.prefill if memory else [])}.items())
+    grace = DEFAULT_GRACE_MS
+    if profile is not None and profile.streaming is not None:
+        itl = [lv.itl_p99_ms for lv in profile.streaming.levels if lv.itl_p99_ms]
+        if itl:
+            grace = max(100.0, round(16 * max(itl), 1))  # engines check for cancellation every few tokens
+    limits = _engine_limits(model, entry, profile)
+    interface = _interface(entry)
+    prompt_bpt, prompt_bpt_source = _prompt_bytes_per_token(model, profile)
+    if limits is None:
+        # Nothing states how the engine behaves: reserve each request's footprint against the
+        # KV plan's pool, which is safe whatever the engine does.
+        policy, block, pool_tokens = None, kv.block_tokens, kv.pool_blocks * kv.block_tokens
+        seqs = _engine_sequences(entry) or kv.max_sequences
+        max_context = model.max_context
+        pool_from = "tritongen's KV plan; kv_policy unknown, so each request's footprint is reserved"
+    else:
+        policy, block, pool_tokens, seqs = limits.kv_policy, limits.kv_block_tokens, limits.pool_tokens, limits.max_num_seqs
+        max_context = limits.max_context or model.max_context
+        pool_from = limits.sources.get("kv_pool_blocks", "?")
+    engine_pool = math.ceil(pool_tokens * bpt)
+    reserves = policy != "grow_preempt"
+    out: dict[str, Any] = {
+        "kv": {
+            "bytes_per_token": bpt,
+            "bytes_per_token_source": source,
+            "block_tokens": block,
+            "max_context": max_context,
+            "kv_policy": policy,
+            "engine_pool_bytes": engine_pool,
+            "default_max_tokens": _default_max_tokens(model, interface),
+            "prompt_bytes_per_token": prompt_bpt,
+            "tokenizer": str(model.tokenizer) if model.tokenizer is not None else None,
+            "prompt_input": interface.text_input if interface else "text_input",
+            "max_tokens_input": (interface.max_tokens_input if interface else None) or "max_tokens",
+            "preallocated": True,
+            "prefill_peak": [{"prompt_tokens": t, "peak_bytes": b} for t, b in prefill],
+            "prefill_peak_source": "profile" if prefill else "none",
+        },
+        "memory_quota_bytes": engine_pool * engines if reserves else None,
+        "max_inflight": max(1, seqs * engines),
+        "release_grace_ms": grace,
+    }
+    typical = (model.typical_prompt_tokens or 0) + (model.typical_output_tokens or 0)
+    fitting = f"{pool_tokens // (-(-typical // block) * block)} sequences of the typical {typical} tokens" if typical else "?"
+    admits = ("each request's own footprint (prompt + max_tokens) reserved against the pool"
+              if reserves else "no KV reservation (the engine preempts, never kills): its sequence limit and the "
+              "predicted wait")
+    notes.append(
+        f"{entry.name}: engine {policy or 'kv_policy unknown'}: pool {pool_tokens} tokens in blocks of {block} "
+        f"({pool_from}; {fitting} fit), {seqs} sequences x {engines} engine(s) in flight; admits by {admits}; "
+        f"{bpt:g} KV bytes/token ({source}); prompts "
+        f"{'counted by ' + model.tokenizer.name + ', else ' if model.tokenizer else ''}at {prompt_bpt:g} bytes/token "
+        f"({prompt_bpt_source}); "
+        f"prefill peaks: {len(prefill) or 'none'}"
+    )
+    return out
+
+
+def _engine_limits(model: ModelSpec, entry: ModelEntryPlan, profile: Profile | None) -> EngineLimits | None:
+    """The engine the entry runs, or None when nothing states its KV policy (a user's own backend
+    the spec says nothing about); contradictions between sources are errors (EngineSourceError)."""
+    stated = (model.engine is not None or entry.backend in ("vllm", "tensorrtllm")
+              or "kv_policy" in entry.parameters)
+    if not stated:
+        return None
+    engine = getattr(profile, "engine", None)
+    try:
+        return resolve_engine_limits(
+            model=entry.name, backend=entry.backend, parameters=entry.parameters,
+            measured=measured_from_profile(engine) if engine is not None else None,
+            engine_args=entry.engine_args, spec=model.engine, max_context=model.max_context,
+            max_batch_size=entry.max_batch_size, planned_pool_blocks=entry.kv.pool_blocks if entry.kv else None,
+        )
+    except EngineSourceError as err:
+        raise BadInput(f"the sidecar policy of {entry.name}: {err}") from None
+
+
+def _interface(entry: ModelEntryPlan) -> LLMInterface | None:
+    try:
+        return detect_interface(
+            model=entry.name, backend=entry.backend, platform=None,
+            inputs=[TensorInfo(name=t.name, data_type=t.data_type, dims=list(t.dims), optional=t.optional)
+                    for t in entry.inputs],
+            outputs=[TensorInfo(name=t.name, data_type=t.data_type, dims=list(t.dims), optional=t.optional)
+                     for t in entry.outputs],
+            max_batch_size=entry.max_batch_size, decoupled=entry.decoupled, parameters=entry.parameters,
+        )
+    except UnknownInterface:
+        return None
+
+
+def _prompt_bytes_per_token(model: ModelSpec, profile: Profile | None) -> tuple[float, str]:
+    """Prompt bytes per token: the spec's tokenizer ratio, else what the backend's own token counts
+    showed the profile, else 1.0, the bound that never under-counts (a token is at least a byte)."""
+    if model.bytes_per_token:
+        return float(model.bytes_per_token), "the spec"
+    engine = getattr(profile, "engine", None)
+    if engine is not None and engine.bytes_per_token_source == "backend token counts":
+        return float(engine.bytes_per_token), "the profile, from the backend's token counts"
+    return 1.0, "no tokenizer ratio known: one byte per token, the bound that never under-counts"
 
 
 def _devices(spec: DeploymentSpec, plan: DeploymentPlan) -> list[dict[str, Any]]:
@@ -205,12 +315,10 @@ def build_sidecar_policy(
     profiles = profiles or {}
     notes: list[str] = []
     models = [_model_entry(spec, plan, e, _profile_for(profiles, e), notes) for e in plan.entries]
-    total_inflight = max(1, sum(m["max_inflight"] for m in models))
+    # The adaptive limit counts LLM requests only (classic ones are bounded by what Triton takes).
+    total_inflight = max(1, sum(m["max_inflight"] for m in models if m["kind"] == "llm"))
     top = min(c.priority for c in spec.traffic_classes)
-    queue_cap = max(8, 2 * total_inflight)
-    classes = [
-        _class_entry(spec, c, top, queue_cap) for c in sorted(spec.traffic_classes, key=lambda c: c.priority)
-    ]
+    classes = [_class_entry(spec, c, top) for c in sorted(spec.traffic_classes, key=lambda c: c.priority)]
     delay_high = round(min(c.p99_ms for c in spec.traffic_classes) * 0.25, 3)
     sources = ["triton_metrics", "static"] if plan.cpu_only else ["nvml", "triton_metrics", "static"]
     return {

@@ -192,6 +192,11 @@ class ModelSpec(StrictModel):
         description="LLMs: prompt bytes per token of the model's tokenizer; default: measured by the profile where "
         "the backend reports token counts (vLLM), else 4.",
     )
+    tokenizer: Path | None = Field(
+        default=None,
+        description="LLMs: the model's Hugging Face tokenizer.json (relative to the spec); the sidecar counts each "
+        "prompt's tokens with it when the `tokenizers` package is installed (`pip install tritongen[tokenizer]`).",
+    )
 
     @model_validator(mode="after")
     def _kind_rules(self) -> "ModelSpec":
@@ -199,7 +204,7 @@ class ModelSpec(StrictModel):
         if self.kind == "classic":
             if self.max_batch_size is None:
                 raise ValueError(f"{where}: classic models need `max_batch_size` (0 disables batching)")
-            for field in ("streaming", "lanes", "max_context", "engine", "bytes_per_token"):
+            for field in ("streaming", "lanes", "max_context", "engine", "bytes_per_token", "tokenizer"):
                 if getattr(self, field):
                     raise ValueError(f"{where}: `{field}` applies to LLMs only; remove it or set kind: llm")
             return self

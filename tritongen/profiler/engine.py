@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tritongen.client import infer_inputs, numpy_inputs
+from tritongen.core.engine_metrics import TRTLLM_BLOCK_TYPE, TRTLLM_KV_BLOCKS, VLLM_USAGE_GAUGES
 from tritongen.core.engine_sources import VLLM_DEFAULT_BLOCK_SIZE
 from tritongen.core.llm_interface import LLMInterface, UnknownInterface, interface_from_config, prompt_of
 from tritongen.core.profile_types import DecodeSample, EngineMeasurement, PrefillSample
@@ -37,7 +38,6 @@ from tritongen.profiler.load import ModelFailed, StreamLoad, StreamRecord
 from tritongen.profiler.memory import kv_gauges, parse_metrics
 
 ASSUMED_BYTES_PER_TOKEN = 4.0
-VLLM_USAGE_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # the newer name, the older one
 # what an engine that runs out of KV memory says (tinyllm, the stand-ins, PyTorch, vLLM, TRT-LLM)
 OOM_MARKERS = ("out of memory", "outofmemory", "kv cache is full", "no free blocks", "insufficient kv")
 
@@ -290,7 +290,7 @@ class EngineProfiler:
         """(capacity tokens, block tokens, source, detail, engine metric families seen)."""
         samples = self._families()
         names = sorted({s.name for s in samples if s.name.startswith(("vllm:", "nv_trt_llm_")) or "_kv_" in s.name})
-        trt = {s.labels.get("kv_cache_block_type"): s.value for s in samples if s.name == "nv_trt_llm_kv_cache_block_metrics"}
+        trt = {s.labels.get(TRTLLM_BLOCK_TYPE): s.value for s in samples if s.name == TRTLLM_KV_BLOCKS}
         if trt.get("max") and trt.get("tokens_per"):
             tokens = int(trt["max"] * trt["tokens_per"])
             return tokens, int(trt["tokens_per"]), "trt-llm metrics", f"{trt['max']:.0f} blocks x {trt['tokens_per']:.0f} tokens", names

@@ -1,0 +1,521 @@
+"""Direct versus through the policy sidecar, on streaming LLMs tritongen did not write (issue 15).
+
+The user's path, end to end, with tritongen's own commands (subprocesses, as a user runs them):
+
+  1. serve the stand-ins' OWN committed configs (examples/llm_standins/repository) on the embedded
+     Triton, and tinyllm from model_repository as `make demo` serves it;
+  2. `tritongen profile SPEC -m MODEL --url ...` against that server (examples/llm_standins/
+     deployment.yaml for the stand-ins, examples/deployment.yaml for tinyllm); `--saved-profiles`
+     takes examples/profiles/*.json instead;
+  3. `tritongen render SPEC --profiles DIR -o DIR` and take only its sidecar_policy.json (tinyllm:
+     model_repository/sidecar_policy.json, rendered beside the configs it serves);
+  4. `tritongen sidecar --policy ...` in front of the server (`SidecarProcess`), and the same
+     requests, each with its traffic class as the policy's class request parameter, sent straight
+     to Triton and through the sidecar, one after the other in each phase (the order alternates from
+     phase to phase so that neither side always runs on a warmer server).
+
+Capacity (completed requests/s at saturation): the engine tritongen resolves from the served
+config, the backend's files, the spec's `engine:` section and the profile's measured step costs,
+simulated with 200 req/s offered (bench_llm_fidelity checks that this simulation matches live runs
+within a few per cent); the direct 1.5x run is the live check (completed/s at saturation).
+
+Phases (the class mix and the prompt / output lengths come from the spec: its traffic_classes'
+shares and each model's typical_prompt_tokens / typical_output_tokens):
+  * 0.7x capacity, Poisson, --seconds: completed/s and TTFT P50/P99 per class;
+    goals: sidecar completed/s >= 0.97 x direct, each class's TTFT P99 <= 1.2 x direct + 5 ms;
+  * 1.5x capacity, Poisson, --seconds: completed/s, kills (the model's out-of-memory errors),
+    refusals (the sidecar's answers) and how fast they came (P99 from send to refusal), TTFT P99 of
+    admitted interactive requests; goals: 0 kills through the sidecar, completed/s >= direct's,
+    refusal P99 <= 5 ms, admitted interactive TTFT P99 within the class's target;
+  * --burst requests of the batch class at once: served / killed / refused, and how many were
+    served with a TTFT within the batch class's target; goal: >= 95% of them, and 0 kills.
+
+Figures are figures: the sidecar's LLM admission is being rewritten, and today's may miss goals.
+Counts of kills and refusals cover the whole run; completed/s and percentiles the measurement
+window (2 s warm-up left out), TTFT from the scheduled send time (a late client counts).
+
+    .venv/bin/python bench/bench_llm_guard.py [--seconds 15] [--models vllm_standin,reserve_llm,tinyllm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.report import saved_report  # noqa: E402
+from tritongen.core.engine_sources import EngineSourceError, measured_from_profile, resolve_engine  # noqa: E402
+from tritongen.core.llm_interface import interface_from_config  # noqa: E402
+from tritongen.core.profile_types import Profile, read_profile  # noqa: E402
+from tritongen.core.simulator import OK, OOM, QUEUE_FULL, TIMEOUT, ModelSim, Overheads, ServerSim, simulate  # noqa: E402
+from tritongen.core.spec import ModelSpec, TrafficClass  # noqa: E402
+from tritongen.core.traffic import Arrivals, TrafficSpec, generate_arrivals  # noqa: E402
+from tritongen.engine_files import vllm_engine_args  # noqa: E402
+from tritongen.loadgen import LoadResult, LoadTarget, run_load  # noqa: E402
+from tritongen.profiler.memory import parse_metrics  # noqa: E402
+from tritongen.server import ServerOptions, TritonServer  # noqa: E402
+from tritongen.sidecar_process import SidecarProcess  # noqa: E402
+from tritongen.specio import load_spec  # noqa: E402
+
+STANDINS = ROOT / "examples" / "llm_standins"
+STANDIN_SPEC = STANDINS / "deployment.yaml"
+DEMO_SPEC = ROOT / "examples" / "deployment.yaml"
+DEMO_REPOSITORY = ROOT / "model_repository"
+SAVED_PROFILES = ROOT / "examples" / "profiles"
+MODELS = ("vllm_standin", "reserve_llm", "tinyllm")
+
+BELOW, ABOVE = 0.7, 1.5
+WARMUP_S = 2.0
+SIM_OFFERED = 200.0  # req/s offered to the simulated engine to find its saturation throughput
+REFUSAL_P99_GOAL_MS = 5.0
+SIDECAR_REFUSED = re.compile(r"sidecar refused the request \(([a-z_]+)\)")
+
+
+# ---------------------------------------------------------------------------------------------
+# the user's commands
+
+
+def tritongen(*args: str, timeout_s: float = 300) -> str:
+    """Run `tritongen ARGS` as a user would; a failure stops the bench with its own message."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "from tritongen.cli.main import run; run()", *args],
+        capture_output=True, text=True, timeout=timeout_s, env={**os.environ, "COLUMNS": "160"},
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"`tritongen {' '.join(args)}` failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+def profile_models(spec: Path, models: list[str], server: TritonServer, out: Path, saved: bool) -> dict[str, Profile]:
+    out.mkdir(parents=True, exist_ok=True)
+    if saved:
+        for model in models:
+            shutil.copy(SAVED_PROFILES / f"{model}.json", out / f"{model}.json")
+        print(f"profiles: saved ({', '.join(str(SAVED_PROFILES / f'{m}.json') for m in models)})")
+    else:
+        clock = time.perf_counter()
+        tritongen("profile", str(spec), *[a for m in models for a in ("-m", m)], "--url", server.http_url,
+                  "--grpc-url", server.grpc_url, "--metrics-url", server.metrics_url, "-o", str(out),
+                  "--stream-concurrency", "1,4,8,16")
+        print(f"profiles: `tritongen profile {spec.relative_to(ROOT)} -m {' -m '.join(models)} --url ...` "
+              f"({time.perf_counter() - clock:.0f} s)")
+    profiles = {}
+    for model in models:
+        profile = read_profile((out / f"{model}.json").read_text())
+        if profile.model != model or not profile.complete or profile.engine is None:
+            raise SystemExit(f"{out / f'{model}.json'}: not a complete streaming profile of {model}")
+        profiles[model] = profile
+    return profiles
+
+
+# ---------------------------------------------------------------------------------------------
+# what one run measured
+
+
+@dataclass
+class Run:
+    result: LoadResult
+    classes: list[TrafficClass]
+    preemptions: float | None = None
+
+    def stats(self):
+        return self.result.summary()[0]
+
+    def stat(self, name: str):
+        return next(c for c in self.stats() if c.name == name)
+
+    @property
+    def completed_per_s(self) -> float:
+        return sum(c.throughput_per_s for c in self.stats())
+
+    def _messages(self) -> list[str]:
+        return [m or "" for m in (self.result.messages or [""] * len(self.result.status))]
+
+    def refused_mask(self) -> np.ndarray:
+        """The sidecar's refusals (whatever status it chose: 429, 413, 400, ...), and Triton's own
+        queue-full or queue-timeout answers (their reason is labelled 'Triton: ...')."""
+        by_text = np.array([bool(SIDECAR_REFUSED.search(m)) for m in self._messages()], dtype=bool)
+        return by_text | (self.result.status == QUEUE_FULL) | (self.result.status == TIMEOUT)
+
+    @property
+    def kills(self) -> int:
+        return int((self.result.status == OOM).sum())
+
+    @property
+    def refused(self) -> int:
+        return int(self.refused_mask().sum())
+
+    @property
+    def served(self) -> int:
+        return int((self.result.status == OK).sum())
+
+    @property
+    def other(self) -> int:
+        return len(self.result.status) - self.served - self.kills - self.refused
+
+    def refusal_reasons(self) -> str:
+        reasons: dict[str, int] = {}
+        for message, refused in zip(self._messages(), self.refused_mask()):
+            if refused:
+                key = self._reason(message)
+                reasons[key] = reasons.get(key, 0) + 1
+        return ", ".join(f"{k} {v}" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1])) or "-"
+
+    def _reason(self, message: str) -> str:
+        found = SIDECAR_REFUSED.search(message)
+        return found.group(1) if found else f"Triton: {message.split(':')[0][:30] or '?'}"
+
+    def refusal_ms_by_reason(self) -> str:
+        r = self.result
+        mask = self.refused_mask() & np.isfinite(r.send_t) & np.isfinite(r.done_t)
+        messages = self._messages()
+        by: dict[str, list[float]] = {}
+        for i in np.nonzero(mask)[0]:
+            by.setdefault(self._reason(messages[i]), []).append((r.done_t[i] - r.send_t[i]) * 1000.0)
+        return ", ".join(f"{k} {_ms(float(np.percentile(v, 99)))}" for k, v in sorted(by.items(), key=lambda kv: -len(kv[1])))
+
+    def refusal_ms(self, q: float) -> float | None:
+        mask = self.refused_mask() & np.isfinite(self.result.send_t) & np.isfinite(self.result.done_t)
+        if not mask.any():
+            return None
+        return float(np.percentile((self.result.done_t[mask] - self.result.send_t[mask]) * 1000.0, q))
+
+    def ttft_ms(self) -> np.ndarray:
+        """TTFT of every served request (ms, from its scheduled send)."""
+        r = self.result
+        ok = (r.status == OK) & np.isfinite(r.first_t)
+        return (r.first_t[ok] - r.scheduled_t[ok]) * 1000.0
+
+    def other_errors(self) -> list[str]:
+        refused = self.refused_mask()
+        out: list[str] = []
+        for i, message in enumerate(self._messages()):
+            if message and not refused[i] and self.result.status[i] != OOM and message[:120] not in out:
+                out.append(message[:120])
+        return out[:3]
+
+
+def preemptions(server: TritonServer, model: str) -> float | None:
+    try:
+        text = httpx.get(server.metrics_url, timeout=10).text
+    except httpx.HTTPError:
+        return None
+    values = [s.value for s in parse_metrics(text)
+              if s.name == "vllm:num_preemptions_total" and s.labels.get("model", model) == model]
+    return sum(values) if values else None
+
+
+# ---------------------------------------------------------------------------------------------
+# one model
+
+
+@dataclass
+class Case:
+    model: str
+    spec_model: ModelSpec
+    classes: list[TrafficClass]
+    server: TritonServer
+    sidecar: SidecarProcess
+    policy: dict
+    profile: Profile
+    seconds: float
+    burst: int
+    rows: list[tuple[str, str, str, str, str, str]] = field(default_factory=list)
+    verdicts: list[bool] = field(default_factory=list)
+
+
+def config_of(server: TritonServer, model: str) -> dict:
+    return httpx.get(f"http://{server.http_url}/v2/models/{model}/config", timeout=10).json()
+
+
+def capacity_of(case: Case) -> tuple[float, str]:
+    """Saturation throughput of the resolved engine (simulated), and the engine in words."""
+    config = config_of(case.server, case.model)
+    repository = Path(case.server.options.repository)
+    where = dict(
+        model=case.model, backend=config.get("backend"), measured=measured_from_profile(case.profile.engine),
+        parameters={k: v.get("string_value", "") for k, v in (config.get("parameters") or {}).items()},
+        engine_args=vllm_engine_args(repository / case.model) if config.get("backend") == "vllm" else None,
+        max_context=case.spec_model.max_context, max_batch_size=int(config.get("max_batch_size") or 0),
+    )
+    stated = case.spec_model.engine
+    try:
+        engine = resolve_engine(spec=stated, **where)
+    except EngineSourceError as err:
+        if stated is None or stated.kv_pool_tokens is None:
+            raise
+        # The spec states the pool for the policy's sake while the served model.json states it
+        # too (render cannot write num_gpu_blocks_override): the served files win here.
+        print(f"note: {err}; resolved again without the spec's kv_pool_tokens")
+        engine = resolve_engine(spec=stated.model_copy(update={"kv_pool_tokens": None}), **where)
+    eng = case.profile.engine
+    sim_server = ServerSim(models=[ModelSim(name=case.model, llm=engine)], overheads=Overheads(request_ms=eng.request_overhead_ms))
+    spec = TrafficSpec(shape="poisson", rate_per_s=SIM_OFFERED, duration_s=20.0, warmup_s=WARMUP_S, classes=[{
+        "name": "all", "share": 1.0, "priority": 1,
+        "prompt_tokens": case.spec_model.typical_prompt_tokens, "output_tokens": case.spec_model.typical_output_tokens}])
+    capacity = simulate(sim_server, generate_arrivals(spec, seed=1), seed=1).throughput_per_s
+    words = (f"{engine.kv_policy}, pool {engine.kv_pool_blocks * engine.kv_block_tokens} tokens "
+             f"({engine.kv_pool_blocks} x {engine.kv_block_tokens}), max_num_seqs {engine.max_num_seqs}; "
+             f"step costs from the profile: prefill {eng.prefill_fixed_ms:.2f} ms + {eng.prefill_ms_per_token * 1000:.1f} us/token, "
+             f"decode {eng.decode_fixed_ms:.2f} + {eng.decode_ms_per_seq:.3f} ms/seq")
+    return capacity, words
+
+
+def policy_words(policy: dict, model: str) -> str:
+    """What today's policy says about the model (keys read with .get: the policy gains fields)."""
+    entry = next((m for m in policy.get("models", []) if m.get("name") == model), None)
+    if entry is None:
+        return "the policy has no entry for this model (the sidecar passes it through)"
+    kv = entry.get("kv") or {}
+    bpt = kv.get("bytes_per_token") or 0
+
+    def tokens(value) -> str:
+        return f"{value / bpt:,.0f} tokens" if value and bpt else "-"
+
+    classes = ", ".join(f"{c.get('name')} wait <= {c.get('max_queue_wait_ms')} ms" for c in policy.get("classes", []))
+    pool = f", engine pool {tokens(kv['engine_pool_bytes'])}" if "engine_pool_bytes" in kv else ""
+    policy_kv = f", kv_policy {kv['kv_policy']}" if "kv_policy" in kv else ""
+    return (f"max_inflight {entry.get('max_inflight')}, KV quota {tokens(entry.get('memory_quota_bytes'))}{pool}{policy_kv}, "
+            f"blocks of {kv.get('block_tokens')}, "
+            f"max_context {kv.get('max_context')}, default_max_tokens {kv.get('default_max_tokens')}, "
+            f"prompt bytes/token {kv.get('prompt_bytes_per_token')}; {classes}")
+
+
+def arrivals_for(case: Case, rate: float, seed: int) -> Arrivals:
+    mix = [{"name": c.name, "share": c.share, "priority": c.priority,
+            "prompt_tokens": case.spec_model.typical_prompt_tokens, "output_tokens": case.spec_model.typical_output_tokens}
+           for c in case.classes]
+    spec = TrafficSpec(shape="poisson", rate_per_s=rate, duration_s=case.seconds, warmup_s=WARMUP_S, classes=mix)
+    return generate_arrivals(spec, seed=seed)
+
+
+def burst_arrivals(case: Case, klass: TrafficClass) -> Arrivals:
+    n = case.burst
+    return Arrivals(
+        t=np.zeros(n), cls=np.zeros(n, dtype=np.int64),
+        prompt=np.full(n, case.spec_model.typical_prompt_tokens, dtype=np.int64),
+        output=np.full(n, case.spec_model.typical_output_tokens, dtype=np.int64),
+        rows=np.ones(n, dtype=np.int64), class_names=[klass.name], class_priority=[klass.priority], warmup_s=0.0,
+    )
+
+
+def drive(case: Case, arrivals: Arrivals, through_sidecar: bool) -> Run:
+    config = config_of(case.server, case.model)
+    target = LoadTarget(
+        case.model, streaming=True, batched=int(config.get("max_batch_size") or 0) > 0,
+        interface=interface_from_config(config, model=case.model),
+        bytes_per_token=float(case.spec_model.bytes_per_token or 1.0),
+        class_parameter=case.policy.get("class_parameter", "traffic_class"),
+    )
+    url = case.sidecar.grpc_url if through_sidecar else case.server.grpc_url
+    before = preemptions(case.server, case.model)
+    result = run_load(arrivals, {name: target for name in arrivals.class_names}, grpc_url=url,
+                      request_timeout_s=60.0, drain_s=40.0, max_in_flight=1024)
+    after = preemptions(case.server, case.model)
+    time.sleep(1.0)  # let the engine and the sidecar settle (lingering reservations, metrics)
+    return Run(result=result, classes=case.classes,
+               preemptions=None if before is None or after is None else after - before)
+
+
+def pair(case: Case, arrivals: Arrivals, sidecar_first: bool) -> tuple[Run, Run]:
+    if sidecar_first:
+        via = drive(case, arrivals, True)
+        return drive(case, arrivals, False), via
+    direct = drive(case, arrivals, False)
+    return direct, drive(case, arrivals, True)
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def _verdict(ok: bool | None) -> str:
+    return "-" if ok is None else "MET" if ok else "MISSED"
+
+
+def add(case: Case, phase: str, figure: str, direct: str, via: str, goal: str = "", ok: bool | None = None) -> None:
+    case.rows.append((phase, figure, direct, via, goal, _verdict(ok)))
+    if ok is not None:
+        case.verdicts.append(ok)
+
+
+def one_model(case: Case) -> None:
+    clock = time.perf_counter()
+    capacity, engine_words = capacity_of(case)
+    print(f"\n## {case.model}\n")
+    print(f"engine (resolved): {engine_words}")
+    print(f"capacity: {capacity:.1f} completed req/s, the resolved engine simulated with {SIM_OFFERED:.0f} req/s of "
+          f"{case.spec_model.typical_prompt_tokens} + {case.spec_model.typical_output_tokens}-token requests offered")
+    print(f"policy (sidecar_policy.json): {policy_words(case.policy, case.model)}")
+    top = min(case.classes, key=lambda c: c.priority)
+    batch = max(case.classes, key=lambda c: c.priority)
+    shares = ", ".join(f"{c.name} {c.share:g} (TTFT P99 target {c.p99_ms:g} ms)" for c in case.classes)
+    print(f"traffic: {shares}; class sent as request parameter {case.policy.get('class_parameter', 'traffic_class')!r}")
+    lag: list[float] = []
+    extra: list[str] = []
+
+    # 1. below capacity
+    arrivals = arrivals_for(case, capacity * BELOW, seed=11)
+    direct, via = pair(case, arrivals, sidecar_first=False)
+    phase = f"{BELOW:g}x: {arrivals.mean_rate:.1f} req/s, {case.seconds:g} s"
+    ok = via.completed_per_s >= 0.97 * direct.completed_per_s
+    add(case, phase, "completed/s", f"{direct.completed_per_s:.2f}", f"{via.completed_per_s:.2f}",
+        f">= 0.97 x direct ({0.97 * direct.completed_per_s:.2f})", ok)
+    for c in case.classes:
+        d, v = direct.stat(c.name), via.stat(c.name)
+        add(case, "", f"TTFT P50 {c.name} ms", _ms(d.ttft_p50_ms), _ms(v.ttft_p50_ms))
+        if d.ttft_p99_ms is None or v.ttft_p99_ms is None:
+            add(case, "", f"TTFT P99 {c.name} ms", _ms(d.ttft_p99_ms), _ms(v.ttft_p99_ms), "<= 1.2 x direct + 5 ms",
+                v.ttft_p99_ms is not None or d.ttft_p99_ms is None)
+            continue
+        bound = 1.2 * d.ttft_p99_ms + 5.0
+        add(case, "", f"TTFT P99 {c.name} ms", _ms(d.ttft_p99_ms), _ms(v.ttft_p99_ms), f"<= 1.2 x direct + 5 ms ({_ms(bound)})",
+            v.ttft_p99_ms <= bound)
+    add(case, "", "served / killed / refused / other", _counts(direct), _counts(via))
+    lag += [direct.result.send_lag_ms(), via.result.send_lag_ms()]
+    extra += _errors("0.7x direct", direct) + _errors("0.7x sidecar", via)
+
+    # 2. above capacity (the sidecar first this time)
+    arrivals = arrivals_for(case, capacity * ABOVE, seed=12)
+    direct, via = pair(case, arrivals, sidecar_first=True)
+    phase = f"{ABOVE:g}x: {arrivals.mean_rate:.1f} req/s, {case.seconds:g} s"
+    add(case, phase, "completed/s", f"{direct.completed_per_s:.2f}", f"{via.completed_per_s:.2f}", ">= direct",
+        via.completed_per_s >= direct.completed_per_s)
+    add(case, "", "kills (model out of memory)", str(direct.kills), str(via.kills), "0 through the sidecar", via.kills == 0)
+    add(case, "", "refusals", f"{direct.refused} ({direct.refusal_reasons()})", f"{via.refused} ({via.refusal_reasons()})")
+    p99 = via.refusal_ms(99)
+    add(case, "", "refusal latency P50 / P99 ms", f"{_ms(direct.refusal_ms(50))} / {_ms(direct.refusal_ms(99))}",
+        f"{_ms(via.refusal_ms(50))} / {_ms(p99)}", f"P99 <= {REFUSAL_P99_GOAL_MS:g} ms",
+        None if p99 is None else p99 <= REFUSAL_P99_GOAL_MS)
+    if via.refused:
+        add(case, "", "refusal latency P99 ms by reason", "-", via.refusal_ms_by_reason())
+    d, v = direct.stat(top.name), via.stat(top.name)
+    add(case, "", f"admitted {top.name} TTFT P99 ms (served of sent)", f"{_ms(d.ttft_p99_ms)} ({d.completed}/{d.sent})",
+        f"{_ms(v.ttft_p99_ms)} ({v.completed}/{v.sent})", f"<= target {top.p99_ms:g} ms",
+        v.ttft_p99_ms is not None and v.ttft_p99_ms <= top.p99_ms)
+    for c in case.classes:
+        if c is not top:
+            d, v = direct.stat(c.name), via.stat(c.name)
+            add(case, "", f"{c.name} TTFT P99 ms (served of sent)", f"{_ms(d.ttft_p99_ms)} ({d.completed}/{d.sent})",
+                f"{_ms(v.ttft_p99_ms)} ({v.completed}/{v.sent})", f"(target {c.p99_ms:g} ms)")
+    add(case, "", "served / killed / refused / other", _counts(direct), _counts(via))
+    if direct.preemptions is not None:
+        add(case, "", "preemptions (vllm metric)", f"{direct.preemptions:.0f}", f"{via.preemptions or 0:.0f}")
+    live_saturation = direct.completed_per_s
+    lag += [direct.result.send_lag_ms(), via.result.send_lag_ms()]
+    extra += _errors("1.5x direct", direct) + _errors("1.5x sidecar", via)
+
+    # 3. a burst of the batch class
+    if case.burst:
+        direct, via = pair(case, burst_arrivals(case, batch), sidecar_first=False)
+        phase = f"{case.burst} {batch.name} requests at once"
+        add(case, phase, "served / killed / refused / other", _counts(direct), _counts(via))
+        if direct.refused or via.refused:
+            add(case, "", "refusals", f"{direct.refused} ({direct.refusal_reasons()})", f"{via.refused} ({via.refusal_reasons()})")
+        within_d = int((direct.ttft_ms() <= batch.p99_ms).sum())
+        within_v = int((via.ttft_ms() <= batch.p99_ms).sum())
+        need = int(np.ceil(0.95 * case.burst))
+        add(case, "", f"served with TTFT <= {batch.p99_ms:g} ms ({batch.name} target)", str(within_d), str(within_v),
+            f">= {need} of {case.burst}, 0 kills", within_v >= need and via.kills == 0)
+        add(case, "", "TTFT P99 / last response s", _burst_times(direct), _burst_times(via))
+        if direct.preemptions is not None:
+            add(case, "", "preemptions (vllm metric)", f"{direct.preemptions:.0f}", f"{via.preemptions or 0:.0f}")
+        extra += _errors("burst direct", direct) + _errors("burst sidecar", via)
+
+    print(f"live saturation: direct completed {live_saturation:.1f}/s at {ABOVE:g}x ({live_saturation / capacity:.0%} of the simulated capacity)\n")
+    print("| phase | figure | direct | sidecar | goal | verdict |\n|---|---|---|---|---|---|")
+    for row in case.rows:
+        print("| " + " | ".join(row) + " |")
+    met = sum(case.verdicts)
+    print(f"\n{case.model}: {met} of {len(case.verdicts)} goals met; client send lag P99 at most {max(lag):.1f} ms; "
+          f"{time.perf_counter() - clock:.0f} s")
+    for line in extra:
+        print(line)
+
+
+def _counts(run: Run) -> str:
+    return f"{run.served} / {run.kills} / {run.refused} / {run.other}"
+
+
+def _burst_times(run: Run) -> str:
+    ttft = run.ttft_ms()
+    r = run.result
+    ok = (r.status == OK) & np.isfinite(r.done_t)
+    last = float(np.max(r.done_t[ok] - r.scheduled_t[ok])) if ok.any() else None
+    return f"{(np.percentile(ttft, 99) / 1000.0) if len(ttft) else float('nan'):.2f} / {last if last is not None else float('nan'):.2f}"
+
+
+def _errors(label: str, run: Run) -> list[str]:
+    return [f"note ({label}): other error: {m}" for m in run.other_errors()]
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def serve_group(spec_path: Path, models: list[str], options: ServerOptions, policy_from: Path | None, args, tmp: Path) -> None:
+    """One server (and one sidecar) for the models of one spec."""
+    loaded = load_spec(spec_path)
+    spec = loaded.spec
+    name = spec_path.parent.name if spec_path.parent != ROOT / "examples" else "demo"
+    with TritonServer(options, log_path=tmp / f"triton-{name}.log") as server:
+        profiles = profile_models(spec_path, models, server, tmp / f"profiles-{name}", args.saved_profiles)
+        if policy_from is None:
+            out = tmp / f"render-{name}"
+            tritongen("render", str(spec_path), "--profiles", str(tmp / f"profiles-{name}"), "-o", str(out))
+            policy_path = out / "sidecar_policy.json"
+            print(f"policy: `tritongen render {spec_path.relative_to(ROOT)} --profiles PROFILES -o DIR`, its sidecar_policy.json "
+                  f"(the served configs are the committed ones in {Path(options.repository).relative_to(ROOT)})")
+        else:
+            policy_path = policy_from
+            print(f"policy: {policy_from.relative_to(ROOT)} (rendered with the configs it serves)")
+        policy = json.loads(policy_path.read_text())
+        with SidecarProcess(policy_path, server, tmp / f"sidecar-{name}.log", grpc_upstream=server.grpc_url) as sidecar:
+            for model in models:
+                spec_model = next(m for m in spec.models if m.name == model)
+                one_model(Case(model=model, spec_model=spec_model, classes=spec.classes_of(spec_model), server=server,
+                               sidecar=sidecar, policy=policy, profile=profiles[model], seconds=args.seconds, burst=args.burst))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=15.0, help="length of each Poisson run (default 15)")
+    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
+    ap.add_argument("--burst", type=int, default=100, help="requests sent at once in the burst phase (0: skip it)")
+    ap.add_argument("--saved-profiles", action="store_true", help="use examples/profiles/*.json instead of profiling")
+    args = ap.parse_args()
+    models = [m for m in args.models.split(",") if m]
+    unknown = sorted(set(models) - set(MODELS))
+    if unknown:
+        ap.error(f"unknown models {unknown}; choose from {', '.join(MODELS)}")
+    start = time.perf_counter()
+    with saved_report("llm_guard"), tempfile.TemporaryDirectory(prefix="llm-guard-") as tmp_name:
+        tmp = Path(tmp_name)
+        standins = [m for m in models if m != "tinyllm"]
+        if standins:
+            options = ServerOptions(repository=STANDINS / "repository", python_backends={"vllm": STANDINS / "backends" / "vllm"})
+            serve_group(STANDIN_SPEC, standins, options, None, args, tmp)
+        if "tinyllm" in models:
+            from tritongen.cli.serve_cmd import server_flags_from
+
+            options = ServerOptions(repository=DEMO_REPOSITORY, extra_args=server_flags_from(DEMO_REPOSITORY))
+            serve_group(DEMO_SPEC, ["tinyllm"], options, DEMO_REPOSITORY / "sidecar_policy.json", args, tmp)
+        print(f"\nwall time {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

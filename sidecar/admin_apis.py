@@ -1,0 +1,191 @@
+"""Triton's admin APIs behind the sidecar: which of Triton's restricted-API categories a request
+belongs to, and what the sidecar answers when it keeps one shut. Pure: no I/O, no state.
+
+The categories are Triton's own, the names `--http-restricted-api` and `--grpc-restricted-protocol`
+take (server src/restricted_features.h; docs/customization_guide/inference_protocols.md, "Limit
+Endpoint Access"). Which endpoint is in which follows src/http_server.cc and src/grpc/grpc_server.cc:
+
+  health            GET /v2/health/live|ready, /v2/models/<m>[/versions/<v>]/ready;
+                    ServerLive, ServerReady, ModelReady (and grpc.health.v1.Health/Check)
+  metadata          GET /v2, /v2/models/<m>[/versions/<v>]; ServerMetadata, ModelMetadata
+  inference         /v2/models/<m>[/versions/<v>]/infer|generate|generate_stream; ModelInfer, ModelStreamInfer
+  model-config      /v2/models/<m>[/versions/<v>]/config; ModelConfig
+  statistics        /v2/models/stats, /v2/models/<m>[/versions/<v>]/stats; ModelStatistics
+  model-repository  /v2/repository[/<repo>]/index, /v2/repository[/<repo>]/models/<m>/load|unload;
+                    RepositoryIndex, RepositoryModelLoad, RepositoryModelUnload
+  trace             /v2/trace/setting, /v2/models/<m>[/versions/<v>]/trace/setting; TraceSetting
+  logging           /v2/logging; LogSettings
+  shared-memory     /v2/systemsharedmemory[/region/<r>]/status|register|unregister, the same under
+                    /v2/cudasharedmemory; System- and CudaSharedMemoryStatus|Register|Unregister
+
+The last four are admin doors, and the sidecar keeps them shut (`SHUT`): a request in one is
+served only with the sidecar's admin token (the one `/sidecar/status` takes), unless the policy's
+`admin_apis.open` opens the category to every client. The others always pass.
+
+HTTP paths are classified as Triton will match them: the path the proxy sends upstream, without
+the query (yarl has resolved dot segments and decoded unreserved escapes by then; Triton matches it
+as it arrives, undecoded). The admin test is a prefix test on the segment after `/v2/` (plus a
+suffix test for per-model trace settings), so it is conservative: a path under `/v2/repository`,
+say, that Triton would answer 404 is shut too. A path with `%`, `//` or a dot segment is also
+tested decoded and normalised; either form in an admin category shuts it.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+from urllib.parse import unquote
+
+HEALTH = "health"
+METADATA = "metadata"
+INFERENCE = "inference"
+SHARED_MEMORY = "shared-memory"
+MODEL_CONFIG = "model-config"
+MODEL_REPOSITORY = "model-repository"
+STATISTICS = "statistics"
+TRACE = "trace"
+LOGGING = "logging"
+
+# Triton's order (RESTRICTED_CATEGORY_NAMES)
+CATEGORIES = (HEALTH, METADATA, INFERENCE, SHARED_MEMORY, MODEL_CONFIG, MODEL_REPOSITORY, STATISTICS, TRACE, LOGGING)
+# shut unless the admin token comes with the request or the policy opens them (AdminApisPolicy.open)
+SHUT = (MODEL_REPOSITORY, LOGGING, TRACE, SHARED_MEMORY)
+
+REASON = "admin_api_restricted"
+TOKEN_HEADER = "x-sidecar-token"  # the sidecar's own token header (HTTP) and metadata key (gRPC)
+
+WHAT = {
+    MODEL_REPOSITORY: "repository index, model load and unload",
+    LOGGING: "log settings",
+    TRACE: "trace settings",
+    SHARED_MEMORY: "system and CUDA shared-memory status, register and unregister",
+}
+
+# -- gRPC ------------------------------------------------------------------------------------------
+
+SERVICE = "/inference.GRPCInferenceService/"
+GRPC_CATEGORIES: dict[str, str] = {
+    **{SERVICE + m: HEALTH for m in ("ServerLive", "ServerReady", "ModelReady")},
+    "/grpc.health.v1.Health/Check": HEALTH,
+    **{SERVICE + m: METADATA for m in ("ServerMetadata", "ModelMetadata")},
+    **{SERVICE + m: INFERENCE for m in ("ModelInfer", "ModelStreamInfer")},
+    SERVICE + "ModelConfig": MODEL_CONFIG,
+    SERVICE + "ModelStatistics": STATISTICS,
+    **{SERVICE + m: MODEL_REPOSITORY for m in ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")},
+    SERVICE + "TraceSetting": TRACE,
+    SERVICE + "LogSettings": LOGGING,
+    **{SERVICE + f"{kind}SharedMemory{op}": SHARED_MEMORY
+       for kind in ("System", "Cuda") for op in ("Status", "Register", "Unregister")},
+}
+GRPC_ADMIN: dict[str, str] = {m: c for m, c in GRPC_CATEGORIES.items() if c in SHUT}
+
+
+def grpc_category(method: str) -> str | None:
+    """Triton's category of a full gRPC method name (`/inference.GRPCInferenceService/X`); None: not Triton's."""
+    return GRPC_CATEGORIES.get(method)
+
+
+def grpc_admin_category(method: str) -> str | None:
+    """The shut category of a gRPC method, or None (one dict lookup)."""
+    return GRPC_ADMIN.get(method)
+
+
+# -- HTTP ------------------------------------------------------------------------------------------
+
+_HTTP_ADMIN_ROOTS = {
+    "repository": MODEL_REPOSITORY,
+    "logging": LOGGING,
+    "trace": TRACE,
+    "systemsharedmemory": SHARED_MEMORY,
+    "cudasharedmemory": SHARED_MEMORY,
+}
+_MODEL_KINDS = {
+    "": METADATA, "ready": HEALTH, "infer": INFERENCE, "generate": INFERENCE, "generate_stream": INFERENCE,
+    "config": MODEL_CONFIG, "stats": STATISTICS,  # trace/setting: an admin path, found before
+}
+
+
+def _admin(path: str) -> str | None:
+    if not path.startswith("/v2/"):
+        return None
+    root = path[4:].partition("/")[0]
+    category = _HTTP_ADMIN_ROOTS.get(root)
+    if category is None and root == "models" and path.endswith("/trace/setting"):
+        return TRACE
+    return category
+
+
+def _normalised(path: str) -> str:
+    """Decoded, with empty and dot segments resolved the way a URL library resolves them."""
+    out: list[str] = []
+    for segment in unquote(path).split("/"):
+        if segment in ("", "."):
+            continue
+        if segment == "..":
+            if out:
+                out.pop()
+            continue
+        out.append(segment)
+    return "/" + "/".join(out)
+
+
+def http_admin_category(path: str) -> str | None:
+    """The shut category of a request path (no query), or None. A few string tests, no regex."""
+    if "%" in path or "//" in path or "/." in path:
+        return _admin(path) or _admin(_normalised(path))
+    return _admin(path)
+
+
+def http_category(path: str) -> str | None:
+    """Triton's category of a request path (no query); None: a path Triton answers 404."""
+    admin = http_admin_category(path)
+    if admin is not None:
+        return admin
+    if path == "/v2":
+        return METADATA
+    if path in ("/v2/health/live", "/v2/health/ready"):
+        return HEALTH
+    if path == "/v2/models/stats":
+        return STATISTICS
+    if not path.startswith("/v2/models/"):
+        return None
+    model, _, rest = path[len("/v2/models/"):].partition("/")
+    if not model:
+        return None
+    if rest.startswith("versions/"):
+        version, _, rest = rest[len("versions/"):].partition("/")
+        if not version.isdigit():
+            return None
+    return _MODEL_KINDS.get(rest)
+
+
+# -- the admin token and refusals ------------------------------------------------------------------
+
+
+def token_matches(given: str | None, token: str | None) -> bool:
+    """Whether `given` is the configured admin token (constant-time); never with no token configured."""
+    if not token or not given:
+        return False
+    return hmac.compare_digest(given.encode(), token.encode())
+
+
+def bearer(authorization: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` value."""
+    if authorization and authorization[:7].lower() == "bearer ":
+        return authorization[7:].strip()
+    return None
+
+
+def refusal(category: str, protocol: str, token_configured: bool) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, JSON body) refusing a request in a shut category: 403 when the sidecar has no
+    admin token (nothing the client sends can open it), 401 when the token is missing or wrong."""
+    how = ("metadata `authorization: Bearer <token>` (or `x-sidecar-token: <token>`)" if protocol == "grpc"
+           else "`Authorization: Bearer <token>` (or `X-Sidecar-Token: <token>`)")
+    open_it = f'or open it to every client with "admin_apis": {{"open": ["{category}"]}} in the sidecar policy'
+    what = f"Triton's {category} API ({WHAT.get(category, category)}) is shut behind the sidecar"
+    if token_configured:
+        status, error = 401, f"{what}: send the sidecar's admin token, {how}, {open_it}"
+    else:
+        status, error = 403, (f"{what} and the sidecar has no admin token: start it with --token-file and send "
+                              f"the token, {how}, {open_it}")
+    return status, {"error": error, "reason": REASON, "category": category}
