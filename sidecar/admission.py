@@ -1117,6 +1117,7 @@ class AdmissionState:
                 "reserved_bytes": self.reserved_of(name),
                 "oom_risk": self.oom_risk(name),
                 "drain_rate_per_s": self.drain_rate(name, now),
+                "lower_class_share": self.lower_share(name),  # LowerShare: 1.0 unless the top class is late
             }
         scopes = {}
         for scope in sorted({d.id for d in self.policy.devices} | {f"pool:{m.name}" for m in self.policy.models if m.kv}):

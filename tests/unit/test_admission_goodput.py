@@ -142,6 +142,7 @@ def test_lower_classes_fill_less_of_the_pool_while_the_top_class_is_late() -> No
     clock.advance(0.6)
     state.tick()
     assert state.lower_share("llm") == pytest.approx(0.7)
+    assert state.status()["models"]["llm"]["lower_class_share"] == pytest.approx(0.7)  # type: ignore[index]
     # batch may now fill 0.8 x 0.7 = 56 % of the pool: two of 25 tokens, not three
     admitted = [state.submit(llm_request(state, 15, 10, "batch")).action for _ in range(3)]
     assert admitted[:2] == [Action.ADMIT, Action.ADMIT] and admitted[2] is Action.QUEUE
