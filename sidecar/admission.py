@@ -409,6 +409,10 @@ class AdmissionState:
     def _index(self) -> None:
         self._top_level = min(c.priority for c in self.policy.classes)
         self._models = {m.name: m for m in self.policy.models}
+        # Each model's most urgent class (1 is the top): whose first tokens LowerShare judges.
+        tops = {m.name: min((c for c in self.policy.classes if m.classes is None or c.name in m.classes),
+                            key=lambda c: c.priority, default=None) for m in self.policy.models}
+        self._top_class = {name: top for name, top in tops.items() if top is not None}
         self._classes = {c.name: c for c in self.policy.classes}
         self._devices = {d.id: d for d in self.policy.devices}
         self._tenants = {t.name: t for t in self.policy.tenants}
@@ -437,8 +441,8 @@ class AdmissionState:
 
     def _top_priority(self, model: ModelPolicy) -> int:
         """The most urgent class level the model serves (1 is the top)."""
-        return min((c.priority for c in self.policy.classes if model.classes is None or c.name in model.classes),
-                   default=1)
+        found = self._top_class.get(model.name)
+        return found.priority if found is not None else self._top_level
 
     def lower_share(self, model: str) -> float:
         """The share of the model's rooms its lower classes may fill now (LowerShare); 1.0 unless the
@@ -519,7 +523,7 @@ class AdmissionState:
         # The tenant's rooms come first in each list: a request over its tenant's quota is named as
         # waiting for its tenant, and so holds only its tenant's requests, not its model's.
         slots, memory = self._tenant_rooms(request, frac)
-        if model.kv is not None and self.known_model(model.name):
+        if self._counts_for_limit(model.name):
             # The adaptive limit guards LLM memory; a classic model is bounded by what Triton accepts.
             slots.append(Room("concurrency_limit", "requests", self._inflight_llm,
                               max(1, math.floor(self.limit.value * frac)), 1, shared=False, static=False,
@@ -790,11 +794,9 @@ class AdmissionState:
             self._demand = False
         self._refuse_hopeless(now)
         for name, share in self._lower_share.items():
-            model = self._models.get(name)
-            if model is not None:
-                top = self._top_priority(model)
-                target = min(c.p99_ms for c in self.policy.classes if c.priority == top) / 1000
-                share.update(now, target)
+            top = self._top_class.get(name)
+            if top is not None:
+                share.update(now, top.p99_ms / 1000)
         self._pump(now)
 
     @property

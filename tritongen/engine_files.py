@@ -7,8 +7,14 @@ import json
 from pathlib import Path
 
 from tritongen.core.engine import EngineModel
-from tritongen.core.engine_sources import EngineSourceError, MeasuredEngine, measured_from_profile, resolve_engine
-from tritongen.core.llm_interface import LLMInterface, TensorInfo, UnknownInterface, detect_interface
+from tritongen.core.engine_sources import (
+    EngineSourceError,
+    MeasuredEngine,
+    entry_sources,
+    measured_from_profile,
+    resolve_engine,
+)
+from tritongen.core.llm_interface import LLMInterface, UnknownInterface, plan_entry_interface
 from tritongen.core.simulator import Overheads
 from tritongen.core.spec import EngineSection
 from tritongen.errors import BadInput
@@ -88,17 +94,7 @@ def entry_engine(entry, model, profile=None, measured: MeasuredEngine | None = N
             raise BadInput(f"profile of {entry.name}: no engine section (profile the model again with this version)")
         measured = measured_from_profile(profile.engine)
     try:
-        return resolve_engine(
-            model=entry.name,
-            backend=entry.backend,
-            parameters=entry.parameters,
-            measured=measured,
-            engine_args=entry.engine_args,
-            spec=model.engine,
-            max_context=model.max_context,
-            max_batch_size=entry.max_batch_size,
-            planned_pool_blocks=entry.kv.pool_blocks if entry.kv is not None else None,
-        )
+        return resolve_engine(measured=measured, **entry_sources(entry, model))
     except EngineSourceError as err:
         raise BadInput(str(err)) from None
 
@@ -114,14 +110,7 @@ def with_request_overhead(overheads: Overheads, profile) -> Overheads:
 
 def entry_interface(entry) -> LLMInterface:
     """The LLM interface of a plan entry (`ModelEntryPlan`): what its rendered config declares."""
-    def info(t):
-        return TensorInfo(name=t.name, data_type=t.data_type, dims=list(t.dims), optional=t.optional)
-
     try:
-        return detect_interface(
-            model=entry.name, backend=entry.backend, platform=None, inputs=[info(t) for t in entry.inputs],
-            outputs=[info(t) for t in entry.outputs], max_batch_size=entry.max_batch_size, decoupled=entry.decoupled,
-            parameters=entry.parameters,
-        )
+        return plan_entry_interface(entry)
     except UnknownInterface as err:
         raise BadInput(str(err)) from None

@@ -21,7 +21,7 @@ otherwise model an engine the server does not run.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from tritongen.core.engine import KV_POLICIES, EngineModel, LLMCurve
 from tritongen.core.spec import EngineSection
@@ -153,15 +153,17 @@ def resolve_engine(*, measured: MeasuredEngine | None, **where: object) -> Engin
             f"model {where.get('model')!r}: its step costs are unknown; profile it (`tritongen profile`) and pass "
             "the profile"
         )
-    return EngineModel(
-        kv_policy=limits.kv_policy,  # type: ignore[arg-type]
-        kv_block_tokens=limits.kv_block_tokens,
-        kv_pool_blocks=limits.kv_pool_blocks,
-        max_num_seqs=limits.max_num_seqs,
-        max_batched_tokens=limits.max_batched_tokens,
-        max_context=limits.max_context,
-        curve=measured.curve,
-        sources={**limits.sources, "curve": "the profile"},
+    return EngineModel(**{**asdict(limits), "curve": measured.curve,
+                          "sources": {**limits.sources, "curve": "the profile"}})
+
+
+def entry_sources(entry, model) -> dict[str, object]:
+    """What a plan entry (`ModelEntryPlan`) of spec model `model` tells `resolve_engine(_limits)`:
+    the backend's files and parameters as rendered, the spec's engine section and the KV plan."""
+    return dict(
+        model=entry.name, backend=entry.backend, parameters=entry.parameters, engine_args=entry.engine_args,
+        spec=model.engine, max_context=model.max_context, max_batch_size=entry.max_batch_size,
+        planned_pool_blocks=entry.kv.pool_blocks if entry.kv is not None else None,
     )
 
 

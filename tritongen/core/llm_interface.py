@@ -456,6 +456,18 @@ def detect_interface(
 # configs as Triton and protobuf give them
 
 
+def plan_entry_interface(entry: Any) -> LLMInterface:
+    """The interface of a plan entry (`ModelEntryPlan`): what its rendered config declares."""
+    def info(t: Any) -> TensorInfo:
+        return TensorInfo(name=t.name, data_type=t.data_type, dims=list(t.dims), optional=t.optional)
+
+    return detect_interface(
+        model=entry.name, backend=entry.backend, platform=None, inputs=[info(t) for t in entry.inputs],
+        outputs=[info(t) for t in entry.outputs], max_batch_size=entry.max_batch_size, decoupled=entry.decoupled,
+        parameters=entry.parameters,
+    )
+
+
 def _get(mapping: Mapping[str, Any], snake: str, camel: str, default: Any = None) -> Any:
     return mapping[snake] if snake in mapping else mapping.get(camel, default)
 

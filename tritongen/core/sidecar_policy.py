@@ -34,9 +34,15 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from tritongen.core.engine_sources import EngineLimits, EngineSourceError, measured_from_profile, resolve_engine_limits
+from tritongen.core.engine_sources import (
+    EngineLimits,
+    EngineSourceError,
+    entry_sources,
+    measured_from_profile,
+    resolve_engine_limits,
+)
 from tritongen.core.kv import weight_bytes
-from tritongen.core.llm_interface import LLMInterface, TensorInfo, UnknownInterface, detect_interface
+from tritongen.core.llm_interface import LLMInterface, UnknownInterface, plan_entry_interface
 from tritongen.core.plan import DeploymentPlan, ModelEntryPlan, default_class
 from tritongen.core.profile_types import Profile
 from tritongen.core.spec import MIB, DeploymentSpec, ModelSpec, TensorSpec, TrafficClass
@@ -252,26 +258,15 @@ def _engine_limits(model: ModelSpec, entry: ModelEntryPlan, profile: Profile | N
         return None
     engine = getattr(profile, "engine", None)
     try:
-        return resolve_engine_limits(
-            model=entry.name, backend=entry.backend, parameters=entry.parameters,
-            measured=measured_from_profile(engine) if engine is not None else None,
-            engine_args=entry.engine_args, spec=model.engine, max_context=model.max_context,
-            max_batch_size=entry.max_batch_size, planned_pool_blocks=entry.kv.pool_blocks if entry.kv else None,
-        )
+        measured = measured_from_profile(engine) if engine is not None else None
+        return resolve_engine_limits(measured=measured, **entry_sources(entry, model))  # type: ignore[arg-type]
     except EngineSourceError as err:
         raise BadInput(f"the sidecar policy of {entry.name}: {err}") from None
 
 
 def _interface(entry: ModelEntryPlan) -> LLMInterface | None:
     try:
-        return detect_interface(
-            model=entry.name, backend=entry.backend, platform=None,
-            inputs=[TensorInfo(name=t.name, data_type=t.data_type, dims=list(t.dims), optional=t.optional)
-                    for t in entry.inputs],
-            outputs=[TensorInfo(name=t.name, data_type=t.data_type, dims=list(t.dims), optional=t.optional)
-                     for t in entry.outputs],
-            max_batch_size=entry.max_batch_size, decoupled=entry.decoupled, parameters=entry.parameters,
-        )
+        return plan_entry_interface(entry)
     except UnknownInterface:
         return None
 
