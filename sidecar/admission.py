@@ -375,6 +375,7 @@ class AdmissionState:
         self._upstream_latency: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=LATENCY_SAMPLES))
         self._lower_share: dict[str, LowerShare] = defaultdict(LowerShare)
         self._arrivals: dict[str, deque[tuple[float, int]]] = defaultdict(lambda: deque(maxlen=2048))
+        self._arrival_rates: dict[tuple[str, int, float], float] = {}  # see _arrival_rate
         self._token_counters: Mapping[str, Callable[[bytes], int]] = {}
         self._demand = False
         self._granted: list[Decision] = []
@@ -986,18 +987,26 @@ class AdmissionState:
     def _note_arrival(self, model: str, priority: int, now: float) -> None:
         """A request that is admitted or waits (a refused one takes nothing from the drain)."""
         self._arrivals[model].append((now, priority))
+        self._arrival_rates.clear()
 
     def _arrival_rate(self, model: str, now: float, below: int) -> float:
-        """Requests per second of levels more urgent than `below` (lower numbers), recent window."""
+        """Requests per second of levels more urgent than `below` (lower numbers), recent window.
+        Counted once per model, level and instant: a tick asks it for every waiting request."""
+        key = (model, below, now)
+        cached = self._arrival_rates.get(key)
+        if cached is not None:
+            return cached
+        if len(self._arrival_rates) > 64:
+            self._arrival_rates.clear()
         seen = self._arrivals.get(model)
-        if not seen:
-            return 0.0
-        while seen and seen[0][0] < now - ARRIVAL_WINDOW_S:
-            seen.popleft()
-        if len(seen) < DRAIN_MIN_SAMPLES:
-            return 0.0
-        span = max(now - seen[0][0], 0.5)
-        return sum(1 for _, level in seen if level < below) / span
+        rate = 0.0
+        if seen:
+            while seen and seen[0][0] < now - ARRIVAL_WINDOW_S:
+                seen.popleft()
+            if len(seen) >= DRAIN_MIN_SAMPLES:
+                rate = sum(1 for _, level in seen if level < below) / max(now - seen[0][0], 0.5)
+        self._arrival_rates[key] = rate
+        return rate
 
     def retry_after_s(self, wait_s: float | None) -> float:
         """Seconds before a retry can expect room: the drain-rate estimate, at least 1, capped."""
