@@ -39,6 +39,7 @@ from sidecar.headroom import (
     HeadroomSource,
     NvmlSource,
     PoolModel,
+    SourceFailed,
     StaticSource,
     TritonMetricsSource,
 )
@@ -48,6 +49,7 @@ from sidecar.metrics import SidecarMetrics
 from sidecar.policy import PolicyError, SidecarPolicy, load_policy
 from sidecar.tokens import load_counters
 from sidecar.upstream import UpstreamHealth
+from tritongen.reach import METRICS, derived, unreachable_message
 
 log = logging.getLogger("tritongen.sidecar")
 
@@ -103,6 +105,10 @@ class SidecarConfig:
             return self.triton_metrics_url
         host, _ = split_address(self.upstream, 8000)
         return f"http://{host}:8002/metrics"
+
+    def metrics_how(self) -> str:
+        """The option that sets `metrics_url` (the CLI's), for messages."""
+        return "--triton-metrics" if self.triton_metrics_url else derived("--triton-metrics", "--upstream", "URL")
 
 
 def default_sources(policy: SidecarPolicy, sidecar: Sidecar) -> list[HeadroomSource]:
@@ -227,6 +233,9 @@ class Sidecar:
         self.metrics.policy_info.labels(self.policy.digest(), self.policy.deployment).set(1)
         await self.health.check()
         self.metrics.upstream_up.set(1 if self.health.up else 0)
+        if not self.health.up:  # Triton may start after its sidecar (one pod): wait for it, say where
+            log.warning("Triton's HTTP endpoint at %s (--upstream) does not answer yet: %s; requests get 503 "
+                        "until it does", ready_url, self.health.reason)
         await self._poll_headroom_once()
         self.controller.start()
         self.health.start()
@@ -352,10 +361,15 @@ class Sidecar:
 
     async def fetch_triton_metrics(self) -> str:
         assert self._side_session is not None
-        async with self._side_session.get(self.config.metrics_url()) as resp:
-            if resp.status != 200:
-                raise RuntimeError(f"GET {self.config.metrics_url()} answered {resp.status}")
-            return await resp.text()
+        url = self.config.metrics_url()
+        try:
+            async with self._side_session.get(url) as resp:
+                if resp.status != 200:
+                    raise RuntimeError(f"GET {url} answered {resp.status}")
+                return await resp.text()
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as err:
+            reason = f"{type(err).__name__}: {err}"
+            raise SourceFailed(unreachable_message(METRICS, url, self.config.metrics_how(), reason)) from None
 
     async def _poll_headroom_once(self) -> None:
         assert self.chain is not None and self.state is not None and self.controller is not None

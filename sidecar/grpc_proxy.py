@@ -367,7 +367,8 @@ class GrpcProxy:
             await asyncio.wait_for(channel.channel_ready(), self.connect_timeout_s)
             return True
         except asyncio.TimeoutError:
-            self.health.mark_down(f"gRPC upstream {self.upstream} did not connect within {self.connect_timeout_s:g} s")
+            self.health.mark_down(f"Triton's gRPC endpoint at {self.upstream} (--grpc-upstream) did not connect within "
+                                  f"{self.connect_timeout_s:g} s")
             return False
 
     async def _stream_unavailable(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:

@@ -12,6 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tritongen.core.simulator import Overheads, ServiceCurve
+from tritongen.core.traffic import TrafficSpec, generate_arrivals
+from tritongen.core.tune import TuneInputs
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO_ROOT / "examples"
 MODEL_REPOSITORY = REPO_ROOT / "model_repository"
@@ -267,3 +271,39 @@ def build_sidecar_repository(
     policy["limits"]["max_body_bytes"] = 1024 * 1024
     parse_policy(policy)
     return tmp / "repo", policy, entry.kv.pool_blocks
+
+
+# ---------------------------------------------------------------------------------------------
+# The tuner's unit tests: the example deployment's ranker, its classes, and traffic for it
+
+
+def _tune_example():
+    from tritongen.core.plan import plan_deployment
+    from tritongen.specio import load_spec
+
+    loaded = load_spec(EXAMPLES / "deployment.yaml")
+    return loaded.spec, plan_deployment(loaded.spec, loaded.architectures)
+
+
+TUNE_SPEC, TUNE_PLAN = _tune_example()
+TUNE_CLASSES = TUNE_SPEC.traffic_classes
+
+
+def tune_traffic(rate: float, n: int = 3000, seed: int = 1):
+    spec = TrafficSpec(
+        shape="poisson", rate_per_s=rate, duration_s=n / rate, warmup_s=0.5,
+        classes=[{"name": c.name, "share": c.share, "priority": c.priority, "prompt_tokens": 48, "output_tokens": 16} for c in TUNE_CLASSES],
+    )
+    return generate_arrivals(spec, seed=seed)
+
+
+def ranker_inputs(rate: float = 200.0, curve=None, **kw) -> TuneInputs:
+    entry = TUNE_PLAN.entry("ranker")
+    kw.setdefault("max_instances", 2)
+    return TuneInputs(
+        spec=TUNE_SPEC, entry=entry, arrivals=tune_traffic(rate, n=1200), classes=list(TUNE_CLASSES),
+        curve=curve or ServiceCurve(fixed_ms=4.0, per_item_ms=0.25), overheads=Overheads(request_ms=1.0, batch_ms=0.5),
+        **kw,
+    )
+
+

@@ -15,6 +15,7 @@ import numpy as np
 
 from tritongen.core.llm_interface import RequestTensor
 from tritongen.core.plan import ModelEntryPlan, TensorView
+from tritongen.reach import GRPC, HTTP, grpc_reason, grpc_unreached, stream_cause, unreachable
 
 _NUMPY = {
     "TYPE_BOOL": np.bool_, "TYPE_UINT8": np.uint8, "TYPE_UINT16": np.uint16, "TYPE_UINT32": np.uint32,
@@ -28,6 +29,19 @@ def triton_dtype(data_type: str) -> str:
     """TYPE_FP32 -> FP32, TYPE_STRING -> BYTES (the wire name)."""
     name = data_type.removeprefix("TYPE_")
     return "BYTES" if name == "STRING" else name
+
+
+def tensors_from_config(items: list[dict]) -> list[TensorView]:
+    """The `input` (or `output`) list of a config as the server serves it (its JSON) as TensorViews."""
+    return [
+        TensorView(
+            name=t["name"],
+            data_type=t.get("data_type", "TYPE_FP32"),
+            dims=[int(d) for d in t.get("dims", [])],
+            optional=bool(t.get("optional", False)),
+        )
+        for t in items
+    ]
 
 
 def sample_input(tensor: TensorView, batch: int | None, rng: np.random.Generator, prompt: str, max_tokens: int) -> np.ndarray:
@@ -116,6 +130,8 @@ def infer_http(
                 if retry_stall and attempt == 1 and STALL_TIMEOUT in str(err):
                     continue
                 raise
+            except OSError as err:  # refused, reset, unreachable: say where
+                raise unreachable(HTTP, f"http://{url}", None, f"{type(err).__name__}: {err}") from None
             latency = time.perf_counter() - start
             return UnaryResult(latency_s=latency, outputs={n: result.as_numpy(n) for n in output_names})
         raise AssertionError("unreachable")
@@ -156,6 +172,7 @@ def _stream_once(
     url: str, model: str, inputs: Mapping[str, np.ndarray], output: str, timeout_s: float, priority: int
 ) -> StreamResult:
     import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
 
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
@@ -165,9 +182,12 @@ def _stream_once(
     start = time.perf_counter()
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
-        client.async_stream_infer(
-            model, infer_inputs(grpcclient, inputs), enable_empty_final_response=True, priority=priority
-        )
+        try:
+            client.async_stream_infer(
+                model, infer_inputs(grpcclient, inputs), enable_empty_final_response=True, priority=priority
+            )
+        except InferenceServerException as err:  # the stream broke before the request went out
+            responses.put((None, stream_cause(responses, err)))
         deadline = start + timeout_s
         while True:
             remaining = deadline - time.perf_counter()
@@ -179,6 +199,8 @@ def _stream_once(
             except queue.Empty:
                 continue
             if err is not None:
+                if grpc_unreached(err):
+                    raise unreachable(GRPC, url, None, grpc_reason(err))
                 error = str(err)
                 break
             value = result.as_numpy(output)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -27,12 +27,15 @@ from tritongen.core.diagnosis import (
 )
 from tritongen.core.spec import entry_names_of
 from tritongen.errors import BadInput, RunFailed
+from tritongen.reach import HTTP, METRICS, derived, unreachable
 
 
 @dataclass(frozen=True)
 class Endpoint:
     http: str  # host:port of Triton's HTTP API
     metrics: list[str]  # Triton's /metrics URL, then any extra (the sidecar's)
+    # address -> (what it is, the option that set it), for the message when it does not answer
+    how: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def normalise_http(url: str) -> str:
@@ -62,7 +65,12 @@ def endpoints(urls: Sequence[str], metrics_urls: Sequence[str], sidecar_metrics:
         http = normalise_http(url)
         metrics = metrics_urls[i] if metrics_urls else f"http://{http.rsplit(':', 1)[0]}:8002/metrics"
         extra = [sidecar_metrics[i]] if sidecar_metrics else []
-        out.append(Endpoint(http=http, metrics=[metrics, *extra]))
+        how = {
+            http: (HTTP, "--url"),
+            metrics: (METRICS, "--metrics-url" if metrics_urls else derived("--metrics-url", "--url", "URL")),
+            **{u: ("the sidecar's metrics endpoint", "--sidecar-metrics-url") for u in extra},
+        }
+        out.append(Endpoint(http=http, metrics=[metrics, *extra], how=how))
     return out
 
 
@@ -107,31 +115,35 @@ def parse_metrics(text: str) -> dict:
 
 
 class TritonReader:
-    """The few HTTP calls doctor makes, on one client."""
+    """The few HTTP calls doctor makes, on one client. `servers` name each address's option."""
 
-    def __init__(self, client: httpx.Client) -> None:
+    def __init__(self, client: httpx.Client, servers: Sequence[Endpoint] = ()) -> None:
         self.client = client
+        self.how = {address: how for server in servers for address, how in server.how.items()}
+
+    def _call(self, address: str, method: str, url: str, **kwargs) -> httpx.Response:
+        try:
+            return self.client.request(method, url, **kwargs)
+        except httpx.HTTPError as err:
+            is_url = "://" in address  # metrics URLs; Triton's HTTP API is HOST:PORT
+            what, how = self.how.get(address, (METRICS if is_url else HTTP, None))
+            shown = address if is_url else f"http://{address}"
+            raise unreachable(what, shown, how, f"{type(err).__name__}: {err}") from None
 
     def metrics(self, url: str) -> Samples:
-        try:
-            response = self.client.get(url)
-        except httpx.HTTPError as err:
-            raise RunFailed(f"cannot read metrics at {url}: {err}; pass --metrics-url if they are elsewhere") from None
+        response = self._call(url, "GET", url)
         if response.status_code != 200:
             raise RunFailed(f"metrics at {url}: HTTP {response.status_code}")
         return parse_metrics(response.text)
 
     def index(self, http: str) -> list[dict]:
-        try:
-            response = self.client.post(f"http://{http}/v2/repository/index", json={})
-        except httpx.HTTPError as err:
-            raise RunFailed(f"cannot reach Triton at {http}: {err}") from None
+        response = self._call(http, "POST", f"http://{http}/v2/repository/index", json={})
         if response.status_code != 200:
             raise RunFailed(f"{http}/v2/repository/index: HTTP {response.status_code}: {response.text[:200]}")
         return list(response.json())
 
     def config(self, http: str, model: str) -> dict:
-        response = self.client.get(f"http://{http}/v2/models/{model}/config")
+        response = self._call(http, "GET", f"http://{http}/v2/models/{model}/config")
         if response.status_code != 200:
             raise RunFailed(f"{http}/v2/models/{model}/config: HTTP {response.status_code}: {response.text[:200]}")
         return dict(response.json())

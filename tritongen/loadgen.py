@@ -15,7 +15,8 @@ so a prediction and a measurement see the same requests.
 Bounded and self-stopping: at most `max_in_flight` requests are outstanding (one over the bound
 is not sent and is recorded as a client drop), each has a deadline, and the run ends at the last
 arrival plus `drain_s` whatever is still outstanding (recorded as client timeouts). Connections
-and streams are closed before `run_load` returns, on errors and on Ctrl-C too.
+and streams are closed before `run_load` returns, on errors and on Ctrl-C too. An endpoint that
+does not answer before the clock starts stops the run with one error naming its address.
 
 Per-request records (times relative to the start of the run, seconds): scheduled send, actual
 send, response (`done`), first token, status (the simulator's status codes), tokens, and the first
@@ -30,9 +31,10 @@ import gc
 import json
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+import aiohttp
 import httpx
 import numpy as np
 
@@ -45,9 +47,11 @@ from tritongen.core.simulator import (
     measurement_window,
     summarize_requests,
 )
-from tritongen.client import infer_inputs, numpy_inputs
+from tritongen.client import infer_inputs, numpy_inputs, sample_input
 from tritongen.core.llm_interface import LLMInterface, prompt_of
+from tritongen.core.plan import TensorView
 from tritongen.core.traffic import Arrivals
+from tritongen.reach import GRPC, HTTP, grpc_reason, grpc_unreached, unreachable
 
 CLIENT_ERROR = 7  # anything else: transport errors, client drops, client timeouts
 
@@ -71,7 +75,10 @@ class LoadTarget:
     model: str
     streaming: bool = False
     batched: bool = True  # max_batch_size > 0: tensors carry a leading batch dimension
-    # classic models
+    # classic models: the model's own inputs (its config's `input` list; optional ones are left out),
+    # each filled with a plausible value (`client.sample_input`). Without them, one tensor named by
+    # the three fields below (the example ranker's, for the test rigs that drive it).
+    inputs: tuple[TensorView, ...] = ()
     input_name: str = "FEATURES"
     input_dims: tuple[int, ...] = (32,)
     input_dtype: str = "FP32"
@@ -142,10 +149,14 @@ class LoadResult:
 # ---------------------------------------------------------------------------------------------
 
 
-def _features(target: LoadTarget, rows: int, rng: np.random.Generator) -> np.ndarray:
+def _features(target: LoadTarget, rows: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """One request's tensors: the model's own inputs, or the single tensor the legacy fields name."""
+    batch = rows if target.batched else None
+    if target.inputs:
+        return {t.name: sample_input(t, batch, rng, "hello", 8) for t in target.inputs if not t.optional}
     shape = ([rows] if target.batched else []) + list(target.input_dims)
     dtype = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64, "INT32": np.int32, "INT64": np.int64}[target.input_dtype]
-    return rng.standard_normal(shape).astype(dtype)
+    return {target.input_name: rng.standard_normal(shape).astype(dtype)}
 
 
 class _Runner:
@@ -210,14 +221,13 @@ class _Runner:
         if data is None:
             data = _features(target, rows, self.rng)
             self._tensor_cache[key] = data
-        tensor = aioclient.InferInput(target.input_name, list(data.shape), target.input_dtype)
-        tensor.set_data_from_numpy(data, binary_data=True)
+        tensors = infer_inputs(aioclient, data)
         priority = int(self.arr.class_priority[int(self.arr.cls[i])])
         parameters = self._class_parameters(i, target)
         self.send_t[i] = self._now()
         try:
             await asyncio.wait_for(
-                http.infer(target.model, [tensor], priority=priority, parameters=parameters), self.request_timeout_s
+                http.infer(target.model, tensors, priority=priority, parameters=parameters), self.request_timeout_s
             )
         except asyncio.TimeoutError:
             self._error(i, f"client timeout after {self.request_timeout_s:.0f} s", self._now())
@@ -342,11 +352,12 @@ class _Runner:
                 http = aioclient.InferenceServerClient(self.http_url, conn_limit=max(16, self.max_in_flight))
                 # Open the pooled connections before the clock starts: a TCP connect in the middle
                 # of a burst would show up as server latency.
-                await asyncio.gather(*(http.is_server_live() for _ in range(self.prewarm)))
+                await _reached(HTTP, f"http://{self.http_url}", *(http.is_server_live() for _ in range(self.prewarm)))
             if self.grpc_url:
                 import tritonclient.grpc.aio as grpcaio
 
                 grpc = grpcaio.InferenceServerClient(self.grpc_url)
+                await _reached(GRPC, self.grpc_url, grpc.is_server_live(client_timeout=self.request_timeout_s))
             if self.http_url and self.sse_wanted:
                 self.sse = httpx.AsyncClient(
                     base_url=f"http://{self.http_url}", timeout=self.request_timeout_s,
@@ -387,6 +398,20 @@ class _Runner:
                 await grpc.close()
             if self.sse is not None:
                 await self.sse.aclose()
+
+
+async def _reached(what: str, address: str, *calls: Awaitable[object]) -> None:
+    """Await the calls that open an endpoint's connections; one that cannot connect stops the run
+    before its clock starts, naming the address (not one transport error per request)."""
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        await asyncio.gather(*calls)
+    except (OSError, asyncio.TimeoutError, aiohttp.ClientError) as err:
+        raise unreachable(what, address, None, f"{type(err).__name__}: {err}") from None
+    except InferenceServerException as err:
+        if grpc_unreached(err):  # any other error is an answer: the requests will say what it is
+            raise unreachable(what, address, None, grpc_reason(err)) from None
 
 
 class _null:

@@ -28,6 +28,7 @@ from tritongen.core.simulator import OK, OOM
 from tritongen.core.traffic import Arrivals, generate_arrivals, scale_rate
 from tritongen.errors import RunFailed
 from tritongen.core.llm_interface import interface_from_config
+from tritongen.client import tensors_from_config
 from tritongen.loadgen import LoadResult, LoadTarget, run_load
 from tritongen.profiler.report import PALETTE, Chart, Series, svg_chart
 from tritongen.render import SIDECAR_POLICY_FILE
@@ -104,10 +105,13 @@ def drive(
     via: SidecarProcess | None, class_parameter: str | None,
 ) -> ModelRun:
     interface = None
+    config = httpx.get(f"http://{server.http_url}/v2/models/{model}/config", timeout=10).json()
     if streaming:  # the LLM interface the served config speaks (the bytes count as tinyllm's tokens)
-        config = httpx.get(f"http://{server.http_url}/v2/models/{model}/config", timeout=10).json()
         interface = interface_from_config(config, model=model)
-    target = LoadTarget(model=model, streaming=streaming, batched=True, class_parameter=class_parameter, interface=interface)
+    target = LoadTarget(
+        model=model, streaming=streaming, batched=int(config.get("max_batch_size", 0)) > 0, class_parameter=class_parameter,
+        interface=interface, inputs=tuple(tensors_from_config(config.get("input") or [])),
+    )
     http_url = via.http_url if via else server.http_url
     grpc_url = via.grpc_url if via else server.grpc_url
     busy_before = compute_busy_ns(server.http_url, model)

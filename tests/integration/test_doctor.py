@@ -210,5 +210,5 @@ def test_doctor_is_quiet_on_an_idle_consistent_replica(servers: dict) -> None:
 def test_doctor_unreachable_server_is_a_clear_failure() -> None:
     result = cli("doctor", "--url", "127.0.0.1:1", "--window", "1")
     assert result.returncode == 1
-    assert "cannot reach Triton at 127.0.0.1:1" in result.stderr
+    assert "cannot reach Triton's HTTP endpoint at http://127.0.0.1:1 (--url)" in result.stderr
     assert "Traceback" not in result.stderr

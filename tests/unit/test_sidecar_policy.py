@@ -406,10 +406,11 @@ def test_a_hand_written_engine_is_admitted_against_its_own_pool(tmp_path: Path) 
 def test_render_refuses_a_policy_nothing_could_pass(tmp_path: Path) -> None:
     def impossible(doc: dict[str, Any]) -> None:
         """Classic models only (the plan has no KV pool to check the pad against), 256 MiB of CPU
-        memory and the default 2048 MiB safety pad: the sidecar could never admit anything."""
+        memory and a stated 2048 MiB safety pad: the sidecar could never admit anything. (Unstated,
+        a deployment without LLMs keeps no pad: tests/unit/test_default_quotas.py.)"""
         doc["hardware"]["cpu_memory_mb"] = 256
         doc["models"] = [m for m in doc["models"] if m["kind"] == "classic"]
-        del doc["policy"]["kv_safety_pad_mb"]
+        doc["policy"]["kv_safety_pad_mb"] = 2048
 
     out = tmp_path / "out"
     result = cli("render", str(spec_variant(tmp_path, impossible)), "-o", str(out))

@@ -199,6 +199,56 @@ def test_instances_execute_in_parallel() -> None:
     assert sorted(lat_ms(sim, i) for i in range(3)) == [10.0, 10.0, 20.0]
 
 
+def test_instances_sharing_a_device_take_turns_for_its_part() -> None:
+    # 10 ms executions, 6 ms of them on the device: three requests at once on three instances.
+    # Host parts (4 ms) overlap; device parts queue in the order host parts end.
+    m = model(mbs=1, fixed=10.0, per_item=0.0, instances=3, device_curve=ServiceCurve(fixed_ms=6.0, per_item_ms=0.0),
+              dynamic_batching=BatcherConfig(max_queue_delay_us=0, default_queue_policy=POLICY))
+    sim = run(m, arrivals([0, 0, 0]))
+    assert sorted(lat_ms(sim, i) for i in range(3)) == [10.0, 16.0, 22.0]
+
+
+def test_a_shared_device_saturates_where_its_part_allows_whatever_the_instances() -> None:
+    # Overloaded (2000 req/s against at most 1000/s): 4 ms executions, half of it on one device.
+    # Linear scaling would give N / 4 ms; the device caps every N at 1 / 2 ms = 500/s, so 1 instance
+    # gives 250/s, 2 give 500/s, and 4 or 8 give no more than 500/s.
+    times = np.arange(0, 4000) * 0.5
+    got = {}
+    for n in (1, 2, 4, 8):
+        m = model(mbs=1, fixed=4.0, per_item=0.0, instances=n, device_curve=ServiceCurve(fixed_ms=2.0, per_item_ms=0.0),
+                  dynamic_batching=BatcherConfig(max_queue_delay_us=0))
+        got[n] = run(m, arrivals(times)).result.throughput_per_s
+    assert got[1] == pytest.approx(250.0, rel=0.02)
+    assert got[2] == pytest.approx(500.0, rel=0.02)
+    assert got[4] == pytest.approx(500.0, rel=0.02)
+    assert got[8] == pytest.approx(500.0, rel=0.02)
+    unshared = run(model(mbs=1, fixed=4.0, per_item=0.0, instances=4, dynamic_batching=BatcherConfig(max_queue_delay_us=0)),
+                   arrivals(times)).result.throughput_per_s
+    assert unshared == pytest.approx(1000.0, rel=0.02)
+
+
+def test_the_device_part_grows_with_the_rows_of_the_batch() -> None:
+    # Batches of 4 rows: execution 5 + 1 x 4 = 9 ms, device part 1 + 1.5 x 4 = 7 ms. Two instances,
+    # two batches at once: the second waits for the first's device part (done at 9), ends at 16.
+    m = model(mbs=4, fixed=5.0, per_item=1.0, instances=2, device_curve=ServiceCurve(fixed_ms=1.0, per_item_ms=1.5),
+              dynamic_batching=BatcherConfig(max_queue_delay_us=10_000, default_queue_policy=POLICY))
+    sim = run(m, arrivals([0, 0, 0, 0, 0, 0, 0, 0]))
+    assert sorted({lat_ms(sim, i) for i in range(8)}) == [9.0, 16.0]
+
+
+def test_models_on_one_device_share_it() -> None:
+    # Two models, each all device (a device part as long as the execution, or longer: capped at
+    # it), on the same device: one runs after the other.
+    whole = ServiceCurve(fixed_ms=50.0, per_item_ms=0.0)
+    a = model("a", mbs=1, fixed=10.0, per_item=0.0, device_curve=whole, route="a")
+    b = model("b", mbs=1, fixed=10.0, per_item=0.0, device_curve=whole, route="b")
+    arr = arrivals([0, 0], classes=[0, 1], names=("ca", "cb"), priorities=(0, 0), models=("a", "b"))
+    sim = run([a, b], arr)
+    assert sorted(lat_ms(sim, i) for i in range(2)) == [10.0, 20.0]
+    other = run([a, b.model_copy(update={"devices": [1]})], arr)
+    assert sorted(lat_ms(other, i) for i in range(2)) == [10.0, 10.0]
+
+
 def test_the_rate_limiter_caps_executions_across_models() -> None:
     a = model("a", mbs=1, fixed=10.0, per_item=0.0, resources={"compute": 1}, route="a")
     b = model("b", mbs=1, fixed=10.0, per_item=0.0, resources={"compute": 1}, route="b")

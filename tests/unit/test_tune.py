@@ -5,7 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.helpers import EXAMPLES, cli
+from tests.helpers import EXAMPLES, cli, ranker_inputs
+from tests.helpers import TUNE_CLASSES as CLASSES
+from tests.helpers import TUNE_PLAN as PLAN
+from tests.helpers import TUNE_SPEC as SPEC
+from tests.helpers import tune_traffic as traffic
 from tritongen.core.plan import plan_deployment
 from tritongen.core.engine import EngineModel, LLMCurve
 from tritongen.core.simulator import Overheads, ServiceCurve
@@ -29,28 +33,6 @@ from tritongen.pbtxt import parse_model_config
 from tritongen.render import render_plan
 from tritongen.specio import load_spec
 
-LOADED = load_spec(EXAMPLES / "deployment.yaml")
-SPEC = LOADED.spec
-PLAN = plan_deployment(SPEC, LOADED.architectures)
-CLASSES = SPEC.traffic_classes
-
-
-def traffic(rate: float, n: int = 3000, seed: int = 1):
-    spec = TrafficSpec(
-        shape="poisson", rate_per_s=rate, duration_s=n / rate, warmup_s=0.5,
-        classes=[{"name": c.name, "share": c.share, "priority": c.priority, "prompt_tokens": 48, "output_tokens": 16} for c in CLASSES],
-    )
-    return generate_arrivals(spec, seed=seed)
-
-
-def ranker_inputs(rate: float = 200.0, curve=None, **kw) -> TuneInputs:
-    entry = PLAN.entry("ranker")
-    kw.setdefault("max_instances", 2)
-    return TuneInputs(
-        spec=SPEC, entry=entry, arrivals=traffic(rate, n=1200), classes=list(CLASSES),
-        curve=curve or ServiceCurve(fixed_ms=4.0, per_item_ms=0.25), overheads=Overheads(request_ms=1.0, batch_ms=0.5),
-        **kw,
-    )
 
 
 def test_search_grids() -> None:

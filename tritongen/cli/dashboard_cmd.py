@@ -37,7 +37,7 @@ def dashboard(
         options = DashboardOptions(
             title=f"Triton fleet: {loaded.spec.name}", uid=dashboard_uid(loaded.spec.name),
             p99_target_ms=min(c.p99_ms for c in loaded.spec.traffic_classes),
-            memory_pad_bytes=loaded.spec.policy.kv_safety_pad_mb * MIB,
+            memory_pad_bytes=loaded.spec.safety_pad_mb() * MIB,
         )
     overrides: dict[str, str] = {}
     for item in sidecar_metric or []:

@@ -92,7 +92,7 @@ def deploy(
         for line in capacity.lines:
             typer.echo(line)
     target = min(c.p99_ms for c in loaded.spec.traffic_classes)
-    pad = loaded.spec.policy.kv_safety_pad_mb * 1024 * 1024
+    pad = loaded.spec.safety_pad_mb() * 1024 * 1024
     manifests = render_manifests(
         loaded.spec, rendered, options, spec_name=loaded.path.name, templates=templates,
         dashboard=DashboardOptions(title=f"Triton fleet: {loaded.spec.name}", uid=dashboard_uid(loaded.spec.name),

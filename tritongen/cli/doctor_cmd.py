@@ -88,9 +88,9 @@ def doctor(
     with httpx.Client(timeout=10.0) as client:
         if output_format is DoctorFormat.text:
             with Console(stderr=True).status(f"watching {len(servers)} server(s) for {window:g} s ..."):
-                snaps = snapshot(servers, window, TritonReader(client))
+                snaps = snapshot(servers, window, TritonReader(client, servers))
         else:
-            snaps = snapshot(servers, window, TritonReader(client))
+            snaps = snapshot(servers, window, TritonReader(client, servers))
     findings = diagnose(snaps, goals)
     idle = idle_models(snaps)
     if output_format is DoctorFormat.json:

@@ -12,6 +12,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -19,9 +20,11 @@ from tritongen.cli.main import app
 from tritongen.core.profile_types import Profile
 from tritongen.errors import BadInput, RunFailed, TritongenError
 from tritongen.profiler.report import write_report
+from tritongen.reach import check_grpc, derived, metrics_problem
 from tritongen.profiler.run import (
     Endpoints,
     Profiler,
+    Target,
     TritonAdmin,
     default_probe_factory,
     default_settings,
@@ -131,6 +134,24 @@ def results_tables(profiles: list[Profile]) -> list[Table]:
                 f"{e.request_overhead_ms:.2f} ms", capacity, f"{e.bytes_per_token:g} ({e.bytes_per_token_source})",
             )
         tables.append(t)
+    scaled = [p for p in classic if p.scaling is not None or p.overheads is not None]
+    if scaled:
+        t = Table(title="Classic models: overheads and instance scaling on one device (what simulate and tune use)")
+        for col in ("model", "overheads", "instances: executions/s", "device part of an execution"):
+            t.add_column(col)
+        for p in scaled:
+            ov = p.overheads
+            over = "-" if ov is None else f"request {ov.request_ms:.2f} ms, batch {ov.batch_ms:.2f} ms + {ov.request_exec_ms:.3f} ms/request"
+            sc = p.scaling
+            levels = "-" if sc is None else "; ".join(
+                f"{r} row(s): " + ", ".join(f"{lv.instances}: {lv.executions_per_s:,.0f}" for lv in sc.levels if lv.rows == r)
+                for r in sorted({lv.rows for lv in sc.levels})
+            )
+            device = "-" if sc is None else "; ".join(
+                f"{d.rows} row(s): {d.device_ms:.2f} of {d.execution_ms:.2f} ms (fit error {d.max_rel_error:.1%})" for d in sc.parts
+            )
+            t.add_row(p.model, over, levels, device)
+        tables.append(t)
     summary = Table(title="Profiles")
     for col in ("model", "status", "curve fit (compute_infer)", "fit error max/mean", "KV B/token measured vs analytic", "safety pad"):
         summary.add_column(col)
@@ -170,6 +191,11 @@ def profile(
     window: Optional[float] = typer.Option(None, "--window", min=0.1, help="Seconds per measurement window."),
     kv_probe_mb: Optional[float] = typer.Option(None, "--kv-probe-mb", min=0.0, help="Size of the KV-pool resize probe in MiB (0: skip; only with --repo)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random input features."),
+    allow_reload: bool = typer.Option(
+        False, "--allow-reload",
+        help="With --url: the server runs in explicit model-control mode and the profile may load config variants "
+        "(a batching variant, 1/2/4 instances) through the model load API; the original config is loaded back after.",
+    ),
     kv_capacity_probe: bool = typer.Option(
         False, "--kv-capacity-probe",
         help="Streaming LLMs that export no KV metrics: raise concurrency until the first out-of-memory answer or preemption.",
@@ -180,6 +206,8 @@ def profile(
         raise BadInput("give a deployment SPEC or at least one --model NAME to profile")
     if (url is None) == (repo is None):
         raise BadInput("give exactly one of --url HOST:PORT (a running Triton) or --repo DIR (start the embedded one)")
+    if repo is not None and allow_reload:
+        raise BadInput("--allow-reload goes with --url; with --repo the embedded server is tritongen's own and may always reload")
     if repo is not None and (grpc_url or metrics_url):
         raise BadInput("--grpc-url and --metrics-url go with --url; with --repo the embedded server's ports are used")
     loaded = load_spec(spec) if spec is not None else None
@@ -224,6 +252,7 @@ def profile(
     profiler: Profiler | None = None
     try:
         targets = resolve_targets(admin, model, loaded)
+        _check_endpoints(endpoints, targets, server is not None, grpc_url, metrics_url)
         progress = Progress(
             SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             console=err_console,
@@ -235,7 +264,7 @@ def profile(
             out,
             reporter=RichReporter(progress),
             probe_factory=default_probe_factory(endpoints, server.process.pid if server and server.process else None),
-            can_reload=server is not None,
+            can_reload=server is not None or allow_reload,
             server_check=server_check,
             kv_capacity_probe=kv_capacity_probe,
         )
@@ -255,8 +284,29 @@ def profile(
     assert profiler is not None
     for table in results_tables(profiler.profiles):
         console.print(table)
+    for p in profiler.profiles:
+        if p.variant:
+            console.print(f"[yellow]note[/] {p.model}: the load levels ran on {p.variant}")
+        for note in p.notes:
+            console.print(f"[yellow]note[/] {p.model}: {note}")
     report = write_report(profiler.profiles, out)
     console.print(f"[green]wrote[/] {', '.join(str(p) for p in profiler.written)} and {report}")
+
+
+def _check_endpoints(
+    endpoints: Endpoints, targets: list[Target], embedded: bool, grpc_url: str | None, metrics_url: str | None
+) -> None:
+    """Before any measurement: streaming models need Triton's gRPC endpoint (an error naming the
+    address and --grpc-url); the metrics endpoint is optional (a note naming it and --metrics-url)."""
+    def how(given: str | None, option: str, form: str) -> str:
+        return "the embedded server's" if embedded else option if given else derived(option, "--url", form)
+
+    if any(t.kind == "streaming" for t in targets):
+        check_grpc(endpoints.grpc, how(grpc_url, "--grpc-url", "HOST:PORT"))
+    problem = metrics_problem(endpoints.metrics, how(metrics_url, "--metrics-url", "URL"))
+    if problem:
+        err_console.print(f"[yellow]note:[/] {escape(problem)}; profiling without Triton's metrics (no KV or engine "
+                          "gauges)", highlight=False)
 
 
 def _kept(profiler: Profiler, out: Path) -> str:

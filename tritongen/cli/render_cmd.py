@@ -60,6 +60,10 @@ def render(
             str(entry.kv.max_sequences) if entry.kv else "-",
         )
     console.print(table)
+    for placement in rendered.plan.placements:
+        if placement.quota_default:  # say which default each model got: nothing in the spec states it
+            console.print(f"memory quota of {placement.model}: {placement.quota_bytes / MIB:.1f} MiB, "
+                          f"{placement.quota_source}", highlight=False)
     console.print(f"{len(changed)} file(s) written" + (": " + ", ".join(changed) if changed else " (already up to date)"))
     missing = [e.name for e in rendered.plan.entries if not any((out / e.name).glob("[0-9]*"))]
     if missing:

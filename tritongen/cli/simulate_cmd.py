@@ -23,8 +23,8 @@ from rich.table import Table
 from tritongen.cli.main import app
 from tritongen.core.engine import EngineModel
 from tritongen.core.spec import EngineSection
+from tritongen.core.served_overheads import choose_overheads, profile_device_curve
 from tritongen.core.simulator import (
-    EMBEDDED_CPU_OVERHEADS,
     Overheads,
     ServerSim,
     ServiceCurve,
@@ -34,7 +34,7 @@ from tritongen.core.simulator import (
     simulate,
 )
 from tritongen.core.traffic import Arrivals, TrafficSpec, TraceError, generate_arrivals
-from tritongen.engine_files import as_served, engine_for, with_request_overhead
+from tritongen.engine_files import as_served, engine_for
 from tritongen.errors import BadInput
 from tritongen.pbtxt import parse_model_config
 from tritongen.specio import format_loc
@@ -100,7 +100,7 @@ class Service:
     """What `--profile` gave: a classic curve, a streaming profile, or a hand-written engine."""
 
     curve: ServiceCurve | None = None
-    profile: object | None = None  # a streaming Profile (its engine section)
+    profile: object | None = None  # the Profile it came from (a streaming one's engine section; a classic one's scaling)
     engine: EngineModel | None = None
     overheads: Overheads | None = None
 
@@ -111,7 +111,8 @@ class Service:
             return None
         if self.engine is not None:
             return self.engine
-        return engine_for(config, self.profile, model_dir=config_path.parent if config_path else None, stated=stated)
+        streaming = self.profile if getattr(self.profile, "kind", None) == "streaming" else None
+        return engine_for(config, streaming, model_dir=config_path.parent if config_path else None, stated=stated)
 
 
 def read_service(path: Path) -> Service:
@@ -136,7 +137,7 @@ def read_service(path: Path) -> Service:
                 raise BadInput(f"{path}: this streaming profile has no engine section (profile the model again)")
             return Service(profile=profile)
         try:
-            return Service(curve=ServiceCurve.from_profile(profile))
+            return Service(curve=ServiceCurve.from_profile(profile), profile=profile)
         except ValueError as err:
             raise BadInput(f"{path}: {err}") from None
     try:
@@ -147,30 +148,6 @@ def read_service(path: Path) -> Service:
     if cf.curve is None and cf.engine is None:
         raise BadInput(f"{path}: a curve file needs `curve:` (fixed_ms, per_item_ms) or `engine:`")
     return Service(curve=cf.curve, engine=cf.engine, overheads=cf.overheads)
-
-
-def parse_overheads(text: str | None, fallback: Overheads | None) -> Overheads:
-    """'embedded' (default), 'none', or key=value pairs over the embedded figures."""
-    if text is None:
-        return fallback or EMBEDDED_CPU_OVERHEADS
-    if text == "embedded":
-        return EMBEDDED_CPU_OVERHEADS
-    if text == "none":
-        return Overheads()
-    values: dict[str, float] = {}
-    for part in text.split(","):
-        key, sep, value = part.partition("=")
-        if not sep:
-            raise BadInput(f"--overheads: expected embedded, none or key=value pairs, got {part!r}")
-        try:
-            values[key.strip()] = float(value)
-        except ValueError:
-            raise BadInput(f"--overheads: {key.strip()} takes a number, got {value!r}") from None
-    try:
-        return Overheads.model_validate({**EMBEDDED_CPU_OVERHEADS.model_dump(), **values})
-    except ValidationError as err:
-        first = err.errors()[0]
-        raise BadInput(f"--overheads: {format_loc(tuple(first['loc']))}: {first['msg']}") from None
 
 
 def parse_engine_option(text: str | None) -> EngineSection | None:
@@ -188,6 +165,16 @@ def parse_engine_option(text: str | None) -> EngineSection | None:
     except ValidationError as err:
         first = err.errors()[0]
         raise BadInput(f"--engine: {format_loc(tuple(first['loc']))}: {first['msg']}") from None
+
+
+def say_calibration(out: Console, overheads_used: str, device_curve: ServiceCurve | None, note: str | None, prefix: str = "") -> None:
+    """Which overheads and which shared device the simulation uses, in one or two lines."""
+    out.print(f"[dim]{prefix}overheads: {overheads_used}[/]")
+    if device_curve is not None:
+        out.print(f"[dim]{prefix}shared device: a part of {device_curve.fixed_ms:g} ms + {device_curve.per_item_ms:g} ms/row of "
+                  "each execution is taken in turns by the instances of a device (the profile's instance scaling)[/]")
+    if note:
+        out.print(f"[yellow]note:[/] {prefix}{note}")
 
 
 def flags_near(config: Path) -> list[str]:
@@ -240,7 +227,9 @@ def simulate_cmd(
     requests: Optional[int] = typer.Option(None, "--requests", min=1, help="Simulate this many requests (default: the traffic's duration)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the arrivals and the simulation."),
     overheads: Optional[str] = typer.Option(
-        None, "--overheads", help="'embedded' (the embedded server's fitted overheads, default), 'none', or key=value,..."
+        None, "--overheads",
+        help="Default: those the profile measured on its server. 'embedded' (constants fitted on tritongen's 2-core CPU "
+        "host), 'none' (an ideal server), or key=value,... over the default.",
     ),
     server_flags: Optional[Path] = typer.Option(
         None, "--server-flags", help="Server flags file (rate limiter); default: server_flags.txt of the config's repository."
@@ -255,9 +244,8 @@ def simulate_cmd(
     """Predict tail latency, throughput and utilisation of configs from a profile, in milliseconds."""
     stated = parse_engine_option(engine)
     service = read_service(profile)
-    ov = parse_overheads(overheads, service.overheads)
-    if overheads is None and service.profile is not None:
-        ov = with_request_overhead(ov, service.profile)
+    ov, overheads_used = choose_overheads(overheads, service.profile, service.overheads)
+    device_curve, share_note = profile_device_curve(service.profile)
     spec, trace_text = read_traffic(traffic)
     arrivals = arrivals_from(spec, trace_text, seed, requests, str(traffic))
     # One model per run: every class goes to the config under test.
@@ -271,7 +259,7 @@ def simulate_cmd(
             raise BadInput(f"--config {path}: no such file")
         parsed = as_served(parse_model_config(path.read_text(), str(path)), path.parent)
         try:
-            model = model_sim_from_config(parsed, curve=service.curve, engine=service.engine_for(parsed, path, stated))
+            model = model_sim_from_config(parsed, curve=service.curve, engine=service.engine_for(parsed, path, stated), device_curve=device_curve)
         except ValueError as err:
             raise BadInput(f"{path}: {err}") from None
         streaming = streaming or model.llm is not None
@@ -297,7 +285,5 @@ def simulate_cmd(
         f"{len(config)} config(s) simulated in {elapsed * 1000:.0f} ms"
     )
     console.print(results_table(title, labels, results, streaming))
-    console.print(
-        f"[dim]overheads: request {ov.request_ms} ms, batch {ov.batch_ms} ms + {ov.request_exec_ms} ms/request; "
-        f"figures over the window after the {spec.warmup_s:g} s warm-up[/]"
-    )
+    console.print(f"[dim]figures over the window after the {spec.warmup_s:g} s warm-up[/]")
+    say_calibration(console, overheads_used, device_curve, share_note)

@@ -20,12 +20,13 @@ from rich.console import Console
 from rich.table import Table
 
 from tritongen.cli.main import app
-from tritongen.cli.simulate_cmd import arrivals_from, parse_overheads, read_traffic
+from tritongen.cli.simulate_cmd import arrivals_from, read_traffic, say_calibration
 from tritongen.core.plan import DeploymentPlan, ModelEntryPlan
 from tritongen.core.sidecar_policy import build_sidecar_policy
 from tritongen.core.engine import EngineModel
-from tritongen.engine_files import entry_engine, entry_interface, with_request_overhead
-from tritongen.core.simulator import Overheads, ServiceCurve, rate_limit_from_flags
+from tritongen.engine_files import entry_engine, entry_interface
+from tritongen.core.served_overheads import choose_overheads, profile_device_curve
+from tritongen.core.simulator import ServiceCurve, rate_limit_from_flags
 from tritongen.core.traffic import Arrivals
 from tritongen.core.tune import (
     Evaluation,
@@ -34,7 +35,9 @@ from tritongen.core.tune import (
     TuneResult,
     apply_candidate,
     apply_results,
+    CAPACITY_STEPS,
     baseline_params,
+    capacity_factor,
     evaluate,
     memory_budget,
     tune_model,
@@ -125,7 +128,17 @@ def tune(
     verify_requests: int = typer.Option(2000, "--verify-requests", min=100, help="Requests per live run with --verify."),
     verify_top: int = typer.Option(3, "--verify-top", min=1, max=6, help="Candidates per model to run live."),
     seed: int = typer.Option(0, "--seed"),
-    overheads: Optional[str] = typer.Option(None, "--overheads", help="'embedded' (default), 'none', or key=value,..."),
+    overheads: Optional[str] = typer.Option(
+        None, "--overheads",
+        help="Default: those each profile measured on its server. 'embedded' (constants fitted on tritongen's 2-core "
+        "CPU host), 'none' (an ideal server), or key=value,... over the default.",
+    ),
+    objective: str = typer.Option(
+        "targets", "--objective",
+        help="'targets': the best config that meets every target at the traffic's rate (then the most capacity); "
+        "'capacity': the config that carries the highest rate of this traffic's mix within every target.",
+    ),
+    report: Optional[Path] = typer.Option(None, "--report", help="Also write the results as JSON to this file."),
     max_error: float = typer.Option(0.01, "--max-error", min=0.0, max=1.0, help="Largest share of a class that may be rejected or killed."),
     only: Optional[list[str]] = typer.Option(None, "--model", help="Tune only these model entries (repeat); the rest keep the plan."),
 ) -> None:
@@ -140,7 +153,8 @@ def tune(
         raise BadInput(f"{traffic}: classes {unknown} are not traffic classes of {spec} ({sorted(spec_classes)})")
     arrivals = arrivals_from(tspec, trace_text, seed, requests if tspec.shape != "trace" else None, str(traffic))
     arrivals = arrivals.with_priorities({name: c.priority for name, c in spec_classes.items()})
-    ov: Overheads = parse_overheads(overheads, None)
+    if objective not in ("targets", "capacity"):
+        raise BadInput(f"--objective {objective!r}: choose 'targets' or 'capacity'")
     flags = plan.server_flags
     rate_limit, resources = rate_limit_from_flags(flags)
     started = time.perf_counter()
@@ -176,26 +190,40 @@ def tune(
             console.print(f"[yellow]skip[/] {entry.name}: the traffic sends it {len(arr)} requests")
             continue
         available, per_instance = memory_budget(plan, entry)
+        ov, overheads_used = choose_overheads(overheads, profile)
+        device_curve, share_note = profile_device_curve(profile)
+        say_calibration(console, overheads_used, device_curve, share_note, f"{entry.name}: ")
         inputs = TuneInputs(
             spec=loaded.spec, entry=entry, arrivals=arr, classes=loaded.spec.classes_of(model), curve=curve,
-            engine=engine, overheads=ov if overheads is not None else with_request_overhead(ov, profile), memory_available_bytes=available,
+            engine=engine, overheads=ov, memory_available_bytes=available,
             instance_bytes=per_instance, rate_limit=rate_limit, resources=resources,
-            max_error_fraction=max_error, seed=seed,
+            max_error_fraction=max_error, seed=seed, device_curve=device_curve, objective=objective,  # type: ignore[arg-type]
         )
         with console.status(f"tuning {entry.name} ({len(arr)} requests per simulation)..."):
             results[entry.name] = tune_model(inputs)
             baselines[entry.name] = evaluate(inputs, baseline_params(entry))[0]
+            if objective == "capacity":
+                base = baselines[entry.name]
+                base.capacity_factor = capacity_factor(inputs, base.params, inputs.arrivals, steps=CAPACITY_STEPS, below=True)
         inputs_by[entry.name] = inputs
     if not results:
         raise BadInput(f"nothing to tune: no plan entry of {spec} has a profile in {profiles}")
     search_s = time.perf_counter() - started
     choices: dict[str, Params] = {name: r.winner.params for name, r in results.items()}
     measured_rows: dict[str, dict[str, object]] = {}
-    if verify:
+    measured_capacity: dict[str, dict[Params, float | None]] = {}
+    verify_started = time.perf_counter()
+    if verify and objective == "capacity":
+        choices, measured_rows, measured_capacity = _verify_capacity(
+            loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed, verify_requests, verify_top,
+            repository or out or Path("model_repository"), spec.name,
+        )
+    elif verify:
         choices, measured_rows = _verify(
             loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed, verify_requests, verify_top,
             repository or out or Path("model_repository"), spec.name,
         )
+    verify_s = time.perf_counter() - verify_started if verify else 0.0
     for name, result in results.items():
         explain(result, baselines.get(name), measured_rows.get(name))
         if verify and choices[name] != result.winner.params:
@@ -206,6 +234,8 @@ def tune(
     )
     rendered = render_plan(tuned, spec.name, sidecar_policy=build_sidecar_policy(loaded.spec, tuned, profs))
     console.print(f"[dim]search: {sum(r.candidates for r in results.values())} simulations in {search_s:.1f} s[/]")
+    if report is not None:
+        _write_report(report, results, choices, measured_capacity, inputs_by, search_s, verify_s)
     if out is not None:
         changed = write_repository(rendered, out)
         console.print(f"{len(changed)} file(s) written to {out}" + (": " + ", ".join(changed) if changed else " (already up to date)"))
@@ -213,39 +243,164 @@ def tune(
         for name in choices:
             console.print(f"[bold]{name}/config.pbtxt[/] (pass -o DIR to write):")
             console.print(rendered.files[f"{name}/config.pbtxt"], highlight=False, markup=False)
-    if not all(r.winner.feasible for r in results.values()):
+    met = [r.winner.feasible if r.objective == "targets" else (r.winner.capacity_factor or 0.0) > 0 for r in results.values()]
+    if not all(met):
         raise typer.Exit(code=1)
+
+
+def _write_report(path: Path, results, choices, measured_capacity, inputs_by, search_s: float, verify_s: float) -> None:
+    """The results as JSON (written beside, then renamed over `path`), for scripts and benches."""
+    import json
+    import os
+
+    doc: dict[str, object] = {"search_s": round(search_s, 3), "verify_s": round(verify_s, 3), "models": {}}
+    for name, result in results.items():
+        rate = inputs_by[name].arrivals.mean_rate
+        chosen = choices[name]
+        by_params = {e.params: e for e in result.table}
+        e = by_params.get(chosen, result.winner)
+        live = measured_capacity.get(name, {}).get(chosen)
+        doc["models"][name] = {  # type: ignore[index]
+            "objective": result.objective,
+            "chosen": chosen.model_dump(),
+            "label": chosen.label(),
+            "simulator_winner": result.winner.params.label(),
+            "feasible": e.feasible,
+            "offered_per_s": rate,
+            "predicted_capacity_per_s": None if e.capacity_factor is None else e.capacity_factor * rate,
+            "measured_capacity_per_s": None if live is None else live * rate,
+            "predicted_p99_ms": e.p99_ms,
+            "candidates": result.candidates,
+            "notes": result.notes,
+        }
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def live_verdict(run, inputs: TuneInputs, streaming: bool) -> tuple[bool, float, float]:
+    """(meets every target, worst P99 / target, largest share of a class lost) of a live run."""
+    worst = 0.0
+    lost = 0.0
+    for c in run.classes:
+        target_ms = next((k.p99_ms for k in inputs.classes if k.name == c.name), None)
+        if target_ms is None or not c.sent:
+            continue
+        value = c.ttft_p99_ms if streaming else c.p99_ms
+        worst = max(worst, (value or float("inf")) / target_ms)
+        lost = max(lost, (c.sent - c.completed) / c.sent)
+    return worst <= 1.0 and lost <= inputs.max_error_fraction, worst, lost
+
+
+def _picks(result: TuneResult, top: int) -> list[Evaluation]:
+    """The winner, the runner-up and the next best, distinct, up to `top` (feasible ones first)."""
+    picks: list[Evaluation] = []
+    for e in [result.winner, result.runner_up, *result.table]:
+        if e is not None and e.params not in [p.params for p in picks] and (e.feasible or not picks or result.objective == "capacity"):
+            picks.append(e)
+        if len(picks) >= top:
+            break
+    return picks
+
+
+def _load_target(loaded, entry: ModelEntryPlan):
+    from tritongen.loadgen import LoadTarget
+
+    streaming = entry.kind == "llm" and entry.decoupled
+    return streaming, LoadTarget(
+        entry.name, streaming=streaming, batched=entry.max_batch_size > 0, inputs=tuple(entry.inputs),
+        interface=entry_interface(entry) if streaming else None,
+        bytes_per_token=next(m.bytes_per_token for m in loaded.spec.models if m.name == entry.spec_model) or 1.0,
+    )
+
+
+def _live_arrivals(loaded, tspec, trace_text, seed: int, n: int, repository: Path):
+    """The live runs' traffic (another seed than the search's), once the models' code is found."""
+    if not repository.is_dir():
+        raise BadInput(f"--verify needs the models' code: {repository} is not a directory (use --repository DIR)")
+    arrivals = arrivals_from(tspec, trace_text, seed + 1, n if tspec.shape != "trace" else None, "traffic")
+    return arrivals.with_priorities({c.name: c.priority for c in loaded.spec.traffic_classes})
+
+
+def _candidates(loaded, plan, name: str, picks: list[Evaluation], inputs: TuneInputs, spec_name: str) -> list:
+    from tritongen.tuner.verify import Candidate
+
+    entry = plan.entry(name)
+    out = []
+    for i, e in enumerate(picks):
+        tuned = apply_results(plan, {name: apply_candidate(entry, e.params, inputs.classes, loaded.spec)})
+        out.append(Candidate(label=f"#{i + 1} {e.params.label()}", model=name, config_text=render_entry_config(tuned, name, spec_name)))
+    return out
+
+
+def _verify_capacity(loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed, n, top, repository: Path, spec_name: str):
+    """--objective capacity --verify: measure the best candidates' capacity live; keep the highest."""
+    from tritongen.tuner.verify import measure_capacities
+
+    arrivals_all = _live_arrivals(loaded, tspec, trace_text, seed, n, repository)
+    choices: dict[str, Params] = {}
+    measured_rows: dict[str, dict[str, object]] = {}
+    measured: dict[str, dict[Params, float | None]] = {}
+    for name, result in results.items():
+        inputs: TuneInputs = inputs_by[name]
+        entry = plan.entry(name)
+        picks = [e for e in _picks(result, top) if (e.capacity_factor or 0.0) > 0]
+        if not picks:
+            choices[name] = result.winner.params
+            continue
+        cands = _candidates(loaded, plan, name, picks, inputs, spec_name)
+        arr = entry_arrivals(arrivals_all, plan, entry, loaded.spec)
+        streaming, target = _load_target(loaded, entry)
+
+        def targets_for(c, _t=target, _arr=arr, _e=entry, _s=streaming):
+            return {cn: _t for cn in _arr.class_names}, {_e.name: 1}, ([_e.name] if _s else [])
+
+        def passes(run, factor, _inputs=inputs, _s=streaming, _rate=arr.mean_rate):
+            ok, worst, lost = live_verdict(run, _inputs, _s)
+            offered = _rate * factor
+            ok = ok and run.throughput_per_s >= 0.95 * offered
+            return ok, f"{run.throughput_per_s:.0f}/s of {offered:.0f}/s, worst P99/target {worst:.2f}, lost {lost:.1%}"
+
+        warm = arr.take(np.arange(len(arr)) < min(200, len(arr)))
+        with console.status(f"measuring the capacity of {len(cands)} candidates of {name} on the embedded server..."):
+            found = measure_capacities(
+                repository, cands, arr, targets_for, passes, [e.capacity_factor or 1.0 for e in picks],
+                server_flags=plan.server_flags, warmup=warm, seed=seed,
+            )
+        measured[name] = {e.params: m.factor for e, m in zip(picks, found)}
+        # The highest measured capacity wins; within 3% (noise of open-loop runs) the simulator's order.
+        scored = [(-(m.factor or 0.0) // 0.03, i, e.params) for i, (e, m) in enumerate(zip(picks, found))]
+        choices[name] = min(scored)[2] if any(m.factor for m in found) else result.winner.params
+        rate = arr.mean_rate
+        cols = [baselines.get(name), result.winner, result.runner_up]
+
+        def cell(e, _m=measured[name], _rate=rate):
+            if e is None or e.params not in _m:
+                return "-" if e is None else "not run"
+            f = _m[e.params]
+            return "failed" if f is None else f"{f * _rate:.0f}/s"
+
+        measured_rows[name] = {"capacity (measured live)": [cell(e) for e in cols]}
+        for m in found:
+            trail = "; ".join(f"{p.factor * rate:.0f}/s {'pass' if p.passed else 'miss'} ({p.detail})" for p in m.probes)
+            console.print(f"[dim]{m.candidate.label}: {trail or m.error}[/]")
+    return choices, measured_rows, measured
 
 
 def _verify(loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed, n, top, repository: Path, spec_name: str):
     """Run the top candidates live; keep the measured winner per model."""
-    from tritongen.loadgen import LoadTarget
-    from tritongen.tuner.verify import Candidate, verify_candidates
+    from tritongen.tuner.verify import verify_candidates
 
-    if not repository.is_dir():
-        raise BadInput(f"--verify needs the models' code: {repository} is not a directory (use --repository DIR)")
-    arrivals_all = arrivals_from(tspec, trace_text, seed + 1, n if tspec.shape != "trace" else None, "traffic")
-    arrivals_all = arrivals_all.with_priorities({c.name: c.priority for c in loaded.spec.traffic_classes})
+    arrivals_all = _live_arrivals(loaded, tspec, trace_text, seed, n, repository)
     choices: dict[str, Params] = {}
     measured_rows: dict[str, dict[str, object]] = {}
     for name, result in results.items():
         inputs: TuneInputs = inputs_by[name]
         entry = plan.entry(name)
-        picks: list[Evaluation] = []
-        for e in [result.winner, result.runner_up, *result.table]:
-            if e is not None and e.params not in [p.params for p in picks] and (e.feasible or not picks):
-                picks.append(e)
-            if len(picks) >= top:
-                break
-        cands = []
-        for i, e in enumerate(picks):
-            tuned = apply_results(plan, {name: apply_candidate(entry, e.params, inputs.classes, loaded.spec)})
-            cands.append(Candidate(label=f"#{i + 1} {e.params.label()}", model=name, config_text=render_entry_config(tuned, name, spec_name)))
+        picks = _picks(result, top)
+        cands = _candidates(loaded, plan, name, picks, inputs, spec_name)
         arr = entry_arrivals(arrivals_all, plan, entry, loaded.spec)
-        streaming = entry.kind == "llm" and entry.decoupled
-        target = LoadTarget(name, streaming=streaming, batched=entry.max_batch_size > 0,
-                            interface=entry_interface(entry) if streaming else None,
-                            bytes_per_token=next(m.bytes_per_token for m in loaded.spec.models if m.name == entry.spec_model) or 1.0)
+        streaming, target = _load_target(loaded, entry)
 
         def targets_for(c, _t=target, _arr=arr, _e=entry):
             return {cn: _t for cn in _arr.class_names}, {_e.name: 1}, ([_e.name] if streaming else [])
@@ -256,22 +411,13 @@ def _verify(loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed
                 repository, cands, arr, targets_for, server_flags=plan.server_flags, warmup=warm, seed=seed,
             )
         best: tuple | None = None
-        row_p99: dict[str, list[str]] = {}
         rows: dict[str, object] = {}
         measured_by_params: dict[Params, str] = {}
         for e, v in zip(picks, verified):
             if v.run is None:
                 measured_by_params[e.params] = f"failed: {v.error}"
                 continue
-            worst = 0.0
-            lost = 0.0
-            for c in v.run.classes:
-                target_ms = next(k.p99_ms for k in inputs.classes if k.name == c.name)
-                value = c.ttft_p99_ms if streaming else c.p99_ms
-                worst = max(worst, (value or float("inf")) / target_ms)
-                lost = max(lost, (c.sent - c.completed) / c.sent if c.sent else 0.0)
-                row_p99.setdefault(c.name, [])
-            ok = worst <= 1.0 and lost <= inputs.max_error_fraction
+            ok, worst, _lost = live_verdict(v.run, inputs, streaming)
             # Meeting the targets live comes first; then throughput, in steps of 2% of the offered
             # rate (smaller differences are noise under open-loop load); then the simulator's order.
             step = max(1e-9, 0.02 * arr.mean_rate)

@@ -276,6 +276,56 @@ def fit_curve(
 
 
 # ---------------------------------------------------------------------------------------------
+# Instance scaling on a shared device
+
+
+@dataclass(frozen=True)
+class ScalingFit:
+    device_ms: float  # 0: linear scaling over the levels
+    max_rel_error: float
+    saturates_at: float | None  # instances where the device part binds (1 / (device_ms x X1))
+
+
+def scaling_prediction(instances: int, one_rate: float, device_ms: float) -> float:
+    """Executions per second of `instances` on one device: min(N x X1, 1 / device part)."""
+    linear = instances * one_rate
+    return linear if device_ms <= 0 else min(linear, 1000.0 / device_ms)
+
+
+def fit_instance_scaling(levels: Sequence[tuple[int, float]], grid: int = 4000) -> ScalingFit:
+    """The device part of an execution from (instances, executions/s) measured on one device.
+
+    One instance's rate X1 is taken as measured; the device part D is the value whose prediction
+    min(N x X1, 1/D) is closest in log terms over the levels (a grid over 1/D from X1 to twice the
+    largest N x X1). When every level scaled linearly the answer is D = 0: the levels show no
+    shared part, and saying more would be a guess.
+    """
+    pts = sorted((int(n), float(x)) for n, x in levels if n >= 1 and x > 0)
+    ones = [x for n, x in pts if n == 1]
+    if not ones or len({n for n, _ in pts}) < 2:
+        raise ValueError("instance scaling needs a one-instance level and at least one more instance count")
+    x1 = sum(ones) / len(ones)
+    top = max(n for n, _ in pts)
+
+    def error(device_ms: float) -> tuple[float, float]:
+        logs = [math.log(scaling_prediction(n, x1, device_ms) / x) for n, x in pts]
+        rel = max(abs(scaling_prediction(n, x1, device_ms) - x) / x for n, x in pts)
+        return sum(v * v for v in logs), rel
+
+    best_d, (best_sq, best_rel) = 0.0, error(0.0)
+    for i in range(grid):
+        cap = x1 * (1.0 + (2.0 * top - 1.0) * i / (grid - 1))  # saturated executions/s
+        d = 1000.0 / cap
+        sq, rel = error(d)
+        if sq < best_sq - 1e-12:
+            best_d, best_sq, best_rel = d, sq, rel
+    if best_d > 0 and 1000.0 / best_d >= top * x1:  # never binds on the levels measured
+        best_d, best_rel = 0.0, error(0.0)[1]
+    saturates = None if best_d <= 0 else 1000.0 / best_d / x1
+    return ScalingFit(device_ms=best_d, max_rel_error=best_rel, saturates_at=saturates)
+
+
+# ---------------------------------------------------------------------------------------------
 # The knee of the load curve
 
 

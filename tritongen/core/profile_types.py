@@ -38,6 +38,12 @@ class ProfileSettings(_Model):
     prefill_repeats: int = Field(default=0, description="Requests per prompt length in the prefill scan.")
     pad_margin: float = Field(description="Safety pad = prefill peak at the longest context x this margin.")
     kv_probe_mb: float = Field(description="Size of the KV-pool resize probe (0: not run).")
+    batch_scan_rows: list[int] = Field(
+        default_factory=list, description="Classic: rows per request of the client-side batch scan (one request in flight)."
+    )
+    scaling_instances: list[int] = Field(
+        default_factory=list, description="Classic: instance counts of the scaling levels (loaded through the model load API)."
+    )
     seed: int = Field(description="Seed of the random input features.")
 
 
@@ -217,6 +223,58 @@ class EngineMeasurement(_Model):
     notes: list[str] = Field(default_factory=list)
 
 
+class ScalingLevel(_Model):
+    """Closed-loop load on N instances of one device, each request `rows` rows, no dynamic batching."""
+
+    instances: int
+    rows: int = Field(description="Rows per request (1 for a model without a batch dimension).")
+    concurrency: int = Field(description="Requests kept in flight (2 per instance: one running, one waiting).")
+    requests: int
+    errors: int
+    executions_per_s: float = Field(description="Executions (= requests) per second.")
+    execution_ms: float | None = Field(default=None, description="Triton's mean compute time per execution at this level.")
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+
+
+class DevicePart(_Model):
+    """The device part of an execution of `rows` rows, fitted from the levels of that size."""
+
+    rows: int
+    device_ms: float = Field(description="0: throughput grew in proportion to instances, no shared part seen.")
+    execution_ms: float = Field(description="Mean compute time per execution on one instance.")
+    one_instance_per_s: float = Field(description="Executions per second of one instance.")
+    saturates_at: float | None = Field(description="Instances where the device binds: 1 / (device part x one instance's rate).")
+    max_rel_error: float = Field(description="Largest |fit - measured| / measured throughput over the levels.")
+
+
+class InstanceScaling(_Model):
+    """How throughput grows with instances on one device, and the device part that caps it.
+
+    Model: an execution is a host part, which overlaps across instances, and a device part, which
+    the instances of a device take in turns; N instances deliver min(N x X1, 1 / device part)
+    executions per second (X1: one instance's rate). Measured at a small and a large batch, the
+    device part is a line in the rows (`device_fixed_ms + device_per_row_ms x rows`), which the
+    simulator takes as the model's `device_curve`."""
+
+    levels: list[ScalingLevel]
+    parts: list[DevicePart]
+    device_fixed_ms: float
+    device_per_row_ms: float
+    detail: str = Field(description="The fit in words.")
+
+
+class MeasuredOverheads(_Model):
+    """Costs outside the curve, fitted from Triton's own statistics during the load levels
+    (`simulator.fit_overheads`): what simulate and tune use for this server by default."""
+
+    request_ms: float = Field(description="Mean client-side latency less Triton's request duration (client, HTTP, loopback).")
+    batch_ms: float = Field(description="Instance time per execution outside the curve (backend IPC, tensor copies).")
+    request_exec_ms: float = Field(description="The same per request in an execution.")
+    levels: int = Field(description="Load levels the fit used.")
+    detail: str = Field(description="What could and could not be separated.")
+
+
 class Profile(_Model):
     """What one model measured on one server. Written as `<out>/<model>.json`."""
 
@@ -240,6 +298,12 @@ class Profile(_Model):
     memory: MemorySection | None = None
     streaming: StreamingSection | None = None
     engine: EngineMeasurement | None = None
+    overheads: MeasuredOverheads | None = Field(default=None, description="Classic: overheads fitted on this server.")
+    scaling: InstanceScaling | None = Field(default=None, description="Classic: instance scaling on one device.")
+    variant: str | None = Field(
+        default=None, description="Classic: the config the load levels ran on, when not the served one (loaded through the load API)."
+    )
+    notes: list[str] = Field(default_factory=list, description="What was measured how, and what could not be.")
 
 
 def read_profile(text: str) -> Profile:

@@ -284,13 +284,13 @@ def _prompt_bytes_per_token(model: ModelSpec, profile: Profile | None) -> tuple[
 
 def _devices(spec: DeploymentSpec, plan: DeploymentPlan) -> list[dict[str, Any]]:
     cap = spec.policy.memory_utilization_cap
-    reserve = int(spec.policy.framework_reserve_mb * MIB)
     ids = ["cpu"] if plan.cpu_only else [f"gpu{i}" for i in range(len(plan.device_bytes))]
     used = {d: 0 for d in ids}
     for entry in plan.entries:
         model = next(m for m in spec.models if m.name == entry.spec_model)
         placement = next(p for p in plan.placements if p.model == entry.spec_model)
-        per_engine = _weights(model) // model.tensor_parallel + reserve + (entry.kv.budget_bytes if entry.kv else 0)
+        per_engine = (_weights(model) // model.tensor_parallel + placement.reserve_bytes
+                      + (entry.kv.budget_bytes if entry.kv else 0))
         if plan.cpu_only:
             used["cpu"] += per_engine * max(1, model.instances)
         else:
@@ -316,6 +316,8 @@ def build_sidecar_policy(
     classes = [_class_entry(spec, c, top) for c in sorted(spec.traffic_classes, key=lambda c: c.priority)]
     delay_high = round(min(c.p99_ms for c in spec.traffic_classes) * 0.25, 3)
     sources = ["triton_metrics", "static"] if plan.cpu_only else ["nvml", "triton_metrics", "static"]
+    if spec.safety_pad_mb() != spec.policy.kv_safety_pad_mb:
+        notes.append("headroom: no safety pad (no LLM prefills here and the spec states no policy.kv_safety_pad_mb)")
     return {
         "version": POLICY_VERSION,
         "deployment": spec.name,
@@ -343,7 +345,7 @@ def build_sidecar_policy(
         },
         "headroom": {
             "sources": sources,
-            "safety_pad_bytes": int(spec.policy.kv_safety_pad_mb * MIB),
+            "safety_pad_bytes": int(spec.safety_pad_mb() * MIB),
             "poll_interval_ms": 500.0,
             "stale_after_ms": 5000.0,
         },

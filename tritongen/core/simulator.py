@@ -38,6 +38,11 @@ sources and checked on the embedded server, see tests/unit/test_simulator.py and
     4.2% of hand-offs against 3.4% for the same config without resources). Another idle instance
     always answers the notify.
 * **Instances** execute one batch at a time: `curve(rows) + batch_ms + request_exec_ms x requests`.
+  A model's `device_curve` part of that time needs its device exclusively, after the host part: the
+  instances on one device (and every model on it) queue for the device in the order their host
+  parts end, as kernels of several instances queue on one GPU. So throughput saturates at one
+  execution per device part however many instances there are (fitted by the profile's
+  instance-scaling levels: `profile_math.fit_instance_scaling`).
 * **Rate limiter** (`--rate-limit=execution_count`): an execution needs its instance's resources
   (e.g. `compute: 1`) out of the server's totals; payloads wait in arrival order (then instance
   priority) and the head blocks the rest, as Triton's staging queue does.
@@ -133,15 +138,24 @@ class ServiceCurve(_Strict):
 
     @classmethod
     def from_profile(cls, profile) -> "ServiceCurve":
-        """From a `Profile`: its fit of compute_infer, plus the mean compute_input/output time
-        (Triton's batch_stats) as part of the fixed cost, since the instance is busy for it too."""
+        """From a `Profile`: its fit and curve points (`from_points`)."""
         if profile.fit is None:
-            raise ValueError(f"profile of {profile.model!r} has no latency-versus-batch fit (was it a classic model with load?)")
+            raise ValueError(
+                f"profile of {profile.model!r} has no latency-versus-batch fit: profile it again with this version "
+                "(it measures client-side batches of 1..max_batch_size rows whatever config is served); a model with "
+                "max_batch_size 0 has no batch curve to tune"
+            )
+        return cls.from_points(profile.fit, profile.curve)
+
+    @classmethod
+    def from_points(cls, fit, points) -> "ServiceCurve":
+        """A fit of compute_infer plus the mean compute_input/output time of the measured points
+        (Triton's batch_stats) as part of the fixed cost, since the instance is busy for it too."""
         extra = 0.0
-        total = sum(p.count for p in profile.curve)
+        total = sum(p.count for p in points)
         if total:
-            extra = sum((p.compute_total_ms - p.compute_infer_ms) * p.count for p in profile.curve) / total
-        return cls.from_fit(profile.fit, extra_ms=max(0.0, extra))
+            extra = sum((p.compute_total_ms - p.compute_infer_ms) * p.count for p in points) / total
+        return cls.from_fit(fit, extra_ms=max(0.0, extra))
 
 
 class Overheads(_Strict):
@@ -277,6 +291,12 @@ class ModelSim(_Strict):
     devices: list[int] = Field(default_factory=lambda: [-1], description="Device of each instance group copy; -1 = CPU.")
     resources: dict[str, int] = Field(default_factory=dict, description="Rate-limiter resources per execution.")
     rate_limiter_priority: int = Field(default=0, ge=0)
+    device_curve: ServiceCurve | None = Field(
+        default=None,
+        description="Device part of one execution by rows (at most the whole execution): the instances on one device "
+        "(and every model on it) take turns for it, so N instances deliver at most one execution per device part, "
+        "whatever N is. None = instances scale linearly (a profile's instance scaling fits it).",
+    )
     curve: ServiceCurve | None = None
     llm: EngineModel | None = None
     prompt_tokens_min: int = Field(default=0, ge=0, description="Lanes: shortest prompt this entry takes.")
@@ -487,19 +507,20 @@ def measurement_window(t: np.ndarray, warmup_s: float) -> tuple[float, float]:
 # ---------------------------------------------------------------------------------------------
 # The engine
 
-_TIMER, _EXEC_DONE, _TICK, _STEP, _WAKE, _RELEASE = 1, 2, 3, 4, 5, 6
+_TIMER, _EXEC_DONE, _TICK, _STEP, _WAKE, _RELEASE, _HOST_DONE = 1, 2, 3, 4, 5, 6, 7
 _UNINIT, _READY, _REQUESTED, _EXECUTING = 0, 1, 2, 3
 _IDLE_WAIT_S = 0.5  # Triton's default_wait_microseconds: 500 ms
 
 
 class _Payload:
-    __slots__ = ("reqs", "rows", "state", "seq")
+    __slots__ = ("reqs", "rows", "state", "seq", "started")
 
     def __init__(self, seq: int) -> None:
         self.reqs: list[int] = []
         self.rows = 0
         self.state = _UNINIT
         self.seq = seq
+        self.started = 0.0
 
 
 class _Model:
@@ -540,6 +561,7 @@ class _Model:
         self.inst_device = [devices[i // cfg.instances] if i // cfg.instances < len(devices) else devices[-1] for i in range(self.n_inst)]
         self.idle: list[int] = list(range(self.n_inst))
         self.curve = cfg.curve
+        self.device_curve = cfg.device_curve if cfg.llm is None else None
         self.batch_s = overheads.batch_ms / 1000.0
         self.req_exec_s = overheads.request_exec_ms / 1000.0
         self.busy_s = 0.0
@@ -593,6 +615,9 @@ class Simulation:
         self.dev_busy_count: dict[int, int] = {}
         self.dev_busy_since: dict[int, float] = {}
         self.dev_busy_s: dict[int, float] = {}
+        # shared device parts: who holds each device, and who waits for it (model, instance, payload, seconds)
+        self.dev_held: set[int] = set()
+        self.dev_waiting: dict[int, deque[tuple[_Model, int, _Payload, float]]] = {}
         self.wake_s = self.ov.wake_ms / 1000.0
         # Load-dependent wake race: arrival times in order, to count the trailing rate by bisection.
         self._send_sorted = sorted(self.t_send) if self.ov.wake_loss_doubling_per_s > 0 else []
@@ -968,19 +993,41 @@ class Simulation:
         p.state = _EXECUTING
         n_req = len(p.reqs)
         service = (m.curve.ms(p.rows) / 1000.0 if m.curve is not None else 0.0)
-        dur = (service + m.batch_s + m.req_exec_s * n_req) * self._jitter_factor()
+        jitter = self._jitter_factor()
+        dur = (service + m.batch_s + m.req_exec_s * n_req) * jitter
         for r in p.reqs:
             self.t_start[r] = now
         m.running_count += 1
+        p.started = now
         if m.llm is None:  # an LLM's device time is its engine's steps, not the hand-off
             m.executions += 1
             m.exec_rows += p.rows
-            m.busy_s += self._window_overlap(now, now + dur)
             if m.running_count == 1:
                 m.any_busy_since = now
             self._device_busy(m.inst_device[inst], now, +1)
-        self._push(now + dur, _EXEC_DONE, m.index, (inst, p))
+        if m.device_curve is not None:
+            device_s = min(dur, m.device_curve.ms(p.rows) / 1000.0 * jitter)
+            self._push(now + dur - device_s, _HOST_DONE, m.index, (inst, p, device_s))
+        else:
+            self._push(now + dur, _EXEC_DONE, m.index, (inst, p))
         self._notify(m, now)  # the payload's callback wakes the batcher
+
+    def _host_done(self, m: _Model, inst: int, p: _Payload, device_s: float, now: float) -> None:
+        """The host part is over: take the device, or queue for it behind the instances holding it."""
+        dev = m.inst_device[inst]
+        if dev in self.dev_held:
+            self.dev_waiting.setdefault(dev, deque()).append((m, inst, p, device_s))
+            return
+        self.dev_held.add(dev)
+        self._push(now + device_s, _EXEC_DONE, m.index, (inst, p))
+
+    def _device_free(self, dev: int, now: float) -> None:
+        waiting = self.dev_waiting.get(dev)
+        if waiting:
+            m, inst, p, device_s = waiting.popleft()
+            self._push(now + device_s, _EXEC_DONE, m.index, (inst, p))
+        else:
+            self.dev_held.discard(dev)
 
     def _device_busy(self, dev: int, now: float, delta: int) -> None:
         count = self.dev_busy_count.get(dev, 0)
@@ -992,7 +1039,10 @@ class Simulation:
 
     def _exec_done(self, m: _Model, inst: int, p: _Payload, now: float) -> None:
         m.running_count -= 1
+        if m.device_curve is not None:
+            self._device_free(m.inst_device[inst], now)
         if m.llm is None:
+            m.busy_s += self._window_overlap(p.started, now)
             if m.running_count == 0 and m.any_busy_since is not None:
                 m.any_busy_s += self._window_overlap(m.any_busy_since, now)
             self._device_busy(m.inst_device[inst], now, -1)
@@ -1131,6 +1181,8 @@ class Simulation:
                     self._notify_now(m, t)
                 elif kind == _RELEASE:
                     self._release(m, b, t)
+                elif kind == _HOST_DONE:
+                    self._host_done(m, b[0], b[1], b[2], t)
                 elif b == m.token:  # a live timer (a notify supersedes the pending one)
                     if kind == _TIMER:
                         self._batcher_run(m, t, from_slot=False)
@@ -1215,8 +1267,12 @@ def model_sim_from_config(
     route: str | None = None,
     prompt_tokens_max: int | None = None,
     prompt_tokens_min: int = 0,
+    device_curve: ServiceCurve | None = None,
 ) -> ModelSim:
     """A `ModelSim` from Triton's `ModelConfig` proto (a parsed config.pbtxt).
+
+    `device_curve`: the part of each execution its instances take in turns on their device (a
+    classic profile's instance scaling); None = instances scale linearly.
 
     A decoupled model is a streaming LLM: it needs its `engine` (`engine_sources.resolve_engine`
     reads it from the backend's files, the spec and the profile); a classic model its `curve`.
@@ -1267,6 +1323,7 @@ def model_sim_from_config(
         rate_limiter_priority=rl_priority,
         curve=curve if llm is None else None,
         llm=llm,
+        device_curve=device_curve if llm is None else None,
         prompt_tokens_min=prompt_tokens_min,
         prompt_tokens_max=prompt_tokens_max,
     )

@@ -178,7 +178,8 @@ class ModelSpec(StrictModel):
     )
     memory_quota_mb: float | None = Field(
         default=None, gt=0, description="Device memory this model may hold (weights + KV + pad), MiB; "
-        "defaults to the policy's `memory_quota_mb`, else a whole device."
+        "defaults to the policy's `memory_quota_mb`, else weights + policy.framework_reserve_mb (classic) or a "
+        "whole device (LLMs), each shrunk to a fair share of the device when those defaults do not fit together."
     )
     compute_quota: int | None = Field(
         default=None, ge=1, description="Rate-limiter 'compute' units one instance needs to execute."
@@ -262,13 +263,15 @@ class Policy(StrictModel):
     """Knobs with defaults taken from practice."""
 
     kv_safety_pad_mb: float = Field(
-        default=2048, ge=0, description="Memory kept free beyond the KV budget for prefill spikes, MiB."
+        default=2048, ge=0, description="Memory kept free beyond the KV budget for prefill spikes, MiB; unless "
+        "stated, none in a deployment without LLMs."
     )
     memory_utilization_cap: float = Field(
         default=0.85, gt=0, le=1, description="Keep the device memory watermark under this fraction."
     )
     framework_reserve_mb: float = Field(
-        default=1024, ge=0, description="Runtime memory outside weights and KV (CUDA context, workspaces), MiB."
+        default=1024, ge=0, description="Runtime memory outside weights and KV (CUDA context, workspaces), MiB; "
+        "unless stated, scaled down for classic models whose default quotas do not fit the device."
     )
     short_window_ms: float = Field(default=8, gt=0, description="Queue window of latency-sensitive lanes, ms.")
     long_window_ms: float = Field(default=40, gt=0, description="Queue window of throughput lanes, ms.")
@@ -367,6 +370,14 @@ class DeploymentSpec(StrictModel):
                 "Triton refuses to load a model that asks for more than the server declares"
             )
         return self
+
+    def safety_pad_mb(self) -> float:
+        """The memory kept free for prefill spikes: `policy.kv_safety_pad_mb`, except that a deployment
+        without LLMs keeps none unless the spec states one (nothing prefills; the default 2048 MiB
+        would leave a small CPU pool no room for a single request)."""
+        if "kv_safety_pad_mb" in self.policy.model_fields_set or any(m.kind == "llm" for m in self.models):
+            return self.policy.kv_safety_pad_mb
+        return 0.0
 
     def classes_of(self, model: ModelSpec) -> list[TrafficClass]:
         wanted = set(model.classes) if model.classes else None

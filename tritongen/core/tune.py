@@ -50,6 +50,7 @@ from tritongen.core.spec import MIB, DeploymentSpec, TrafficClass
 from tritongen.core.traffic import Arrivals, scale_rate
 
 PolicyName = Literal["strict", "strict-loose", "single"]
+Objective = Literal["targets", "capacity"]
 
 
 class Params(BaseModel):
@@ -96,6 +97,7 @@ class Evaluation(BaseModel):
 
 class TuneResult(BaseModel):
     model: str
+    objective: Objective = "targets"
     winner: Evaluation
     runner_up: Evaluation | None
     table: list[Evaluation]
@@ -122,6 +124,8 @@ class TuneInputs:
     max_error_fraction: float = 0.01
     seed: int = 0
     max_instances: int = 4
+    device_curve: ServiceCurve | None = None  # the profile's instance scaling: the execution part a device serialises
+    objective: Objective = "targets"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,6 +239,7 @@ def model_sim(inputs: TuneInputs, params: Params) -> ModelSim:
         instances=params.instances,
         devices=list(group.gpus) or [-1],
         resources=resources,
+        device_curve=inputs.device_curve if llm is None else None,
         curve=inputs.curve if llm is None else None,
         llm=llm,
         prompt_tokens_max=entry.prompt_tokens_max if entry.lane == "short" else None,
@@ -310,25 +315,40 @@ def capacity_bound(inputs: TuneInputs, params: Params) -> float:
     mbs = max(1, params.max_batch_size)
     exec_ms = inputs.curve.ms(mbs) + ov.batch_ms + ov.request_exec_ms * mbs
     rows_per_s = params.instances * mbs / max(1e-9, exec_ms / 1000.0)
+    if inputs.device_curve is not None:  # the instances of a device take turns for its part
+        rows_per_s = min(rows_per_s, mbs / max(1e-9, min(exec_ms, inputs.device_curve.ms(mbs)) / 1000.0))
     offered = inputs.arrivals.mean_rate * (float(inputs.arrivals.rows.mean()) if len(inputs.arrivals) else 1.0)
     return float(min(64.0, max(1.05, rows_per_s / max(1e-9, offered) * 1.1)))
 
 
-def capacity_factor(inputs: TuneInputs, params: Params, arrivals: Arrivals, hi: float | None = None, steps: int = 5) -> float:
-    """Largest rate multiple (bisection between 1 and an analytic bound) that stays feasible."""
+def capacity_factor(
+    inputs: TuneInputs, params: Params, arrivals: Arrivals, hi: float | None = None, steps: int = 5, below: bool = False
+) -> float:
+    """Largest rate multiple (bisection between 1 and an analytic bound) that stays feasible.
+
+    `below`: a candidate that misses its targets at the traffic's rate gets the multiple under 1 it
+    still carries (down to 1/16; 0 below that) instead of 0, so capacities compare across all."""
     if not evaluate(inputs, params, arrivals)[0].feasible:
-        return 0.0
+        if not below:
+            return 0.0
+        if not evaluate(inputs, params, scale_rate(arrivals, 1.0 / 16.0))[0].feasible:
+            return 0.0
+        return _bisect_rate(inputs, params, arrivals, 1.0 / 16.0, 1.0, steps)
     hi = hi if hi is not None else capacity_bound(inputs, params)
-    lo_f, hi_f = 1.0, hi
     if evaluate(inputs, params, scale_rate(arrivals, hi))[0].feasible:
         return hi
+    return _bisect_rate(inputs, params, arrivals, 1.0, hi, steps)
+
+
+def _bisect_rate(inputs: TuneInputs, params: Params, arrivals: Arrivals, lo: float, hi: float, steps: int) -> float:
+    """Geometric bisection between a feasible multiple `lo` and an infeasible `hi`."""
     for _ in range(steps):
-        mid = math.sqrt(lo_f * hi_f)
+        mid = math.sqrt(lo * hi)
         if evaluate(inputs, params, scale_rate(arrivals, mid))[0].feasible:
-            lo_f = mid
+            lo = mid
         else:
-            hi_f = mid
-    return lo_f
+            hi = mid
+    return lo
 
 
 def needed_capacity(inputs: TuneInputs, params: Params, steps: int = 6) -> str:
@@ -421,6 +441,82 @@ def fine_candidates(inputs: TuneInputs, around: Sequence[Params]) -> list[Params
     return out
 
 
+CAPACITY_STEPS = 7  # bisection steps of --objective capacity's finalists: about 2% resolution on a bound of 10x
+COARSE_CAPACITY_STEPS = 4  # the rest: about 15%, enough to pick the finalists
+
+
+def tune_for_capacity(inputs: TuneInputs, top_coarse: int = 3, capacity_top: int = 5, progress=None) -> TuneResult:
+    """`--objective capacity`: the candidate that carries the highest rate of this traffic's mix
+    within every target, whether or not it meets them at the traffic's own rate.
+
+    Coarse pass: every max batch size x instances gets its capacity (bisection above or below the
+    traffic's rate). Fine pass around the best `top_coarse`: each variant is simulated at 0.9 x the
+    best coarse capacity, and the `capacity_top` that hold up best get an exact capacity.
+    """
+    count = [0]
+    seen: dict[Params, Evaluation] = {}
+
+    exact: set[Params] = set()
+
+    def cap(p: Params, steps: int = COARSE_CAPACITY_STEPS) -> Evaluation:
+        if p in seen and (p in exact or steps == COARSE_CAPACITY_STEPS):
+            return seen[p]
+        e = seen.get(p) or evaluate(inputs, p)[0]
+        e.capacity_factor = capacity_factor(inputs, p, inputs.arrivals, steps=steps, below=True)
+        count[0] += 2 + steps
+        if progress is not None:
+            progress(count[0])
+        seen[p] = e
+        if steps == CAPACITY_STEPS:
+            exact.add(p)
+        return e
+
+    def by_capacity(e: Evaluation) -> tuple:
+        return (-round(e.capacity_factor or 0.0, 3), e.params.instances, round(e.worst_ratio, 3), e.params.max_batch_size, e.params.delay_us)
+
+    coarse = sorted((cap(p) for p in coarse_candidates(inputs)), key=by_capacity)
+    around: list[Params] = []
+    for e in coarse:
+        if (e.params.max_batch_size, e.params.instances) not in {(a.max_batch_size, a.instances) for a in around}:
+            around.append(e.params)
+        if len(around) >= top_coarse:
+            break
+    best = coarse[0].capacity_factor or 0.0
+    stress = scale_rate(inputs.arrivals, 0.9 * best) if best > 0 else None
+    held: list[tuple[tuple, Params]] = []
+    for p in fine_candidates(inputs, around):
+        if p in seen:
+            continue
+        count[0] += 1
+        if stress is None:
+            continue
+        e = evaluate(inputs, p, stress)[0]
+        held.append(((0 if e.feasible else 1, round(e.worst_ratio, 3), p.instances), p))
+    for _, p in sorted(held, key=lambda x: x[0])[:capacity_top]:
+        cap(p)
+    for e in sorted(seen.values(), key=by_capacity)[:capacity_top]:  # the best get the fine bisection
+        cap(e.params, CAPACITY_STEPS)
+    ranked = sorted(seen.values(), key=by_capacity)
+    winner = ranked[0]
+    notes = []
+    if (winner.capacity_factor or 0.0) <= 0.0:
+        notes.append(
+            f"no candidate of {inputs.entry.name!r} meets every target even at 1/16 of the traffic's rate: the targets "
+            "need a faster model or device, not another config"
+        )
+    elif not winner.feasible:
+        notes.append(
+            f"the best candidate carries {winner.capacity_per_s:.1f} req/s within every target, below the traffic's "
+            f"{inputs.arrivals.mean_rate:.1f} req/s: the traffic needs about {1 / winner.capacity_factor:.1f}x this "
+            "capacity (replicas or a faster device)"
+        )
+    runner_up = next((e for e in ranked[1:] if e.params != winner.params), None)
+    return TuneResult(
+        model=inputs.entry.name, objective="capacity", winner=winner, runner_up=runner_up, table=ranked,
+        candidates=count[0], feasible=sum(1 for e in ranked if e.feasible), notes=notes,
+    )
+
+
 def tune_model(inputs: TuneInputs, top_coarse: int = 3, capacity_top: int = 5, progress=None) -> TuneResult:
     """Search one entry; see the module docstring for the order of the criteria.
 
@@ -428,7 +524,10 @@ def tune_model(inputs: TuneInputs, top_coarse: int = 3, capacity_top: int = 5, p
     by bisection. Fine pass around the best `top_coarse`: preferred sizes x windows x policies,
     each simulated at the traffic's rate (feasibility) and at a stress rate just under the best
     coarse capacity (which of them holds up); the `capacity_top` best get an exact capacity.
+    `inputs.objective == "capacity"` searches by capacity alone (`tune_for_capacity`).
     """
+    if inputs.objective == "capacity":
+        return tune_for_capacity(inputs, top_coarse, capacity_top, progress)
     seen: dict[Params, Evaluation] = {}
     count = [0]
 

@@ -36,6 +36,9 @@ from tritongen.core.profile_types import DecodeSample, EngineMeasurement, Prefil
 from tritongen.errors import BadInput, RunFailed
 from tritongen.profiler.load import ModelFailed, StreamLoad, StreamRecord
 from tritongen.profiler.memory import kv_gauges, parse_metrics
+from tritongen.reach import GRPC, grpc_reason, grpc_unreached, unreachable_message
+
+PROFILE_GRPC = "--grpc-url; by default port 8001 on the --url host"  # how the profile's gRPC address is set
 
 ASSUMED_BYTES_PER_TOKEN = 4.0
 # what an engine that runs out of KV memory says (tinyllm, the stand-ins, PyTorch, vLLM, TRT-LLM)
@@ -428,10 +431,12 @@ def _first_output_int(url: str, model: str, inputs: dict[str, np.ndarray], outpu
     import tritonclient.grpc as grpcclient
 
     found: list[int] = []
+    errors: list[BaseException] = []
     done = threading.Event()
 
     def callback(result, error) -> None:
         if error is not None:
+            errors.append(error)
             done.set()
             return
         value = result.as_numpy(output)
@@ -449,12 +454,12 @@ def _first_output_int(url: str, model: str, inputs: dict[str, np.ndarray], outpu
         client.async_stream_infer(model, infer_inputs(grpcclient, inputs), enable_empty_final_response=True)
         done.wait(timeout_s)
         client.stop_stream(cancel_requests=True)
-    except InferenceServerException as err:
-        raise RunFailed(
-            f"model {model!r}: no gRPC stream to {url} ({err.message()}); is that the server's gRPC address? "
-            "(--grpc-url; the default is port 8001 on the --url host)"
-        ) from None
+    except InferenceServerException as err:  # the stream broke: the callback holds the cause
+        cause = errors[0] if errors else err
+        raise RunFailed(f"model {model!r}: {unreachable_message(GRPC, url, PROFILE_GRPC, grpc_reason(cause))}") from None
     finally:
         client.close()
+    if not found and errors and grpc_unreached(errors[0]):
+        raise RunFailed(f"model {model!r}: {unreachable_message(GRPC, url, PROFILE_GRPC, grpc_reason(errors[0]))}")
     return found[0] if found else None
 

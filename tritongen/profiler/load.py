@@ -25,6 +25,7 @@ import numpy as np
 
 from tritongen.client import infer_inputs
 from tritongen.errors import RunFailed
+from tritongen.reach import stream_cause
 
 
 class ModelFailed(RunFailed):
@@ -349,7 +350,8 @@ class StreamWorker(threading.Thread):
                 elif self.pause_s:
                     self.stop.wait(self.pause_s)
         except Exception as err:  # noqa: BLE001 - a broken stream ends this worker; the level sees it
-            self.fatal = _short(str(err) or type(err).__name__)
+            last = self.records[-1].error if self.records else None
+            self.fatal = _short(f"the gRPC stream to {self.url} failed: {stream_cause(responses, err, last)}")
         finally:
             self.ready.set()
             try:

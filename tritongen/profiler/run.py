@@ -5,9 +5,11 @@ started) and whether it may reload models (only on a server it started itself). 
 profile is written as soon as it is measured; a model that fails mid-run, or a Ctrl-C, still
 writes what was measured with `"complete": false` before the error goes up.
 
-Classic models: closed-loop load at rising concurrency; the latency-versus-batch curve comes from
-Triton's own `batch_stats` (compute time per batch size, no client noise), fitted by
-`profile_math.fit_curve`; throughput and client-side percentiles per level; the knee.
+Classic models (`tritongen.profiler.classic`): closed-loop load at rising concurrency, then a
+client-side batch scan, so the latency-versus-batch curve comes from Triton's own `batch_stats`
+(compute time per batch size, no client noise) whatever config is served, fitted by
+`profile_math.fit_curve`; throughput and client-side percentiles per level; the knee; overheads
+from Triton's statistics; instance scaling on one device where configs may be loaded.
 
 Streaming (decoupled) models, in this order so each memory reading starts from a fresh instance:
   1. KV-pool resize probe (a server we own, a model with `kv_pool_blocks`/`kv_block_tokens`
@@ -37,13 +39,12 @@ import httpx
 import numpy as np
 
 from tritongen import __version__
-from tritongen.client import sample_input
+from tritongen.client import tensors_from_config
 from tritongen.core import profile_math as pm
 from tritongen.core.kv import kv_shape, weight_bytes
 from tritongen.core.plan import ModelEntryPlan, TensorView, plan_deployment
 from tritongen.core.llm_interface import LLMInterface
 from tritongen.core.profile_types import (
-    CurvePoint,
     EngineMeasurement,
     KVMeasurement,
     LoadLevel,
@@ -55,9 +56,10 @@ from tritongen.core.profile_types import (
     StreamLevel,
 )
 from tritongen.errors import BadInput, RunFailed, TritongenError
+from tritongen.profiler.classic import SCALING_INSTANCES, ClassicProfiler, ClassicResult, batch_scan_rows
 from tritongen.profiler.engine import EngineProfiler, engine_settings, interface_of
 from tritongen.profiler.engine import stream_inputs as engine_stream_inputs
-from tritongen.profiler.load import ClassicLoad, ModelFailed, RequestRecord, StreamLoad, StreamRecord, Window
+from tritongen.profiler.load import ModelFailed, RequestRecord, StreamLoad, StreamRecord, Window
 from tritongen.profiler.memory import (
     MemoryProbe,
     NullProbe,
@@ -255,26 +257,14 @@ class Target:
         return sorted({int(i) for g in self.config.get("instance_group") or [] for i in g.get("gpus") or []})
 
 
-def _tensors_from_config(items: list[dict]) -> list[TensorView]:
-    return [
-        TensorView(
-            name=t["name"],
-            data_type=t.get("data_type", "TYPE_FP32"),
-            dims=[int(d) for d in t.get("dims", [])],
-            optional=bool(t.get("optional", False)),
-        )
-        for t in items
-    ]
-
-
 def _server_target(name: str, config: dict, **spec_fields) -> Target:
     decoupled = bool((config.get("model_transaction_policy") or {}).get("decoupled", False))
     target = Target(
         name=name,
         kind="streaming" if decoupled else "classic",
         max_batch_size=int(config.get("max_batch_size", 0)),
-        inputs=_tensors_from_config(config.get("input") or []),
-        outputs=_tensors_from_config(config.get("output") or []),
+        inputs=tensors_from_config(config.get("input") or []),
+        outputs=tensors_from_config(config.get("output") or []),
         config=config,
         **spec_fields,
     )
@@ -349,13 +339,6 @@ def resolve_targets(admin: TritonAdmin, names: Sequence[str], loaded: LoadedSpec
 
 # ---------------------------------------------------------------------------------------------
 # Inputs
-
-
-def classic_inputs(target: Target, seed: int) -> dict[str, np.ndarray]:
-    """One row per request (a leading batch dimension of 1 when the model batches)."""
-    rng = np.random.default_rng(seed)
-    rows = 1 if target.max_batch_size > 0 else None
-    return {t.name: sample_input(t, rows, rng, "hello", 8) for t in target.inputs if not t.optional}
 
 
 def stream_inputs(target: Target, prompt_tokens: int, max_tokens: int) -> dict[str, np.ndarray]:
@@ -443,17 +426,16 @@ class _Builder:
     server_url: str
     started: float = field(default_factory=time.monotonic)
     created_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
-    curve: list[CurvePoint] = field(default_factory=list)
-    levels: list[LoadLevel] = field(default_factory=list)
     memory: MemorySection | None = None
     streaming: StreamingSection | None = None
     engine: EngineMeasurement | None = None
+    classic: ClassicResult = field(default_factory=ClassicResult)
 
     def build(self, complete: bool, error: str | None) -> Profile:
-        fit = pm.fit_curve(self.curve) if self.curve else None
+        c = self.classic
         knee = (
-            pm.find_knee([(lv.concurrency, lv.throughput_per_s, lv.p99_ms) for lv in self.levels])
-            if len(self.levels) >= 2
+            pm.find_knee([(lv.concurrency, lv.throughput_per_s, lv.p99_ms) for lv in c.levels])
+            if len(c.levels) >= 2
             else None
         )
         return Profile(
@@ -469,13 +451,17 @@ class _Builder:
             duration_s=round(time.monotonic() - self.started, 3),
             max_batch_size=self.target.max_batch_size,
             settings=self.settings,
-            curve=self.curve,
-            fit=fit,
-            load_levels=self.levels,
+            curve=c.curve,
+            fit=c.fit,
+            load_levels=c.levels,
             knee=knee,
             memory=self.memory,
             streaming=self.streaming,
             engine=self.engine,
+            overheads=c.overheads,
+            scaling=c.scaling,
+            variant=c.variant,
+            notes=c.notes,
         )
 
 
@@ -540,7 +526,7 @@ class Profiler:
 
     def profile(self, target: Target) -> Profile:
         builder = _Builder(target, self._settings_for(target), self.server_version, f"http://{self.endpoints.http}")
-        steps = len(self.settings.concurrency_levels) + 1
+        steps = len(self.settings.concurrency_levels) + 3
         if target.kind == "streaming":
             steps = len(self.settings.stream_concurrency_levels) + 3
         self.reporter.start(target.name, steps)
@@ -578,7 +564,12 @@ class Profiler:
 
     def _settings_for(self, target: Target) -> ProfileSettings:
         if target.kind == "classic":
-            return self.settings
+            return self.settings.model_copy(
+                update={
+                    "batch_scan_rows": batch_scan_rows(target.max_batch_size, self.settings.quick),
+                    "scaling_instances": list(SCALING_INSTANCES) if self.can_reload else [],
+                }
+            )
         prompt, output = self._stream_lengths(target)
         return self.settings.model_copy(
             update={
@@ -602,31 +593,17 @@ class Profiler:
     # -- classic ---------------------------------------------------------------------------------
 
     def _classic(self, target: Target, builder: _Builder) -> None:
-        s = self.settings
         probe, notes = self.probe_factory(target)
         memory = MemorySection(probe=probe.name, notes=notes, weights_bytes_analytic=target.weights_bytes_analytic)
         memory.instances = probe.refresh() or None
         memory.base_bytes = steady_value(probe)
         builder.memory = memory
         self.reporter.update(f"{target.name}: memory read", advance=1)
-
-        output_names = [t.name for t in target.outputs]
-        deltas: list[dict[int, pm.BatchDelta]] = []
-        with ClassicLoad(self.endpoints.http, target.name, classic_inputs(target, s.seed), output_names) as load:
-            for concurrency in s.concurrency_levels:
-                label = f"{target.name}: concurrency {concurrency}"
-                self.reporter.update(f"{label}: warming up")
-                before = self.admin.stats(target.name)
-                records, windows, start, measured_from = load.run_level(
-                    concurrency, s.warmup_s, s.window_s, self._decide(), self._on_window(label, "inf/s")
-                )
-                after = self.admin.stats(target.name)
-                before = measured_from or before  # the warm-up's executions (a cold first call) stay out
-                delta = pm.batch_stats_delta(before.get("batch_stats") or [], after.get("batch_stats") or [])
-                deltas.append(delta)
-                builder.curve = pm.curve_points(pm.merge_deltas(deltas))
-                builder.levels.append(self._classic_level(concurrency, records, windows, start, delta))
-                self.reporter.update(label, advance=1)
+        ClassicProfiler(
+            self.admin, self.endpoints.http, self.settings, target, self.can_reload, self._wait_ready,
+            lambda text, advance: self.reporter.update(text, advance=advance), self._decide(), self._on_window,
+            self._classic_level, builder.classic,
+        ).run()
 
     def _classic_level(
         self, concurrency: int, records: list[RequestRecord], windows: list[Window], start: float, delta

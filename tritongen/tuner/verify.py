@@ -15,6 +15,7 @@ stub processes over the window (tinyllm computes on the CPU), read from /proc.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -27,7 +28,7 @@ import httpx
 import numpy as np
 
 from tritongen.core.simulator import ClassStats, LiveObservation, ServiceCurve, percentile_ms
-from tritongen.core.traffic import Arrivals
+from tritongen.core.traffic import Arrivals, scale_rate
 from tritongen.errors import RunFailed
 from tritongen.loadgen import LoadResult, LoadTarget, run_load
 from tritongen.pbtxt import config_to_json, parse_model_config
@@ -386,28 +387,43 @@ def verify_candidates(
     """Run every candidate on the embedded server under `arrivals`; servers are always stopped.
 
     `targets_for(candidate) -> (targets by class, instances by model, streaming model names)`.
+    """
+
+    def run_one(server, cand: Candidate) -> VerifiedCandidate:
+        log(f"verifying {cand.label}")
+        return VerifiedCandidate(cand, _measure_on(server, cand, arrivals, targets_for, warmup, seed))
+
+    return on_servers(repository, candidates, run_one, server_flags, fresh_server)
+
+
+def _measure_on(server, cand: Candidate, arrivals: Arrivals, targets_for, warmup: Arrivals | None, seed: int) -> LiveRun:
+    targets, instances, streaming = targets_for(cand)
+    return measure(
+        server.http_url, arrivals, targets, instances, grpc_url=server.grpc_url,
+        warmup=warmup, seed=seed, streaming_models=streaming,
+        server_pid=server.process.pid if server.process else None,
+    )
+
+
+def on_servers(repository: Path, candidates: Sequence[Candidate], body, server_flags: Sequence[str] = (), fresh_server: bool | None = None) -> list:
+    """`body(server, candidate)` for every candidate on the embedded server; servers always stopped.
+
     Classic models share one server and switch configs through the model-load API (an in-place
     reload, ~1.5 s). Decoupled (streaming) models get a fresh server per candidate: reloading
     tinyllm through the load API corrupted tritonserver 2.51's heap here ("malloc(): unaligned
     tcache chunk detected", every later request unanswered), so a reload is not trusted for them.
+    A candidate that fails (RunFailed) gives a VerifiedCandidate with its error.
     """
     from tritongen.server import ServerOptions, TritonServer
 
     models = sorted({c.model for c in candidates})
     if fresh_server is None:
         fresh_server = any(_decoupled(c.config_text) for c in candidates)
-    out: list[VerifiedCandidate] = []
+    out: list = []
 
-    def run_one(server, cand: Candidate) -> VerifiedCandidate:
-        log(f"verifying {cand.label}")
+    def one(server, cand: Candidate):
         try:
-            targets, instances, streaming = targets_for(cand)
-            run = measure(
-                server.http_url, arrivals, targets, instances, grpc_url=server.grpc_url,
-                warmup=warmup, seed=seed, streaming_models=streaming,
-                server_pid=server.process.pid if server.process else None,
-            )
-            return VerifiedCandidate(cand, run)
+            return body(server, cand)
         except RunFailed as err:
             return VerifiedCandidate(cand, None, str(err))
 
@@ -419,7 +435,7 @@ def verify_candidates(
                 options = ServerOptions(repository=repo, extra_args=list(server_flags))
                 try:
                     with TritonServer(options) as server:
-                        out.append(run_one(server, cand))
+                        out.append(one(server, cand))
                 except RunFailed as err:
                     out.append(VerifiedCandidate(cand, None, str(err)))
             return out
@@ -437,8 +453,86 @@ def verify_candidates(
                     out.append(VerifiedCandidate(cand, None, str(err)))
                     continue
                 time.sleep(0.3)
-                out.append(run_one(server, cand))
+                out.append(one(server, cand))
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Capacity: the highest rate that meets every target, measured
+
+
+@dataclass
+class CapacityProbe:
+    factor: float  # rate multiple of the traffic
+    passed: bool
+    throughput_per_s: float
+    detail: str
+
+
+@dataclass
+class MeasuredCapacity:
+    candidate: Candidate
+    factor: float | None  # highest multiple that passed; None: the search failed
+    probes: list[CapacityProbe] = field(default_factory=list)
+    error: str | None = None
+
+
+def search_capacity(probe, start: float, max_runs: int = 6, step: float = 1.15, resolution: float = 1.05) -> tuple[float, list[CapacityProbe]]:
+    """The highest passing rate multiple, from `start` (the predicted capacity): up by `step` while
+    it passes, down while it fails, then bisect between the last pass and the first failure until
+    they are within `resolution`. `probe(factor) -> CapacityProbe`. 0 when nothing passed."""
+    probes: list[CapacityProbe] = []
+    lo: float | None = None
+    hi: float | None = None
+    f = start
+    for _ in range(max_runs):
+        p = probe(f)
+        probes.append(p)
+        if p.passed:
+            lo = f if lo is None else max(lo, f)
+        else:
+            hi = f if hi is None else min(hi, f)
+        if lo is not None and hi is not None:
+            if hi / lo <= resolution:
+                break
+            f = math.sqrt(lo * hi)
+        elif lo is not None:
+            f = lo * step
+        else:
+            f = f / step
+    return (lo or 0.0), probes
+
+
+def measure_capacities(
+    repository: Path,
+    candidates: Sequence[Candidate],
+    arrivals: Arrivals,
+    targets_for,
+    passes,
+    starts: Sequence[float],
+    server_flags: Sequence[str] = (),
+    warmup: Arrivals | None = None,
+    seed: int = 0,
+    max_runs: int = 6,
+    log=lambda message: None,
+) -> list[MeasuredCapacity]:
+    """Each candidate's measured capacity on the embedded server: `search_capacity` from its
+    predicted multiple (`starts`), each probe `arrivals` at that multiple of its rate, judged by
+    `passes(run, factor) -> (bool, detail)`."""
+    start_of = {c.label: f for c, f in zip(candidates, starts)}
+
+    def body(server, cand: Candidate) -> MeasuredCapacity:
+        def probe(f: float) -> CapacityProbe:
+            log(f"{cand.label}: {f:.2f}x the traffic's rate")
+            run = _measure_on(server, cand, scale_rate(arrivals, f), targets_for, warmup, seed)
+            ok, detail = passes(run, f)
+            return CapacityProbe(factor=f, passed=ok, throughput_per_s=run.throughput_per_s, detail=detail)
+
+        factor, probes = search_capacity(probe, max(1e-3, start_of[cand.label]), max_runs=max_runs)
+        return MeasuredCapacity(cand, factor, probes)
+
+    out = on_servers(repository, candidates, body, server_flags)
+    return [m if isinstance(m, MeasuredCapacity) else MeasuredCapacity(m.candidate, None, error=m.error) for m in out]
 
 
 def measured_curve(batches: Mapping[int, tuple[int, float]], min_count: int = 3) -> ServiceCurve:

@@ -1,0 +1,84 @@
+"""`tritongen profile` on a classic model this project did not write (issue 16).
+
+`scorer` (examples/classic_standins) is served as users start: max_batch_size 64, no
+dynamic_batching, one instance. Each execution has a host part that overlaps across instances and
+a device part that every instance takes in turns (a file lock), as on a GPU. The profile must get
+a latency-versus-batch curve anyway (client-side batches), fit its overheads from Triton's
+statistics, and find the shared device from 1, 2 and 4 instances loaded through the load API; the
+simulator, given that device part, must deliver what the instances delivered.
+
+Margins are wide (a shared 2-core host): the stand-in's own figures are exact by construction
+(device part 2 + 1.5 x rows ms, host part 4 + 0.05 x rows ms), the tolerances are 30-40%.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from tests.helpers import EXAMPLES, cli
+from tritongen.core.profile_types import Profile, read_profile
+from tritongen.core.served_overheads import profile_device_curve
+from tritongen.core.simulator import ModelSim, Overheads, ServerSim, ServiceCurve, simulate
+from tritongen.core.traffic import Arrivals
+
+SCORER = EXAMPLES / "classic_standins" / "repository"
+
+
+@pytest.fixture(scope="module")
+def scorer_profile(tmp_path_factory) -> Profile:
+    root = tmp_path_factory.mktemp("scorer")
+    repo = root / "repository"
+    shutil.copytree(SCORER, repo, ignore=shutil.ignore_patterns("__pycache__"))
+    result = cli("profile", "-m", "scorer", "--repo", str(repo), "-o", str(root / "profiles"), "--quick")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "instance scaling" in result.stdout
+    served = (repo / "scorer" / "config.pbtxt").read_text()
+    assert "dynamic_batching {" not in served  # the variants went through the load API, not the files
+    return read_profile((root / "profiles" / "scorer.json").read_text())
+
+
+def test_a_model_served_without_dynamic_batching_gets_a_curve(scorer_profile: Profile) -> None:
+    p = scorer_profile
+    sizes = {pt.batch_size for pt in p.curve}
+    assert {1, 64} <= sizes and len(sizes) >= 4, sizes
+    assert p.fit is not None
+    per_row = (p.fit.predict(64) - p.fit.predict(1)) / 63  # the stand-in: 0.05 + 1.5 = 1.55 ms per row
+    assert 1.55 * 0.7 < per_row < 1.55 * 1.4, per_row
+    assert p.variant is not None and "dynamic_batching" in p.variant
+    assert p.overheads is not None and p.overheads.levels >= 2
+    assert 0.0 < p.overheads.request_ms < 20.0
+
+
+def test_instance_scaling_finds_the_device_the_instances_share(scorer_profile: Profile) -> None:
+    sc = scorer_profile.scaling
+    assert sc is not None
+    assert {lv.instances for lv in sc.levels} == {1, 2, 4}
+    big = next(part for part in sc.parts if part.rows == 64)
+    assert 0.6 * 98.0 < big.device_ms < 1.4 * 98.0, big  # device part at 64 rows: 2 + 1.5 x 64 ms
+    assert big.saturates_at is not None and big.saturates_at < 1.5  # a second instance adds little
+    curve, note = profile_device_curve(scorer_profile)
+    assert note is None and curve is not None
+
+
+def test_the_simulated_shared_device_delivers_what_the_instances_delivered(scorer_profile: Profile) -> None:
+    """Overloaded open-loop arrivals of 64-row requests on N instances, no dynamic batching: the
+    simulator's throughput is the device-capped rate, against the closed-loop levels measured."""
+    p = scorer_profile
+    curve = ServiceCurve.from_profile(p)
+    device, _ = profile_device_curve(p)
+    ov = p.overheads
+    overheads = Overheads(batch_ms=ov.batch_ms, request_exec_ms=ov.request_exec_ms)
+    for lv in (lv for lv in p.scaling.levels if lv.rows == 64):
+        n = 4000
+        rate = 3.0 * lv.executions_per_s
+        arrivals = Arrivals(
+            t=np.arange(n) / rate, cls=np.zeros(n, dtype=np.int64), prompt=np.zeros(n, dtype=np.int64),
+            output=np.zeros(n, dtype=np.int64), rows=np.full(n, 64, dtype=np.int64),
+            class_names=["all"], class_priority=[0], class_model=[], warmup_s=1.0,
+        )
+        model = ModelSim(name="scorer", max_batch_size=64, instances=lv.instances, curve=curve, device_curve=device)
+        predicted = simulate(ServerSim(models=[model], overheads=overheads), arrivals).throughput_per_s
+        assert predicted == pytest.approx(lv.executions_per_s, rel=0.3), (lv.instances, predicted, lv.executions_per_s)
