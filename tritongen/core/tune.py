@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from tritongen.core.plan import (
@@ -402,6 +403,19 @@ def llm_seq_options(engine: EngineModel, top: int) -> list[int]:
     return sorted(options)
 
 
+def useful_instances(inputs: TuneInputs, mbs: int) -> int:
+    """Instances past which a shared device gives no more throughput at batches of `mbs`: enough to
+    keep its part busy (execution / device part), and one more so a batch can wait on the host side."""
+    if inputs.device_curve is None or inputs.curve is None:
+        return 1 << 30
+    ov = inputs.overheads
+    exec_ms = inputs.curve.ms(mbs) + ov.batch_ms + ov.request_exec_ms * mbs
+    device_ms = min(exec_ms, inputs.device_curve.ms(mbs))
+    if device_ms <= 0:
+        return 1 << 30
+    return math.ceil(exec_ms / device_ms) + 1
+
+
 def coarse_candidates(inputs: TuneInputs) -> list[Params]:
     entry = inputs.entry
     policy = inputs.spec.policy
@@ -420,6 +434,8 @@ def coarse_candidates(inputs: TuneInputs) -> list[Params]:
     top = max(1, entry.max_batch_size)
     for mbs in powers_of_two(max(1, policy.min_batch), top):
         for inst in instance_options(inputs):
+            if inst > useful_instances(inputs, mbs):
+                continue
             pref = (max(1, mbs // 2), mbs) if mbs >= 2 else ()
             out.append(Params(max_batch_size=mbs, preferred=tuple(sorted(set(pref))), delay_us=mid_delay,
                               instances=inst, policy="strict" if multi else "single"))
@@ -455,14 +471,17 @@ def tune_for_capacity(inputs: TuneInputs, top_coarse: int = 3, capacity_top: int
     """
     count = [0]
     seen: dict[Params, Evaluation] = {}
-
     exact: set[Params] = set()
+    # The coarse and stress passes only rank candidates: half the requests do; finalists get all.
+    n = len(inputs.arrivals)
+    half = inputs.arrivals.take(np.arange(n) < max(n // 2, min(n, 1000)))
 
     def cap(p: Params, steps: int = COARSE_CAPACITY_STEPS) -> Evaluation:
         if p in seen and (p in exact or steps == COARSE_CAPACITY_STEPS):
             return seen[p]
         e = seen.get(p) or evaluate(inputs, p)[0]
-        e.capacity_factor = capacity_factor(inputs, p, inputs.arrivals, steps=steps, below=True)
+        arrivals = inputs.arrivals if steps == CAPACITY_STEPS else half
+        e.capacity_factor = capacity_factor(inputs, p, arrivals, steps=steps, below=True)
         count[0] += 2 + steps
         if progress is not None:
             progress(count[0])
@@ -482,17 +501,27 @@ def tune_for_capacity(inputs: TuneInputs, top_coarse: int = 3, capacity_top: int
         if len(around) >= top_coarse:
             break
     best = coarse[0].capacity_factor or 0.0
-    stress = scale_rate(inputs.arrivals, 0.9 * best) if best > 0 else None
-    held: list[tuple[tuple, Params]] = []
-    for p in fine_candidates(inputs, around):
-        if p in seen:
-            continue
+    stress = scale_rate(half, 0.9 * best) if best > 0 else None
+    held: dict[Params, tuple] = {}
+
+    def hold(p: Params) -> None:
+        if p in seen or p in held or stress is None:
+            return
         count[0] += 1
-        if stress is None:
-            continue
         e = evaluate(inputs, p, stress)[0]
-        held.append(((0 if e.feasible else 1, round(e.worst_ratio, 3), p.instances), p))
-    for _, p in sorted(held, key=lambda x: x[0])[:capacity_top]:
+        held[p] = (0 if e.feasible else 1, round(e.worst_ratio, 3), p.instances)
+
+    # Preferred sizes x windows first, each with its coarse point's policy; then the other policies
+    # for the few that held up best.
+    variants = fine_candidates(inputs, around)
+    for p in variants:
+        if p.policy == next(a.policy for a in around if (a.max_batch_size, a.instances) == (p.max_batch_size, p.instances)):
+            hold(p)
+    for best_p in sorted(held, key=held.__getitem__)[:top_coarse]:
+        for p in variants:
+            if (p.max_batch_size, p.instances, p.preferred, p.delay_us) == (best_p.max_batch_size, best_p.instances, best_p.preferred, best_p.delay_us):
+                hold(p)
+    for p, _ in sorted(held.items(), key=lambda x: x[1])[:capacity_top]:
         cap(p)
     for e in sorted(seen.values(), key=by_capacity)[:capacity_top]:  # the best get the fine bisection
         cap(e.params, CAPACITY_STEPS)

@@ -163,8 +163,13 @@ class ClassicProfiler:
         try:
             if t.max_batch_size > 0 and not has_dynamic_batching(original):
                 if self.can_reload:
-                    self._load(batching_variant(original))
-                    r.variant = "the served config with dynamic_batching {} added (loaded through the model load API)"
+                    try:
+                        self._load(batching_variant(original))
+                        r.variant = "the served config with dynamic_batching {} added (loaded through the model load API)"
+                    except TritongenError as err:
+                        self._restore(original)
+                        self.loaded_variant = False
+                        r.notes.append(f"the batching variant did not load ({err}): the load levels ran on the served config")
                 else:
                     r.notes.append(
                         "the served config has no dynamic_batching: the load levels ran one request per execution, so "
