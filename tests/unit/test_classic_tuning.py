@@ -168,3 +168,15 @@ def test_the_live_capacity_search_brackets_the_rate_that_passes() -> None:
     assert found_down <= true and found_down > true / 1.15
     nothing, probes = search_capacity(lambda f: CapacityProbe(f, False, 0.0, ""), start=1.0, max_runs=3)
     assert nothing == 0.0 and len(probes) == 3
+
+
+def test_the_search_skips_instances_a_shared_device_cannot_use() -> None:
+    from tritongen.core.tune import coarse_candidates, useful_instances
+
+    # 4 + 0.25 x 8 = 6 ms executions (+0.5 ms batch overhead), 5 ms of them on the device at 8 rows:
+    # two instances keep it busy, a third may wait on the host side, a fourth adds nothing.
+    shared = ranker_inputs(200.0, max_instances=4, device_curve=ServiceCurve(fixed_ms=3.0, per_item_ms=0.25))
+    assert useful_instances(shared, 8) == 3
+    assert max(p.instances for p in coarse_candidates(shared) if p.max_batch_size == 8) == 3
+    free = ranker_inputs(200.0, max_instances=4)
+    assert max(p.instances for p in coarse_candidates(free) if p.max_batch_size == 8) == 4

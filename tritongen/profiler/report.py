@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tritongen.core import profile_math as pm
 from tritongen.core.profile_types import Profile
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf"]
@@ -173,7 +174,18 @@ def _classic_section(p: Profile) -> str:
     lat = Chart("Client latency vs concurrency", "concurrent clients", "latency (ms)", log2_x=True, marks=knee)
     for i, (name, attr) in enumerate((("P50", "p50_ms"), ("P90", "p90_ms"), ("P99", "p99_ms"))):
         lat.series.append(Series(name, [(lv.concurrency, getattr(lv, attr)) for lv in levels if getattr(lv, attr) is not None], PALETTE[i + 3]))
-    parts.append('<div class="charts">' + svg_chart(curve) + svg_chart(thr) + svg_chart(lat) + "</div>")
+    charts = [svg_chart(curve), svg_chart(thr), svg_chart(lat)]
+    if p.scaling is not None:
+        charts.append(svg_chart(_scaling_chart(p)))
+    parts.append('<div class="charts">' + "".join(charts) + "</div>")
+    if p.scaling is not None:
+        parts.append(f"<p><b>Instance scaling on one device:</b> {html.escape(p.scaling.detail)}</p>")
+    if p.overheads is not None:
+        ov = p.overheads
+        parts.append(
+            f"<p><b>Overheads</b> (what simulate and tune use): request {ov.request_ms:.2f} ms, batch {ov.batch_ms:.2f} ms "
+            f"+ {ov.request_exec_ms:.3f} ms per request; {html.escape(ov.detail)}</p>"
+        )
     if p.fit is not None:
         f = p.fit
         bend = f", slope {f.per_item_ms_after:.4f} ms/item above batch {f.breakpoint:g}" if f.kind == "piecewise" else ""
@@ -199,6 +211,18 @@ def _classic_section(p: Profile) -> str:
         )
     )
     return "".join(parts)
+
+
+def _scaling_chart(p: Profile) -> Chart:
+    """Executions/s against instances, measured and as the device-part fit predicts, per row count."""
+    assert p.scaling is not None
+    chart = Chart("Throughput vs instances on one device", "instances", "executions/s")
+    for i, part in enumerate(p.scaling.parts):
+        levels = [lv for lv in p.scaling.levels if lv.rows == part.rows]
+        chart.series.append(Series(f"{part.rows} row(s), measured", [(lv.instances, lv.executions_per_s) for lv in levels], PALETTE[i * 2]))
+        fit = [(lv.instances, pm.scaling_prediction(lv.instances, part.one_instance_per_s, part.device_ms)) for lv in levels]
+        chart.series.append(Series(f"{part.rows} row(s), fit", fit, PALETTE[i * 2 + 1], markers=False, dashed=True))
+    return chart
 
 
 def _streaming_section(p: Profile) -> str:
