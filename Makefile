@@ -23,7 +23,7 @@ demo: $(STAMP)
 	$(VENV)/bin/tritongen demo
 
 # Benchmarks give figures, not verdicts: each prints its table and writes it to bench/results/NAME.md
-# (date, machine, commit). Run them one at a time on a quiet host; `make bench` runs them all (~12 min, and ~30 more for bench-vs-model-analyzer).
+# (date, machine, commit). Run them one at a time on a quiet host; `make bench` runs them all (~12 min, and ~33 more for bench-vs-model-analyzer).
 TRITON_SERVER_REPO ?= /tmp/triton-server
 
 bench: bench-simulator bench-profile bench-fidelity bench-llm-fidelity bench-llm-guard bench-sidecar bench-fixed-vs-tuned bench-check-conformance bench-vs-model-analyzer bench-instance-scaling
@@ -57,7 +57,7 @@ bench-llm-guard: $(STAMP)
 	$(PY) bench/bench_llm_guard.py
 
 # Installs triton-model-analyzer (numpy pinned; else bench/.ma-venv) and perf_analyzer (bench/.perf-analyzer)
-# when missing; without them it says why and takes no figures. ~30 min; BENCH_ARGS=--quick for a smoke run.
+# when missing; without them it says why and takes no figures. ~33 min; BENCH_ARGS=--quick for a smoke run.
 bench-vs-model-analyzer: $(STAMP)
 	$(PY) bench/bench_vs_model_analyzer.py $(BENCH_ARGS)
 

@@ -1,7 +1,7 @@
 """tritongen against Triton Model Analyzer on the classic stand-in `scorer`: time to a config, and its goodput.
 
     .venv/bin/python bench/bench_vs_model_analyzer.py [--quick] [--keep] [--window-ms 2000]
-                                                      [--ma-timeout 1800] [--no-wait]
+                                                      [--ma-timeout 3600] [--no-wait]
 
 The model is `scorer` of examples/classic_standins (Python backend, max_batch_size 64, no
 dynamic_batching, one instance; each execution a host part that overlaps across instances and a
@@ -21,15 +21,19 @@ run, each tool on its own copy of the repository in a temp dir:
 2. **tritongen**: `tritongen profile` then `tritongen tune --objective capacity --verify`.
 3. **Goodput**, the same way for the naive config, MA's winner and tritongen's: each served alone
    on the embedded tritonserver, perf_analyzer (gRPC, single-row requests, Poisson arrivals at a
-   fixed rate) finds the highest rate at which P99 <= the budget and throughput >= 95% of offered
-   (doubling from 100 req/s to a bracket, then bisection). Two runs, the second in reverse order;
-   both figures and their median are printed.
+   fixed rate) finds the highest rate at which no request fails, P99 <= the budget and at least 95%
+   of the requests that arrived within its windows are served (doubling from 100 req/s to a
+   bracket, then bisection). "Arrived" comes from Triton's own counts sampled during the run:
+   perf_analyzer's Poisson schedule sends a few percent under its nominal rate, so its throughput
+   against the nominal rate would fail configs that keep up. perf_analyzer stops at the first
+   failed request, so a rejection (queue full, queue timeout) fails the point. Two runs, the
+   second in reverse order; both figures and their median are printed.
 
 perf_analyzer: $PERF_ANALYZER, else one on PATH, else the binary of the tritonclient 2.51.0 wheel
 (the server's version) unpacked into bench/.perf-analyzer/ with the two libraries it lacks linked
 from nvidia-pytriton's bundled ones. Later wheels (tritonclient 2.52+, the perf-analyzer package)
 are built for glibc 2.38 and do not run on older hosts. Without Model Analyzer or perf_analyzer the
-bench says why and exits 0 without figures. Full run: ~30 min on 2 cores (MA's sweep ~11 of them);
+bench says why and exits 0 without figures. Full run: ~33 min on 2 cores (MA's sweep 24 of them, tritongen 2.3);
 --quick: a 2-config sweep, short windows, a few minutes.
 """
 
@@ -399,6 +403,11 @@ def run_model_analyzer(ma: str, perf_analyzer: str, work: Path, budget_ms: float
     (work / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
     cmd = [ma, "profile", "-f", str(work / "config.yaml"), "--latency-budget", f"{budget_ms:g}"]
+    print(f"Model Analyzer sweep: brute; instance count {config['run_config_search_min_instance_count']}.."
+          f"{config['run_config_search_max_instance_count']} x max_batch_size {config['run_config_search_min_model_batch_size']}.."
+          f"{config['run_config_search_max_model_batch_size']} (powers of two, dynamic batching on), plus the config as "
+          f"shipped; client concurrency 1..{config.get('run_config_search_max_concurrency', 1024)} (closed loop, batch 1); "
+          f"objective throughput, constraint P99 <= {budget_ms:g} ms")
     print(f"$ {' '.join(cmd)}   (the tritonserver wrapper in {bindir}, first on PATH)", flush=True)
     started = time.perf_counter()
     log = open(work / "model-analyzer.log", "w")  # noqa: SIM115
@@ -659,12 +668,16 @@ def goodput_run(pa: str, config: Config, work: Path, window_ms: int, budget_ms: 
 
 # -- main -------------------------------------------------------------------------------------------
 
+def other_servers() -> list[str]:
+    """tritonservers running on this host (call it while none of this bench's own runs)."""
+    return [ln for ln in run_cmd(["pgrep", "-fa", "tritonserver"], 30).stdout.splitlines() if "pgrep" not in ln]
+
+
 def wait_for_quiet_host(max_wait_s: float) -> None:
     """Wait (polling every 30 s) while another tritonserver runs on this host."""
     deadline = time.monotonic() + max_wait_s
     while True:
-        r = run_cmd(["pgrep", "-fa", "tritonserver"], 30)
-        others = [ln for ln in r.stdout.splitlines() if "pgrep" not in ln]
+        others = other_servers()
         if not others:
             return
         if time.monotonic() > deadline:
@@ -695,10 +708,13 @@ def main(args: argparse.Namespace, pa: str, pa_how: str, ma: str, ma_how: str) -
     print(f"model analyzer: {ma_how}")
     print(f"perf_analyzer: {pa_how}")
     print(f"work dir: {work}", flush=True)
+    crowded: list[str] = []  # when another tritonserver shared the host
     try:
         (work / "ma").mkdir()
         ma_result = run_model_analyzer(ma, pa, work / "ma", budget_ms, args.quick, args.ma_timeout)
         print(f"Model Analyzer: {ma_result.wall_s:.0f} s; " + (ma_result.error or ma_result.config.describe()), flush=True)
+        if other_servers():
+            crowded.append("after Model Analyzer")
         (work / "tg").mkdir()
         tg_result = run_tritongen(work / "tg", args.quick, args.tg_timeout)
         print(f"tritongen: {tg_result.wall_s:.0f} s; " + (tg_result.error or tg_result.config.describe()), flush=True)
@@ -713,6 +729,8 @@ def main(args: argparse.Namespace, pa: str, pa_how: str, ma: str, ma_how: str) -
               "bisections; run 2 in reverse order. Each point: rate ✓/✗ (throughput, P99 ms)", flush=True)
         for run, order in ((1, measured), (2, list(reversed(measured)))):
             for r in order:
+                if other_servers():
+                    crowded.append(f"before goodput run {run} of {r.tool}")
                 value, points = goodput_run(pa, r.config, work, window_ms, budget_ms, steps)
                 goodputs[r.tool].append(value)
                 trail = ", ".join(f"{p.rate:.0f}{'✓' if p.ok else '✗'}({p.throughput:.0f}/s, {p.p99_ms:.0f})"
@@ -745,11 +763,14 @@ def main(args: argparse.Namespace, pa: str, pa_how: str, ma: str, ma_how: str) -
         for r in results:
             for note in r.notes:
                 print(f"note: {note}")
-            if r.error:
-                print(f"{r.tool} failed: {r.error}")
+        if ma_result.error:
+            print(f"skipped: the Model Analyzer column, as it did not run here: {ma_result.error}")
+        if tg_result.error:
+            print(f"tritongen failed: {tg_result.error}")
+        if crowded:
+            print(f"note: another tritonserver was running on this host {', '.join(crowded)}: figures may be low")
         print(f"run took {time.monotonic() - begun:.0f} s")
-        failed = [r for r in (ma_result, tg_result) if r.error]
-        return 1 if failed else 0
+        return 1 if tg_result.error else 0
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -761,7 +782,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: a 2-config MA sweep, short windows, quick profile")
     parser.add_argument("--window-ms", type=int, default=0, help="perf_analyzer window per goodput point (default 2000; quick 1000)")
-    parser.add_argument("--ma-timeout", type=float, default=2400, help="seconds Model Analyzer may take (default 2400)")
+    parser.add_argument("--ma-timeout", type=float, default=3600, help="seconds Model Analyzer may take (default 3600)")
     parser.add_argument("--tg-timeout", type=float, default=1800, help="seconds each tritongen command may take")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (MA's logs, tritongen's profiles)")
     parser.add_argument("--no-wait", action="store_true", help="do not wait for another tritonserver to finish")
