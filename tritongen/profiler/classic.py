@@ -302,10 +302,13 @@ class ClassicProfiler:
         r.scaling = scaling_section(levels, r.notes)
 
     def _scaling_level(self, load: ClassicLoad, n: int, rows: int, label: str) -> ScalingLevel:
+        # Closed-loop throughput with every instance busy settles at once: short windows, and the
+        # usual agreement rule on them.
+        window = max(0.2, self.s.window_s / 2)
         records, windows, start, _before, _after, delta = self._measure(
-            load, 2 * n, label, self.s.warmup_s, self.s.window_s, self.decide
+            load, 2 * n, label, min(self.s.warmup_s, 0.3), window, self.decide
         )
-        end = start + len(windows) * self.s.window_s
+        end = start + len(windows) * window
         measured = [x for x in records if start <= x.end < end]
         ok = [x.latency_s for x in measured if x.error is None]
         executions = sum(d.count for d in delta.values())
