@@ -279,6 +279,15 @@ def fit_curve(
 # Instance scaling on a shared device
 
 
+def completion_rate(done: Sequence[float], span_s: float) -> float:
+    """Completions per second of a closed loop: (k - 1) over the time from the first completion to
+    the last, which a count per window quantises badly when executions are long; the count over
+    the span when there are too few to space."""
+    if len(done) >= 3 and done[-1] > done[0]:
+        return (len(done) - 1) / (done[-1] - done[0])
+    return len(done) / span_s if span_s > 0 else 0.0
+
+
 @dataclass(frozen=True)
 class ScalingFit:
     device_ms: float  # 0: linear scaling over the levels

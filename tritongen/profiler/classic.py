@@ -52,6 +52,7 @@ from tritongen.errors import RunFailed, TritongenError
 from tritongen.profiler.load import ClassicLoad, RequestRecord, Window
 
 SCALING_INSTANCES = (1, 2, 4)
+SCALING_EXECUTIONS_PER_WINDOW = 8  # one instance's executions a scaling window holds at least
 
 
 def batch_scan_rows(max_batch_size: int, quick: bool) -> list[int]:
@@ -302,21 +303,25 @@ class ClassicProfiler:
         r.scaling = scaling_section(levels, r.notes)
 
     def _scaling_level(self, load: ClassicLoad, n: int, rows: int, label: str) -> ScalingLevel:
-        # Closed-loop throughput with every instance busy settles at once: short windows, and the
-        # usual agreement rule on them.
-        window = max(0.2, self.s.window_s / 2)
+        # Closed-loop throughput with every instance busy settles at once: short windows, but each
+        # long enough for several executions (the batch scan's curve says how long one takes), and
+        # the rate read off the completions' own spacing, not a count per window.
+        fit = self.result.fit
+        exec_s = (fit.predict(rows) if fit is not None else 0.0) / 1000.0
+        window = max(0.2, self.s.window_s / 2, SCALING_EXECUTIONS_PER_WINDOW * exec_s)
         records, windows, start, _before, _after, delta = self._measure(
             load, 2 * n, label, min(self.s.warmup_s, 0.3), window, self.decide
         )
         end = start + len(windows) * window
         measured = [x for x in records if start <= x.end < end]
         ok = [x.latency_s for x in measured if x.error is None]
+        done = sorted(x.end for x in measured if x.error is None)
         executions = sum(d.count for d in delta.values())
         exec_ms = sum(d.total_ns for d in delta.values()) / executions / 1e6 if executions else None
         p50, _p90, p99 = pm.percentiles_ms(ok)
         return ScalingLevel(
             instances=n, rows=rows, concurrency=2 * n, requests=len(ok), errors=len(measured) - len(ok),
-            executions_per_s=len(ok) / (end - start) if end > start else 0.0,
+            executions_per_s=pm.completion_rate(done, end - start),
             execution_ms=exec_ms, p50_ms=p50, p99_ms=p99,
         )
 
