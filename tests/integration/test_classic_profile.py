@@ -13,7 +13,9 @@ Margins are wide (a shared 2-core host): the stand-in's own figures are exact by
 
 from __future__ import annotations
 
+import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,8 +30,13 @@ SCORER = EXAMPLES / "classic_standins" / "repository"
 
 
 @pytest.fixture(scope="module")
-def scorer_profile(tmp_path_factory) -> Profile:
-    root = tmp_path_factory.mktemp("scorer")
+def scorer_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("scorer")
+
+
+@pytest.fixture(scope="module")
+def scorer_profile(scorer_root: Path) -> Profile:
+    root = scorer_root
     repo = root / "repository"
     shutil.copytree(SCORER, repo, ignore=shutil.ignore_patterns("__pycache__"))
     result = cli("profile", "-m", "scorer", "--repo", str(repo), "-o", str(root / "profiles"), "--quick")
@@ -82,3 +89,21 @@ def test_the_simulated_shared_device_delivers_what_the_instances_delivered(score
         model = ModelSim(name="scorer", max_batch_size=64, instances=lv.instances, curve=curve, device_curve=device)
         predicted = simulate(ServerSim(models=[model], overheads=overheads), arrivals).throughput_per_s
         assert predicted == pytest.approx(lv.executions_per_s, rel=0.3), (lv.instances, predicted, lv.executions_per_s)
+
+
+def test_tune_for_capacity_measures_the_capacity_it_predicts(scorer_profile: Profile, scorer_root: Path) -> None:
+    """`tune --objective capacity --verify`, short: one candidate, small live runs; the measured
+    capacity is real (a pass was found) and of the predicted order (within 2x either way)."""
+    report = scorer_root / "tune.json"
+    result = cli(
+        "tune", str(EXAMPLES / "classic_standins" / "deployment.yaml"), "--profiles", str(scorer_root / "profiles"),
+        "--traffic", str(EXAMPLES / "classic_standins" / "traffic.yaml"), "--objective", "capacity", "--requests", "1000",
+        "--verify", "--verify-top", "1", "--verify-requests", "400", "--repository", str(scorer_root / "repository"),
+        "--report", str(report),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "capacity (measured" in result.stdout  # the row of the live capacities (the table wraps)
+    entry = json.loads(report.read_text())["models"]["scorer"]
+    predicted, measured = entry["predicted_capacity_per_s"], entry["measured_capacity_per_s"]
+    assert predicted and measured, entry
+    assert 0.5 * predicted < measured < 2.0 * predicted, entry

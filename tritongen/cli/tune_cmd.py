@@ -371,7 +371,7 @@ def _verify_capacity(loaded, plan, results, baselines, inputs_by, tspec, trace_t
         # The highest measured capacity wins; within 3% (noise of open-loop runs) the simulator's order.
         scored = [(-(m.factor or 0.0) // 0.03, i, e.params) for i, (e, m) in enumerate(zip(picks, found))]
         choices[name] = min(scored)[2] if any(m.factor for m in found) else result.winner.params
-        rate = arr.mean_rate
+        rate = inputs.arrivals.mean_rate  # the search's: measured and predicted multiples on one scale
         cols = [baselines.get(name), result.winner, result.runner_up]
 
         def cell(e, _m=measured[name], _rate=rate):
@@ -382,7 +382,7 @@ def _verify_capacity(loaded, plan, results, baselines, inputs_by, tspec, trace_t
 
         measured_rows[name] = {"capacity (measured live)": [cell(e) for e in cols]}
         for m in found:
-            trail = "; ".join(f"{p.factor * rate:.0f}/s {'pass' if p.passed else 'miss'} ({p.detail})" for p in m.probes)
+            trail = "; ".join(f"{p.factor * arr.mean_rate:.0f}/s {'pass' if p.passed else 'miss'} ({p.detail})" for p in m.probes)
             console.print(f"[dim]{m.candidate.label}: {trail or m.error}[/]")
     return choices, measured_rows, measured
 
