@@ -62,7 +62,7 @@ sys.path.insert(0, str(ROOT))
 from tritongen.core.plan import plan_deployment
 from tritongen.core.sidecar_policy import build_sidecar_policy
 from tritongen.render import render_repository, write_repository
-from tritongen.server import ServerOptions, TritonServer, die_with_parent, free_port
+from tritongen.server import ServerOptions, TritonServer, die_with_parent, free_port, signal_with_parent
 from tritongen.sidecar_process import SidecarProcess
 from tritongen.specio import load_spec
 
@@ -240,13 +240,9 @@ def _term_with_parent() -> None:
     """preexec_fn for nginx: its master gets SIGTERM (nginx's fast shutdown, which takes its worker
     down too) when this process dies. `die_with_parent`'s SIGKILL would orphan the worker, which
     keeps the ports."""
-    try:
-        import ctypes
-        import signal
+    import signal
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    signal_with_parent(signal.SIGTERM)
 
 
 class Nginx:

@@ -26,18 +26,23 @@ import httpx
 from tritongen.errors import BadInput, RunFailed
 
 
+def signal_with_parent(sig: int) -> None:
+    """In a preexec_fn: the child gets `sig` when the process that started it dies (Linux prctl)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+    except OSError:  # not glibc/Linux: the PID-based stop still applies
+        pass
+
+
 def die_with_parent() -> None:
-    """preexec_fn: the child gets SIGKILL when the process that started it dies (Linux prctl).
+    """preexec_fn: the child gets SIGKILL when the process that started it dies.
 
     A server in its own session would otherwise outlive a killed parent (a test timeout, a
     SIGKILLed CLI) and keep its ports and memory.
     """
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:  # not glibc/Linux: the PID-based stop still applies
-        pass
+    signal_with_parent(signal.SIGKILL)
 
 
 def free_port() -> int:

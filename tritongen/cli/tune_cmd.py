@@ -314,6 +314,19 @@ def _load_target(loaded, entry: ModelEntryPlan):
     )
 
 
+def _live_load(loaded, plan, entry: ModelEntryPlan, arrivals_all):
+    """What the live runs of one entry send: its share of the live traffic, whether it streams,
+    the load targets per candidate (`verify`'s `targets_for`), and the first 200 requests as warm-up."""
+    arr = entry_arrivals(arrivals_all, plan, entry, loaded.spec)
+    streaming, target = _load_target(loaded, entry)
+
+    def targets_for(_candidate):
+        return {cn: target for cn in arr.class_names}, {entry.name: 1}, ([entry.name] if streaming else [])
+
+    warm = arr.take(np.arange(len(arr)) < min(200, len(arr)))
+    return arr, streaming, targets_for, warm
+
+
 def _live_arrivals(loaded, tspec, trace_text, seed: int, n: int, repository: Path):
     """The live runs' traffic (another seed than the search's), once the models' code is found."""
     if not repository.is_dir():
@@ -349,11 +362,7 @@ def _verify_capacity(loaded, plan, results, baselines, inputs_by, tspec, trace_t
             choices[name] = result.winner.params
             continue
         cands = _candidates(loaded, plan, name, picks, inputs, spec_name)
-        arr = entry_arrivals(arrivals_all, plan, entry, loaded.spec)
-        streaming, target = _load_target(loaded, entry)
-
-        def targets_for(c, _t=target, _arr=arr, _e=entry, _s=streaming):
-            return {cn: _t for cn in _arr.class_names}, {_e.name: 1}, ([_e.name] if _s else [])
+        arr, streaming, targets_for, warm = _live_load(loaded, plan, entry, arrivals_all)
 
         def passes(run, factor, _inputs=inputs, _s=streaming, _rate=arr.mean_rate):
             ok, worst, lost = live_verdict(run, _inputs, _s)
@@ -361,7 +370,6 @@ def _verify_capacity(loaded, plan, results, baselines, inputs_by, tspec, trace_t
             ok = ok and run.throughput_per_s >= 0.95 * offered
             return ok, f"{run.throughput_per_s:.0f}/s of {offered:.0f}/s, worst P99/target {worst:.2f}, lost {lost:.1%}"
 
-        warm = arr.take(np.arange(len(arr)) < min(200, len(arr)))
         with console.status(f"measuring the capacity of {len(cands)} candidates of {name} on the embedded server..."):
             found = measure_capacities(
                 repository, cands, arr, targets_for, passes, [e.capacity_factor or 1.0 for e in picks],
@@ -399,13 +407,7 @@ def _verify(loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed
         entry = plan.entry(name)
         picks = _picks(result, top)
         cands = _candidates(loaded, plan, name, picks, inputs, spec_name)
-        arr = entry_arrivals(arrivals_all, plan, entry, loaded.spec)
-        streaming, target = _load_target(loaded, entry)
-
-        def targets_for(c, _t=target, _arr=arr, _e=entry):
-            return {cn: _t for cn in _arr.class_names}, {_e.name: 1}, ([_e.name] if streaming else [])
-
-        warm = arr.take(np.arange(len(arr)) < min(200, len(arr)))
+        arr, streaming, targets_for, warm = _live_load(loaded, plan, entry, arrivals_all)
         with console.status(f"verifying {len(cands)} candidates of {name} on the embedded server..."):
             verified = verify_candidates(
                 repository, cands, arr, targets_for, server_flags=plan.server_flags, warmup=warm, seed=seed,
