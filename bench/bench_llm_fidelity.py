@@ -100,7 +100,7 @@ def main() -> int:
     with saved_report("llm_fidelity"), tempfile.TemporaryDirectory() as tmp:
         for model in args.models.split(","):
             if model == "tinyllm":
-                from tritongen.cli.serve_cmd import server_flags_from
+                from tritongen.server_flags import server_flags_from
 
                 repo = ROOT / "model_repository"
                 options = ServerOptions(repository=repo, extra_args=server_flags_from(repo))

@@ -509,7 +509,7 @@ def main() -> int:
             options = ServerOptions(repository=STANDINS / "repository", python_backends={"vllm": STANDINS / "backends" / "vllm"})
             serve_group(STANDIN_SPEC, standins, options, None, args, tmp)
         if "tinyllm" in models:
-            from tritongen.cli.serve_cmd import server_flags_from
+            from tritongen.server_flags import server_flags_from
 
             options = ServerOptions(repository=DEMO_REPOSITORY, extra_args=server_flags_from(DEMO_REPOSITORY))
             serve_group(DEMO_SPEC, ["tinyllm"], options, DEMO_REPOSITORY / "sidecar_policy.json", args, tmp)

@@ -62,7 +62,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tritongen.cli.serve_cmd import server_flags_from  # noqa: E402
+from tritongen.server_flags import server_flags_from  # noqa: E402
 from tritongen.server import ServerOptions, TritonInstall, TritonServer, free_port  # noqa: E402
 from tritongen.specio import load_spec  # noqa: E402
 

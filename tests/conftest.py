@@ -14,7 +14,7 @@ from tests.helpers import MODEL_REPOSITORY
 @pytest.fixture(scope="session")
 def triton_server() -> Iterator["object"]:
     """The embedded tritonserver serving the committed, rendered example repository."""
-    from tritongen.cli.serve_cmd import server_flags_from
+    from tritongen.server_flags import server_flags_from
     from tritongen.server import ServerOptions, TritonServer
 
     options = ServerOptions(repository=MODEL_REPOSITORY, extra_args=server_flags_from(MODEL_REPOSITORY))

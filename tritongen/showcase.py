@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from tritongen.cli.serve_cmd import server_flags_from
+from tritongen.server_flags import server_flags_from
 from tritongen.core.simulator import OK, OOM
 from tritongen.core.traffic import Arrivals, generate_arrivals, scale_rate
 from tritongen.errors import RunFailed
@@ -34,6 +34,7 @@ from tritongen.profiler.report import PALETTE, Chart, Series, svg_chart
 from tritongen.render import SIDECAR_POLICY_FILE
 from tritongen.server import ServerOptions, TritonServer
 from tritongen.sidecar_process import SidecarProcess
+from tritongen.traffic_files import read_traffic
 
 Say = Callable[[str], None]
 
@@ -151,8 +152,6 @@ def run_showcase(
     spec: Path, code: Path, naive: Path, traffic: Path, out_dir: Path, workdir: Path, say: Say,
     requests: int = 1200, ranker_rate_factor: float = 8.0, llm_rate_factor: float = 4.0, tune_requests: int = 4000,
 ) -> Showcase:
-    from tritongen.cli.simulate_cmd import read_traffic
-
     show = Showcase()
     clock = time.perf_counter()
 

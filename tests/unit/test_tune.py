@@ -168,7 +168,7 @@ def test_simulate_cli_compares_configs_and_refuses_bad_input(tmp_path) -> None:
 
 
 def test_every_example_traffic_file_loads() -> None:
-    from tritongen.cli.simulate_cmd import read_traffic
+    from tritongen.traffic_files import read_traffic
 
     import yaml
 

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from tritongen.cli.main import app
+from tritongen.cli.app import app
 from tritongen.core.findings import Finding
 from tritongen.errors import BadInput
 from tritongen.repository import CheckReport, ExtraRule, check_repository

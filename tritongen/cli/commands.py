@@ -1,4 +1,4 @@
-"""Imports every command module so each registers itself on `tritongen.cli.main.app`."""
+"""Imports every command module so each registers itself on `tritongen.cli.app.app`."""
 
 from tritongen.cli import (  # noqa: F401
     check_cmd,

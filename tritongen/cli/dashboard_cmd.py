@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from tritongen.cli.main import app
+from tritongen.cli.app import app
 from tritongen.core.spec import MIB
 from tritongen.dashboard import SIDECAR_METRICS, DashboardOptions, dashboard_json, dashboard_uid, write_text_atomic
 from tritongen.errors import BadInput

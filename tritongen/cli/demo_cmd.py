@@ -16,8 +16,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tritongen.cli.main import app
-from tritongen.cli.serve_cmd import server_flags_from
+from tritongen.cli.app import app
+from tritongen.server_flags import server_flags_from
 from tritongen.client import infer_http, sample_inputs, stream_grpc
 from tritongen.errors import BadInput, RunFailed
 from tritongen.profiles import measured_pads_mb, read_profiles

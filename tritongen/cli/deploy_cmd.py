@@ -14,11 +14,11 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from tritongen.cli.main import app
-from tritongen.cli.plan_cmd import DEFAULT_POD_OVERHEAD_S, capacity_from_options
+from tritongen.cli.app import app
 from tritongen.core.capacity import DEFAULT_HOT_FRACTION, DEFAULT_SAFETY_FACTOR
 from tritongen.dashboard import DashboardOptions, dashboard_uid
 from tritongen.errors import BadInput, TritongenError
+from tritongen.fleet import DEFAULT_POD_OVERHEAD_S, capacity_from_options
 from tritongen.k8s import (
     DEFAULT_IMAGE,
     DEFAULT_KUBECTL_IMAGE,

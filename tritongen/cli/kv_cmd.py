@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tritongen.cli.main import app
+from tritongen.cli.app import app
 from tritongen.core.kv import kv_bytes_for_sequence, kv_shape
 from tritongen.hfconfig import load_architecture
 

@@ -1,4 +1,5 @@
-"""The Typer app. Each command lives in its own module; errors map to exit codes only here."""
+"""The console-script entry point: every command registered on the app, errors mapped to exit codes
+only here. Importing this module registers every command, so `app` here is always complete."""
 
 from __future__ import annotations
 
@@ -12,26 +13,17 @@ try:  # typer >= 0.20 vendors click as typer._click; older versions depend on cl
 except ImportError:  # pragma: no cover
     import click  # type: ignore[no-redef]
 
+from tritongen.cli.app import app
+from tritongen.cli import commands  # noqa: F401,E402  (each command module registers itself on `app`)
 from tritongen.errors import TritongenError
 
-app = typer.Typer(
-    name="tritongen",
-    help="Profile models, render Triton configs, check repositories, guard a running server.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+__all__ = ["app", "run"]
+
 err_console = Console(stderr=True)
-
-
-def _register() -> None:
-    # Imported for their side effect of adding commands to `app`.
-    from tritongen.cli import commands  # noqa: F401
 
 
 def run() -> None:
     """Console-script entry point: one message and an exit code, never a traceback."""
-    _register()
     try:
         code = app(prog_name="tritongen", standalone_mode=False)
         if isinstance(code, int) and code:  # click returns typer.Exit's code without standalone mode

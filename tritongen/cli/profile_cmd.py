@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tritongen.cli.main import app
+from tritongen.cli.app import app
 from tritongen.core.profile_types import Profile
 from tritongen.errors import BadInput, RunFailed, TritongenError
 from tritongen.profiler.report import write_report
@@ -33,21 +33,11 @@ from tritongen.profiler.run import (
     spec_entries,
 )
 from tritongen.server import ServerOptions, TritonServer
+from tritongen.server_flags import server_flags_from
 from tritongen.specio import load_spec
 
 console = Console()
 err_console = Console(stderr=True)
-
-SERVER_FLAGS_FILE = "server_flags.txt"
-
-
-def repository_server_flags(repo: Path) -> list[str]:
-    """Lines of DIR/server_flags.txt (what `render` writes: rate-limiter resources), if present."""
-    path = repo / SERVER_FLAGS_FILE
-    if not path.is_file():
-        return []
-    return [ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.strip().startswith("#")]
-
 
 def _levels(text: str | None, option: str) -> list[int] | None:
     if text is None:
@@ -233,7 +223,7 @@ def profile(
             repository=repo.resolve(),
             model_control="explicit",  # so the KV-pool probe may reload a model with another pool size
             load_models=["*"],
-            extra_args=repository_server_flags(repo),
+            extra_args=server_flags_from(repo),
         )
         server = TritonServer(options)
         with err_console.status(f"starting tritonserver on {repo}..."):

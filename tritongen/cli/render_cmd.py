@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tritongen.cli.main import app
+from tritongen.cli.app import app
 from tritongen.core.spec import MIB
 from tritongen.profiles import measured_pads_mb, read_profiles
 from tritongen.render import drift, render_repository, write_repository

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tritongen.cli.main import app
+from tritongen.cli.app import app
 from tritongen.specio import schema_json
 
 

@@ -10,19 +10,11 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from tritongen.cli.main import app
-from tritongen.render import SERVER_FLAGS_FILE
+from tritongen.cli.app import app
 from tritongen.server import ServerOptions, TritonServer
+from tritongen.server_flags import server_flags_from
 
 console = Console(stderr=True)
-
-
-def server_flags_from(repo: Path) -> list[str]:
-    """The flags `render` wrote beside the models (rate-limiter resources), if any."""
-    path = repo / SERVER_FLAGS_FILE
-    if not path.is_file():
-        return []
-    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
 
 
 @app.command("serve")

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from tritongen.cli.main import app
+from tritongen.cli.app import app
 from tritongen.errors import BadInput, RunFailed
 
 

@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from tritongen.cli.main import app
+from tritongen.cli.app import app
+from tritongen.cli.shared import say_calibration
 from tritongen.core.engine import EngineModel
 from tritongen.core.spec import EngineSection
 from tritongen.core.served_overheads import choose_overheads, profile_device_curve
@@ -33,56 +34,18 @@ from tritongen.core.simulator import (
     rate_limit_from_flags,
     simulate,
 )
-from tritongen.core.traffic import Arrivals, TrafficSpec, TraceError, generate_arrivals
 from tritongen.engine_files import as_served, engine_for
 from tritongen.errors import BadInput
 from tritongen.pbtxt import parse_model_config
+from tritongen.server_flags import flags_near, read_flags_file
 from tritongen.specio import format_loc
+from tritongen.traffic_files import arrivals_from, read_traffic
 
 console = Console()
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading inputs (shared with `tune` and the benchmarks)
-
-
-def read_traffic(path: Path) -> tuple[TrafficSpec, str | None]:
-    """A traffic file and, for a trace, the CSV text it names (relative to the traffic file)."""
-    path = Path(path)
-    if not path.is_file():
-        raise BadInput(f"--traffic {path}: no such file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise BadInput(f"{path}: not valid YAML: {err}") from None
-    if not isinstance(data, dict):
-        raise BadInput(f"{path}: a traffic file is a mapping with `shape`, `rate_per_s`, `classes`, ...")
-    if "shape" not in data and "hourly" in data:
-        raise BadInput(f"{path}: this is a daily load curve for `tritongen plan`, not a traffic shape (no `shape:`)")
-    try:
-        spec = TrafficSpec.model_validate(data)
-    except ValidationError as err:
-        problems = "; ".join(f"{format_loc(tuple(e['loc']))}: {e['msg'].removeprefix('Value error, ')}" for e in err.errors())
-        raise BadInput(f"{path}: {problems}") from None
-    text = None
-    if spec.trace is not None:
-        csv_path = Path(spec.trace.path)
-        if not csv_path.is_absolute():
-            csv_path = path.parent / csv_path
-        try:
-            text = csv_path.read_text()
-        except OSError as err:
-            raise BadInput(f"{path}: trace {csv_path}: {err}") from None
-    return spec, text
-
-
-def arrivals_from(spec: TrafficSpec, trace_text: str | None, seed: int, requests: int | None, source: str = "traffic") -> Arrivals:
-    try:
-        return generate_arrivals(spec, seed=seed, trace_text=trace_text, requests=requests)
-    except TraceError as err:
-        raise BadInput(str(err)) from None
-    except ValueError as err:
-        raise BadInput(f"{source}: {err}") from None
+# Reading inputs
 
 
 class CurveFile(BaseModel):
@@ -167,24 +130,6 @@ def parse_engine_option(text: str | None) -> EngineSection | None:
         raise BadInput(f"--engine: {format_loc(tuple(first['loc']))}: {first['msg']}") from None
 
 
-def say_calibration(out: Console, overheads_used: str, device_curve: ServiceCurve | None, note: str | None, prefix: str = "") -> None:
-    """Which overheads and which shared device the simulation uses, in one or two lines."""
-    out.print(f"[dim]{prefix}overheads: {overheads_used}[/]")
-    if device_curve is not None:
-        out.print(f"[dim]{prefix}shared device: a part of {device_curve.fixed_ms:g} ms + {device_curve.per_item_ms:g} ms/row of "
-                  "each execution is taken in turns by the instances of a device (the profile's instance scaling)[/]")
-    if note:
-        out.print(f"[yellow]note:[/] {prefix}{note}")
-
-
-def flags_near(config: Path) -> list[str]:
-    """server_flags.txt of the repository a config.pbtxt sits in (what `render` writes)."""
-    candidate = config.resolve().parent.parent / "server_flags.txt"
-    if candidate.is_file():
-        return [ln.strip() for ln in candidate.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
-    return []
-
-
 # ---------------------------------------------------------------------------------------------
 # Printing
 
@@ -263,7 +208,7 @@ def simulate_cmd(
         except ValueError as err:
             raise BadInput(f"{path}: {err}") from None
         streaming = streaming or model.llm is not None
-        flags = [ln.strip() for ln in server_flags.read_text().splitlines() if ln.strip()] if server_flags else flags_near(path)
+        flags = read_flags_file(server_flags) if server_flags else flags_near(path)
         try:
             enabled, resources = rate_limit_from_flags(flags)
             server = ServerSim(models=[model], rate_limit=enabled, resources=resources, overheads=ov)

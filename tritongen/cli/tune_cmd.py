@@ -19,8 +19,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tritongen.cli.main import app
-from tritongen.cli.simulate_cmd import arrivals_from, read_traffic, say_calibration
+from tritongen.cli.app import app
+from tritongen.cli.shared import say_calibration
 from tritongen.core.plan import DeploymentPlan, ModelEntryPlan
 from tritongen.core.sidecar_policy import build_sidecar_policy
 from tritongen.core.engine import EngineModel
@@ -47,6 +47,7 @@ from tritongen.profiles import measured_pads_mb, read_profiles
 from tritongen.render import render_entry_config, render_plan, write_repository
 from tritongen.core.plan import plan_deployment
 from tritongen.specio import load_spec
+from tritongen.traffic_files import arrivals_from, read_traffic
 
 console = Console()
 
