@@ -1,9 +1,9 @@
 """Where live memory headroom comes from, behind one interface, and a chain that falls through.
 
 Sources, in the policy's order (default `nvml`, `triton_metrics`, `static`):
-  * `NvmlSource`: NVML through `pynvml`: per-GPU total/used memory and utilisation, and the
-    memory of Triton's own processes where the driver reports them. With no GPU, `nvmlInit`
-    raises `NVMLError_LibraryNotFound`; the source then fails cleanly (and retries init rarely).
+  * `NvmlSource`: NVML through `pynvml` (`tritongen.nvml`): per-GPU total/used memory and
+    utilisation. With no GPU, `nvmlInit` raises `NVMLError_LibraryNotFound`; the source then
+    fails cleanly (and retries init rarely).
   * `TritonMetricsSource`: Triton's Prometheus endpoint: `nv_gpu_memory_{total,used}_bytes` per
     GPU, a model's own KV-pool gauges (`<prefix>_kv_blocks_used/_total`, `_kv_bytes_per_token`,
     `_kv_block_tokens`, labelled `model=<name>`, as `tinyllm` exports them), else the engine's
@@ -22,14 +22,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sidecar.admission import HeadroomSnapshot, Reading
-from tritongen.core.engine_metrics import TRTLLM_BLOCK_TYPE, TRTLLM_KV_BLOCKS, VLLM_USAGE_GAUGES
 from sidecar.policy import SidecarPolicy
+from tritongen.core.engine_metrics import TRTLLM_BLOCK_TYPE, TRTLLM_KV_BLOCKS, VLLM_USAGE_GAUGES
+from tritongen.core.prometheus import KV_GAUGE_SUFFIXES, Sample, kv_gauges, parse_prometheus
+from tritongen.nvml import Nvml, NvmlUnavailable
 
 log = logging.getLogger("tritongen.sidecar.headroom")
 
@@ -43,7 +44,6 @@ class SourceReading:
     readings: list[Reading] = field(default_factory=list)
     gpu_utilization: dict[str, float] = field(default_factory=dict)
     queue_delay_s: dict[str, float] = field(default_factory=dict)
-    process_used_bytes: dict[str, int] = field(default_factory=dict)  # device -> Triton's processes
 
 
 class HeadroomSource(Protocol):
@@ -59,7 +59,8 @@ class HeadroomSource(Protocol):
 
 
 class NvmlSource:
-    """Per-GPU memory from NVML. `nvml` is the `pynvml` module (or a fake with the same functions)."""
+    """Per-GPU memory and utilisation from NVML. `nvml` is the `pynvml` module (or a fake with the
+    same functions); `tritongen.nvml.Nvml` wraps it."""
 
     name = "nvml"
 
@@ -67,132 +68,62 @@ class NvmlSource:
         self,
         device_ids: Sequence[str],
         nvml: Any = None,
-        pids: Callable[[], Iterable[int]] | None = None,
         clock: Callable[[], float] | None = None,
         retry_init_s: float = 30.0,
     ) -> None:
         self.device_ids = [d for d in device_ids if d.startswith("gpu")]
-        self._nvml = nvml
-        self._pids = pids
+        self._nvml = Nvml(nvml)
         self._clock = clock
         self._retry_init_s = retry_init_s
-        self._initialised = False
         self._init_error: str | None = None
         self._init_failed_at: float | None = None
 
-    def _module(self) -> Any:
-        if self._nvml is None:
-            try:
-                import pynvml  # nvidia-ml-py
-            except ImportError as err:  # pragma: no cover - a declared dependency
-                raise SourceFailed(f"NVML unavailable: pynvml is not installed ({err})") from None
-            self._nvml = pynvml
-        return self._nvml
-
-    def _ensure_init(self) -> Any:
-        nvml = self._module()
-        if self._initialised:
-            return nvml
+    def _ensure_init(self) -> None:
+        if self._nvml.initialised:
+            return
         now = self._clock() if self._clock else None
         if (self._init_error is not None and now is not None and self._init_failed_at is not None
                 and now - self._init_failed_at < self._retry_init_s):
             raise SourceFailed(self._init_error)
         try:
-            nvml.nvmlInit()
-        except Exception as err:  # pynvml.NVMLError_LibraryNotFound, _DriverNotLoaded, ...
-            self._init_error = f"NVML unavailable: {_nvml_message(err)}"
+            self._nvml.init()
+        except NvmlUnavailable as err:
+            self._init_error = str(err)
             self._init_failed_at = now
             raise SourceFailed(self._init_error) from None
-        self._initialised = True
         self._init_error = None
-        return nvml
 
     async def read(self) -> SourceReading:
         if not self.device_ids:
             raise SourceFailed("no GPU devices in the policy")
-        nvml = self._ensure_init()
+        self._ensure_init()
         out = SourceReading()
-        pids = set(self._pids()) if self._pids else set()
         for device in self.device_ids:
             index = int(device[3:])
             try:
-                handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                mem = nvml.nvmlDeviceGetMemoryInfo(handle)
-            except Exception as err:
-                raise SourceFailed(f"NVML cannot read {device}: {_nvml_message(err)}") from None
-            out.readings.append(Reading(device, int(mem.total), int(mem.used), self.name, live=True))
-            try:
-                util = nvml.nvmlDeviceGetUtilizationRates(handle)
-                out.gpu_utilization[device] = float(util.gpu) / 100.0
-            except Exception:  # not supported on every device (MIG slices): not an error
-                pass
-            if pids:
-                try:
-                    procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-                    used = sum(int(p.usedGpuMemory or 0) for p in procs if int(p.pid) in pids)
-                    out.process_used_bytes[device] = used
-                except Exception:  # per-process accounting is not available everywhere
-                    pass
+                handle = self._nvml.handle(index)
+                total, used = self._nvml.memory(handle, index)
+            except NvmlUnavailable as err:
+                raise SourceFailed(str(err)) from None
+            out.readings.append(Reading(device, total, used, self.name, live=True))
+            util = self._nvml.utilization(handle)  # not supported on every device (MIG slices): not an error
+            if util is not None:
+                out.gpu_utilization[device] = util
         return out
 
     def close(self) -> None:
-        if self._initialised:
-            try:
-                self._nvml.nvmlShutdown()
-            except Exception:
-                pass
-            self._initialised = False
-
-
-def _nvml_message(err: BaseException) -> str:
-    text = str(err) or type(err).__name__
-    return f"{type(err).__name__}: {text}" if type(err).__name__ not in text else text
+        self._nvml.shutdown()
 
 
 # ------------------------------------------------------------------------------------------------
 # Triton's metrics endpoint
-
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
-@dataclass(frozen=True)
-class Sample:
-    name: str
-    labels: dict[str, str]
-    value: float
-
-
-def parse_prometheus(text: str, wanted: Callable[[str], bool] | None = None) -> list[Sample]:
-    """Prometheus text exposition: the samples (comments and malformed lines are skipped); with
-    `wanted`, only lines whose metric name it accepts are parsed (Triton's page is long)."""
-    out: list[Sample] = []
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        if wanted is not None and not wanted(line.split("{", 1)[0].split(" ", 1)[0]):
-            continue
-        match = _SAMPLE.match(line)
-        if match is None:
-            continue
-        name, _, labels_text, value = match.groups()
-        try:
-            number = float(value)
-        except ValueError:
-            continue
-        if math.isnan(number):
-            continue
-        labels = {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in _LABEL.findall(labels_text or "")}
-        out.append(Sample(name, labels, number))
-    return out
-
 
 _WANTED_EXACT = frozenset({
     "nv_gpu_memory_total_bytes", "nv_gpu_memory_used_bytes", "nv_gpu_utilization",
     "nv_inference_queue_duration_us", "nv_inference_request_success", "nv_inference_request_failure",
 })
 _WANTED_EXACT |= {TRTLLM_KV_BLOCKS, *VLLM_USAGE_GAUGES}
-_WANTED_SUFFIX = ("_kv_blocks_used", "_kv_blocks_total", "_kv_bytes_per_token", "_kv_block_tokens")
+_WANTED_SUFFIX = KV_GAUGE_SUFFIXES
 
 
 def _wanted(name: str) -> bool:
@@ -230,7 +161,7 @@ class TritonMetricsSource:
             raise
         except Exception as err:
             raise SourceFailed(f"Triton metrics unreachable: {type(err).__name__}: {err}") from None
-        samples = parse_prometheus(text, _wanted)
+        samples = [s for s in parse_prometheus(text, _wanted) if not math.isnan(s.value)]
         if not any(s.name.startswith("nv_") for s in samples) and "nv_" not in text:
             raise SourceFailed("the metrics endpoint answered without any nv_* family; is it Triton's?")
         out = SourceReading()
@@ -274,18 +205,10 @@ class TritonMetricsSource:
         out = []
         for model in self.pool_models:
             mine = [s for s in samples if s.labels.get("model") == model]
-
-            def pick(suffix: str, combine: Callable[[list[float]], float], mine: list[Sample] = mine) -> float | None:
-                values = [s.value for s in mine if s.name.endswith(suffix)]
-                return combine(values) if values else None
-
-            used = pick("_kv_blocks_used", sum)
-            blocks = pick("_kv_blocks_total", sum)
-            bpt = pick("_kv_bytes_per_token", max)
-            block_tokens = pick("_kv_block_tokens", max) or 1.0
-            if used is not None and blocks is not None and bpt:
-                per_block = block_tokens * bpt
-                out.append(Reading(f"pool:{model}", int(blocks * per_block), int(used * per_block), self.name, live=True))
+            own = kv_gauges(mine, model)
+            if own.blocks_used is not None and own.blocks_total is not None and own.bytes_per_token:
+                per_block = (own.block_tokens or 1) * own.bytes_per_token
+                out.append(Reading(f"pool:{model}", int(own.blocks_total * per_block), int(own.blocks_used * per_block), self.name, live=True))
                 continue
             engine = self._engine_pool(model, mine)
             if engine is not None:
@@ -376,7 +299,6 @@ class HeadroomChain:
         self._on_change = on_change
         self.state: dict[str, str | None] = {}  # source -> None (ok) or the last failure
         self.failures_total: dict[str, int] = {s.name: 0 for s in self.sources}
-        self.last_process_used: dict[str, int] = {}
 
     async def sample(self) -> HeadroomSnapshot:
         readings: dict[str, Reading] = {}
@@ -399,7 +321,6 @@ class HeadroomChain:
                     utilization.setdefault(key, value)
                 for key, value in got.queue_delay_s.items():
                     delays.setdefault(key, value)
-                self.last_process_used.update(got.process_used_bytes)
             self._record(source.name, failures.get(source.name))
         return HeadroomSnapshot(self._clock(), readings, failures, utilization, delays)
 

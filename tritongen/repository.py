@@ -33,6 +33,7 @@ from tritonclient.grpc.model_config_pb2 import ModelConfig
 from tritongen.core.config_rules import RULES, check_cross_model, check_model_config, is_ensemble
 from tritongen.core.findings import Finding, count_errors, count_warnings, sort_findings
 from tritongen.errors import BadInput
+from tritongen.nvml import gpu_count
 from tritongen.pbtxt import ConfigSyntaxError, field_line, parse_model_config
 
 CONFIG_NAME = "config.pbtxt"
@@ -44,23 +45,7 @@ ExtraRule = Callable[[dict[str, ModelConfig]], list[Finding]]
 
 def detect_gpu_count() -> int | None:
     """How many GPUs NVML reports here; None when it cannot tell (no library, no driver)."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return None
-    try:
-        return int(pynvml.nvmlDeviceGetCount())
-    except pynvml.NVMLError:
-        return None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
+    return gpu_count()
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ import pytest
 
 from tests.helpers import EXAMPLES, MODEL_REPOSITORY, REPO_ROOT, cli
 from tritongen.core.profile_types import Profile, read_profile
-from tritongen.profiler.memory import NvmlProbe, PeakSampler, ProcFS, StubRssProbe, find_stubs, kv_gauges, parse_metrics
+from tritongen.core.prometheus import kv_gauges, parse_prometheus
+from tritongen.profiler.memory import NvmlProbe, PeakSampler, ProcFS, StubRssProbe, find_stubs
 from tritongen.profiler.run import endpoints_from_url
 from tritongen.render import render_repository, write_repository
 from tritongen.server import ServerOptions, TritonServer, free_port
@@ -222,7 +223,7 @@ def test_tiny_pool_rejects_with_out_of_memory(server):
     assert 0 < len(filled.chunks) < 10
     import httpx
 
-    metrics = parse_metrics(httpx.get(server.metrics_url).text)
+    metrics = parse_prometheus(httpx.get(server.metrics_url).text)
     ooms = [s.value for s in metrics if s.name == "tinyllm_oom_errors_total" and s.labels.get("model") == "tinyllm_tiny"]
     assert ooms and sum(ooms) >= 2
 
@@ -346,10 +347,10 @@ tinyllm_kv_block_tokens{instance="tinyllm_0_0",model="tinyllm",version="1"} 16
 tinyllm_generated_tokens_total{instance="tinyllm_0_0",model="tinyllm",version="1"} 1.5e3
 nv_inference_count{model="tinyllm",version="1"} 7
 """
-    gauges = kv_gauges(parse_metrics(text), "tinyllm")
+    gauges = kv_gauges(parse_prometheus(text), "tinyllm")
     assert gauges.blocks_used == 7 and gauges.bytes_per_token == 512 and gauges.block_tokens == 16
     assert gauges.generated_tokens == 1500 and gauges.blocks_total is None and gauges.present
-    assert not kv_gauges(parse_metrics(text), "ranker").present
+    assert not kv_gauges(parse_prometheus(text), "ranker").present
 
 
 def test_endpoints_default_to_triton_ports_on_the_same_host():

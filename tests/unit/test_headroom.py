@@ -19,7 +19,6 @@ from sidecar.headroom import (
     SourceReading,
     StaticSource,
     TritonMetricsSource,
-    parse_prometheus,
 )
 from sidecar.policy import parse_policy
 from tests.helpers import FakeClock, policy_doc
@@ -46,10 +45,9 @@ class FakeNvml:
     """The few pynvml functions the source calls, over a table of devices."""
 
     def __init__(self, devices: list[tuple[int, int]], util: list[int] | None = None,
-                 procs: dict[int, list[tuple[int, int]]] | None = None, init_error: Exception | None = None) -> None:
+                 init_error: Exception | None = None) -> None:
         self.devices = devices
         self.util = util
-        self.procs = procs or {}
         self.init_error = init_error
         self.init_calls = 0
         self.shutdown_calls = 0
@@ -76,17 +74,13 @@ class FakeNvml:
             raise NVMLError("Not Supported")
         return SimpleNamespace(gpu=self.util[handle], memory=0)
 
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
-        return [SimpleNamespace(pid=p, usedGpuMemory=m) for p, m in self.procs.get(handle, [])]
 
-
-def test_nvml_reads_every_gpu_with_utilisation_and_process_memory() -> None:
-    nvml = FakeNvml([(80, 30), (80, 50)], util=[40, 90], procs={0: [(11, 7), (99, 3)], 1: [(11, 5)]})
-    source = NvmlSource(["gpu0", "gpu1", "cpu"], nvml=nvml, pids=lambda: [11])
+def test_nvml_reads_every_gpu_with_utilisation() -> None:
+    nvml = FakeNvml([(80, 30), (80, 50)], util=[40, 90])
+    source = NvmlSource(["gpu0", "gpu1", "cpu"], nvml=nvml)
     got = run(source.read())
     assert got.readings == [Reading("gpu0", 80, 30, "nvml"), Reading("gpu1", 80, 50, "nvml")]
     assert got.gpu_utilization == {"gpu0": 0.4, "gpu1": 0.9}
-    assert got.process_used_bytes == {"gpu0": 7, "gpu1": 5}  # only Triton's processes
     run(source.read())
     assert nvml.init_calls == 1  # initialised once
     source.close()
@@ -174,11 +168,10 @@ def fetcher(*texts: str | Exception) -> Any:
     return fetch
 
 
-def test_parse_prometheus() -> None:
-    samples = parse_prometheus('# c\nfoo{a="x\\"y",b="z"} 1.5\nbar 2\nbad line\nnan_metric NaN\nbaz{} 3e2\n')
-    assert [(s.name, s.labels, s.value) for s in samples] == [
-        ("foo", {"a": 'x"y', "b": "z"}, 1.5), ("bar", {}, 2.0), ("baz", {}, 300.0),
-    ]
+def test_triton_metrics_skips_nan_samples() -> None:
+    text = 'nv_gpu_memory_total_bytes{gpu_uuid="a"} 8000\nnv_gpu_memory_used_bytes{gpu_uuid="a"} NaN\n'
+    got = run(TritonMetricsSource(fetcher(text), ["gpu0"], []).read())
+    assert got.readings == []  # an unknown used figure is no reading
 
 
 def test_triton_metrics_gpus_pools_and_utilisation() -> None:

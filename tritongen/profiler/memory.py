@@ -10,7 +10,7 @@
 * `NullProbe`: nothing to measure (a remote server, no GPU); every reading is None.
 
 `PeakSampler` samples a probe from a thread every ~2 ms while a request runs.
-`parse_metrics` reads the server's Prometheus text (the model's own `*_kv_*` gauges).
+The server's Prometheus text (the model's own `*_kv_*` gauges) is read by tritongen.core.prometheus.
 """
 
 from __future__ import annotations
@@ -19,10 +19,15 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+# profiler/engine.py still imports these two from here (TODO issue 18: from tritongen.core.prometheus)
+from tritongen.core.prometheus import kv_gauges  # noqa: F401
+from tritongen.core.prometheus import parse_prometheus as parse_metrics  # noqa: F401
+from tritongen.nvml import Nvml, NvmlUnavailable
 
 STUB_NAME = "triton_python_backend_stub"
 
@@ -206,25 +211,25 @@ class NvmlProbe:
 
     name = "nvml"
 
-    def __init__(self, nvml: Any, indices: Sequence[int]) -> None:
+    def __init__(self, nvml: Nvml, indices: Sequence[int]) -> None:
         self.nvml = nvml
         self.indices = list(indices)
-        self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in self.indices]
+        self._handles = [nvml.handle(i) for i in self.indices]
 
     @classmethod
     def open(cls, indices: Sequence[int] | None = None, nvml: Any = None) -> "NvmlProbe | None":
-        """A probe over `indices` (default: every GPU), or None without NVML or GPUs."""
+        """A probe over `indices` (default: every GPU), or None without NVML or GPUs. `nvml` is
+        the `pynvml` module or a fake with its functions (None: import pynvml)."""
+        session = Nvml(nvml)
         try:
-            if nvml is None:
-                import pynvml as nvml  # nvidia-ml-py
-            nvml.nvmlInit()
-            count = nvml.nvmlDeviceGetCount()
-        except Exception:  # NVMLError_LibraryNotFound on a host without a driver, ImportError
+            session.init()
+            count = session.count()
+        except NvmlUnavailable:  # NVMLError_LibraryNotFound on a host without a driver, ImportError
             return None
         if count == 0:
             return None
         chosen = [i for i in (indices if indices else range(count)) if 0 <= i < count]
-        return cls(nvml, chosen) if chosen else None
+        return cls(session, chosen) if chosen else None
 
     @property
     def instances(self) -> list[int]:
@@ -234,7 +239,7 @@ class NvmlProbe:
         return len(self._handles)
 
     def sample(self) -> int | None:
-        return sum(int(self.nvml.nvmlDeviceGetMemoryInfo(h).used) for h in self._handles)
+        return sum(self.nvml.memory(h)[1] for h in self._handles)
 
     def reset_peak(self) -> bool:
         return False
@@ -322,73 +327,3 @@ class PeakSampler:
             hwm = self.probe.peak()
             if hwm is not None:
                 self.peak = hwm if self.peak is None else max(self.peak, hwm)
-
-
-# ---------------------------------------------------------------------------------------------
-# Prometheus text
-
-
-@dataclass(frozen=True)
-class MetricSample:
-    name: str
-    labels: dict[str, str]
-    value: float
-
-
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\d+)?$")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
-def parse_metrics(text: str) -> list[MetricSample]:
-    """Samples of the Prometheus text exposition format (comments and bad lines skipped)."""
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if not match:
-            continue
-        name, _, labels_text, value = match.group(1), match.group(2), match.group(3), match.group(4)
-        try:
-            number = float(value)
-        except ValueError:
-            continue
-        labels = {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in _LABEL.findall(labels_text or "")}
-        out.append(MetricSample(name, labels, number))
-    return out
-
-
-@dataclass(frozen=True)
-class KVGauges:
-    """A model's own KV-cache gauges (tritongen's convention: `<prefix>_kv_blocks_used` and friends,
-    labelled with model=<name>), summed over instances for counts, max for per-token sizes."""
-
-    blocks_used: int | None
-    blocks_total: int | None
-    bytes_per_token: float | None
-    block_tokens: int | None
-    generated_tokens: int | None = None
-
-    @property
-    def present(self) -> bool:
-        return self.bytes_per_token is not None or self.blocks_used is not None
-
-
-def kv_gauges(samples: Sequence[MetricSample], model: str) -> KVGauges:
-    def pick(suffix: str, combine: Callable[[list[float]], float]) -> float | None:
-        values = [s.value for s in samples if s.name.endswith(suffix) and s.labels.get("model") == model]
-        return combine(values) if values else None
-
-    used = pick("_kv_blocks_used", sum)
-    total = pick("_kv_blocks_total", sum)
-    bpt = pick("_kv_bytes_per_token", max)
-    block = pick("_kv_block_tokens", max)
-    generated = pick("_generated_tokens_total", sum)
-    return KVGauges(
-        blocks_used=None if used is None else int(used),
-        blocks_total=None if total is None else int(total),
-        bytes_per_token=bpt,
-        block_tokens=None if block is None else int(block),
-        generated_tokens=None if generated is None else int(generated),
-    )

@@ -57,6 +57,7 @@ from tritongen.core.profile_types import (
 )
 from tritongen.errors import BadInput, RunFailed, TritongenError
 from tritongen.profiler.classic import SCALING_INSTANCES, ClassicProfiler, ClassicResult, batch_scan_rows
+from tritongen.core.prometheus import kv_gauges, parse_prometheus
 from tritongen.profiler.engine import EngineProfiler, engine_settings, interface_of
 from tritongen.profiler.engine import stream_inputs as engine_stream_inputs
 from tritongen.profiler.load import ModelFailed, RequestRecord, StreamLoad, StreamRecord, Window
@@ -67,8 +68,6 @@ from tritongen.profiler.memory import (
     PeakSampler,
     ProcFS,
     StubRssProbe,
-    kv_gauges,
-    parse_metrics,
     steady_value,
     stub_parents,
 )
@@ -829,7 +828,7 @@ class Profiler:
 
     def _reported_bytes_per_token(self, model: str) -> float | None:
         text = self.admin.metrics()
-        return kv_gauges(parse_metrics(text), model).bytes_per_token if text else None
+        return kv_gauges(parse_prometheus(text), model).bytes_per_token if text else None
 
     def _prefill_scan(self, target: Target, probe: MemoryProbe, memory: MemorySection, stream: StreamLoad, s: ProfileSettings) -> None:
         lengths = s.prefill_prompt_lengths
@@ -891,7 +890,7 @@ class Profiler:
     def _kv_hold(self, target: Target, memory: MemorySection, stream: StreamLoad) -> None:
         """Hold a few long streams open and read the model's KV gauges against the tokens in flight."""
         text = self.admin.metrics()
-        gauges = kv_gauges(parse_metrics(text), target.name) if text else None
+        gauges = kv_gauges(parse_prometheus(text), target.name) if text else None
         if gauges is None or not gauges.present:
             memory.notes.append("the model exports no *_kv_* gauges on the metrics endpoint: KV blocks not read")
             return
@@ -958,7 +957,7 @@ class Profiler:
     def _hold_once(self, target: Target, stream: StreamLoad, streams: int, prompt: int, max_tokens: int, block: int | None):
         """Run `streams` long requests; read (blocks used, tokens in flight) while all of them run."""
         text = self.admin.metrics()
-        generated_before = kv_gauges(parse_metrics(text), target.name).generated_tokens if text else None
+        generated_before = kv_gauges(parse_prometheus(text), target.name).generated_tokens if text else None
         admitted = streams * -(-prompt // block) if block else 1
         workers, stop = stream.start(streams, limit=1, inputs=stream_inputs(target, prompt, max_tokens), together=True)
         readings: list[tuple[int, float]] = []
@@ -971,7 +970,7 @@ class Profiler:
                 before = self._in_flight(workers, prompt)
                 text = self.admin.metrics()
                 after = self._in_flight(workers, prompt)
-                now = kv_gauges(parse_metrics(text), target.name) if text else None
+                now = kv_gauges(parse_prometheus(text), target.name) if text else None
                 if now is None or not now.blocks_used or now.blocks_used < admitted:
                     continue
                 if generated_before is not None and now.generated_tokens is not None:
@@ -997,7 +996,7 @@ class Profiler:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             text = self.admin.metrics()
-            used = kv_gauges(parse_metrics(text), model).blocks_used if text else None
+            used = kv_gauges(parse_prometheus(text), model).blocks_used if text else None
             if not used:
                 return
             time.sleep(0.05)
