@@ -16,7 +16,9 @@ from tritongen.core.kv import (
     KVShape,
     kv_budget_bytes,
     kv_bytes_for_sequence,
+    kv_footprint,
     kv_shape,
+    kv_summary,
     max_batch_size_that_fits,
     max_concurrent_sequences,
     weight_bytes,
@@ -56,6 +58,15 @@ NATIVE = {
     "deepseek-v2-lite": 27 * (512 + 64) * 2,  # bf16 MLA latent, no K/V pair = 31104
     "deepseek-v3": 61 * (512 + 64) * 2,  # bf16 MLA latent                  = 70272
     "tinyllm": 2 * 2 * 2 * 16 * 4,  # fp32, 64/4 = 16                        = 512
+    # Mixed-layer families: the attention layers only, per token below any window or chunk.
+    "gemma-3-27b-it": 2 * 62 * 16 * 128 * 2,  # bf16, 10 full + 52 sliding      = 507904
+    "llama-4-scout-17b-16e-instruct": 2 * 48 * 8 * 128 * 2,  # 12 full + 36 chunked = 196608
+    "gpt-oss-20b": 2 * 24 * 8 * 64 * 2,  # no torch_dtype published: bf16 (see arch) = 49152
+    "qwen3-8b": 2 * 36 * 8 * 128 * 2,  # bf16, explicit head_dim 128         = 147456
+    "qwen3-30b-a3b": 2 * 48 * 4 * 128 * 2,  # bf16 MoE: experts do not touch KV = 98304
+    "qwen3-next-80b-a3b-instruct": 2 * 12 * 2 * 256 * 2,  # 12 of 48 layers attend = 24576
+    "jamba-1.5-mini": 2 * 4 * 8 * 128 * 2,  # 4 of 32 layers attend (4096/32 = 128) = 16384
+    "nemotron-h-8b-base-8k": 2 * 4 * 8 * 128 * 2,  # 4 of 52 layers attend   = 16384
 }
 
 # The same, with a 2-byte (fp16) cache for every model.
@@ -221,6 +232,176 @@ def test_sequence_bytes_reject_mismatched_shape() -> None:
         kv_bytes_for_sequence(arch("llama-3-8b"), kv_shape(arch("tinyllm")), 10)
 
 
+# ---- mixed-layer families: growing, capped and fixed parts, exact per sequence ----------------
+#
+# Per attention layer and token: 2 (K and V) x kv heads x head_dim x 2 bytes (bf16).
+#   Gemma 3 27B: 2 x 16 x 128 x 2 = 8192 B; layers 5, 11, ..., 59 full (10), 52 sliding at 1024.
+#   Llama 4 Scout: 2 x 8 x 128 x 2 = 4096 B; every 4th layer NoPE/full (12), 36 chunked at 8192.
+#   GPT-OSS 20B: 2 x 8 x 64 x 2 = 2048 B; alternating, 12 full + 12 sliding at 128.
+#   Qwen3 8B: 2 x 8 x 128 x 2 = 4096 B x 36 layers, all full; Qwen3-30B-A3B: 2 x 4 x 128 x 2 = 2048 x 48.
+#   Qwen3-Next 80B: 2 x 2 x 256 x 2 = 2048 B on 12 full layers (every 4th); 36 Gated DeltaNet layers,
+#     each conv (2 x 16 x 128 + 32 x 128 = 8192 channels) x 3 x 2 B = 49152 B
+#     + recurrent 32 x 128 x 128 x 2 B = 1048576 B -> 36 x 1097728 = 39518208 B per sequence.
+#   Jamba 1.5 Mini: 2 x 8 x 128 x 2 = 4096 B on layers 4, 12, 20, 28; 28 Mamba layers, d_inner
+#     2 x 4096 = 8192: conv 8192 x 3 x 2 B = 49152 + SSM 8192 x 16 x 2 B = 262144 -> 28 x 311296 = 8716288 B.
+#   Nemotron-H 8B: 2 x 8 x 128 x 2 = 4096 B on 4 layers ('*'); 24 Mamba2 layers ('M'), 24 MLP ('-'):
+#     conv (128 x 64 + 2 x 8 x 128 = 10240) x 3 x 2 B = 61440 + SSM 128 x 64 x 128 x 4 B (fp32) = 4194304
+#     -> 24 x 4255744 = 102137856 B per sequence.
+HYBRID = {
+    "gemma-3-27b-it": dict(
+        growing=10 * 8192, capped=[("sliding_attention", 52, 1024, 52 * 8192)], state=0,
+        per_sequence={
+            512: 512 * 62 * 8192,  # below the window: every layer holds every token = 260046848
+            8192: 8192 * 10 * 8192 + 1024 * 52 * 8192,  # = 671088640 + 436207616 = 1107296256
+            131072: 131072 * 10 * 8192 + 1024 * 52 * 8192,  # max_position_embeddings (family default) = 11173625856
+        },
+    ),
+    "llama-4-scout-17b-16e-instruct": dict(
+        growing=12 * 4096, capped=[("chunked_attention", 36, 8192, 36 * 4096)], state=0,
+        per_sequence={
+            4096: 4096 * 48 * 4096,  # within one chunk = 805306368
+            32768: 32768 * 12 * 4096 + 8192 * 36 * 4096,  # = 1610612736 + 1207959552 = 2818572288
+            10485760: 10485760 * 12 * 4096 + 8192 * 36 * 4096,  # max: 515396075520 + 1207959552
+        },
+    ),
+    "gpt-oss-20b": dict(
+        growing=12 * 2048, capped=[("sliding_attention", 12, 128, 12 * 2048)], state=0,
+        per_sequence={
+            100: 100 * 24 * 2048,  # below the 128-token window = 4915200
+            4096: 4096 * 12 * 2048 + 128 * 12 * 2048,  # = 100663296 + 3145728 = 103809024
+            131072: 131072 * 12 * 2048 + 128 * 12 * 2048,  # max = 3224371200
+        },
+    ),
+    "qwen3-8b": dict(
+        growing=36 * 4096, capped=[], state=0,
+        per_sequence={1024: 1024 * 147456, 32768: 32768 * 147456, 40960: 40960 * 147456},  # no window at all
+    ),
+    "qwen3-30b-a3b": dict(
+        growing=48 * 2048, capped=[], state=0,
+        per_sequence={1024: 1024 * 98304, 32768: 32768 * 98304, 40960: 40960 * 98304},
+    ),
+    "qwen3-next-80b-a3b-instruct": dict(
+        growing=12 * 2048, capped=[], state=36 * (8192 * 3 * 2 + 32 * 128 * 128 * 2),
+        per_sequence={
+            1024: 1024 * 24576 + 39518208,  # the state outweighs the short sequence: 64684032
+            32768: 32768 * 24576 + 39518208,  # = 844824576
+            262144: 262144 * 24576 + 39518208,  # max = 6481969152
+        },
+    ),
+    "jamba-1.5-mini": dict(
+        growing=4 * 4096, capped=[], state=28 * (8192 * 3 * 2 + 8192 * 16 * 2),
+        per_sequence={
+            1024: 1024 * 16384 + 8716288,  # = 25493504
+            65536: 65536 * 16384 + 8716288,  # = 1082458112
+            262144: 262144 * 16384 + 8716288,  # max = 4303683584
+        },
+    ),
+    "nemotron-h-8b-base-8k": dict(
+        growing=4 * 4096, capped=[], state=24 * (10240 * 3 * 2 + 128 * 64 * 128 * 4),
+        per_sequence={
+            512: 512 * 16384 + 102137856,  # = 110526464
+            4096: 4096 * 16384 + 102137856,  # = 169246720
+            8192: 8192 * 16384 + 102137856,  # max = 236355584
+        },
+    ),
+}
+
+
+def test_literal_values_of_the_hybrid_arithmetic() -> None:
+    assert HYBRID["gemma-3-27b-it"]["per_sequence"][8192] == 1_107_296_256
+    assert HYBRID["llama-4-scout-17b-16e-instruct"]["per_sequence"][32768] == 2_818_572_288
+    assert HYBRID["gpt-oss-20b"]["per_sequence"][4096] == 103_809_024
+    assert HYBRID["qwen3-next-80b-a3b-instruct"]["state"] == 39_518_208
+    assert HYBRID["jamba-1.5-mini"]["state"] == 8_716_288
+    assert HYBRID["nemotron-h-8b-base-8k"]["state"] == 102_137_856
+    assert HYBRID["nemotron-h-8b-base-8k"]["per_sequence"][8192] == 236_355_584
+
+
+@pytest.mark.parametrize("name", sorted(HYBRID))
+def test_hybrid_summary_by_hand(name: str) -> None:
+    a = arch(name)
+    want = HYBRID[name]
+    shape = kv_shape(a)
+    lengths = sorted(want["per_sequence"])
+    assert lengths[-1] == a.max_position_embeddings  # the longest case is the model's own maximum
+    for tokens in lengths:
+        out = kv_summary(a, shape, tokens)
+        assert out["growing_bytes_per_token"] == want["growing"]
+        assert [(c["kind"], c["layers"], c["cap_tokens"], c["bytes_per_token"]) for c in out["capped"]] == want["capped"]
+        assert out["state_bytes_per_sequence"] == want["state"]
+        assert out["kv_bytes_per_sequence"] == want["per_sequence"][tokens]
+        assert kv_bytes_for_sequence(a, shape, tokens) == want["per_sequence"][tokens]
+
+
+def test_summary_of_a_classic_model_is_uniform() -> None:
+    a = arch("llama-3-8b")
+    out = kv_summary(a, kv_shape(a), 1000)
+    assert out["capped"] == [] and out["state_bytes_per_sequence"] == 0 and "state" not in out
+    assert out["growing_bytes_per_token"] == out["kv_bytes_per_token"] == out["all_full_bytes_per_token"] == 131072
+    assert out["kv_bytes_per_sequence"] == 1000 * 131072
+    assert kv_footprint(a, kv_shape(a)).uniform
+
+
+def test_state_layers_and_all_full_comparison() -> None:
+    a = arch("nemotron-h-8b-base-8k")
+    out = kv_summary(a, kv_shape(a))
+    assert out["layers"] == {"mamba": 24, "mlp": 24, "full_attention": 4}
+    assert out["state"] == {"kind": "mamba2", "layers": 24, "conv_bytes_per_layer": 61440,
+                            "ssm_bytes_per_layer": 4194304}
+    # Read as 52 full-attention layers, a token would cost 52 x 4096 = 212992 B.
+    assert out["all_full_bytes_per_token"] == 52 * 4096
+    assert kv_bytes_for_sequence(a, kv_shape(a), 0) == 0  # an empty sequence holds no state yet
+
+
+def test_kv_dtype_shrinks_attention_not_state() -> None:
+    # vLLM's kv_cache_dtype is the attention layers'; the Mamba state keeps mamba_cache_dtype (auto).
+    a = arch("jamba-1.5-mini")
+    fp8 = kv_summary(a, kv_shape(a, kv_dtype="fp8"), 1024)
+    assert fp8["growing_bytes_per_token"] == 4 * 2 * 8 * 128 * 1  # 8192
+    assert fp8["state_bytes_per_sequence"] == 8_716_288
+    assert fp8["kv_bytes_per_sequence"] == 1024 * 8192 + 8_716_288
+
+
+@pytest.mark.parametrize(
+    ("tp", "attention", "conv", "ssm"),
+    [
+        # tp 2: 4 kv heads a rank; n_groups 8 split: conv 10240 / 2 x 3 x 2 B; SSM 64 heads x 64 x 128 x 4 B.
+        (2, 4 * 2 * 4 * 128 * 2, 10240 // 2 * 3 * 2, 64 * 64 * 128 * 4),
+        # tp 16: 8 kv heads replicated to 1 a rank; 8 groups do not split over 16 ranks, so vLLM extends
+        # them to 16: conv (8192 + 2 x 16 x 128) / 16 = 768 x 3 x 2 B; SSM 8 heads x 64 x 128 x 4 B.
+        (16, 4 * 2 * 1 * 128 * 2, 768 * 3 * 2, 8 * 64 * 128 * 4),
+    ],
+)
+def test_tp_splits_mamba2_state_as_vllm_does(tp: int, attention: int, conv: int, ssm: int) -> None:
+    a = arch("nemotron-h-8b-base-8k")
+    out = kv_summary(a, kv_shape(a, tensor_parallel=tp), 100)
+    assert out["growing_bytes_per_token"] == attention
+    assert out["state"]["conv_bytes_per_layer"] == conv and out["state"]["ssm_bytes_per_layer"] == ssm
+    assert out["kv_bytes_per_sequence"] == 100 * attention + 24 * (conv + ssm)
+
+
+def test_tp_must_divide_the_state() -> None:
+    # Qwen3-Next at tp 16: 2 kv heads replicated to 1 a rank, 8192 conv channels / 16, 32 value heads / 16.
+    a = arch("qwen3-next-80b-a3b-instruct")
+    out = kv_summary(a, kv_shape(a, tensor_parallel=16))
+    assert out["growing_bytes_per_token"] == 12 * 2 * 1 * 256 * 2
+    assert out["state_bytes_per_sequence"] == 36 * (8192 // 16 * 3 * 2 + 2 * 128 * 128 * 2)
+    # 24 value heads cannot be split over 16 ranks (vLLM's divide() refuses it too).
+    data = a.model_dump()
+    data["state"] = {**data["state"], "num_v_heads": 24}
+    odd = type(a).model_validate(data)
+    with pytest.raises(BadInput, match="tensor parallel size 16 does not divide the 24 linear-attention value heads"):
+        kv_footprint(odd, kv_shape(odd, tensor_parallel=16))
+
+
+def test_hybrid_concurrency_beats_the_all_full_arithmetic() -> None:
+    # 40 GiB of KV at 32768 tokens on Llama 4 Scout: 2818572288 B a sequence -> 15 fit; read as 48
+    # full layers (196608 B/token x 32768 = 6 GiB) only 6 would.
+    a = arch("llama-4-scout-17b-16e-instruct")
+    assert max_concurrent_sequences(40 * GIB, a, kv_shape(a), 32768) == 40 * GIB // 2_818_572_288 == 15
+    assert 40 * GIB // (32768 * 196608) == 6
+
+
 # ---- weights and budget ------------------------------------------------------------------------
 
 
@@ -336,6 +517,7 @@ def test_directory_instead_of_file(tmp_path: Path) -> None:
 # ---- CLI ---------------------------------------------------------------------------------------
 
 runner = CliRunner()
+WIDE = {"COLUMNS": "200"}  # rich sizes its tables from COLUMNS when stdout is not a terminal
 
 
 def _app() -> typer.Typer:
@@ -376,10 +558,33 @@ def test_cli_json_fp8_without_context() -> None:
 
 
 def test_cli_text() -> None:
-    result = runner.invoke(_app(), ["kv", str(ARCH_DIR / "llama-3-8b.json"), "--context", "8192"], terminal_width=200)
+    result = runner.invoke(_app(), ["kv", str(ARCH_DIR / "llama-3-8b.json"), "--context", "8192"], env=WIDE)
     assert result.exit_code == 0, result.output
     assert "131,072 (128.0 KiB)" in result.stdout
     assert "1,073,741,824 (1,024.0 MiB)" in result.stdout  # 8192 x 131072
+
+
+def test_cli_json_hybrid() -> None:
+    result = runner.invoke(
+        _app(), ["kv", str(ARCH_DIR / "qwen3-next-80b-a3b-instruct.json"), "--context", "32768", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    # 12 full layers x 2048 B/token x 32768 + 36 Gated DeltaNet states of 1097728 B (see HYBRID).
+    assert out["kv_bytes_per_sequence"] == 32768 * 24576 + 39_518_208 == 844_824_576
+    assert out["growing_bytes_per_token"] == 24576 and out["capped"] == []
+    assert out["state_bytes_per_sequence"] == 39_518_208 and out["state"]["kind"] == "gated_delta_net"
+    assert out["layers"] == {"linear_attention": 36, "full_attention": 12}
+
+
+def test_cli_text_explains_the_split() -> None:
+    result = runner.invoke(
+        _app(), ["kv", str(ARCH_DIR / "gemma-3-27b-it.json"), "--context", "8192"], env=WIDE
+    )
+    assert result.exit_code == 0, result.output
+    assert "sliding window" in result.stdout and "the last 1,024 tokens" in result.stdout
+    assert "436,207,616 (416.0 MiB)" in result.stdout  # 52 x 8192 B x 1024 tokens
+    assert "1,107,296,256 (1,056.0 MiB)" in result.stdout
 
 
 def test_cli_rejects_unknown_kv_dtype() -> None:
@@ -402,6 +607,18 @@ def test_console_bad_file_exits_2_without_traceback(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert f"{p}:1:3: not valid JSON" in proc.stderr and proc.stdout == ""
+
+
+def test_console_unreadable_layer_pattern_exits_2(tmp_path: Path) -> None:
+    p = tmp_path / "config.json"
+    config = json.loads((ARCH_DIR / "gpt-oss-20b.json").read_text())
+    config["layer_types"] = config["layer_types"][:-1]  # 23 kinds for 24 layers
+    p.write_text(json.dumps(config))
+    proc = _console("kv", str(p), "--json")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "Traceback" not in proc.stderr
+    assert "`layer_types` lists 23 layers but `num_hidden_layers` is 24" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) <= 2  # one readable message
 
 
 def test_console_bad_kv_dtype_is_usage_error() -> None:

@@ -9,11 +9,21 @@ Why a parser per family instead of `transformers.AutoConfig`: tritongen must not
 transformers/torch, and the handful of keys that matter for memory have drifted between families
 (`n_layer` vs `num_hidden_layers`, Falcon's `multi_query`, Gemma's explicit `head_dim`, DeepSeek's
 latent attention, Qwen2's `use_sliding_window`), so the rules are written down here, once.
+
+Models of 2025-26 mix layer kinds, and a per-token figure alone misstates their memory: a
+sliding-window layer stops growing at its window, a chunked-attention layer (Llama 4) holds at
+most one chunk, a linear-attention or state-space layer (Qwen3-Next's Gated DeltaNet, Jamba's and
+Nemotron-H's Mamba) holds a fixed state per sequence whatever its length, and an MLP-only layer
+holds nothing. `layer_types` records each layer's kind; the window, the chunk and the recurrent
+state's shape are fields of the model (one of each per model, as every family has). A config
+whose layer pattern cannot be read is a `BadInput` naming the keys it has: reading it as "every
+layer is full attention" would overstate some models and understate none, but it would be a
+silent guess, and the planner sizes real pools from it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -24,6 +34,72 @@ AttentionKind = Literal["mha", "gqa", "mqa", "mla"]
 
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 """Bytes per element of each dtype tritongen knows; the KV math and weight math share it."""
+
+LayerType = Literal[
+    "full_attention", "sliding_attention", "chunked_attention", "linear_attention", "mamba", "mlp"
+]
+"""What one decoder layer keeps per sequence:
+full_attention     every token's key and value (or MLA latent): grows with the sequence;
+sliding_attention  the last `sliding_window` tokens;
+chunked_attention  the tokens of the current `attention_chunk_size` chunk (Llama 4), at most one chunk;
+linear_attention   a fixed recurrent state (Qwen3-Next's Gated DeltaNet; `state` gives its shape);
+mamba              a fixed convolution + SSM state (Jamba's Mamba, Nemotron-H's Mamba2; `state`);
+mlp                nothing: an MLP or MoE block without a token mixer (Nemotron-H's `-` and `E`)."""
+
+LAYER_TYPES: tuple[str, ...] = (
+    "full_attention", "sliding_attention", "chunked_attention", "linear_attention", "mamba", "mlp"
+)
+ATTENTION_LAYER_TYPES: tuple[str, ...] = ("full_attention", "sliding_attention", "chunked_attention")
+"""Layer kinds that cache keys and values per token (the KV-cache proper)."""
+
+
+class _State(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    conv_kernel: int = Field(
+        gt=1, description="Width of the causal convolution before the mixer; its state keeps kernel - 1 steps."
+    )
+    ssm_dtype: ModelDtype | None = Field(
+        default=None,
+        description="Dtype of the recurrent (SSM) state when it differs from the model's (vLLM's "
+        "`mamba_ssm_cache_dtype`; Nemotron-H keeps it in fp32). None: the model's dtype, which is "
+        "also the convolution state's dtype.",
+    )
+
+
+class Mamba1State(_State):
+    """Jamba's Mamba layer: conv state (d_inner, kernel - 1), SSM state (d_inner, d_state)."""
+
+    kind: Literal["mamba1"] = Field(description="Mamba (selective scan), as Jamba uses it.")
+    intermediate_size: int = Field(gt=0, description="d_inner: `mamba_expand` x hidden_size.")
+    state_size: int = Field(gt=0, description="d_state (`mamba_d_state`): SSM state per channel.")
+
+
+class Mamba2State(_State):
+    """Nemotron-H's Mamba2 layer: conv state over d_inner + 2 x groups x d_state channels, SSM state
+    (heads, head_dim, d_state)."""
+
+    kind: Literal["mamba2"] = Field(description="Mamba2 (state-space duality), as Nemotron-H uses it.")
+    num_heads: int = Field(gt=0, description="SSM heads (`mamba_num_heads`).")
+    head_dim: int = Field(gt=0, description="Channels per SSM head (`mamba_head_dim`); d_inner = heads x head_dim.")
+    n_groups: int = Field(gt=0, description="Groups sharing B and C (`n_groups`).")
+    state_size: int = Field(gt=0, description="d_state (`ssm_state_size`).")
+
+
+class GatedDeltaNetState(_State):
+    """Qwen3-Next's Gated DeltaNet (linear attention): conv state over the q, k, v channels,
+    recurrent state (value heads, value dim, key dim)."""
+
+    kind: Literal["gated_delta_net"] = Field(description="Gated DeltaNet linear attention (Qwen3-Next).")
+    num_k_heads: int = Field(gt=0, description="Key heads (`linear_num_key_heads`).")
+    num_v_heads: int = Field(gt=0, description="Value heads (`linear_num_value_heads`).")
+    head_k_dim: int = Field(gt=0, description="Key head width (`linear_key_head_dim`).")
+    head_v_dim: int = Field(gt=0, description="Value head width (`linear_value_head_dim`).")
+
+
+RecurrentState = Annotated[Mamba1State | Mamba2State | GatedDeltaNetState, Field(discriminator="kind")]
+
+_STATE_LAYER = {"mamba1": "mamba", "mamba2": "mamba", "gated_delta_net": "linear_attention"}
 
 
 class Architecture(BaseModel):
@@ -90,6 +166,22 @@ class Architecture(BaseModel):
         "alternates local and global layers (half of them), Mistral v0.1 windows all. Left "
         "out while `sliding_window` is set, it means all layers.",
     )
+    layer_types: tuple[LayerType, ...] | None = Field(
+        default=None,
+        description="Each decoder layer's kind, in order (see `LayerType`). None: every layer is full "
+        "attention except `sliding_window_layers` windowed ones, the form of classic families.",
+    )
+    attention_chunk_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="Tokens per chunk of the chunked_attention layers (Llama 4's local layers): a "
+        "token attends to the earlier tokens of its own chunk, so such a layer holds at most one chunk.",
+    )
+    state: RecurrentState | None = Field(
+        default=None,
+        description="Shape of the fixed per-sequence state of the linear_attention or mamba layers "
+        "(`kind`: mamba1, mamba2 or gated_delta_net).",
+    )
     max_position_embeddings: int | None = Field(
         default=None, gt=0, description="Longest context the model was built for, in tokens."
     )
@@ -105,9 +197,13 @@ class Architecture(BaseModel):
     @classmethod
     def _default_window_layers(cls, data: Any) -> Any:
         # A window with no layer count means "every layer": the common case (Mistral v0.1) stays
-        # one field inline, and the stored model is always explicit.
+        # one field inline, and the stored model is always explicit. With `layer_types` the count
+        # is the list's, so the two can never disagree unless a spec writes both.
         if isinstance(data, dict):
-            if data.get("sliding_window") is not None and data.get("sliding_window_layers") is None:
+            kinds = data.get("layer_types")
+            if isinstance(kinds, (list, tuple)) and data.get("sliding_window_layers") is None:
+                data = {**data, "sliding_window_layers": sum(1 for k in kinds if k == "sliding_attention")}
+            elif data.get("sliding_window") is not None and data.get("sliding_window_layers") is None:
                 layers = data.get("num_layers")
                 if isinstance(layers, int) and not isinstance(layers, bool):
                     data = {**data, "sliding_window_layers": layers}
@@ -166,7 +262,85 @@ class Architecture(BaseModel):
                     f"sliding_window_layers ({self.sliding_window_layers}) exceeds num_layers "
                     f"({self.num_layers}); at most every layer can use the window."
                 )
+        self._check_layer_types()
         return self
+
+    def _check_layer_types(self) -> None:
+        """Every kind `layer_types` names has the field that sizes it, and no such field dangles."""
+        if self.layer_types is None:
+            for name in ("attention_chunk_size", "state"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"{name} is set but layer_types is not, so no layer is known to use it; list "
+                        "each layer's kind in layer_types (e.g. chunked_attention, mamba)."
+                    )
+            return
+        kinds = self.layer_types
+        if len(kinds) != self.num_layers:
+            raise ValueError(
+                f"layer_types lists {len(kinds)} layers but num_layers is {self.num_layers}; give "
+                "exactly one kind per decoder layer."
+            )
+        count = {kind: kinds.count(kind) for kind in LAYER_TYPES}
+        windowed = count["sliding_attention"]
+        if self.sliding_window_layers != windowed:
+            raise ValueError(
+                f"sliding_window_layers ({self.sliding_window_layers}) disagrees with the "
+                f"{windowed} sliding_attention layers of layer_types; drop sliding_window_layers "
+                "(layer_types says it)."
+            )
+        if windowed and self.sliding_window is None:
+            raise ValueError(
+                f"layer_types has {windowed} sliding_attention layers but sliding_window is not "
+                "set; give the window in tokens."
+            )
+        if self.sliding_window is not None and not windowed:
+            raise ValueError(
+                f"sliding_window ({self.sliding_window}) is set but no layer of layer_types is "
+                "sliding_attention; drop sliding_window or mark the windowed layers."
+            )
+        chunked = count["chunked_attention"]
+        if chunked and self.attention_chunk_size is None:
+            raise ValueError(
+                f"layer_types has {chunked} chunked_attention layers but attention_chunk_size is "
+                "not set; give the chunk in tokens."
+            )
+        if self.attention_chunk_size is not None and not chunked:
+            raise ValueError(
+                f"attention_chunk_size ({self.attention_chunk_size}) is set but no layer of "
+                "layer_types is chunked_attention; drop it or mark the chunked layers."
+            )
+        recurrent = {k: count[k] for k in ("linear_attention", "mamba") if count[k]}
+        wanted = _STATE_LAYER[self.state.kind] if self.state is not None else None
+        if recurrent and self.state is None:
+            names = " and ".join(f"{n} {k}" for k, n in recurrent.items())
+            raise ValueError(
+                f"layer_types has {names} layers but `state` is not set; give the recurrent "
+                "state's shape (kind mamba1, mamba2 or gated_delta_net)."
+            )
+        if self.state is not None and set(recurrent) != {wanted}:
+            raise ValueError(
+                f"state kind {self.state.kind!r} sizes {wanted} layers, but layer_types has "
+                f"{recurrent or 'no recurrent layers'}; make the layer kinds and the state agree."
+            )
+
+    @property
+    def kinds(self) -> tuple[LayerType, ...]:
+        """Each layer's kind; for the classic form, the windowed layers first (order is immaterial
+        to memory)."""
+        if self.layer_types is not None:
+            return self.layer_types
+        windowed = (self.sliding_window_layers or 0) if self.sliding_window is not None else 0
+        return ("sliding_attention",) * windowed + ("full_attention",) * (self.num_layers - windowed)
+
+    def layer_count(self, kind: str) -> int:
+        """How many layers are of `kind`."""
+        return self.kinds.count(kind)  # type: ignore[arg-type]
+
+    @property
+    def attention_layers(self) -> int:
+        """Layers that cache keys and values per token (full, sliding and chunked attention)."""
+        return sum(self.layer_count(kind) for kind in ATTENTION_LAYER_TYPES)
 
     @property
     def stored_weight_dtype(self) -> ModelDtype:
@@ -232,28 +406,44 @@ def _bool_key(config: dict[str, Any], key: str, source: str, default: bool) -> b
     return value
 
 
-def _parse_dtype(config: dict[str, Any], source: str) -> ModelDtype:
+# Family defaults for keys a published config leaves out, as the family's transformers config
+# class fills them. Gemma 3 (configuration_gemma3.py, Gemma3TextConfig): max_position_embeddings
+# 131072, sliding_window 4096, sliding_window_pattern 6; google/gemma-3-27b-it's text_config states
+# none of max_position_embeddings or the pattern.
+_GEMMA3_DEFAULT_WINDOW = 4096
+_FAMILY_POSITIONS = {"gemma3": 131072, "gemma3_text": 131072}
+# openai/gpt-oss-* publish no torch_dtype: the experts are MXFP4 and every other tensor, attention
+# included (quantization_config.modules_to_not_convert), is stored in bfloat16. vLLM reads the
+# dtype from the safetensors header when the config has none (vllm/config/model.py, _find_dtype)
+# and never keeps an "auto" model in float32, so the KV cache is bfloat16, not transformers' fp32.
+_FAMILY_DTYPES: dict[str, ModelDtype] = {"gpt_oss": "bf16"}
+
+
+def _dtype_name(raw: Any, key: str, source: str) -> ModelDtype:
+    if not isinstance(raw, str):
+        raise BadInput(f"{source}: `{key}` must be a string such as \"bfloat16\", got {raw!r}.")
+    name = raw.removeprefix("torch.").lower()
+    if name not in _HF_DTYPES:
+        known = ", ".join(sorted({k for k in _HF_DTYPES if "_" not in k}))
+        raise BadInput(
+            f"{source}: `{key}` is {raw!r}, which tritongen does not know; use one of {known}."
+        )
+    return _HF_DTYPES[name]
+
+
+def _parse_dtype(config: dict[str, Any], source: str, family: str = "unknown") -> ModelDtype:
     """`torch_dtype` (or the newer `dtype`) mapped to tritongen's names.
 
     Missing means fp32: transformers instantiates a model in float32 unless told otherwise, and
-    configs without the key (GPT-2, early checkpoints) ship float32 weights.
+    configs without the key (GPT-2, early checkpoints) ship float32 weights. Families whose
+    checkpoints are stored otherwise without saying so are in `_FAMILY_DTYPES`.
     """
     for key in ("torch_dtype", "dtype"):
         raw = config.get(key)
-        if raw is None:
+        if raw is None or (isinstance(raw, str) and raw.removeprefix("torch.").lower() == "auto"):
             continue
-        if not isinstance(raw, str):
-            raise BadInput(f"{source}: `{key}` must be a string such as \"bfloat16\", got {raw!r}.")
-        name = raw.removeprefix("torch.").lower()
-        if name == "auto":
-            continue
-        if name not in _HF_DTYPES:
-            known = ", ".join(sorted({k for k in _HF_DTYPES if "_" not in k}))
-            raise BadInput(
-                f"{source}: `{key}` is {raw!r}, which tritongen does not know; use one of {known}."
-            )
-        return _HF_DTYPES[name]
-    return "fp32"
+        return _dtype_name(raw, key, source)
+    return _FAMILY_DTYPES.get(family, "fp32")
 
 
 def _parse_weight_dtype(config: dict[str, Any], dtype: ModelDtype) -> ModelDtype | None:
@@ -276,16 +466,155 @@ def _parse_weight_dtype(config: dict[str, Any], dtype: ModelDtype) -> ModelDtype
     return found if found != dtype else None
 
 
-def _window(config: dict[str, Any], family: str, num_layers: int, source: str) -> tuple[int | None, int | None]:
-    """(sliding_window, sliding_window_layers) following each family's published semantics."""
+# HF names of layer kinds (`layer_types`, and Jamba's / Nemotron-H's `layers_block_type`) -> ours.
+_HF_LAYER_TYPES: dict[str, LayerType] = {
+    "full_attention": "full_attention",
+    "attention": "full_attention",  # Jamba's layers_block_type
+    "sliding_attention": "sliding_attention",
+    "chunked_attention": "chunked_attention",
+    "linear_attention": "linear_attention",  # Nemotron-H's Mamba2 in newer configs: see _MAMBA_FAMILIES
+    "mamba": "mamba",
+    "mlp": "mlp",
+    "moe": "mlp",  # an MoE block holds no per-sequence cache either
+}
+# Families whose `linear_attention` layers are Mamba mixers (transformers' NemotronHConfig renames
+# them so); elsewhere linear_attention is Gated DeltaNet.
+_MAMBA_FAMILIES = ("jamba", "nemotron_h")
+# Nemotron-H's hybrid_override_pattern (transformers NemotronHConfig._pattern_to_list).
+_NEMOTRON_PATTERN: dict[str, LayerType] = {"M": "mamba", "*": "full_attention", "-": "mlp", "E": "mlp"}
+# Keys that say "this model has recurrent layers": seen without a readable pattern, they make the
+# config a BadInput rather than a model read as all attention.
+_HYBRID_KEYS = (
+    "hybrid_override_pattern", "layers_block_type", "attn_layer_period", "attn_layer_offset",
+    "full_attention_interval", "mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_n_heads",
+    "mamba_num_heads", "mamba_head_dim", "mamba_d_head", "mamba_d_ssm", "ssm_state_size",
+    "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+)
+_PATTERN_KEYS = (
+    "`layer_types`, `hybrid_override_pattern`, `attn_layer_period`/`attn_layer_offset` (Jamba) or "
+    "`full_attention_interval` (Qwen3-Next)"
+)
+
+
+def _found(config: dict[str, Any], keys: tuple[str, ...]) -> str:
+    present = [f"`{k}`" for k in keys if k in config]
+    return ", ".join(present) if present else "none of them"
+
+
+def _listed_kinds(config: dict[str, Any], family: str, n: int, source: str) -> tuple[str, tuple[LayerType, ...]] | None:
+    """An explicit per-layer list (`layer_types` or `layers_block_type`), checked entry by entry."""
+    for key in ("layer_types", "layers_block_type"):
+        raw = config.get(key)
+        if raw is None:
+            continue
+        if not isinstance(raw, list) or not raw:
+            raise BadInput(f"{source}: `{key}` must be a list of layer kinds, one per decoder layer, got {raw!r}.")
+        if len(raw) != n:
+            raise BadInput(
+                f"{source}: `{key}` lists {len(raw)} layers but `num_hidden_layers` is {n}; the list needs "
+                "one entry per decoder layer. Fix whichever of the two is wrong."
+            )
+        bad = sorted({repr(t) for t in raw if not isinstance(t, str) or t not in _HF_LAYER_TYPES})
+        if bad:
+            raise BadInput(
+                f"{source}: `{key}` has layer kind(s) {', '.join(bad)} that tritongen cannot size; known "
+                f"kinds: {', '.join(_HF_LAYER_TYPES)}."
+            )
+        kinds = [_HF_LAYER_TYPES[t] for t in raw]
+        if family in _MAMBA_FAMILIES:
+            kinds = ["mamba" if k == "linear_attention" else k for k in kinds]
+        return key, tuple(kinds)  # type: ignore[arg-type]
+    return None
+
+
+def _period_kinds(
+    config: dict[str, Any], n: int, source: str, key: str, default: int | None, every: LayerType, other: LayerType
+) -> tuple[LayerType, ...]:
+    """Layer i is `every` when (i + 1) % period == 0, else `other` (transformers' rule for Gemma 3's
+    sliding_window_pattern, Qwen3-Next's full_attention_interval, Llama 4's no_rope_layer_interval)."""
+    period = _int_key(config, (key,), source, required=False) or default
+    if period is None:
+        raise BadInput(f"{source}: missing `{key}`; it says which layers are {every}.")
+    return tuple(every if (i + 1) % period == 0 else other for i in range(n))
+
+
+def _llama4_kinds(config: dict[str, Any], n: int, source: str) -> tuple[LayerType, ...]:
+    """Llama 4: NoPE layers attend globally, the RoPE layers attend within their chunk.
+
+    transformers' Llama4TextConfig: `no_rope_layers[i]` is 1 for a RoPE (chunked) layer, 0 for a NoPE
+    (full) one; an empty or missing list is derived as a NoPE layer every `no_rope_layer_interval`
+    (default 4) layers. vLLM's llama4.py uses ChunkedLocalAttention on exactly the RoPE layers.
+    """
+    listed = config.get("no_rope_layers")
+    if listed:
+        if not isinstance(listed, list) or len(listed) < n or any(v not in (0, 1) or isinstance(v, bool) for v in listed):
+            raise BadInput(
+                f"{source}: `no_rope_layers` must list 0 (NoPE, full attention) or 1 (RoPE, chunked) for each of the "
+                f"{n} layers, got {listed!r}; fix it or remove it to use `no_rope_layer_interval`."
+            )
+        return tuple("chunked_attention" if v else "full_attention" for v in listed[:n])
+    key = "no_rope_layer_interval" if "no_rope_layer_interval" in config else "nope_layer_interval"
+    return _period_kinds(config, n, source, key, 4, "full_attention", "chunked_attention")
+
+
+def _pattern_kinds(config: dict[str, Any], family: str, n: int, source: str) -> tuple[LayerType, ...] | None:
+    """Each layer's kind from the keys each family publishes; None for the classic families, whose
+    windows `_classic_window` reads."""
+    listed = _listed_kinds(config, family, n, source)
+    if listed is not None:
+        return listed[1]
+    pattern = config.get("hybrid_override_pattern")
+    if pattern is not None:
+        if not isinstance(pattern, str) or len(pattern) != n or set(pattern) - set(_NEMOTRON_PATTERN):
+            raise BadInput(
+                f"{source}: `hybrid_override_pattern` must be one character per layer ({n}, as "
+                f"`num_hidden_layers` says) from M (Mamba2), * (attention), - (MLP), E (MoE); got {pattern!r}."
+            )
+        return tuple(_NEMOTRON_PATTERN[c] for c in pattern)
+    if family == "jamba" or "attn_layer_period" in config:
+        # transformers JambaConfig.layers_block_type: attention where i % period == offset.
+        period = _int_key(config, ("attn_layer_period",), source, required=False)
+        offset = config.get("attn_layer_offset")
+        if period is None or isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < period:
+            raise BadInput(
+                f"{source}: cannot tell Jamba's attention layers from its Mamba layers: `attn_layer_period` is "
+                f"{config.get('attn_layer_period')!r} and `attn_layer_offset` is {offset!r} (found: "
+                f"{_found(config, _HYBRID_KEYS)}); give a period and an offset in [0, period), or `layer_types`."
+            )
+        return tuple("full_attention" if i % period == offset else "mamba" for i in range(n))
+    if family == "qwen3_next" or "full_attention_interval" in config:
+        # transformers Qwen3NextConfig: a full-attention layer every `full_attention_interval`
+        # (default 4) layers, Gated DeltaNet between them.
+        return _period_kinds(config, n, source, "full_attention_interval", 4, "full_attention", "linear_attention")
+    if config.get("attention_chunk_size") is not None:
+        if family.startswith("llama4") or "no_rope_layers" in config or "no_rope_layer_interval" in config:
+            return _llama4_kinds(config, n, source)
+        raise BadInput(
+            f"{source}: `attention_chunk_size` is set but nothing says which layers are chunked (found: "
+            f"{_found(config, ('no_rope_layers', 'no_rope_layer_interval', 'nope_layer_interval'))}); add "
+            "`layer_types` with chunked_attention and full_attention entries."
+        )
+    if config.get("sliding_window") is not None and (
+        "sliding_window_pattern" in config or family in ("gemma3", "gemma3_text")
+    ):
+        # transformers Gemma3TextConfig (and Cohere2): a full layer every `sliding_window_pattern`
+        # layers (Gemma 3's default 6), sliding ones between; Gemma 3's published configs omit it.
+        return _period_kinds(config, n, source, "sliding_window_pattern", 6, "full_attention", "sliding_attention")
+    if any(key in config for key in _HYBRID_KEYS):
+        raise BadInput(
+            f"{source}: this config describes recurrent layers ({_found(config, _HYBRID_KEYS)}) but not which "
+            f"layers they are; tritongen reads the pattern from {_PATTERN_KEYS}. Add `layer_types` (one kind "
+            "per layer) rather than sizing every layer as full attention."
+        )
+    return None
+
+
+def _classic_window(config: dict[str, Any], family: str, num_layers: int, source: str) -> tuple[int | None, int | None]:
+    """(sliding_window, sliding_window_layers) of the classic families (no per-layer list)."""
     window = _int_key(config, ("sliding_window",), source, required=False)
     if window is None:
         return None, None
-    layer_types = config.get("layer_types")
-    if isinstance(layer_types, list) and layer_types:
-        # Newer transformers configs spell out every layer; trust them over family rules.
-        count = sum(1 for t in layer_types if t == "sliding_attention")
-        return (window, count) if count else (None, None)
     if family.startswith("qwen") or "use_sliding_window" in config:
         # Qwen2/2.5/3 publish a window but only use it when use_sliding_window is true, and then
         # only on layers at index >= max_window_layers.
@@ -297,11 +626,67 @@ def _window(config: dict[str, Any], family: str, num_layers: int, source: str) -
     if family == "gemma2":
         # Even-indexed layers are local (windowed), odd ones global: ceil(n / 2) windowed.
         return window, (num_layers + 1) // 2
-    pattern = _int_key(config, ("sliding_window_pattern",), source, required=False)
-    if pattern is not None:
-        # Gemma 3 / Cohere 2: every `pattern`-th layer is global, the others are local.
-        return window, num_layers - num_layers // pattern
     return window, num_layers
+
+
+def _needed(config: dict[str, Any], keys: tuple[str, ...], what: str, source: str) -> list[int]:
+    values = [_int_key(config, (k,), source, required=False) for k in keys]
+    missing = [f"`{k}`" for k, v in zip(keys, values) if v is None]
+    if missing:
+        raise BadInput(
+            f"{source}: the {what} layers' state cannot be sized: missing {', '.join(missing)} (found: "
+            f"{_found(config, _HYBRID_KEYS)}); copy them from the model's config.json."
+        )
+    return values  # type: ignore[return-value]
+
+
+def _recurrent_state(
+    config: dict[str, Any], family: str, kinds: tuple[LayerType, ...], hidden: int, source: str
+) -> Mamba1State | Mamba2State | GatedDeltaNetState | None:
+    """The fixed state's shape, from the keys vLLM's model files size it with (see tritongen.core.kv)."""
+    if "linear_attention" in kinds:
+        heads_k, heads_v, dim_k, dim_v, kernel = _needed(
+            config, ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                     "linear_value_head_dim", "linear_conv_kernel_dim"), "linear-attention", source)
+        return GatedDeltaNetState(kind="gated_delta_net", num_k_heads=heads_k, num_v_heads=heads_v,
+                                  head_k_dim=dim_k, head_v_dim=dim_v, conv_kernel=kernel)
+    if "mamba" not in kinds:
+        return None
+    if family == "jamba" or "mamba_d_state" in config:
+        d_state, d_conv, expand = _needed(config, ("mamba_d_state", "mamba_d_conv", "mamba_expand"), "Mamba", source)
+        return Mamba1State(kind="mamba1", intermediate_size=expand * hidden, state_size=d_state, conv_kernel=d_conv)
+    heads, head_dim, groups, d_state, kernel = _needed(
+        config, ("mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel"), "Mamba2", source)
+    ssm_dtype: ModelDtype | None = None
+    if family == "nemotron_h":
+        # vLLM's NemotronHForCausalLMConfig (vllm/model_executor/models/config.py) sets the SSM
+        # state's dtype from the config's `mamba_ssm_cache_dtype`, float32 when absent.
+        raw = config.get("mamba_ssm_cache_dtype") or "float32"
+        ssm_dtype = _dtype_name(raw, "mamba_ssm_cache_dtype", source)
+    return Mamba2State(kind="mamba2", num_heads=heads, head_dim=head_dim, n_groups=groups, state_size=d_state,
+                       conv_kernel=kernel, ssm_dtype=ssm_dtype)
+
+
+def _layer_fields(config: dict[str, Any], family: str, n: int, hidden: int, source: str) -> dict[str, Any]:
+    """Architecture fields that describe the layers: the classic window pair, or `layer_types` with
+    the window, chunk and state its kinds need."""
+    kinds = _pattern_kinds(config, family, n, source)
+    if kinds is None:
+        window, window_layers = _classic_window(config, family, n, source)
+        return {"sliding_window": window, "sliding_window_layers": window_layers}
+    fields: dict[str, Any] = {"layer_types": kinds}
+    if "sliding_attention" in kinds:
+        fields["sliding_window"] = _int_key(config, ("sliding_window",), source, required=False) or (
+            _GEMMA3_DEFAULT_WINDOW if family in ("gemma3", "gemma3_text") else None
+        )
+        if fields["sliding_window"] is None:
+            raise BadInput(f"{source}: the layers list sliding_attention layers but `sliding_window` is not set.")
+    if "chunked_attention" in kinds:
+        fields["attention_chunk_size"] = _int_key(config, ("attention_chunk_size",), source, required=False)
+        if fields["attention_chunk_size"] is None:
+            raise BadInput(f"{source}: the layers list chunked_attention layers but `attention_chunk_size` is not set.")
+    fields["state"] = _recurrent_state(config, family, kinds, hidden, source)
+    return fields
 
 
 def _attention_kind(heads: int, kv_heads: int) -> AttentionKind:
@@ -327,8 +712,14 @@ def architecture_from_hf(config: dict[str, Any], source: str = "config.json") ->
 
     Covers Llama 1/2/3, Mistral, Mixtral, Qwen2/2.5, Gemma/Gemma 2, Falcon (old and new key
     names), GPT-2, GPT-NeoX/Pythia, Phi/Phi-3, DeepSeek V2/V3 and anything else that uses the
-    standard key names. Multimodal wrappers that nest the language model under `text_config`
-    are unwrapped. Every failure is a `BadInput` naming the key, `source` and the fix.
+    standard key names; and the mixed-layer families: Gemma 3 (`sliding_window_pattern`), Llama 4
+    (`attention_chunk_size` with `no_rope_layers` / `no_rope_layer_interval`), GPT-OSS and any
+    config with a `layer_types` list, Qwen3 / Qwen3-MoE (all full attention), Qwen3-Next
+    (`full_attention_interval` + `linear_*` keys), Jamba (`attn_layer_period`/`attn_layer_offset`
+    + `mamba_*` keys) and Nemotron-H (`hybrid_override_pattern` + Mamba2 keys). Multimodal
+    wrappers that nest the language model under `text_config` are unwrapped. Every failure is a
+    `BadInput` naming the key, `source` and the fix; a config that has recurrent-layer keys but no
+    readable layer pattern is one too, never a model read as all full attention.
 
     Defaults, chosen to match what transformers itself would do with the same file:
     - no `num_key_value_heads` (or null, as phi-2 publishes): multi-head attention;
@@ -360,7 +751,7 @@ def architecture_from_hf(config: dict[str, Any], source: str = "config.json") ->
     hidden = _int_key(config, _HIDDEN_KEYS, source, required=True)
     assert layers is not None and heads is not None and hidden is not None
 
-    dtype = _parse_dtype(config, source)
+    dtype = _parse_dtype(config, source, family)
     weight_dtype = _parse_weight_dtype(config, dtype)
 
     kv_lora_rank = _int_key(config, ("kv_lora_rank",), source, required=False)
@@ -381,7 +772,8 @@ def architecture_from_hf(config: dict[str, Any], source: str = "config.json") ->
             config, ("num_key_value_heads", "num_kv_heads", "n_head_kv"), source, required=False
         ) or (1 if config.get("multi_query") is True else heads)
 
-    head_dim = _int_key(config, ("head_dim",), source, required=False)
+    # Nemotron-H's published configs (trust_remote_code era) name it attention_head_dim.
+    head_dim = _int_key(config, ("head_dim", "attention_head_dim"), source, required=False)
     if kv_lora_rank is not None:
         attention: AttentionKind = "mla"
         if head_dim is None:
@@ -399,7 +791,7 @@ def architecture_from_hf(config: dict[str, Any], source: str = "config.json") ->
             )
         head_dim = hidden // heads
 
-    window, window_layers = _window(config, family, layers, source)
+    layer_fields = _layer_fields(config, family, layers, hidden, source)
 
     try:
         return Architecture(
@@ -414,9 +806,9 @@ def architecture_from_hf(config: dict[str, Any], source: str = "config.json") ->
             attention=attention,
             kv_lora_rank=kv_lora_rank,
             qk_rope_head_dim=qk_rope if attention == "mla" else None,
-            sliding_window=window,
-            sliding_window_layers=window_layers,
-            max_position_embeddings=_int_key(config, _POSITION_KEYS, source, required=False),
+            **layer_fields,
+            max_position_embeddings=_int_key(config, _POSITION_KEYS, source, required=False)
+            or _FAMILY_POSITIONS.get(family),
             vocab_size=_int_key(config, ("vocab_size",), source, required=False),
             num_parameters=_int_key(config, ("num_parameters",), source, required=False),
         )
