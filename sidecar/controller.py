@@ -42,6 +42,8 @@ from sidecar.admission import (
 from sidecar.metrics import SidecarMetrics
 from sidecar.policy import DEFAULT_TENANT
 from sidecar.tasks import BackgroundTask
+from tritongen.core.engine_metrics import is_out_of_memory
+from tritongen.core.engine_window import SIDECAR_OOM_OUTCOME
 
 log = logging.getLogger("tritongen.sidecar")
 
@@ -91,6 +93,13 @@ class Rejected(Exception):
         self.model = model
         self.klass = klass
         self.tenant = tenant
+
+
+def upstream_outcome(error: bytes | str) -> str:
+    """How an admitted request that Triton answered with an error ended: "oom" when its engine
+    killed it for want of KV memory (doctor's DR112 counts these), else "upstream_error"."""
+    text = error.decode("utf-8", errors="replace") if isinstance(error, bytes) else error
+    return SIDECAR_OOM_OUTCOME if is_out_of_memory(text) else "upstream_error"
 
 
 @dataclass

@@ -45,6 +45,7 @@ from sidecar.controller import (
     Ticket,
     refusal,
     unavailable,
+    upstream_outcome,
 )
 from sidecar.cost import cost_for
 from sidecar.metrics import SidecarMetrics
@@ -342,7 +343,7 @@ class GrpcProxy:
                     response = await call
                 except grpc.aio.AioRpcError as err:
                     ticket.completed = True
-                    ticket.outcome = "upstream_error"
+                    ticket.outcome = upstream_outcome(err.details() or "")
                     if err.code() == grpc.StatusCode.UNAVAILABLE:
                         ticket.outcome = "upstream_failed"
                         self.health.mark_down(f"gRPC UNAVAILABLE: {err.details()}")
@@ -523,7 +524,7 @@ class GrpcProxy:
         if final:
             entry.ticket.completed = True
             if message.error_message:
-                entry.ticket.outcome = "upstream_error"
+                entry.ticket.outcome = upstream_outcome(message.error_message)
             entry.done.set()
 
 

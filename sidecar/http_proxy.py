@@ -37,6 +37,7 @@ from sidecar.controller import (
     Ticket,
     refusal,
     unavailable,
+    upstream_outcome,
 )
 from sidecar.cost import cost_for
 from sidecar.metrics import SidecarMetrics
@@ -46,6 +47,7 @@ from sidecar.upstream_pool import UpstreamConnectionError, UpstreamPool
 
 log = logging.getLogger("tritongen.sidecar.http")
 
+_SSE_ERROR = b'{"error"'  # Triton's generate_stream error event; a model's own text would be JSON-escaped
 _HOP = frozenset(
     h.lower()
     for h in (
@@ -256,7 +258,7 @@ class HttpProxy:
                 data = await up.read()
                 ticket.completed = True
                 if up.status >= 400:
-                    ticket.outcome = "upstream_error"
+                    ticket.outcome = upstream_outcome(data)
                 return web.Response(status=up.status, body=data, headers=_forward_headers(up.headers))
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as err:
             ticket.completed = True  # the connection is gone; so is the request upstream
@@ -277,7 +279,7 @@ class HttpProxy:
             return self._down()
         ticket.completed = True
         if up.status >= 400:
-            ticket.outcome = "upstream_error"
+            ticket.outcome = upstream_outcome(up.body)
         out = CIMultiDict([(k, v) for k, v in up.headers if k.lower() not in _HOP])
         return web.Response(status=up.status, body=up.body, headers=out)
 
@@ -294,10 +296,12 @@ class HttpProxy:
                 async for chunk in up.content.iter_any():
                     ticket.first_token()
                     ticket.tokens += chunk.count(b"data:")
+                    if _SSE_ERROR in chunk:  # the engine failed the request mid-stream
+                        ticket.outcome = upstream_outcome(chunk)
                     await response.write(chunk)
                 ticket.completed = True
                 if up.status >= 400:
-                    ticket.outcome = "upstream_error"
+                    ticket.outcome = ticket.outcome or upstream_outcome(b"")
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as err:
             if isinstance(err, aiohttp.ClientConnectionResetError) or _client_gone(request):
                 ticket.outcome = "client_disconnect"

@@ -1,13 +1,16 @@
 """`tritongen doctor`'s adapter: scrape live servers, read their configs, hand a snapshot to the rules.
 
-For each server: GET /metrics, wait `window` seconds, GET /metrics again (all servers scraped
-together, so their windows line up); POST /v2/repository/index and GET /v2/models/M/config for
-every ready model. The deltas and the rules are pure (tritongen.core.diagnosis); this module only
+For each server: GET /metrics (and the sidecar's, when given) every `every_s` seconds through the
+`window` (all servers scraped together, so their windows line up); POST /v2/repository/index and
+GET /v2/models/M/config for every ready model. Counters are read at the window's two ends; the
+LLM engines' gauges (running, waiting, KV usage) at every scrape, since a queue that comes and goes
+between two instants would otherwise go unseen. The deltas and the rules are pure (tritongen.core.diagnosis); this module only
 does the I/O. The HTTP client, the clock and the sleep are injectable.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +28,7 @@ from tritongen.core.diagnosis import (
     sidecar_headroom,
     window_from_samples,
 )
+from tritongen.core.engine_window import engine_windows, sidecar_windows
 from tritongen.core.spec import entry_names_of
 from tritongen.errors import BadInput, RunFailed
 from tritongen.reach import HTTP, METRICS, derived, unreachable
@@ -155,23 +159,31 @@ def snapshot(
     reader: TritonReader,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    every_s: float = 1.0,
 ) -> list[ServerSnapshot]:
     if window_s <= 0:
         raise BadInput(f"--window {window_s}: must be > 0 seconds")
+    if every_s <= 0:
+        raise BadInput(f"--sample-every {every_s}: must be > 0 seconds")
     indexes = [reader.index(s.http) for s in servers]
     t0 = clock()
-    before = [_merge(reader.metrics(u) for u in s.metrics) for s in servers]
-    sleep(window_s)
-    after = [_merge(reader.metrics(u) for u in s.metrics) for s in servers]
+    scrapes: list[list[dict]] = [[_merge(reader.metrics(u) for u in s.metrics) for s in servers]]
+    steps = max(1, math.ceil(window_s / every_s - 1e-9))
+    for step in range(steps):  # a fixed schedule: the window's length never depends on scrape times
+        sleep(min(every_s, window_s - step * every_s))
+        scrapes.append([_merge(reader.metrics(u) for u in s.metrics) for s in servers])
     elapsed = max(clock() - t0, 1e-6)
     snaps = []
-    for server, index, b, a in zip(servers, indexes, before, after):
+    for i, (server, index) in enumerate(zip(servers, indexes)):
+        mine = [scrape[i] for scrape in scrapes]
+        b, a = mine[0], mine[-1]
         ready = sorted({e["name"] for e in index if e.get("state") == "READY"})
         configs = {name: reader.config(server.http, name) for name in ready}
         windows = {m: w for m, w in window_from_samples(b, a).items() if m in configs or not configs}
         snaps.append(ServerSnapshot(
             url=server.http, window_s=elapsed, models=windows, configs=configs, index=index,
             devices=devices_from_samples(a), headroom=sidecar_headroom(a),
+            engines=engine_windows(mine, elapsed), sidecar=sidecar_windows(b, a),
         ))
     return snaps
 
@@ -190,12 +202,17 @@ def targets_from_spec(path: Path | None, default_budget_ms: float) -> Targets:
     from tritongen.specio import load_spec
 
     spec = load_spec(path).spec
-    budgets = {}
+    budgets: dict[str, float] = {}
+    per_class: dict[str, dict[str, float]] = {}
+    seqs: dict[str, int] = {}
     for model in spec.models:
-        tightest = min(c.p99_ms for c in spec.classes_of(model))
+        classes = {c.name: c.p99_ms for c in spec.classes_of(model)}
         for name in entry_names_of(model):
-            budgets[name] = tightest
+            budgets[name] = min(classes.values())
+            per_class[name] = classes
+            if model.engine is not None and model.engine.max_num_seqs is not None:
+                seqs[name] = model.engine.max_num_seqs
     return Targets(
-        default_budget_ms=default_budget_ms, budget_ms=budgets, memory_cap=spec.policy.memory_utilization_cap,
-        source=str(path),
+        default_budget_ms=default_budget_ms, budget_ms=budgets, class_budget_ms=per_class, max_num_seqs=seqs,
+        memory_cap=spec.policy.memory_utilization_cap, source=str(path),
     )

@@ -79,7 +79,7 @@ def diagnose_traffic(lengths: list[int]) -> list[str]:
         server.success += len(lengths)
 
     snaps = snapshot([Endpoint("triton:8000", [TRITON_METRICS, SIDECAR_METRICS])], 10.0, server,  # type: ignore[arg-type]
-                     sleep=window, clock=iter(range(0, 100, 10)).__next__)
+                     sleep=window, clock=iter(range(0, 100, 10)).__next__, every_s=10.0)
     (snap,) = snaps
     assert snap.models["llm"].prompt_tokens_buckets[-1][1] == len(lengths)  # one observation per prompt
     return [f.code for f in diagnose(snaps, Targets())]

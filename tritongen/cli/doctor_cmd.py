@@ -1,9 +1,11 @@
 """`tritongen doctor --url HOST:PORT [--url ...] [--window S] [--targets SPEC]`: diagnose live servers.
 
 Reads two scrapes of each server's /metrics `--window` seconds apart plus every ready model's
-config, and names the classic failures with the fix for each (see tritongen/core/diagnosis.py).
-Several --url are replicas of one deployment: their configs must agree. Exit codes: 0 nothing
-found, 1 problems found (or a server could not be read), 2 bad flags.
+config, and names the classic failures with the fix for each (see tritongen/core/diagnosis.py);
+LLM engines are judged from their own metrics and the sidecar's (tritongen/core/llm_diagnosis.py),
+and a decoupled model doctor cannot see inside is named as such, never called healthy. Several
+--url are replicas of one deployment: their configs must agree. Exit codes: 0 nothing found, 1
+problems found (or a server could not be read), 2 bad flags.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from tritongen.core.diagnosis import (
     diagnose,
     idle_models,
 )
+from tritongen.core.engine_window import EngineWindow, Gauge, SidecarWindow
 from tritongen.core.findings import Finding
+from tritongen.core.llm_diagnosis import BlindSpot, blind_spots
 from tritongen.doctor import TritonReader, endpoints, snapshot, targets_from_spec
 
 
@@ -55,6 +59,66 @@ def _summary_table(snap: ServerSnapshot) -> Table:
     return table
 
 
+def _gauge(g: Gauge | None, percent: bool = False) -> str:
+    if g is None:
+        return "-"
+    return f"{g.mean:.0%} (peak {g.peak:.0%})" if percent else f"{g.mean:.1f} (peak {g.peak:.0f})"
+
+
+def _ms_quantiles(hist, scale: float = 1000.0) -> str:
+    if hist is None or not hist.count:
+        return "-"
+    return f"{scale * (hist.quantile(0.5) or 0):.0f} / {scale * (hist.quantile(0.99) or 0):.0f}"
+
+
+def _engine_table(snap: ServerSnapshot) -> Table:
+    table = Table(title=f"{snap.url}: LLM engines (their own metrics and the sidecar's)", title_justify="left")
+    for column in ("model", "seen through", "running", "waiting", "KV used", "preempt/s", "killed",
+                   "TTFT P50 / P99 ms"):
+        table.add_column(column, justify="left" if column in ("model", "seen through") else "right")
+    for name in sorted(set(snap.engines) | set(snap.sidecar)):
+        e: EngineWindow | None = snap.engines.get(name)
+        s = snap.sidecar.get(name)
+        through = ", ".join(([f"{e.family} metrics"] if e is not None else []) + (["the sidecar"] if s is not None else []))
+        kills = max((e.oom_kills or 0.0) if e else 0.0, s.oom_kills if s else 0.0)
+        rate = e.preemptions_per_s if e else None
+        ttft = _ms_quantiles(e.ttft) if e is not None and e.ttft is not None else "-"
+        if s is not None:
+            ttft = "; ".join(f"{k} {_ms_quantiles(c.ttft)}" for k, c in sorted(s.classes.items()) if c.ttft.count) or ttft
+        table.add_row(name, through, _gauge(e.running if e else None), _gauge(e.waiting if e else None),
+                      _gauge(e.kv_used if e else None, percent=True), "-" if rate is None else f"{rate:.1f}",
+                      f"{kills:.0f}", ttft)
+    return table
+
+
+def _engine_json(e: EngineWindow | None) -> dict | None:
+    if e is None:
+        return None
+
+    def gauge(g: Gauge | None) -> dict | None:
+        return None if g is None else {"mean": g.mean, "peak": g.peak, "last": g.last}
+
+    def quantiles(h) -> dict | None:
+        return None if h is None or not h.count else {"count": h.count, "p50_s": h.quantile(0.5), "p99_s": h.quantile(0.99)}
+
+    return {"family": e.family, "metrics": list(e.metrics), "running": gauge(e.running), "waiting": gauge(e.waiting),
+            "kv_used": gauge(e.kv_used), "max_running": e.max_running, "preemptions": e.preemptions,
+            "oom_kills": e.oom_kills, "ttft": quantiles(e.ttft), "queue_time": quantiles(e.queue_time)}
+
+
+def _sidecar_json(s: SidecarWindow | None) -> dict | None:
+    if s is None:
+        return None
+    return {"oom_kills": s.oom_kills, "refused": s.refused, "classes": {
+        k: {"admitted": c.admitted, "rejected": dict(c.rejected), "finished": dict(c.finished),
+            "ttft_p50_s": c.ttft.quantile(0.5), "ttft_p99_s": c.ttft.quantile(0.99), "first_tokens": c.ttft.count}
+        for k, c in sorted(s.classes.items())}}
+
+
+def _blind_json(spots: list[BlindSpot]) -> list[dict]:
+    return [{"model": b.model, "missing": list(b.missing), "how": b.how} for b in spots]
+
+
 def finding_lines(finding: Finding) -> list[str]:
     where = f"{finding.path} " if finding.path else ""
     subject = finding.model or "server"
@@ -74,7 +138,10 @@ def doctor(
     sidecar_metrics_url: Optional[list[str]] = typer.Option(
         None, "--sidecar-metrics-url", help="The sidecar's metrics URL per --url (headroom, prompt lengths)."
     ),
-    window: float = typer.Option(10.0, "--window", min=0.5, help="Seconds between the two scrapes."),
+    window: float = typer.Option(10.0, "--window", min=0.5, help="Seconds of metrics to read."),
+    sample_every: float = typer.Option(
+        1.0, "--sample-every", min=0.1, help="Seconds between scrapes inside the window (the engines' gauges)."
+    ),
     targets: Optional[Path] = typer.Option(
         None, "--targets", help="Deployment spec: each model's latency budget (class P99) and memory watermark."
     ),
@@ -88,34 +155,44 @@ def doctor(
     with httpx.Client(timeout=10.0) as client:
         if output_format is DoctorFormat.text:
             with Console(stderr=True).status(f"watching {len(servers)} server(s) for {window:g} s ..."):
-                snaps = snapshot(servers, window, TritonReader(client, servers))
+                snaps = snapshot(servers, window, TritonReader(client, servers), every_s=sample_every)
         else:
-            snaps = snapshot(servers, window, TritonReader(client, servers))
+            snaps = snapshot(servers, window, TritonReader(client, servers), every_s=sample_every)
     findings = diagnose(snaps, goals)
     idle = idle_models(snaps)
+    blind = [spot for snap in snaps for spot in blind_spots(snap)]
     if output_format is DoctorFormat.json:
         typer.echo(json.dumps({
             "findings": [f.to_dict() for f in findings],
             "idle": idle,
+            "unseen": _blind_json(blind),
             "budgets": {"source": goals.source, "default_ms": goals.default_budget_ms, "per_model_ms": dict(goals.budget_ms)},
             "servers": [{"url": s.url, "window_s": s.window_s,
                          "models": {m: {"success": w.success, "failure": w.failure, "mean_queue_ms": w.mean_queue_ms,
                                         "mean_request_ms": w.mean_request_ms, "mean_batch": w.mean_batch,
                                         "busy": busy_fraction(w, s.configs.get(m, {}), s.window_s),
-                                        "pending": w.pending_end}
+                                        "pending": w.pending_end, "engine": _engine_json(s.engines.get(m)),
+                                        "sidecar": _sidecar_json(s.sidecar.get(m))}
                                     for m, w in s.models.items()}} for s in snaps],
         }, indent=2))
     else:
         for snap in snaps:
             console.print(_summary_table(snap))
+            if snap.engines or snap.sidecar:
+                console.print(_engine_table(snap))
         console.print(f"latency budgets: {escape(goals.source)}")
         if idle:
             console.print(f"too little traffic in the window for the load rules: {escape(', '.join(idle))}")
         for finding in findings:
             for line in finding_lines(finding):
                 console.print(escape(line))
+        for spot in blind:
+            console.print(escape(f"unseen {spot.text}"))
         if findings:
             console.print(f"[bold red]✗ {len(findings)} problem(s)[/]")
+        elif blind:
+            console.print(f"[bold yellow]? no problems in what doctor could see; it could not see inside "
+                          f"{escape(', '.join(sorted({b.model for b in blind})))}[/]")
         else:
             console.print("[bold green]✓ no problems found[/]")
     if findings:

@@ -13,6 +13,7 @@ message and the fix.
     DR105  replicas whose configs (or model sets) differ   (re-render, roll every replica)
     DR106  a priority level starves                        (strict priority, no aging, saturated)
     DR107  requests failing                                (queue timeouts, backend errors)
+    DR108-DR112: LLM engines, from their own metrics and the sidecar's (tritongen.core.llm_diagnosis)
 
 Triton facts the rules rest on (server 2.51, shared/docs/triton-facts.md): the duration counters
 are cumulative microseconds over successful requests; `nv_inference_pending_request_count` counts
@@ -27,7 +28,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tritongen.core.engine_window import EngineWindow, Histogram, SidecarWindow, histogram_delta
 from tritongen.core.findings import Finding
+from tritongen.core.llm_diagnosis import LLM_CODES, llm_findings
 
 LabelSet = tuple[tuple[str, str], ...]
 Samples = Mapping[tuple[str, LabelSet], float]
@@ -36,7 +39,6 @@ MIN_REQUESTS = 5  # fewer successful requests in the window: too little evidence
 SATURATED = 0.85  # busy fraction (or GPU utilisation) from which latency is mostly queueing
 BUSY_FLOOR = 0.60  # below this the instances idle: a standing queue is the batcher's window, not load
 SPREAD_RATIO = 4.0  # P95 / P50 of prompt lengths above which one queue mixes very different requests
-KV_FULL = 0.90
 FAILURE_RATE = 0.01
 
 CODES = {
@@ -47,6 +49,7 @@ CODES = {
     "DR105": "replicas with different configs",
     "DR106": "priority level starves",
     "DR107": "requests failing",
+    **LLM_CODES,
 }
 
 
@@ -73,7 +76,6 @@ class ModelWindow:
     pending_end: float = 0.0
     p99_request_us: float | None = None  # summary quantile at the end of the window
     p99_queue_us: float | None = None
-    kv_used_fraction: float | None = None  # KV pool usage, from the engine's own metrics
     prompt_tokens_buckets: tuple[tuple[float, float], ...] = ()  # (le, cumulative count delta), sidecar
 
     @property
@@ -130,38 +132,11 @@ def models_in(samples: Samples) -> list[str]:
     return sorted({dict(lab)["model"] for s, lab in samples if s == "nv_inference_request_success" and "model" in dict(lab)})
 
 
-def _kv_fraction(after: Samples, model: str) -> float | None:
-    """KV pool usage from what the engine exports: tinyllm's gauges, vLLM's, TensorRT-LLM's."""
-    if _has(after, "tinyllm_kv_blocks_total", model):
-        total = _sum(after, "tinyllm_kv_blocks_total", model)
-        return _sum(after, "tinyllm_kv_blocks_used", model) / total if total > 0 else None
-    if _has(after, "vllm:gpu_cache_usage_perc", model):
-        values = [v for (s, lab), v in after.items() if s == "vllm:gpu_cache_usage_perc" and dict(lab).get("model") == model]
-        return max(values) if values else None
-    name = "nv_trt_llm_kv_cache_block_metrics"
-    if _has(after, name, model):
-        used = _sum(after, name, model, {"kv_cache_block_type": "used"})
-        total = _sum(after, name, model, {"kv_cache_block_type": "max"})
-        return used / total if total > 0 else None
-    return None
-
-
 def _quantile(samples: Samples, name: str, model: str, q: str = "0.99") -> float | None:
     values = [v for (s, lab), v in samples.items()
               if s == name and dict(lab).get("model") == model and dict(lab).get("quantile") == q]
     values = [v for v in values if not math.isnan(v)]
     return max(values) if values else None
-
-
-def _buckets(before: Samples, after: Samples, name: str, model: str) -> tuple[tuple[float, float], ...]:
-    out: dict[float, float] = {}
-    for (sample, labels), value in after.items():
-        lab = dict(labels)
-        if sample != name or lab.get("model") != model or "le" not in lab:
-            continue
-        le = float(lab["le"])
-        out[le] = out.get(le, 0.0) + value - before.get((sample, labels), 0.0)
-    return tuple(sorted(out.items()))
 
 
 PROMPT_HISTOGRAM = "sidecar_prompt_tokens_bucket"  # the sidecar exports it (sidecar/metrics.py, per model)
@@ -193,8 +168,7 @@ def window_from_samples(before: Samples, after: Samples, prompt_hist: str = PROM
             pending_end=_sum(after, "nv_inference_pending_request_count", model),
             p99_request_us=_quantile(after, "nv_inference_request_summary_us", model),
             p99_queue_us=_quantile(after, "nv_inference_queue_summary_us", model),
-            kv_used_fraction=_kv_fraction(after, model),
-            prompt_tokens_buckets=_buckets(before, after, prompt_hist, model),
+            prompt_tokens_buckets=histogram_delta(before, after, prompt_hist, {"model": model}).buckets,
         )
     return out
 
@@ -255,6 +229,8 @@ class ServerSnapshot:
     index: Sequence[Mapping[str, Any]] = ()  # /v2/repository/index
     devices: Sequence[Device] = ()
     headroom: Sequence[Headroom] = ()
+    engines: Mapping[str, EngineWindow] = field(default_factory=dict)  # LLM engines' own metrics
+    sidecar: Mapping[str, SidecarWindow] = field(default_factory=dict)  # the sidecar's view, per model
 
 
 @dataclass(frozen=True)
@@ -263,12 +239,19 @@ class Targets:
 
     default_budget_ms: float = 1000.0
     budget_ms: Mapping[str, float] = field(default_factory=dict)
+    class_budget_ms: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # model -> class -> P99 ms
+    max_num_seqs: Mapping[str, int] = field(default_factory=dict)  # the spec's engine.max_num_seqs per model
     memory_cap: float = 0.85  # the device-memory watermark, fraction of total
     headroom_fraction: float = 0.05  # sidecar headroom under this share of its capacity: at the watermark
     source: str = "default"
 
     def budget(self, model: str) -> float:
         return self.budget_ms.get(model, self.default_budget_ms)
+
+    def class_budget(self, model: str, klass: str) -> float:
+        """A class's own target (TTFT for streaming LLMs); the model's tightest for a class the spec
+        does not give it."""
+        return self.class_budget_ms.get(model, {}).get(klass, self.budget(model))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,32 +391,14 @@ def rule_saturation(snap: ServerSnapshot, model: str, w: ModelWindow, config: Ma
                "instance_group", snap.url)]
 
 
-def _bucket_quantile(buckets: Sequence[tuple[float, float]], q: float) -> float | None:
-    if not buckets:
-        return None
-    total = buckets[-1][1]
-    if total <= 0:
-        return None
-    rank = q * total
-    prev_le, prev_count = 0.0, 0.0
-    for le, count in buckets:
-        if count >= rank:
-            if math.isinf(le):
-                return prev_le
-            span = count - prev_count
-            return prev_le + (le - prev_le) * ((rank - prev_count) / span if span > 0 else 1.0)
-        prev_le, prev_count = le, count
-    return prev_le
-
-
 def rule_length_spread(snap: ServerSnapshot, model: str, w: ModelWindow, config: Mapping[str, Any], targets: Targets) -> list[Finding]:
     if model.endswith(("_short", "_long")) or not w.prompt_tokens_buckets:
         return []
     total = w.prompt_tokens_buckets[-1][1]
     if total < MIN_REQUESTS:
         return []
-    p50 = _bucket_quantile(w.prompt_tokens_buckets, 0.50)
-    p95 = _bucket_quantile(w.prompt_tokens_buckets, 0.95)
+    lengths = Histogram(w.prompt_tokens_buckets)
+    p50, p95 = lengths.quantile(0.50), lengths.quantile(0.95)
     if not p50 or not p95 or p95 < SPREAD_RATIO * p50:
         return []
     split = int(math.ceil(2 * p50))
@@ -472,14 +437,6 @@ def rule_memory(snap: ServerSnapshot, targets: Targets) -> list[Finding]:
                       "add replicas for the load, or give the scope more memory (memory_quota_mb, fewer models per "
                       "GPU); if requests are refused while the GPU is idle, the KV cost estimate is too high",
                       "", snap.url))
-    for model, w in snap.models.items():
-        if w.kv_used_fraction is not None and w.kv_used_fraction >= KV_FULL:
-            out.append(_f(model, "DR104", "warning",
-                          f"the KV-cache pool is {w.kv_used_fraction:.0%} full: new sequences wait for blocks or "
-                          "fail with out-of-memory",
-                          "give the model a larger KV budget (memory_quota_mb) or fewer concurrent sequences "
-                          "(max_batch_size / max_num_seqs); route long prompts to a long lane",
-                          "parameters.kv_pool_blocks", snap.url))
     return out
 
 
@@ -602,6 +559,8 @@ def diagnose(snaps: Sequence[ServerSnapshot], targets: Targets) -> list[Finding]
             config = snap.configs.get(model, {})
             for rule in PER_MODEL_RULES:
                 findings.extend(rule(snap, model, window, config, targets))
+        for model in sorted(set(snap.engines) | set(snap.sidecar)):
+            findings.extend(llm_findings(snap, model, snap.configs.get(model, {}), targets))
         findings.extend(rule_memory(snap, targets))
     findings.extend(rule_drift(snaps))
     return findings

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tritongen.client import infer_inputs, numpy_inputs
-from tritongen.core.engine_metrics import TRTLLM_BLOCK_TYPE, TRTLLM_KV_BLOCKS, VLLM_USAGE_GAUGES
+from tritongen.core.engine_metrics import TRTLLM_BLOCK_TYPE, TRTLLM_KV_BLOCKS, VLLM_USAGE_GAUGES, is_out_of_memory
 from tritongen.core.engine_sources import VLLM_DEFAULT_BLOCK_SIZE
 from tritongen.core.llm_interface import LLMInterface, UnknownInterface, interface_from_config, prompt_of
 from tritongen.core.profile_types import DecodeSample, EngineMeasurement, PrefillSample
@@ -41,8 +41,6 @@ from tritongen.reach import GRPC, grpc_reason, grpc_unreached, unreachable_messa
 PROFILE_GRPC = "--grpc-url; by default port 8001 on the --url host"  # how the profile's gRPC address is set
 
 ASSUMED_BYTES_PER_TOKEN = 4.0
-# what an engine that runs out of KV memory says (tinyllm, the stand-ins, PyTorch, vLLM, TRT-LLM)
-OOM_MARKERS = ("out of memory", "outofmemory", "kv cache is full", "no free blocks", "insufficient kv")
 
 
 def interface_of(name: str, config: dict) -> LLMInterface:
@@ -373,7 +371,7 @@ class EngineProfiler:
                 w.join(60.0)
             StreamLoad.finish(workers, stop)
             errors = [r.error for w in workers for r in w.records if r.error]
-            return not any(any(m in e.lower() for m in OOM_MARKERS) for e in errors) and self._preemptions() <= before
+            return not any(is_out_of_memory(e) for e in errors) and self._preemptions() <= before
 
         fits, streams = 0, 1
         while streams <= 512 and runs(streams):

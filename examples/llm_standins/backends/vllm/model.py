@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -89,6 +90,41 @@ METRICS = {
     "vllm:generation_tokens_total": ("counter", "generation_tokens_total", "Number of generation tokens processed."),
 }
 
+# The vLLM backend's own histograms (its src/utils/metrics.py: names, bucket bounds in seconds), observed
+# per request from its arrival at execute: the first token, and the last.
+HISTOGRAMS = {
+    "vllm:time_to_first_token_seconds": (
+        "Histogram of time to first token in seconds.",
+        [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0],
+    ),
+    "vllm:e2e_request_latency_seconds": (
+        "Histogram of end to end request latency in seconds.",
+        [1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0],
+    ),
+}
+
+
+class LatencyHistograms:
+    """The two histograms, kept alive with their families (the Python backend requires it)."""
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.families = {}
+        self.metrics = {}
+        for name, (description, buckets) in HISTOGRAMS.items():
+            family = pb_utils.MetricFamily(name=name, description=description, kind=pb_utils.MetricFamily.HISTOGRAM)
+            self.families[name] = family
+            self.metrics[name] = family.Metric(labels=labels, buckets=buckets)
+
+    def first_token(self, seconds: float) -> None:
+        self.metrics["vllm:time_to_first_token_seconds"].observe(seconds)
+
+    def finished(self, seconds: float) -> None:
+        self.metrics["vllm:e2e_request_latency_seconds"].observe(seconds)
+
+    def close(self) -> None:
+        self.metrics.clear()
+        self.families.clear()
+
 
 def _int_arg(args: dict, key: str, default: int) -> int:
     value = args.get(key)
@@ -130,13 +166,22 @@ class _VllmSink(ResponseSink):
     """The real backend's responses: text deltas when streaming, the additional outputs on request."""
 
     def __init__(self, sender, stream: bool, prefix: str, prompt_tokens: int, max_tokens: int,
-                 wanted: dict[str, bool]) -> None:
+                 wanted: dict[str, bool], latency: LatencyHistograms | None = None) -> None:
         super().__init__(sender, stream)
+        self.arrived = time.monotonic()
+        self.latency = latency
         self.max_tokens = max_tokens
         self.prefix = prefix  # the prompt, prepended to the first response when not excluded
         self.prompt_tokens = prompt_tokens
         self.wanted = wanted
         self.sent_tokens = 0
+
+    def token(self, text: str, index: int, final: bool) -> None:
+        if self.latency is not None and index == 0:
+            self.latency.first_token(time.monotonic() - self.arrived)
+        super().token(text, index, final)
+        if self.latency is not None and final:
+            self.latency.finished(time.monotonic() - self.arrived)
 
     def tensors(self, text: str, tokens: int, first: bool) -> list:
         self.sent_tokens += tokens
@@ -181,10 +226,12 @@ class TritonPythonModel:
         params = self.model_config.get("parameters", {})
         report = _true(params.get("REPORT_CUSTOM_METRICS", {}).get("string_value", ""))
         self.metrics = None
+        self.latency = None
         if report and not _true(engine_args.get("disable_log_stats", False)):
             labels = {"model": args["model_name"], "version": args["model_version"]}
             try:
                 self.metrics = MetricPublisher(METRICS, labels)
+                self.latency = LatencyHistograms(labels)
             except pb_utils.TritonModelException as err:  # metrics disabled on the server
                 pb_utils.Logger.log_info(f"[vllm stand-in] metrics not supported: {err}")
         on_step = self.metrics.publish if self.metrics is not None else None
@@ -229,10 +276,12 @@ class TritonPythonModel:
         except (TypeError, ValueError) as err:
             raise BadRequest(f"max_tokens must be an integer, got {max_tokens!r}") from err
         prefix = prompt.decode("utf-8", errors="replace") if prepend else ""
-        sink = _VllmSink(sender, stream, prefix, self.engine.cfg.costs.tokens(prompt), max_tokens, flags)
+        sink = _VllmSink(sender, stream, prefix, self.engine.cfg.costs.tokens(prompt), max_tokens, flags, self.latency)
         return prompt, max_tokens, sink
 
     def finalize(self):
         self.engine.stop()
         if self.metrics is not None:
             self.metrics.close()
+        if self.latency is not None:
+            self.latency.close()
