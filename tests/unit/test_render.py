@@ -142,3 +142,52 @@ def test_measured_pad_replaces_the_guess() -> None:
     assert measured.budget_bytes - guessed.budget_bytes == guessed.pad_bytes - measured.pad_bytes
     text = example_render().files["tinyllm/config.pbtxt"]
     assert "(measured prefill peak)" in text
+
+
+HYBRID_SPEC = """\
+version: 1
+name: hybrid-node
+hardware:
+  gpus:
+    - {{name: H100-SXM-80GB, memory_mb: 81559, count: 1}}
+models:
+  - name: nemotron-h-8b
+    backend: vllm
+    kind: llm
+    streaming: true
+    hf_model: nvidia/Nemotron-H-8B-Base-8K
+    architecture_config: {config}
+    weights: {{bytes: 16000000000}}
+    max_context: 8192
+    memory_quota_mb: 40000
+    inputs:
+      - {{name: text_input, data_type: STRING, dims: [1]}}
+      - {{name: stream, data_type: BOOL, dims: [1], optional: true}}
+      - {{name: sampling_parameters, data_type: STRING, dims: [1], optional: true}}
+    outputs:
+      - {{name: text_output, data_type: STRING, dims: [-1]}}
+traffic_classes:
+  - {{name: interactive, kind: interactive, priority: 1, p99_ms: 1500, share: 1.0}}
+policy: {{max_batch: 1024}}
+"""
+
+
+def test_hybrid_render_plans_more_sequences_and_says_why(tmp_path: Path) -> None:
+    spec = tmp_path / "hybrid.yaml"
+    spec.write_text(HYBRID_SPEC.format(config=EXAMPLES / "architectures" / "nemotron-h-8b-base-8k.json"))
+    result = render_repository(load_spec(spec))
+    # Budget: 40000 MiB quota - 16e9 weights - 1024 MiB reserve - 2048 MiB pad = 22721814528 B.
+    budget = 40000 * 2**20 - 16_000_000_000 - 1024 * 2**20 - 2048 * 2**20
+    assert result.plan.entry("nemotron-h-8b").kv.budget_bytes == budget == 22_721_814_528
+    # One 8192-token sequence: 4 attention layers x 4096 B x 8192 + 24 Mamba2 states of 4255744 B
+    # (tests/unit/test_kv.py HYBRID) = 236355584 B -> 96 sequences.
+    hybrid = budget // 236_355_584
+    # All 52 layers read as full attention: 52 x 4096 B x 8192 = 1744830464 B -> 13 sequences.
+    all_full = budget // (52 * 4096 * 8192)
+    assert (hybrid, all_full) == (96, 13)
+    engine = json.loads(result.files["nemotron-h-8b/1/model.json"])
+    assert engine["max_num_seqs"] == hybrid > all_full
+    config = result.files["nemotron-h-8b/config.pbtxt"]
+    assert "# per sequence at 8192 tokens: 4 full-attention layers 16,384 B/token x 8192" in config
+    assert "24 mamba2 layers' fixed state 102,137,856 B = 225.41 MiB -> 96 sequences" in config
+    assert "read as all full attention, 212992 B/token x 8192 = 1664.00 MiB per sequence, only 13 would fit" in config

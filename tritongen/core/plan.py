@@ -13,8 +13,9 @@ from pydantic import BaseModel, ConfigDict
 
 from tritongen.core.architecture import Architecture
 from tritongen.core.kv import (
+    KVFootprint,
     kv_budget_bytes,
-    kv_bytes_for_sequence,
+    kv_footprint,
     kv_shape,
     max_batch_size_that_fits,
     weight_bytes,
@@ -73,7 +74,21 @@ class KVPlan(View):
     bytes_per_sequence: int
     max_sequences: int
     block_tokens: int
-    pool_blocks: int
+    pool_blocks: int  # budget / (block_tokens x kv_bytes_per_token): the pool in attention-token blocks
+    footprint: KVFootprint | None = None  # how a sequence grows per layer kind (None: uniform, old plans)
+
+    def sequence_note(self) -> str:
+        """Why the budget holds `max_sequences`: the per-sequence arithmetic at `context_tokens`,
+        and for a model whose layers do not all grow alike, what reading every layer as full
+        attention would have planned instead."""
+        fp, tokens = self.footprint, self.context_tokens
+        if fp is None or fp.uniform:
+            return (f"{self.kv_bytes_per_token} B/token x {tokens} tokens = "
+                    f"{self.bytes_per_sequence / MIB:.2f} MiB per sequence -> {self.max_sequences} sequences")
+        naive = fp.all_full_bytes_per_token * tokens
+        return (f"per sequence at {tokens} tokens: {fp.describe(tokens)} -> {self.max_sequences} sequences "
+                f"(read as all full attention, {fp.all_full_bytes_per_token} B/token x {tokens} = "
+                f"{naive / MIB:.2f} MiB per sequence, only {self.budget_bytes // naive if naive else 0} would fit)")
 
 
 class ModelEntryPlan(View):
@@ -356,6 +371,7 @@ def plan_kv(
     max_seqs = max_batch_size_that_fits(budget, arch, shape, context_tokens, upper=10**9, lower=policy.min_batch)
     block_tokens = model.engine.kv_block_tokens if model.engine and model.engine.kv_block_tokens else policy.kv_block_tokens
     block_bytes = block_tokens * shape.kv_bytes_per_token
+    footprint = kv_footprint(arch, shape)
     return KVPlan(
         device_bytes=quota_bytes,
         utilization_cap=policy.memory_utilization_cap,
@@ -366,10 +382,11 @@ def plan_kv(
         budget_bytes=budget,
         kv_bytes_per_token=shape.kv_bytes_per_token,
         context_tokens=context_tokens,
-        bytes_per_sequence=kv_bytes_for_sequence(arch, shape, context_tokens),
+        bytes_per_sequence=footprint.bytes_at(context_tokens),
         max_sequences=min(max_seqs, bound),
         block_tokens=block_tokens,
-        pool_blocks=budget // block_bytes,
+        pool_blocks=budget // block_bytes if block_bytes else 0,  # a state-only model has no token blocks
+        footprint=footprint,
     )
 
 
@@ -593,10 +610,7 @@ def _plan_entry(
             f" - pad {kv.pad_bytes / MIB:.1f}{' (measured prefill peak)' if kv.pad_measured else ''}"
             + (f" (lane share {share:.2f} of the quota)" if share != 1.0 else "")
         )
-        notes.append(
-            f"{kv.kv_bytes_per_token} B/token x {kv.context_tokens} tokens = "
-            f"{kv.bytes_per_sequence / MIB:.2f} MiB per sequence -> {kv.max_sequences} sequences"
-        )
+        notes.append(kv.sequence_note())
         if model.backend == "vllm":
             max_batch = 0  # the vLLM backend batches inside its engine; Triton passes requests through
             notes.append(
