@@ -6,11 +6,16 @@ panel grid, the PromQL and the metric names checkable by tests. Panels, top to b
     QPS                     | P99 latency                  | time to first token (avg, P99)
     GPU utilisation         | rejections                   | memory headroom
     queue time / compute    | average queue time           | pending requests
+    LLM engine: running /   | LLM engine: KV-cache usage   | preemptions and out-of-memory
+    waiting                 |                              | kills
 
 Sources: Triton's own metrics (`nv_*`, port 8002; P99 needs `--metrics-config
 summary_latencies=true`, which `tritongen deploy` sets) and the sidecar's (`sidecar_*`):
 the sidecar sees what Triton cannot (requests it rejected before Triton, time to first token of
-streams, live memory headroom). The `model` variable filters every per-model panel.
+streams, live memory headroom). The LLM engines' own metrics (vLLM's, TensorRT-LLM's, tinyllm's;
+names in tritongen.core.engine_metrics) show what a decoupled model's Triton counters cannot: the
+engine's queue, its KV cache and its preemptions, the signals `tritongen doctor` diagnoses
+(DR108-DR112). The `model` variable filters every per-model panel.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tritongen.core import engine_metrics as engine
+from tritongen.core.engine_window import SIDECAR_FINISHED, SIDECAR_OOM_OUTCOME
+from tritongen.core.llm_diagnosis import KV_NEAR_FULL
 from tritongen.errors import TritongenError
 
 SCHEMA_VERSION = 39
@@ -164,6 +172,35 @@ def build_dashboard(options: DashboardOptions = DashboardOptions()) -> dict[str,
             _target("A", f"sum by (model) ({t['pending']}{{{_SEL}}})", "{{model}} triton"),
             _target("B", f"sum by (class) ({s['queue_depth']})", "sidecar queue: class {{class}}"),
         ], (2 * w, 2 * h, w, h)),
+        _panel(10, "LLM engine: running / waiting", "Sequences the engine runs and requests waiting inside it, "
+               "from the engine's own metrics (a decoupled model's Triton queue is empty while its engine queues).",
+               "short", [
+            _target("A", f"sum by (model) ({engine.VLLM_RUNNING}{{{_SEL}}})", "{{model}} vLLM running"),
+            _target("B", f"sum by (model) ({engine.VLLM_WAITING}{{{_SEL}}})", "{{model}} vLLM waiting"),
+            _target("C", f'sum by (model, {engine.TRTLLM_REQUEST_TYPE}) ({engine.TRTLLM_REQUESTS}'
+                         f'{{{_SEL},{engine.TRTLLM_REQUEST_TYPE}=~"active|waiting"}})',
+                    f"{{{{model}}}} TensorRT-LLM {{{{{engine.TRTLLM_REQUEST_TYPE}}}}}"),
+            _target("D", f"sum by (model) ({engine.TINYLLM_PREFIX}running_sequences{{{_SEL}}})", "{{model}} running"),
+            _target("E", f"sum by (model) ({engine.TINYLLM_PREFIX}waiting_sequences{{{_SEL}}})", "{{model}} waiting"),
+        ], (0, 3 * h, w, h)),
+        _panel(11, "LLM engine: KV-cache usage", "Fraction of the engine's KV cache in use; with requests waiting "
+               f"above {KV_NEAR_FULL:.0%}, new sequences wait for blocks (doctor DR108).", "percentunit", [
+            _target("A", f"max by (model) ({engine.VLLM_USAGE_GAUGES[0]}{{{_SEL}}} or {engine.VLLM_USAGE_GAUGES[1]}{{{_SEL}}})",
+                    "{{model}} vLLM"),
+            _target("B", f'sum by (model) ({engine.TRTLLM_KV_BLOCKS}{{{_SEL},{engine.TRTLLM_BLOCK_TYPE}="used"}}) / '
+                         f'sum by (model) ({engine.TRTLLM_KV_BLOCKS}{{{_SEL},{engine.TRTLLM_BLOCK_TYPE}="max"}})',
+                    "{{model}} TensorRT-LLM"),
+            _target("C", f"sum by (model) ({engine.TINYLLM_PREFIX}kv_blocks_used{{{_SEL}}}) / "
+                         f"sum by (model) ({engine.TINYLLM_PREFIX}kv_blocks_total{{{_SEL}}})", "{{model}}"),
+        ], (w, 3 * h, w, h), _thresholds(red_above=KV_NEAR_FULL)),
+        _panel(12, "Preemptions and out-of-memory kills", "Per second: the engine's preemptions (vLLM recomputes "
+               "them), the kills it counts itself, and the kills the sidecar saw in the engine's answers.", "ops", [
+            _target("A", f"sum by (model) (rate({engine.VLLM_PREEMPTIONS[0]}{{{_SEL}}}[{_RATE}]))", "{{model}} preemptions"),
+            _target("B", f"sum by (model) (rate({engine.TINYLLM_PREFIX}oom_errors_total{{{_SEL}}}[{_RATE}]))",
+                    "{{model}} killed (engine)"),
+            _target("C", f'sum by (model) (rate({SIDECAR_FINISHED}{{{_SEL},outcome="{SIDECAR_OOM_OUTCOME}"}}[{_RATE}]))',
+                    "{{model}} killed (sidecar)"),
+        ], (2 * w, 3 * h, w, h), _thresholds(red_above=0.001)),
     ]
     templating = [
         {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus",
