@@ -204,15 +204,17 @@ def targets_from_spec(path: Path | None, default_budget_ms: float) -> Targets:
     spec = load_spec(path).spec
     budgets: dict[str, float] = {}
     per_class: dict[str, dict[str, float]] = {}
+    shares: dict[str, dict[str, float]] = {}
     seqs: dict[str, int] = {}
     for model in spec.models:
         classes = {c.name: c.p99_ms for c in spec.classes_of(model)}
         for name in entry_names_of(model):
             budgets[name] = min(classes.values())
             per_class[name] = classes
+            shares[name] = {c.name: c.share for c in spec.classes_of(model)}
             if model.engine is not None and model.engine.max_num_seqs is not None:
                 seqs[name] = model.engine.max_num_seqs
     return Targets(
-        default_budget_ms=default_budget_ms, budget_ms=budgets, class_budget_ms=per_class, max_num_seqs=seqs,
+        default_budget_ms=default_budget_ms, budget_ms=budgets, class_budget_ms=per_class, class_share=shares, max_num_seqs=seqs,
         memory_cap=spec.policy.memory_utilization_cap, source=str(path),
     )

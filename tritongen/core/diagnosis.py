@@ -240,6 +240,7 @@ class Targets:
     default_budget_ms: float = 1000.0
     budget_ms: Mapping[str, float] = field(default_factory=dict)
     class_budget_ms: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # model -> class -> P99 ms
+    class_share: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # model -> class -> traffic share
     max_num_seqs: Mapping[str, int] = field(default_factory=dict)  # the spec's engine.max_num_seqs per model
     memory_cap: float = 0.85  # the device-memory watermark, fraction of total
     headroom_fraction: float = 0.05  # sidecar headroom under this share of its capacity: at the watermark
@@ -252,6 +253,15 @@ class Targets:
         """A class's own target (TTFT for streaming LLMs); the model's tightest for a class the spec
         does not give it."""
         return self.class_budget_ms.get(model, {}).get(klass, self.budget(model))
+
+    def classes_of(self, model: str) -> list[tuple[str, float, float]]:
+        """(class, target ms, share of the model's traffic) for the classes the spec gives a model."""
+        budgets = self.class_budget_ms.get(model, {})
+        shares = self.class_share.get(model, {})
+        total = sum(shares.get(k, 0.0) for k in budgets)
+        if not budgets or total <= 0:
+            return []
+        return [(k, b, shares.get(k, 0.0) / total) for k, b in budgets.items()]
 
 
 # ---------------------------------------------------------------------------------------------
