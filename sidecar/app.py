@@ -34,15 +34,7 @@ from prometheus_client import CollectorRegistry
 from sidecar.admission import AdmissionState
 from sidecar.controller import AdmissionController
 from sidecar.grpc_proxy import GrpcProxy
-from sidecar.headroom import (
-    HeadroomChain,
-    HeadroomSource,
-    NvmlSource,
-    PoolModel,
-    SourceFailed,
-    StaticSource,
-    TritonMetricsSource,
-)
+from sidecar.headroom import HeadroomChain, HeadroomSource, SourceFailed, SourceInputs, build_sources
 from sidecar.http_proxy import Admin, HttpProxy
 from sidecar.loop import new_event_loop
 from sidecar.metrics import SidecarMetrics
@@ -112,18 +104,10 @@ class SidecarConfig:
 
 
 def default_sources(policy: SidecarPolicy, sidecar: Sidecar) -> list[HeadroomSource]:
-    devices = [d.id for d in policy.devices]
-    pools = {m.name: PoolModel(m.kv.bytes_per_token, m.kv.engine_pool_bytes * m.engines if m.kv.engine_pool_bytes
-                               else None) for m in policy.models if m.kv is not None}
-    out: list[HeadroomSource] = []
-    for name in policy.headroom.sources:
-        if name == "nvml":
-            out.append(NvmlSource(devices, nvml=sidecar.nvml, clock=sidecar.clock))
-        elif name == "triton_metrics":
-            out.append(TritonMetricsSource(sidecar.fetch_triton_metrics, devices, pools))
-        else:
-            out.append(StaticSource(policy))
-    return out
+    """The policy's headroom sources (by name, `sidecar.headroom.HEADROOM_SOURCES`), built on the
+    sidecar's NVML module, clock and metrics fetcher."""
+    inputs = SourceInputs(policy, nvml=sidecar.nvml, clock=sidecar.clock, fetch_triton_metrics=sidecar.fetch_triton_metrics)
+    return build_sources(policy.headroom.sources, inputs)
 
 
 class Sidecar:

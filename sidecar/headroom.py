@@ -280,6 +280,53 @@ class StaticSource:
 
 
 # ------------------------------------------------------------------------------------------------
+# Sources by name
+
+
+@dataclass(frozen=True)
+class SourceInputs:
+    """What a headroom source is built from: the policy and the sidecar's injected I/O."""
+
+    policy: SidecarPolicy
+    nvml: Any = None  # the pynvml module or a fake; None imports pynvml
+    clock: Callable[[], float] | None = None
+    fetch_triton_metrics: Callable[[], Awaitable[str]] | None = None
+
+    @property
+    def device_ids(self) -> list[str]:
+        return [d.id for d in self.policy.devices]
+
+    @property
+    def pools(self) -> dict[str, PoolModel]:
+        return {m.name: PoolModel(m.kv.bytes_per_token, m.kv.engine_pool_bytes * m.engines if m.kv.engine_pool_bytes
+                                  else None) for m in self.policy.models if m.kv is not None}
+
+
+def _triton_metrics(inputs: SourceInputs) -> TritonMetricsSource:
+    if inputs.fetch_triton_metrics is None:
+        raise ValueError("the triton_metrics headroom source needs a metrics fetcher")
+    return TritonMetricsSource(inputs.fetch_triton_metrics, inputs.device_ids, inputs.pools)
+
+
+# The names `headroom.sources` of a policy may list, each with how its source is built. A new
+# source is a class above with `name` and `read()`, an entry here, and its name in the policy
+# schema's `HeadroomPolicy.sources` (tests/unit/test_registries.py checks the two agree).
+HEADROOM_SOURCES: dict[str, Callable[[SourceInputs], HeadroomSource]] = {
+    "nvml": lambda inputs: NvmlSource(inputs.device_ids, nvml=inputs.nvml, clock=inputs.clock),
+    "triton_metrics": _triton_metrics,
+    "static": lambda inputs: StaticSource(inputs.policy),
+}
+
+
+def build_sources(names: Sequence[str], inputs: SourceInputs) -> list[HeadroomSource]:
+    """The sources NAMES list, in order; an unknown name is an error that lists the known ones."""
+    unknown = [n for n in names if n not in HEADROOM_SOURCES]
+    if unknown:
+        raise ValueError(f"unknown headroom source(s) {unknown}; known: {', '.join(HEADROOM_SOURCES)}")
+    return [HEADROOM_SOURCES[n](inputs) for n in names]
+
+
+# ------------------------------------------------------------------------------------------------
 # The chain
 
 

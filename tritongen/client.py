@@ -25,12 +25,6 @@ _NUMPY = {
 }
 
 
-def triton_dtype(data_type: str) -> str:
-    """TYPE_FP32 -> FP32, TYPE_STRING -> BYTES (the wire name)."""
-    name = data_type.removeprefix("TYPE_")
-    return "BYTES" if name == "STRING" else name
-
-
 def tensors_from_config(items: list[dict]) -> list[TensorView]:
     """The `input` (or `output`) list of a config as the server serves it (its JSON) as TensorViews."""
     return [

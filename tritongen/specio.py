@@ -15,7 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from tritongen.core.architecture import Architecture
-from tritongen.core.spec import DeploymentSpec, ModelSpec
+from tritongen.core.spec import DeploymentSpec
 from tritongen.errors import BadInput
 from tritongen.hfconfig import load_architecture
 
@@ -27,9 +27,6 @@ class LoadedSpec:
     spec: DeploymentSpec
     path: Path
     architectures: dict[str, Architecture]
-
-    def architecture_of(self, model: ModelSpec) -> Architecture | None:
-        return self.architectures.get(model.name)
 
 
 def format_loc(loc: tuple[Any, ...]) -> str:

@@ -32,8 +32,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from tritongen.core.strict import Strict
 from tritongen.core.profile_types import Profile
 from tritongen.errors import BadInput, Infeasible
 
@@ -84,9 +85,7 @@ def parse_time(text: str) -> int:
     return total
 
 
-class CurvePoint(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class CurvePoint(Strict):
     time: str = Field(description="HH:MM, local to the curve's timezone.")
     fraction: float = Field(ge=0, le=1, description="Load at that time as a fraction of the daily peak.")
 
@@ -97,15 +96,13 @@ class CurvePoint(BaseModel):
         return value
 
 
-class DailyCurve(BaseModel):
+class DailyCurve(Strict):
     """Load over one day as fractions of the daily peak: 24 hourly factors, or (time, fraction) points.
 
     `hourly[h]` is the highest load during hour h (h:00 to h+1:00). `points` are joined by straight
     lines (wrapping over midnight); each stretch between two points is sized for the higher of its
     two ends, which is the peak of the line between them.
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     timezone: str = Field(default="Etc/UTC", description="IANA timezone the times are in (cron schedules use it).")
     cold_start_s: float | None = Field(

@@ -42,10 +42,6 @@ class Finding:
         if not self.code:
             raise ValueError("a finding needs a code")
 
-    @property
-    def is_error(self) -> bool:
-        return self.severity == "error"
-
     def located(self, path: str | None, line: int | None = None) -> "Finding":
         """The same finding with a file location (existing values win)."""
         return dataclasses.replace(

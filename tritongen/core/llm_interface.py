@@ -32,7 +32,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
+
+from tritongen.core.strict import Strict
 
 Kind = Literal["generic", "vllm", "trtllm"]
 _Field = tuple[str, str, str | bool | int]  # (input name, wire datatype, the one element)
@@ -87,8 +89,10 @@ class TokenIdModel(UnknownInterface):
     """TensorRT-LLM's raw `tensorrt_llm` model: it takes token ids, tritongen sends text."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+class _Strict(Strict):
+    """Strict, and no coercion: these types are read from a server's config."""
+
+    model_config = ConfigDict(strict=True)
 
 
 class TensorInfo(_Strict):

@@ -81,8 +81,9 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
+from tritongen.core.strict import Strict
 from tritongen.core.engine import DONE, FIRST, KILLED, REFUSED, EngineModel, EngineState, LLMCurve
 from tritongen.core.handoff import HandoffStats, handoff_stats
 from tritongen.core.traffic import Arrivals
@@ -91,11 +92,7 @@ from tritongen.core.traffic import Arrivals
 # Inputs
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ServiceCurve(_Strict):
+class ServiceCurve(Strict):
     """Execution time of one batch: `fixed_ms + per_item_ms x rows`, bending at `breakpoint`.
 
     `points` (rows, ms), when given, are interpolated linearly between measured batch sizes and
@@ -158,7 +155,7 @@ class ServiceCurve(_Strict):
         return cls.from_fit(fit, extra_ms=max(0.0, extra))
 
 
-class Overheads(_Strict):
+class Overheads(Strict):
     """Costs outside the profiled curve; see the module docstring."""
 
     request_ms: float = Field(default=0.0, ge=0, description="Per request, outside scheduler and instance (client, HTTP).")
@@ -243,7 +240,7 @@ EMBEDDED_CPU_OVERHEADS = Overheads(
 )
 
 
-class QueuePolicy(_Strict):
+class QueuePolicy(Strict):
     timeout_us: int = Field(default=0, ge=0, description="Queue timeout; 0 = none.")
     action: Literal["REJECT", "DELAY"] = "REJECT"
     allow_timeout_override: bool = False
@@ -254,7 +251,7 @@ class QueuePolicy(_Strict):
         return self.timeout_us == 0 and not self.allow_timeout_override and self.max_queue_size == 0
 
 
-class BatcherConfig(_Strict):
+class BatcherConfig(Strict):
     """`dynamic_batching { ... }` as the server normalises it."""
 
     preferred_batch_sizes: list[int] = Field(default_factory=list)
@@ -280,7 +277,7 @@ class BatcherConfig(_Strict):
         return priority
 
 
-class ModelSim(_Strict):
+class ModelSim(Strict):
     """One Triton model entry as the simulator sees it."""
 
     name: str
@@ -332,7 +329,7 @@ class ModelSim(_Strict):
         return b
 
 
-class ServerSim(_Strict):
+class ServerSim(Strict):
     """Everything one simulation runs: the models, the rate limiter and the overheads."""
 
     models: list[ModelSim] = Field(min_length=1)

@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from tritongen.core.strict import Strict
 from tritongen.core.architecture import Architecture
 
 MIB = 1024 * 1024
@@ -32,8 +33,10 @@ TensorType = Literal[
 ]
 
 
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+class StrictModel(Strict):
+    """Strict, and defaults validated too: specs are files users write."""
+
+    model_config = ConfigDict(validate_default=True)
 
 
 class GPU(StrictModel):

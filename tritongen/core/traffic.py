@@ -25,18 +25,17 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from tritongen.core.strict import Strict
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class LengthDist(_Strict):
+class LengthDist(Strict):
     """A token-length distribution (prompt or output). Samples are integers in [min, max]."""
 
     dist: Literal["fixed", "uniform", "exponential", "lognormal"] = Field(
@@ -81,7 +80,7 @@ def _length_array(value: Length, rng: np.random.Generator, n: int) -> np.ndarray
     return value.sample(rng, n)
 
 
-class ClassMix(_Strict):
+class ClassMix(Strict):
     """One class of requests in the traffic."""
 
     name: str = Field(min_length=1, description="Class name; `tune` matches it to the spec's traffic_classes.")
@@ -96,24 +95,24 @@ class ClassMix(_Strict):
     output_tokens: Length = Field(default=0, description="LLMs: max_tokens, a number or a distribution.")
 
 
-class Bursty(_Strict):
+class Bursty(Strict):
     on_s: float = Field(gt=0, description="Length of a burst, s.")
     off_s: float = Field(gt=0, description="Quiet time between bursts, s.")
     burst_factor: float = Field(ge=1, description="Rate during a burst divided by the quiet rate.")
 
 
-class Daily(_Strict):
+class Daily(Strict):
     period_s: float = Field(default=86400.0, gt=0, description="Length of a 'day', s (compress it for tests).")
     peak_to_trough: float = Field(default=3.0, ge=1, description="Peak rate divided by the lowest rate.")
     peak_at: float = Field(default=0.5, ge=0, lt=1, description="Where the peak falls, as a fraction of the period.")
 
 
-class Trace(_Strict):
+class Trace(Strict):
     path: str = Field(min_length=1, description="CSV file (timestamp,class,prompt_tokens,output_tokens), relative to the traffic file.")
     time_scale: float = Field(default=1.0, gt=0, description="Replay faster (>1) or slower (<1) than recorded.")
 
 
-class TrafficSpec(_Strict):
+class TrafficSpec(Strict):
     """A traffic shape: what the simulator predicts for and the load generator sends."""
 
     shape: Literal["poisson", "bursty", "daily", "trace"] = Field(description="Arrival process.")
@@ -148,9 +147,6 @@ class TrafficSpec(_Strict):
 
     def class_names(self) -> list[str]:
         return [c.name for c in self.classes]
-
-    def with_rate(self, rate_per_s: float) -> "TrafficSpec":
-        return self.model_copy(update={"rate_per_s": rate_per_s})
 
 
 @dataclass
@@ -266,6 +262,42 @@ def _daily_times(rng: np.random.Generator, spec: Daily, mean_rate: float, durati
     return candidates[keep]
 
 
+# A shape's arrival process: (rng, spec, duration_s) -> sorted send times below duration_s at the
+# spec's mean rate. A new shape is a name in `TrafficSpec.shape`, its section (if it has
+# parameters) and an entry here; `trace` is replayed, not generated.
+ArrivalProcess = Callable[[np.random.Generator, TrafficSpec, float], np.ndarray]
+
+
+def _bursty_process(rng: np.random.Generator, spec: TrafficSpec, duration: float) -> np.ndarray:
+    assert spec.bursty is not None and spec.rate_per_s is not None
+    return _bursty_times(rng, spec.bursty, spec.rate_per_s, duration)
+
+
+def _daily_process(rng: np.random.Generator, spec: TrafficSpec, duration: float) -> np.ndarray:
+    assert spec.daily is not None and spec.rate_per_s is not None
+    return _daily_times(rng, spec.daily, spec.rate_per_s, duration)
+
+
+def _poisson_process(rng: np.random.Generator, spec: TrafficSpec, duration: float) -> np.ndarray:
+    assert spec.rate_per_s is not None
+    return _poisson_times(rng, spec.rate_per_s, duration)
+
+
+ARRIVAL_PROCESSES: dict[str, ArrivalProcess] = {
+    "poisson": _poisson_process,
+    "bursty": _bursty_process,
+    "daily": _daily_process,
+}
+
+
+def arrival_process(shape: str) -> ArrivalProcess:
+    """The arrival process of a generated shape; an unknown one is an error that lists the known."""
+    try:
+        return ARRIVAL_PROCESSES[shape]
+    except KeyError:
+        raise ValueError(f"no arrival process for traffic shape {shape!r}; known: {', '.join(sorted(ARRIVAL_PROCESSES))}, trace") from None
+
+
 def generate_arrivals(spec: TrafficSpec, seed: int = 0, trace_text: str | None = None, requests: int | None = None) -> Arrivals:
     """The arrivals of `spec`, reproducible from `seed`.
 
@@ -281,6 +313,7 @@ def generate_arrivals(spec: TrafficSpec, seed: int = 0, trace_text: str | None =
         if requests is not None:
             arrivals = arrivals.take(np.arange(len(arrivals)) < requests)
         return arrivals
+    process = arrival_process(spec.shape)
     assert spec.rate_per_s is not None
     duration = spec.duration_s
     warmup = spec.warmup_s
@@ -291,14 +324,7 @@ def generate_arrivals(spec: TrafficSpec, seed: int = 0, trace_text: str | None =
         warmup = spec.warmup_s / spec.duration_s * (requests / spec.rate_per_s)
     attempt = 0
     while True:
-        if spec.shape == "poisson":
-            times = _poisson_times(rng, spec.rate_per_s, duration)
-        elif spec.shape == "bursty":
-            assert spec.bursty is not None
-            times = _bursty_times(rng, spec.bursty, spec.rate_per_s, duration)
-        else:
-            assert spec.daily is not None
-            times = _daily_times(rng, spec.daily, spec.rate_per_s, duration)
+        times = process(rng, spec, duration)
         if requests is None or len(times) >= requests:
             break
         attempt += 1  # a quiet stretch (a daily trough): run the process for longer

@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from tritongen.core.simulator import ClassStats, LiveObservation, ServiceCurve, percentile_ms
+from tritongen.core.simulator import ClassStats, LiveObservation, percentile_ms
 from tritongen.core.traffic import Arrivals, scale_rate
 from tritongen.errors import RunFailed
 from tritongen.loadgen import LoadResult, LoadTarget, run_load
@@ -305,16 +305,6 @@ def measure(
     return run
 
 
-def curve_from_runs(runs: Sequence[LiveRun], model: str) -> dict[int, tuple[int, float]]:
-    """Merged per-batch-size instance time over runs (for a measured curve)."""
-    merged: dict[int, tuple[int, float]] = {}
-    for run in runs:
-        for rows, (count, ms) in run.stats[model].batches.items():
-            c0, m0 = merged.get(rows, (0, 0.0))
-            merged[rows] = (c0 + count, (m0 * c0 + ms * count) / (c0 + count))
-    return dict(sorted(merged.items()))
-
-
 # ---------------------------------------------------------------------------------------------
 # Candidates on a live server
 
@@ -533,17 +523,3 @@ def measure_capacities(
 
     out = on_servers(repository, candidates, body, server_flags)
     return [m if isinstance(m, MeasuredCapacity) else MeasuredCapacity(m.candidate, None, error=m.error) for m in out]
-
-
-def measured_curve(batches: Mapping[int, tuple[int, float]], min_count: int = 3) -> ServiceCurve:
-    """A service curve fitted to Triton's per-batch-size instance time (least squares)."""
-    pts = [(rows, ms, count) for rows, (count, ms) in batches.items() if count >= min_count]
-    if len({p[0] for p in pts}) < 2:
-        pts = [(rows, ms, count) for rows, (count, ms) in batches.items() if count >= 1]
-    if len({p[0] for p in pts}) < 2:
-        raise RunFailed("too few batch sizes to fit a curve")
-    x = np.array([p[0] for p in pts], dtype=float)
-    y = np.array([p[1] for p in pts], dtype=float)
-    w = np.sqrt(np.array([p[2] for p in pts], dtype=float))
-    slope, intercept = np.polyfit(x, y, 1, w=w)
-    return ServiceCurve(fixed_ms=max(0.0, float(intercept)), per_item_ms=max(0.0, float(slope)))
