@@ -22,6 +22,42 @@ MODEL_REPOSITORY = REPO_ROOT / "model_repository"
 EXAMPLE_PROFILES = EXAMPLES / "profiles"
 
 
+HYBRID_SPEC = """\
+version: 1
+name: hybrid-node
+hardware:
+  gpus:
+    - {{name: H100-SXM-80GB, memory_mb: 81559, count: 1}}
+models:
+  - name: nemotron-h-8b
+    backend: vllm
+    kind: llm
+    streaming: true
+    hf_model: nvidia/Nemotron-H-8B-Base-8K
+    architecture_config: {config}
+    weights: {{bytes: 16000000000}}
+    max_context: 8192
+    memory_quota_mb: 40000
+    inputs:
+      - {{name: text_input, data_type: STRING, dims: [1]}}
+      - {{name: stream, data_type: BOOL, dims: [1], optional: true}}
+      - {{name: sampling_parameters, data_type: STRING, dims: [1], optional: true}}
+    outputs:
+      - {{name: text_output, data_type: STRING, dims: [-1]}}
+traffic_classes:
+  - {{name: interactive, kind: interactive, priority: 1, p99_ms: 1500, share: 1.0}}
+policy: {{max_batch: 1024}}
+"""
+
+
+def write_hybrid_spec(folder: Path) -> Path:
+    """A one-GPU spec serving Nemotron-H 8B (4 attention, 24 Mamba2, 24 MLP layers) on vLLM at 8192
+    tokens in a 40000 MiB quota: 22721814528 B of KV budget (see test_render's hybrid test)."""
+    path = folder / "hybrid.yaml"
+    path.write_text(HYBRID_SPEC.format(config=EXAMPLES / "architectures" / "nemotron-h-8b-base-8k.json"))
+    return path
+
+
 def example_render():
     """What `tritongen render examples/deployment.yaml --profiles examples/profiles` renders."""
     from tritongen.profiles import measured_pads_mb, read_profiles

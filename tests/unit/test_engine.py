@@ -5,8 +5,18 @@ from __future__ import annotations
 
 import pytest
 
+from pydantic import ValidationError
+
 from tritongen.core.engine import DONE, FIRST, KILLED, REFUSED, EngineModel, EngineState, LLMCurve
-from tritongen.core.engine_sources import EngineSourceError, MeasuredEngine, resolve_engine
+from tests.helpers import write_hybrid_spec
+from tritongen.core.engine_sources import (
+    EngineSourceError,
+    MeasuredEngine,
+    entry_sources,
+    resolve_engine,
+    resolve_engine_limits,
+)
+from tritongen.core.kv import CappedLayers, KVFootprint
 from tritongen.core.spec import EngineSection
 
 # prefill 1 ms + 0.1 ms/token; decode 2 ms + 1 ms per sequence
@@ -112,6 +122,84 @@ def test_max_context_refuses_at_once() -> None:
 def test_sequences_fitting_counts_whole_blocks() -> None:
     model = engine("reserve_wait", 100, block=16, seqs=64)
     assert model.sequences_fitting(48, 48) == 100 // 6
+
+
+# ---------------------------------------------------------------------------------------------
+# Byte pools: models whose layers do not all grow alike
+
+# 10 B/token on the growing layers, 10 B/token more on windowed layers that keep at most 8 tokens.
+WINDOWED = KVFootprint(growing_layers=1, growing_bytes_per_token=10, all_full_bytes_per_token=20,
+                       capped=(CappedLayers(kind="sliding_attention", layers=1, cap_tokens=8, bytes_per_token=10),))
+# 10 B/token and a fixed 100 B state per sequence (a hybrid's recurrent layers).
+STATEFUL = KVFootprint(growing_layers=1, growing_bytes_per_token=10, all_full_bytes_per_token=20,
+                       state_kind="mamba2", state_layers=1, state_conv_bytes=20, state_ssm_bytes=80)
+# Every layer windowed at 4 tokens (Mistral v0.1's shape): a sequence stops growing at its window.
+CAPPED = KVFootprint(growing_layers=0, growing_bytes_per_token=0, all_full_bytes_per_token=10,
+                     capped=(CappedLayers(kind="sliding_attention", layers=1, cap_tokens=4, bytes_per_token=10),))
+
+
+def test_byte_pool_charges_each_sequence_its_footprint() -> None:
+    # 4 + 12 = 16 tokens, 4 blocks of 4: 10 x 16 + 10 x min(16, 8) = 240 B. A 480 B pool holds 2;
+    # at 20 B/token for all layers (320 B each) it would hold 1.
+    model = engine("reserve_wait", 24, kv_footprint=WINDOWED, kv_pool_bytes=480)
+    assert model.charge(4) == 240 and model.sequences_fitting(4, 12) == 2
+    state = EngineState(model, [4, 4, 4], [12, 12, 12])
+    for r in range(3):
+        state.submit(r)
+    state.step(0.0)
+    assert (len(state.running), list(state.waiting), state.free) == (2, [2], 0)
+
+
+def test_byte_pool_charges_the_state_up_front_and_growth_as_it_comes() -> None:
+    # grow_kill, pool 200 B: the first sequence's 4-token prompt takes 10 x 4 + 100 = 140 B; the
+    # second's 140 B do not fit the 60 left: killed. At its 5th token the first grows one block by
+    # 10 x 4 = 40 B (not 140: the state is paid once).
+    state, events = run(engine("grow_kill", 50, kv_footprint=STATEFUL, kv_pool_bytes=200), [4, 4], [3, 3])
+    assert times(events, KILLED) == {1: 0.0} and set(times(events, DONE)) == {0}
+    assert state.free == 200  # everything returned
+
+
+def test_capped_growth_costs_nothing_past_the_window() -> None:
+    # One 4-token window of 10 B/token: 40 B whatever the length, so a 40 B pool runs a 14-token
+    # sequence to its end; a block pool of the same 40 B (1 block of 4 tokens at 10 B) kills it.
+    _state, events = run(engine("grow_kill", 1, kv_footprint=CAPPED, kv_pool_bytes=40), [4], [10])
+    assert set(times(events, DONE)) == {0}
+    blocks, events = run(engine("grow_kill", 1), [4], [10])
+    assert blocks.killed == 1
+
+
+def test_footprint_and_byte_pool_go_together() -> None:
+    with pytest.raises(ValidationError, match="kv_footprint and kv_pool_bytes go together"):
+        engine("grow_kill", 4, kv_footprint=STATEFUL)
+
+
+def test_limits_pool_bytes_from_the_plan_or_the_stated_blocks() -> None:
+    where = dict(model="m", backend="python", parameters={"kv_policy": "grow_kill", "kv_block_tokens": "4"},
+                 footprint=STATEFUL)
+    planned = resolve_engine_limits(planned_pool_blocks=10, planned_pool_bytes=999, **where)
+    assert (planned.kv_pool_bytes, planned.kv_footprint) == (999, STATEFUL)  # the plan's budget itself
+    stated = resolve_engine_limits(**{**where, "parameters": {**where["parameters"], "kv_pool_blocks": "10"}},
+                                   planned_pool_bytes=999)
+    assert stated.kv_pool_bytes == 10 * 4 * 10  # 10 blocks of 4 tokens at the attention layers' 10 B/token
+    uniform = KVFootprint(growing_layers=1, growing_bytes_per_token=10, all_full_bytes_per_token=10)
+    classic = resolve_engine_limits(planned_pool_blocks=10, **{**where, "footprint": uniform})
+    assert classic.kv_pool_bytes is None and classic.kv_footprint is None  # a block pool, as before
+
+
+def test_a_planned_hybrid_engine_pools_its_budget_in_bytes(tmp_path) -> None:
+    from tritongen.core.plan import plan_deployment
+    from tritongen.specio import load_spec
+
+    loaded = load_spec(write_hybrid_spec(tmp_path))
+    entry = plan_deployment(loaded.spec, loaded.architectures).entry("nemotron-h-8b")
+    model = resolve_engine(measured=MeasuredEngine(curve=COSTS), **entry_sources(entry, loaded.spec.models[0]))
+    assert model.kv_pool_bytes == entry.kv.budget_bytes == 22_721_814_528
+    # 8192-token sequences at 236355584 B each (512 blocks of vLLM's 16 tokens, no rounding): 96 fit,
+    # as the plan said. A block pool of the attention layers' tokens (budget / (16 x 16384 B) = 86676
+    # blocks) would hold 169 and leave out the 102137856 B of Mamba2 state each of them carries.
+    assert model.sequences_fitting(4096, 4096) == 96 == entry.kv.max_sequences
+    assert model.kv_pool_blocks == 22_721_814_528 // (16 * 16384) == 86676
+    assert model.kv_pool_blocks // model.blocks_for(8192) == 169
 
 
 # ---------------------------------------------------------------------------------------------

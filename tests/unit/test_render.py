@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from tests.helpers import EXAMPLES, MODEL_REPOSITORY, cli, example_render
+from tests.helpers import EXAMPLES, MODEL_REPOSITORY, cli, example_render, write_hybrid_spec
 from tritongen.errors import BadInput
 from tritongen.render import builtin_templates_dir, drift, render_repository, write_repository
 from tritongen.specio import load_spec
@@ -144,38 +144,8 @@ def test_measured_pad_replaces_the_guess() -> None:
     assert "(measured prefill peak)" in text
 
 
-HYBRID_SPEC = """\
-version: 1
-name: hybrid-node
-hardware:
-  gpus:
-    - {{name: H100-SXM-80GB, memory_mb: 81559, count: 1}}
-models:
-  - name: nemotron-h-8b
-    backend: vllm
-    kind: llm
-    streaming: true
-    hf_model: nvidia/Nemotron-H-8B-Base-8K
-    architecture_config: {config}
-    weights: {{bytes: 16000000000}}
-    max_context: 8192
-    memory_quota_mb: 40000
-    inputs:
-      - {{name: text_input, data_type: STRING, dims: [1]}}
-      - {{name: stream, data_type: BOOL, dims: [1], optional: true}}
-      - {{name: sampling_parameters, data_type: STRING, dims: [1], optional: true}}
-    outputs:
-      - {{name: text_output, data_type: STRING, dims: [-1]}}
-traffic_classes:
-  - {{name: interactive, kind: interactive, priority: 1, p99_ms: 1500, share: 1.0}}
-policy: {{max_batch: 1024}}
-"""
-
-
 def test_hybrid_render_plans_more_sequences_and_says_why(tmp_path: Path) -> None:
-    spec = tmp_path / "hybrid.yaml"
-    spec.write_text(HYBRID_SPEC.format(config=EXAMPLES / "architectures" / "nemotron-h-8b-base-8k.json"))
-    result = render_repository(load_spec(spec))
+    result = render_repository(load_spec(write_hybrid_spec(tmp_path)))
     # Budget: 40000 MiB quota - 16e9 weights - 1024 MiB reserve - 2048 MiB pad = 22721814528 B.
     budget = 40000 * 2**20 - 16_000_000_000 - 1024 * 2**20 - 2048 * 2**20
     assert result.plan.entry("nemotron-h-8b").kv.budget_bytes == budget == 22_721_814_528

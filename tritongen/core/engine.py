@@ -25,6 +25,14 @@ KV policies (what an engine does when the pool runs dry):
   grow_kill     take blocks as tokens come; a sequence that needs a block when none is free is
                 killed (tinyllm, most home-made engines).
 
+A model whose layers do not all grow alike (sliding windows, chunks, a recurrent state: see
+`tritongen.core.kv.KVFootprint`) cannot be pooled in token blocks: a token costs more below a
+window than above it, and a sequence holds a fixed state before its first token. Its engine
+model carries the footprint and a pool in bytes (`kv_footprint`, `kv_pool_bytes`), and each
+sequence is charged `footprint.bytes_at(blocks x block_tokens)` for the blocks it holds, at
+admission and as it grows; the policies above are unchanged. Without a footprint the pool is in
+blocks and a sequence is charged its block count, as before.
+
 Pure and deterministic: no I/O, no clock, no randomness.
 """
 
@@ -34,7 +42,9 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tritongen.core.kv import KVFootprint
 
 KVPolicy = Literal["reserve_wait", "reserve_kill", "grow_preempt", "grow_kill"]
 KV_POLICIES: tuple[str, ...] = ("reserve_wait", "reserve_kill", "grow_preempt", "grow_kill")
@@ -77,19 +87,45 @@ class EngineModel(_Strict):
         default=None, ge=1, description="Prompt + max_tokens above this is refused at once (vLLM max_model_len)."
     )
     curve: LLMCurve
+    kv_footprint: KVFootprint | None = Field(
+        default=None,
+        description="How one sequence's cache grows per layer kind; with kv_pool_bytes, the pool is bytes "
+        "and a sequence is charged its exact footprint (module docstring). None: a block pool.",
+    )
+    kv_pool_bytes: int | None = Field(default=None, ge=1, description="The pool in bytes, with kv_footprint.")
     sources: dict[str, str] = Field(default_factory=dict, description="Field name -> where its value came from.")
+
+    @model_validator(mode="after")
+    def _byte_pool(self) -> EngineModel:
+        if (self.kv_footprint is None) != (self.kv_pool_bytes is None):
+            raise ValueError(
+                "kv_footprint and kv_pool_bytes go together: a byte pool needs each sequence's footprint, "
+                f"and a footprint a pool in bytes (got kv_pool_bytes={self.kv_pool_bytes})"
+            )
+        return self
 
     @property
     def pool_tokens(self) -> int:
         return self.kv_pool_blocks * self.kv_block_tokens
 
+    @property
+    def pool_units(self) -> int:
+        """The pool in the units sequences are charged in: bytes with a footprint, else blocks."""
+        return self.kv_pool_bytes if self.kv_pool_bytes is not None else self.kv_pool_blocks
+
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.kv_block_tokens)
 
+    def charge(self, blocks: int) -> int:
+        """What a sequence holding `blocks` blocks takes from the pool (`pool_units`)."""
+        if self.kv_footprint is None:
+            return blocks
+        return self.kv_footprint.bytes_at(blocks * self.kv_block_tokens)
+
     def sequences_fitting(self, prompt_tokens: int, output_tokens: int) -> int:
         """Sequences of this size the pool holds at their longest (at most max_num_seqs)."""
-        per = max(1, self.blocks_for(prompt_tokens + output_tokens))
-        return max(0, min(self.max_num_seqs, self.kv_pool_blocks // per))
+        per = max(1, self.charge(self.blocks_for(prompt_tokens + output_tokens)))
+        return max(0, min(self.max_num_seqs, self.pool_units // per))
 
 
 class EngineState:
@@ -105,10 +141,11 @@ class EngineState:
         self.output = output
         self.waiting: deque[int] = deque()
         self.running: list[int] = []  # in admission order: the last is preempted first
-        self.free_blocks = model.kv_pool_blocks
+        self.free = model.pool_units  # what is left of the pool, in pool units (blocks or bytes)
         self.cache_len: dict[int, int] = {}
         self.generated: dict[int, int] = {}
         self.blocks: dict[int, int] = {}
+        self.held: dict[int, int] = {}  # pool units each sequence holds (its blocks' charge)
         self.preemptions = 0
         self.killed = 0
         self.last_batch = 0  # sequences the last step worked on (decoded, else prefilled)
@@ -121,7 +158,8 @@ class EngineState:
         self.waiting.append(r)
 
     def _release(self, r: int) -> None:
-        self.free_blocks += self.blocks.pop(r, 0)
+        self.blocks.pop(r, None)
+        self.free += self.held.pop(r, 0)
         self.cache_len.pop(r, None)
 
     def _admission_need(self, r: int) -> tuple[int, int]:
@@ -155,13 +193,14 @@ class EngineState:
                 continue
             need, tokens = self._admission_need(r)
             whole = need if m.kv_policy != "grow_preempt" else m.blocks_for(prompt + out)
-            if whole > m.kv_pool_blocks:  # could never run to its end (or would preempt itself forever)
+            cost = m.charge(need)
+            if m.charge(whole) > m.pool_units:  # could never run to its end (or would preempt itself forever)
                 self.waiting.popleft()
                 events.append((r, REFUSED, t))
                 continue
             if m.max_batched_tokens is not None and admitted and batched + tokens > m.max_batched_tokens:
                 break  # the step's token budget is spent: the head goes in the next step
-            if need > self.free_blocks:
+            if cost > self.free:
                 if m.kv_policy in ("reserve_kill", "grow_kill"):
                     self.waiting.popleft()
                     self.killed += 1
@@ -169,8 +208,9 @@ class EngineState:
                     continue
                 break  # held back until running sequences free their blocks
             self.waiting.popleft()
-            self.free_blocks -= need
+            self.free -= cost
             self.blocks[r] = need
+            self.held[r] = cost
             batched += tokens
             admitted.append((r, tokens))
         for r, tokens in admitted:
@@ -202,7 +242,9 @@ class EngineState:
         return t, events
 
     def _grow(self, t: float, events: list[tuple[int, str, float]]) -> list[int]:
-        """The decode batch, after each sequence got the block its next token needs."""
+        """The decode batch, after each sequence got the block its next token needs (a block
+        costs one unit of a block pool; on a byte pool, what the footprint grows by, which is
+        nothing once every growing layer is capped)."""
         m = self.model
         T = m.kv_block_tokens
         if m.kv_policy in ("reserve_wait", "reserve_kill"):
@@ -212,21 +254,23 @@ class EngineState:
         while i < len(self.running):
             r = self.running[i]
             if self.cache_len[r] // T >= self.blocks[r]:
-                if self.free_blocks == 0 and m.kv_policy == "grow_kill":
+                extra = m.charge(self.blocks[r] + 1) - self.held[r]
+                if self.free < extra and m.kv_policy == "grow_kill":
                     self.running.pop(i)
                     self.killed += 1
                     self._release(r)
                     self.generated.pop(r, None)
                     events.append((r, KILLED, t))
                     continue
-                while self.free_blocks == 0:
+                while self.free < extra:
                     victim = self.running[-1]
                     self._preempt(victim)
                     if victim == r:
                         break
                 if r not in self.blocks:  # preempted itself: nothing left to make room from
                     continue
-                self.free_blocks -= 1
+                self.free -= extra
+                self.held[r] += extra
                 self.blocks[r] += 1
             batch.append(r)
             i += 1

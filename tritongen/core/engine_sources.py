@@ -16,6 +16,12 @@ documented `engine:` section, then what the profile measured.
 
 Two sources that both state a value and disagree are an error naming both: the simulation would
 otherwise model an engine the server does not run.
+
+A model whose layers do not all grow alike (a footprint that is not uniform: windows, chunks, a
+recurrent state) gets a pool in bytes beside the blocks (`EngineLimits.kv_pool_bytes`, see
+tritongen.core.engine): the KV plan's budget when the plan sized the pool, else the stated pool
+read as that many tokens of every attention layer (blocks x block tokens x the attention layers'
+bytes per token), which is what a block of an engine that pages attention tokens holds.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 from tritongen.core.engine import KV_POLICIES, EngineModel, LLMCurve
+from tritongen.core.kv import KVFootprint
 from tritongen.core.spec import EngineSection
 
 # tritongen's documented engine parameters (config.pbtxt `parameters`), read for backends other
@@ -138,6 +145,8 @@ class EngineLimits:
     max_batched_tokens: int | None
     max_context: int | None
     sources: dict[str, str]
+    kv_footprint: KVFootprint | None = None  # set, with kv_pool_bytes, for a model that is not uniform
+    kv_pool_bytes: int | None = None
 
     @property
     def pool_tokens(self) -> int:
@@ -164,6 +173,8 @@ def entry_sources(entry, model) -> dict[str, object]:
         model=entry.name, backend=entry.backend, parameters=entry.parameters, engine_args=entry.engine_args,
         spec=model.engine, max_context=model.max_context, max_batch_size=entry.max_batch_size,
         planned_pool_blocks=entry.kv.pool_blocks if entry.kv is not None else None,
+        footprint=entry.kv.footprint if entry.kv is not None else None,
+        planned_pool_bytes=entry.kv.budget_bytes if entry.kv is not None else None,
     )
 
 
@@ -179,9 +190,12 @@ def resolve_engine_limits(
     max_context: int | None = None,
     max_batch_size: int = 0,
     planned_pool_blocks: int | None = None,
+    footprint: KVFootprint | None = None,
+    planned_pool_bytes: int | None = None,
 ) -> EngineLimits:
     """The KV policy, pool and sequence limits of one decoupled LLM, each labelled with its source;
-    `measured` (optional here) adds what the profile saw of the pool."""
+    `measured` (optional here) adds what the profile saw of the pool. With a `footprint` that is
+    not uniform the pool is in bytes too (module docstring)."""
     claims = _Claims(model)
     if backend == "vllm":
         _from_vllm(claims, engine_args or {})
@@ -243,7 +257,8 @@ def resolve_engine_limits(
     if pool_blocks is None and measured is not None and measured.kv_capacity_tokens:
         pool_blocks = measured.kv_capacity_tokens // block
         sources["kv_pool_blocks"] = f"the profile ({measured.kv_capacity_source})"
-    if pool_blocks is None and planned_pool_blocks:
+    from_plan = pool_blocks is None and bool(planned_pool_blocks)
+    if from_plan:
         pool_blocks, sources["kv_pool_blocks"] = planned_pool_blocks, "tritongen's KV plan (budget / block bytes)"
     if not pool_blocks:
         raise EngineSourceError(
@@ -261,6 +276,12 @@ def resolve_engine_limits(
             seqs = int(pool_blocks)  # type: ignore[arg-type]
             sources["max_num_seqs"] = "no limit stated: the pool bounds it"
     batched = claims.get("max_batched_tokens")
+    pool_bytes = None
+    if footprint is not None and not footprint.uniform:
+        pool_bytes = planned_pool_bytes if from_plan and planned_pool_bytes else (
+            int(pool_blocks) * block * footprint.kv_bytes_per_token)  # type: ignore[call-overload]
+        sources["kv_pool_bytes"] = (sources["kv_pool_blocks"] + (", as bytes" if from_plan else
+                                    ", read as tokens of every attention layer"))
     return EngineLimits(
         kv_policy=str(policy),
         kv_block_tokens=block,
@@ -269,6 +290,8 @@ def resolve_engine_limits(
         max_batched_tokens=int(batched) if batched is not None else None,  # type: ignore[arg-type]
         max_context=claims.get("max_context"),  # type: ignore[arg-type]
         sources=sources,
+        kv_footprint=footprint if pool_bytes else None,
+        kv_pool_bytes=pool_bytes or None,
     )
 
 
