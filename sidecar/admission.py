@@ -1038,8 +1038,9 @@ class AdmissionState:
         return worst
 
     def oom_risk(self, model: str) -> float | None:
-        """The leading out-of-memory indicator: in-flight sequences x mean sequence length x KV bytes
-        per token, over the model's KV budget. Above 1 an engine that allocates as it goes runs out."""
+        """The leading out-of-memory indicator: in-flight sequences x the KV bytes a sequence of the
+        mean length holds (KVCost.bytes_at: bytes per token x length for a classic model), over the
+        model's KV budget. Above 1 an engine that allocates as it goes runs out."""
         policy = self.policy.model_named(model)
         if policy is None or policy.kv is None or not policy.memory_quota_bytes:
             return None
@@ -1049,7 +1050,7 @@ class AdmissionState:
             live = [r.request.cost.tokens / max(1, r.request.cost.sequences)
                     for r in self._reservations.values() if r.request.model == model and r.lingering_until is None]
             mean = sum(live) / len(live) if live else 0.0
-        return seqs * mean * policy.kv.bytes_per_token / policy.memory_quota_bytes
+        return seqs * policy.kv.bytes_at(mean) / policy.memory_quota_bytes
 
     # -- read-only views --------------------------------------------------------------------------
 

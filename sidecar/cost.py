@@ -1,8 +1,11 @@
 """A request's memory cost from what it asks for. Pure arithmetic over the policy's cost model.
 
 LLM: for each sequence, (prompt tokens + requested output tokens), clamped to max_context and
-rounded up to whole KV blocks, x KV bytes per token; plus the profiled prefill peak for the prompt
-length (held only until the first token). Classic: the per-request memory the policy names.
+rounded up to whole KV blocks, and the KV bytes a sequence of that length holds (`KVCost.bytes_at`:
+bytes per token for a classic model; for a hybrid, the growing layers per token, the windowed or
+chunked layers up to their caps and the fixed recurrent state); plus the profiled prefill peak for
+the prompt length (held only until the first token). Classic: the per-request memory the policy
+names.
 
 A request that can never run is marked (`Cost.never`) rather than clamped, so the sidecar refuses
 it at once instead of letting the engine kill it: output tokens of max_context or more (no prompt
@@ -82,8 +85,9 @@ def sequence_tokens(
 
 
 def kv_bytes_for(kv: KVCost, tokens: int) -> int:
+    """KV bytes one sequence of `tokens` tokens is charged: its whole blocks at their footprint."""
     blocks = math.ceil(tokens / kv.block_tokens)
-    return math.ceil(blocks * kv.block_tokens * kv.bytes_per_token)
+    return math.ceil(kv.bytes_at(blocks * kv.block_tokens))
 
 
 def llm_cost(kv: KVCost, facts: LLMFacts) -> Cost:

@@ -83,8 +83,17 @@ class PrefillPoint(_Strict):
 KVPolicyName = Literal["reserve_wait", "reserve_kill", "grow_preempt", "grow_kill"]
 
 
+class CappedKV(_Strict):
+    """Layers whose cache stops growing at a cap: sliding windows, Llama 4's chunked attention."""
+
+    cap_tokens: int = Field(ge=1, description="Tokens these layers keep at most (the window, or one chunk).")
+    bytes_per_token: float = Field(gt=0, description="Bytes a token adds to these layers (per rank), up to the cap.")
+
+
 class KVCost(_Strict):
-    """How an LLM request's memory is computed: (prompt + output tokens) x bytes per token.
+    """How an LLM request's memory is computed: at its length L (prompt + output tokens, in whole
+    blocks), `bytes_per_token x L + sum(capped bytes_per_token x min(L, cap)) + state_bytes`; for a
+    classic model (no capped layers, no state) that is L x bytes per token.
 
     `kv_policy` says what the engine does with it (tritongen/core/engine.py): engines that reserve
     at admission (reserve_wait, reserve_kill) or kill when they run dry (grow_kill) get each
@@ -92,8 +101,19 @@ class KVCost(_Strict):
     a grow-and-preempt engine (vLLM) never kills, so it is admitted by its sequence limit and the
     predicted wait alone, and no KV is reserved for it."""
 
-    bytes_per_token: float = Field(gt=0, description="KV-cache bytes per token (per rank).")
+    bytes_per_token: float = Field(
+        ge=0, description="KV-cache bytes per token (per rank) of the layers that keep every token; for a classic "
+        "model, of every layer."
+    )
     bytes_per_token_source: Literal["profile", "analytic"] = Field(description="Where bytes_per_token comes from.")
+    capped: list[CappedKV] = Field(
+        default_factory=list, description="Layers that stop growing at a cap, each with the bytes a token adds to "
+        "them below it (tritongen.core.kv.KVFootprint). Empty: none, every layer grows with the sequence."
+    )
+    state_bytes: int = Field(
+        default=0, ge=0, description="Fixed bytes one sequence holds whatever its length: the states of linear-"
+        "attention and Mamba layers (per rank)."
+    )
     block_tokens: int = Field(default=1, ge=1, description="Paged engines allocate whole blocks of this many tokens.")
     max_context: int = Field(
         ge=1, description="Prompt + output tokens at most. A request asking for more output than this is refused at "
@@ -133,6 +153,20 @@ class KVCost(_Strict):
     def reserves(self) -> bool:
         """Whether admission reserves each request's KV footprint (every policy but grow_preempt)."""
         return self.kv_policy != "grow_preempt"
+
+    @model_validator(mode="after")
+    def _costs_something(self) -> KVCost:
+        if self.bytes_per_token == 0 and not self.capped and self.state_bytes == 0:
+            raise ValueError("kv: bytes_per_token is 0 and there are no capped layers and no state_bytes: a sequence "
+                             "would cost nothing; give the model's KV bytes per token")
+        return self
+
+    def bytes_at(self, tokens: float) -> float:
+        """Bytes one sequence of `tokens` tokens holds (every layer kind as it grows; 0 when empty)."""
+        if tokens <= 0:
+            return 0.0
+        capped = sum(c.bytes_per_token * min(tokens, c.cap_tokens) for c in self.capped)
+        return self.bytes_per_token * tokens + capped + self.state_bytes
 
     @field_validator("prefill_peak")
     @classmethod
@@ -426,7 +460,7 @@ class SidecarPolicy(_Strict):
             kv = model.kv
             if kv is None or model.memory_quota_bytes is None or not kv.reserves:
                 continue
-            smallest = math.ceil(kv.block_tokens * kv.bytes_per_token)
+            smallest = math.ceil(kv.bytes_at(kv.block_tokens))
             if model.memory_quota_bytes < smallest:
                 raise ValueError(
                     f"models[{i}] ({model.name!r}): memory_quota_bytes {model.memory_quota_bytes} is below one KV "

@@ -37,6 +37,7 @@ from sidecar.cost import (
     sequence_tokens,
 )
 from sidecar.policy import (
+    CappedKV,
     ConcurrencyPolicy,
     KVCost,
     PrefillPoint,
@@ -813,6 +814,20 @@ def test_llm_cost_rounds_to_blocks() -> None:
     assert cost.kv_bytes == 4 * 16 * 512  # ceil(60 / 16) = 4 blocks
     assert cost.prefill_bytes == 0 and cost.sequences == 1
     assert kv_bytes_for(KV, 64) == 4 * 16 * 512 and kv_bytes_for(KV, 65) == 5 * 16 * 512
+
+
+def test_llm_cost_of_a_hybrid_is_its_footprint_at_its_own_length() -> None:
+    # 10 B/token on the growing layers, 5 B/token on layers capped at 32 tokens, 1000 B of state.
+    hybrid = KV.model_copy(update={"bytes_per_token": 10.0, "state_bytes": 1000,
+                                   "capped": [CappedKV(cap_tokens=32, bytes_per_token=5.0)]})
+    # 20 + 40 = 60 tokens -> 4 blocks of 16 = 64: 10 x 64 + 5 x min(64, 32) + 1000 = 1800
+    assert llm_cost(hybrid, LLMFacts(prompt_bytes=[20], max_tokens=[40])).kv_bytes == 640 + 160 + 1000 == 1800
+    # 1 token still holds one block and the whole state: 10 x 16 + 5 x 16 + 1000
+    assert kv_bytes_for(hybrid, 1) == 1240 and kv_bytes_for(hybrid, 0) == 0
+    # A policy written before hybrids (no capped, no state) charges bytes per token x length as before.
+    assert KV.capped == [] and KV.state_bytes == 0 and kv_bytes_for(KV, 64) == 64 * 512
+    with pytest.raises(ValueError, match="a sequence would cost nothing"):
+        KVCost(bytes_per_token=0, bytes_per_token_source="analytic", max_context=16)
 
 
 def test_llm_cost_defaults_and_clamps() -> None:

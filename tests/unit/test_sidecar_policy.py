@@ -17,7 +17,8 @@ from sidecar.policy import (
     parse_policy,
     parse_policy_text,
 )
-from tests.helpers import EXAMPLES, cli
+from sidecar.cost import kv_bytes_for
+from tests.helpers import EXAMPLES, cli, write_hybrid_spec
 from tritongen.core import sidecar_policy as core_policy
 from tritongen.core.plan import plan_deployment
 from tritongen.core.profile_types import Profile
@@ -137,6 +138,22 @@ def profile(model_name: str, **memory: Any) -> Profile:
              "converged": True, "window_tokens_per_s": [32], "tokens_per_s": 32, "stream_tokens_per_s_p50": 32,
              "ttft_p50_ms": 5, "ttft_p99_ms": 9, "itl_p50_ms": 3, "itl_p99_ms": 20}]},
     })
+
+
+def test_a_hybrid_model_is_charged_its_footprint_at_its_own_length(tmp_path: Path) -> None:
+    loaded = load_spec(write_hybrid_spec(tmp_path))
+    doc = build_sidecar_policy(loaded.spec, plan_deployment(loaded.spec, loaded.architectures))
+    kv = model(doc, "nemotron-h-8b")["kv"]
+    # 4 attention layers x 4096 B a token grow; 24 Mamba2 layers hold 4255744 B each (test_kv HYBRID).
+    assert kv["bytes_per_token"] == 16384 and kv["capped"] == [] and kv["state_bytes"] == 102_137_856
+    assert kv["engine_pool_bytes"] == 22_721_814_528  # the plan's budget, in bytes
+    cost = parse_policy(doc).model_named("nemotron-h-8b").kv
+    # 1000 + 24 tokens = 64 blocks of 16: 1024 x 16384 + 102137856; at 8192 tokens 236355584 B,
+    # where bytes per token x length (1024 x 16384 = 16777216) would miss the state.
+    assert kv_bytes_for(cost, 1000 + 24) == 1024 * 16384 + 102_137_856 == 118_915_072
+    assert kv_bytes_for(cost, 8192) == 236_355_584
+    note = next(n for n in doc["notes"] if n.startswith("nemotron-h-8b: engine"))
+    assert "16384 KV bytes/token (analytic); on the growing layers only; 102137856 B of fixed state a sequence" in note
 
 
 def test_profile_numbers_win_over_arithmetic() -> None:

@@ -6,7 +6,11 @@ number comes from the same arithmetic the configs were rendered from:
 
 * LLM cost: KV bytes per token measured by the profile (`memory.kv_bytes_per_token_measured`)
   when there is one (and it is not below the arithmetic), else the analytic `kv_shape` figure of
-  the plan; the profiled prefill peak per prompt length (`memory.prefill`); prompt bytes per
+  the plan; for a model whose layers do not all grow alike (windows, chunks, a recurrent state),
+  the plan's footprint instead: bytes per token of the growing layers, the capped layers with
+  their caps and the fixed state bytes, so the sidecar charges each request its exact footprint at
+  its own length (a single measured bytes/token cannot say how those layers grow, so it is not
+  used for them); the profiled prefill peak per prompt length (`memory.prefill`); prompt bytes per
   token from the spec, else the backend's own token counts in the profile, else 1 (the bound
   that never under-counts); the prompt and max_tokens inputs of the model's interface.
 * LLM limits: the engine the model runs (engine_sources: vLLM's model.json, TensorRT-LLM's
@@ -41,7 +45,7 @@ from tritongen.core.engine_sources import (
     measured_from_profile,
     resolve_engine_limits,
 )
-from tritongen.core.kv import weight_bytes
+from tritongen.core.kv import KVFootprint, weight_bytes
 from tritongen.core.llm_interface import LLMInterface, UnknownInterface, plan_entry_interface
 from tritongen.core.plan import DeploymentPlan, ModelEntryPlan, default_class
 from tritongen.core.profile_types import Profile
@@ -181,11 +185,17 @@ def _llm_entry(
     assert kv is not None
     memory = profile.memory if profile is not None else None
     measured = memory.kv_bytes_per_token_measured if memory is not None else None
+    hybrid = kv.footprint if kv.footprint is not None and not kv.footprint.uniform else None
     # The measured figure when there is one; but never below the arithmetic, which is what a
     # pre-allocated pool of whole blocks holds per token (a low measurement is noise, not savings).
-    source = "profile" if measured and measured >= kv.kv_bytes_per_token else "analytic"
+    source = "profile" if measured and measured >= kv.kv_bytes_per_token and hybrid is None else "analytic"
     bpt: float = float(measured) if source == "profile" else float(kv.kv_bytes_per_token)
-    if measured and source == "analytic":
+    if hybrid is not None:
+        bpt = float(hybrid.growing_bytes_per_token)
+        if measured:
+            notes.append(f"{entry.name}: measured {measured:g} KV bytes/token is not used: the model's layers do not "
+                         "all grow alike, and its footprint is charged by layer kind")
+    elif measured and source == "analytic":
         notes.append(
             f"{entry.name}: measured {measured:g} KV bytes/token is below the analytic "
             f"{kv.kv_bytes_per_token}; the analytic figure is used"
@@ -211,6 +221,11 @@ def _llm_entry(
         max_context = limits.max_context or model.max_context
         pool_from = limits.sources.get("kv_pool_blocks", "?")
     engine_pool = math.ceil(pool_tokens * bpt)
+    if hybrid is not None:
+        # The pool in bytes, as the engine model holds it (engine_sources): the plan's budget, or a
+        # stated pool read as tokens of every attention layer.
+        engine_pool = (limits.kv_pool_bytes if limits is not None and limits.kv_pool_bytes
+                       else kv.budget_bytes if limits is None else pool_tokens * hybrid.kv_bytes_per_token)
     reserves = policy != "grow_preempt"
     out: dict[str, Any] = {
         "kv": {
@@ -228,25 +243,47 @@ def _llm_entry(
             "preallocated": True,
             "prefill_peak": [{"prompt_tokens": t, "peak_bytes": b} for t, b in prefill],
             "prefill_peak_source": "profile" if prefill else "none",
+            **_footprint_fields(hybrid),
         },
         "memory_quota_bytes": engine_pool * engines if reserves else None,
         "max_inflight": max(1, seqs * engines),
         "release_grace_ms": grace,
     }
     typical = (model.typical_prompt_tokens or 0) + (model.typical_output_tokens or 0)
-    fitting = f"{pool_tokens // (-(-typical // block) * block)} sequences of the typical {typical} tokens" if typical else "?"
+    whole = -(-typical // block) * block
+    per_typical = hybrid.bytes_at(whole) if hybrid is not None else whole * bpt
+    fitting = f"{int(engine_pool // per_typical)} sequences of the typical {typical} tokens" if typical else "?"
     admits = ("each request's own footprint (prompt + max_tokens) reserved against the pool"
               if reserves else "no KV reservation (the engine preempts, never kills): its sequence limit and the "
               "predicted wait")
     notes.append(
-        f"{entry.name}: engine {policy or 'kv_policy unknown'}: pool {pool_tokens} tokens in blocks of {block} "
+        f"{entry.name}: engine {policy or 'kv_policy unknown'}: pool "
+        f"{f'{engine_pool} bytes' if hybrid is not None else f'{pool_tokens} tokens'} in blocks of {block} "
         f"({pool_from}; {fitting} fit), {seqs} sequences x {engines} engine(s) in flight; admits by {admits}; "
-        f"{bpt:g} KV bytes/token ({source}); prompts "
+        f"{bpt:g} KV bytes/token ({source})"
+        f"{'; ' + _footprint_note(hybrid) if hybrid is not None else ''}; prompts "
         f"{'counted by ' + model.tokenizer.name + ', else ' if model.tokenizer else ''}at {prompt_bpt:g} bytes/token "
         f"({prompt_bpt_source}); "
         f"prefill peaks: {len(prefill) or 'none'}"
     )
     return out
+
+
+def _footprint_fields(footprint: KVFootprint | None) -> dict[str, Any]:
+    """The policy's per-sequence description of a model that is not uniform (sidecar/policy.py
+    KVCost.capped, state_bytes); nothing for a classic one, whose policy stays as it was."""
+    if footprint is None:
+        return {}
+    return {
+        "capped": [{"cap_tokens": c.cap_tokens, "bytes_per_token": c.bytes_per_token} for c in footprint.capped],
+        "state_bytes": footprint.state_bytes,
+    }
+
+
+def _footprint_note(footprint: KVFootprint) -> str:
+    caps = ", ".join(f"{c.bytes_per_token} B/token up to {c.cap_tokens} tokens" for c in footprint.capped)
+    return (f"on the growing layers only{'; capped layers ' + caps if caps else ''}"
+            f"{f'; {footprint.state_bytes} B of fixed state a sequence' if footprint.state_layers else ''}")
 
 
 def _engine_limits(model: ModelSpec, entry: ModelEntryPlan, profile: Profile | None) -> EngineLimits | None:
