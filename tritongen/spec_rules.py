@@ -103,13 +103,16 @@ def kv_capacity(configs: dict[str, ModelConfig], plan: DeploymentPlan) -> list[F
         if config is None or entry.kv is None:
             continue
         kv = entry.kv
+        # A hybrid's sequence is not tokens x bytes/token (windows, chunks, fixed state): say so.
+        how = (f"{kv.context_tokens} tokens x {kv.kv_bytes_per_token} B" if kv.footprint is None or kv.footprint.uniform
+               else f"{kv.context_tokens} tokens, each layer kind as it grows")
         for sequences, field in _sequences_of(config, entry):
             need = sequences * kv.bytes_per_sequence
             if need > kv.budget_bytes:
                 findings.append(Finding(
                     "error", "TG303", entry.name, field,
                     f"{field} {sequences} x {kv.bytes_per_sequence / MIB:.2f} MiB per sequence "
-                    f"({kv.context_tokens} tokens x {kv.kv_bytes_per_token} B) = {need / MIB:.1f} MiB exceeds "
+                    f"({how}) = {need / MIB:.1f} MiB exceeds "
                     f"the KV budget {kv.budget_bytes / MIB:.1f} MiB; full-context requests will run out of memory",
                     f"lower {field} to {kv.max_sequences} (what the budget holds), or raise memory_quota_mb",
                 ))
