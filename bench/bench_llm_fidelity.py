@@ -36,7 +36,7 @@ from tritongen.core.simulator import ModelSim, Overheads, ServerSim, simulate  #
 from tritongen.core.traffic import TrafficSpec, generate_arrivals  # noqa: E402
 from tritongen.engine_files import vllm_engine_args  # noqa: E402
 from tritongen.loadgen import LoadTarget, run_load  # noqa: E402
-from tritongen.profiler.memory import parse_metrics  # noqa: E402
+from tritongen.core.prometheus import parse_prometheus  # noqa: E402
 from tritongen.profiler.run import Endpoints, Profiler, TritonAdmin, default_settings, resolve_targets  # noqa: E402
 from tritongen.server import ServerOptions, TritonServer  # noqa: E402
 
@@ -81,7 +81,7 @@ def preemptions(server: TritonServer) -> float:
     import httpx
 
     text = httpx.get(server.metrics_url, timeout=10).text
-    return sum(s.value for s in parse_metrics(text) if s.name == "vllm:num_preemptions_total")
+    return sum(s.value for s in parse_prometheus(text) if s.name == "vllm:num_preemptions_total")
 
 
 def rel(a: float | None, b: float | None) -> str:

@@ -66,7 +66,7 @@ from tritongen.core.spec import ModelSpec, TrafficClass  # noqa: E402
 from tritongen.core.traffic import Arrivals, TrafficSpec, generate_arrivals  # noqa: E402
 from tritongen.engine_files import vllm_engine_args  # noqa: E402
 from tritongen.loadgen import LoadResult, LoadTarget, run_load  # noqa: E402
-from tritongen.profiler.memory import parse_metrics  # noqa: E402
+from tritongen.core.prometheus import parse_prometheus  # noqa: E402
 from tritongen.server import ServerOptions, TritonServer  # noqa: E402
 from tritongen.sidecar_process import SidecarProcess  # noqa: E402
 from tritongen.specio import load_spec  # noqa: E402
@@ -214,7 +214,7 @@ def preemptions(server: TritonServer, model: str) -> float | None:
         text = httpx.get(server.metrics_url, timeout=10).text
     except httpx.HTTPError:
         return None
-    values = [s.value for s in parse_metrics(text)
+    values = [s.value for s in parse_prometheus(text)
               if s.name == "vllm:num_preemptions_total" and s.labels.get("model", model) == model]
     return sum(values) if values else None
 

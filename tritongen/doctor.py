@@ -11,7 +11,6 @@ does the I/O. The HTTP client, the clock and the sleep are injectable.
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from tritongen.core.diagnosis import (
     window_from_samples,
 )
 from tritongen.core.engine_window import engine_windows, sidecar_windows
+from tritongen.core.prometheus import parse_prometheus
 from tritongen.core.spec import entry_names_of
 from tritongen.errors import BadInput, RunFailed
 from tritongen.reach import HTTP, METRICS, derived, unreachable
@@ -78,43 +78,21 @@ def endpoints(urls: Sequence[str], metrics_urls: Sequence[str], sidecar_metrics:
     return out
 
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+-?\d+)?\s*$")
-_UNESCAPE = re.compile(r"\\(.)")
-
-
-def _unescape(match: re.Match[str]) -> str:
-    return "\n" if match.group(1) == "n" else match.group(1)
-
-
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
-
-
 def parse_metrics(text: str) -> dict:
-    """Prometheus text format -> {(sample name as written, sorted labels): value}.
+    """Prometheus text -> {(sample name as written, sorted labels): value}, a repeated series summed.
 
-    A small parser on purpose: prometheus_client's renames counter samples to `<name>_total`, and
-    Triton's counters (`nv_inference_request_success`) carry no such suffix.
+    Parsed by tritongen.core.prometheus, which keeps every name as written: prometheus_client's
+    parser renames counter samples to `<name>_total`, and Triton's counters
+    (`nv_inference_request_success`) carry no such suffix.
     """
+    try:
+        samples = parse_prometheus(text, strict=True)
+    except ValueError:
+        raise RunFailed("the metrics endpoint did not return Prometheus text format") from None
     out: dict = {}
-    bad = 0
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if not match:
-            bad += 1
-            continue
-        name, raw_labels, raw_value = match.groups()
-        labels = tuple(sorted((k, _UNESCAPE.sub(_unescape, v)) for k, v in _LABEL.findall(raw_labels or "")))
-        try:
-            value = float(raw_value)
-        except ValueError:
-            bad += 1
-            continue
-        out[(name, labels)] = out.get((name, labels), 0.0) + value
-    if bad and not out:
-        raise RunFailed("the metrics endpoint did not return Prometheus text format")
+    for sample in samples:
+        key = (sample.name, tuple(sorted(sample.labels.items())))
+        out[key] = out.get(key, 0.0) + sample.value
     return out
 
 

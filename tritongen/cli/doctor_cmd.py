@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tritongen.cli.main import app
+from tritongen.cli.app import app
 from tritongen.core.diagnosis import (
     CODES,
     ServerSnapshot,

@@ -32,10 +32,10 @@ from tritongen.client import infer_inputs, numpy_inputs
 from tritongen.core.engine_metrics import TRTLLM_BLOCK_TYPE, TRTLLM_KV_BLOCKS, VLLM_USAGE_GAUGES, is_out_of_memory
 from tritongen.core.engine_sources import VLLM_DEFAULT_BLOCK_SIZE
 from tritongen.core.llm_interface import LLMInterface, UnknownInterface, interface_from_config, prompt_of
+from tritongen.core.prometheus import kv_gauges, parse_prometheus
 from tritongen.core.profile_types import DecodeSample, EngineMeasurement, PrefillSample
 from tritongen.errors import BadInput, RunFailed
 from tritongen.profiler.load import ModelFailed, StreamLoad, StreamRecord
-from tritongen.profiler.memory import kv_gauges, parse_metrics
 from tritongen.reach import GRPC, grpc_reason, grpc_unreached, unreachable_message
 
 PROFILE_GRPC = "--grpc-url; by default port 8001 on the --url host"  # how the profile's gRPC address is set
@@ -284,7 +284,7 @@ class EngineProfiler:
     def _families(self) -> list:
         """This model's samples (and those with no model label, e.g. an engine's server-wide gauges)."""
         text = self.admin.metrics()
-        samples = parse_metrics(text) if text else []
+        samples = parse_prometheus(text) if text else []
         return [x for x in samples if x.labels.get("model", self.model) == self.model]
 
     def capacity(self, bpt: float) -> tuple[int | None, int | None, str | None, str | None, list[str]]:

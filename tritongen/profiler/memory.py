@@ -24,9 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-# profiler/engine.py still imports these two from here (TODO issue 18: from tritongen.core.prometheus)
-from tritongen.core.prometheus import kv_gauges  # noqa: F401
-from tritongen.core.prometheus import parse_prometheus as parse_metrics  # noqa: F401
 from tritongen.nvml import Nvml, NvmlUnavailable
 
 STUB_NAME = "triton_python_backend_stub"
