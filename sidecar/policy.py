@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     ValidationError,
@@ -34,10 +33,11 @@ from pydantic import (
     model_validator,
 )
 
+from tritongen.core.file_names import POLICY_FILE  # noqa: F401  (the name the policy file goes by)
+from tritongen.core.strict import Strict
 from tritongen.errors import BadInput
 
 POLICY_VERSION = 1
-POLICY_FILE = "sidecar_policy.json"
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 NAME_MAX_LENGTH = 128
@@ -51,8 +51,10 @@ class PolicyError(BadInput):
     """The policy file is missing, not JSON, or does not validate; the message lists every problem."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+class _Strict(Strict):
+    """Strict, and defaults validated too: a policy is a file."""
+
+    model_config = ConfigDict(validate_default=True)
 
 
 class ClassPolicy(_Strict):
@@ -494,9 +496,6 @@ class SidecarPolicy(_Strict):
 
     def model_named(self, name: str) -> ModelPolicy | None:
         return next((m for m in self.models if m.name == name), None)
-
-    def device_named(self, name: str) -> DevicePolicy | None:
-        return next((d for d in self.devices if d.id == name), None)
 
     def tenant_quota(self, name: str) -> TenantQuota | None:
         """The quota a tenant gets: its own if listed, else `default_tenant` (None: unlimited)."""

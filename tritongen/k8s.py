@@ -53,12 +53,12 @@ import yaml
 from tritongen import __version__
 from tritongen.core.capacity import MINUTES_PER_DAY, CapacityPlan, PrewarmStep, fmt_time
 from tritongen.core.plan import DeploymentPlan, ModelEntryPlan
-from tritongen.core.sidecar_policy import POLICY_FILE as SIDECAR_POLICY_FILE
+from tritongen.core.file_names import POLICY_FILE as SIDECAR_POLICY_FILE
+from tritongen.core.file_names import SERVER_FLAGS_FILE
 from tritongen.core.spec import DeploymentSpec
 from tritongen.dashboard import DashboardOptions, dashboard_json, dashboard_uid
 from tritongen.errors import BadInput
 from tritongen.render import RenderedRepository, builtin_templates_dir
-from tritongen.server_flags import SERVER_FLAGS_FILE
 
 DEFAULT_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
 VLLM_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-vllm-python-py3"

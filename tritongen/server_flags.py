@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SERVER_FLAGS_FILE = "server_flags.txt"
+from tritongen.core.file_names import SERVER_FLAGS_FILE
+
+__all__ = ["SERVER_FLAGS_FILE", "flags_near", "read_flags_file", "server_flags_from"]
 
 
 def read_flags_file(path: Path) -> list[str]:

@@ -42,9 +42,10 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from tritongen.core.kv import KVFootprint
+from tritongen.core.strict import Strict
 
 KVPolicy = Literal["reserve_wait", "reserve_kill", "grow_preempt", "grow_kill"]
 KV_POLICIES: tuple[str, ...] = ("reserve_wait", "reserve_kill", "grow_preempt", "grow_kill")
@@ -53,11 +54,7 @@ KV_POLICIES: tuple[str, ...] = ("reserve_wait", "reserve_kill", "grow_preempt", 
 FIRST, DONE, KILLED, REFUSED = "first", "done", "killed", "refused"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class LLMCurve(_Strict):
+class LLMCurve(Strict):
     """Step costs of a continuous-batching engine, in milliseconds."""
 
     prefill_fixed_ms: float = Field(default=0.0, ge=0, description="Fixed cost of one prefill.")
@@ -73,7 +70,7 @@ class LLMCurve(_Strict):
         return self.decode_fixed_ms + self.decode_ms_per_seq * seqs + self.decode_ms_per_context_token * context_tokens
 
 
-class EngineModel(_Strict):
+class EngineModel(Strict):
     """What the simulator needs to know about one engine, with where each value came from."""
 
     kv_policy: KVPolicy = Field(description="What the engine does when its KV pool runs dry (module docstring).")

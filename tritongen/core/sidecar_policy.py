@@ -45,6 +45,7 @@ from tritongen.core.engine_sources import (
     measured_from_profile,
     resolve_engine_limits,
 )
+from tritongen.core.file_names import POLICY_FILE  # noqa: F401  (re-exported: its home is file_names)
 from tritongen.core.kv import KVFootprint, weight_bytes
 from tritongen.core.llm_interface import LLMInterface, UnknownInterface, plan_entry_interface
 from tritongen.core.plan import DeploymentPlan, ModelEntryPlan, default_class
@@ -53,7 +54,6 @@ from tritongen.core.spec import MIB, DeploymentSpec, ModelSpec, TensorSpec, Traf
 from tritongen.errors import BadInput
 
 POLICY_VERSION = 1
-POLICY_FILE = "sidecar_policy.json"
 
 BUDGET_FRACTION = {"interactive": 1.0, "normal": 0.9, "batch": 0.8}
 TENANT_HEADER = "x-tenant"
