@@ -29,6 +29,7 @@ import yaml
 from tests.helpers import REPO_ROOT, cli
 from tritongen.core.llm_interface import interface_from_config
 from tritongen.core.traffic import TrafficSpec, generate_arrivals
+from tritongen.errors import TritongenError
 from tritongen.loadgen import LoadTarget, run_load
 from tritongen.server import ServerOptions, TritonServer
 from tritongen.sidecar_process import SidecarProcess
@@ -59,13 +60,13 @@ def load(server: TritonServer, model: str, rate: float, via: SidecarProcess | No
     arrivals = generate_arrivals(TrafficSpec(shape="poisson", rate_per_s=rate, duration_s=WARM_S + 8.0, warmup_s=0.0,
                                              classes=classes), seed=5)
     grpc_url = via.grpc_url if via is not None else server.grpc_url
-    errors: list[BaseException] = []
+    errors: list[TritongenError] = []
 
     def drive() -> None:
         try:
             run_load(arrivals, {"interactive": target, "batch": target}, http_url=server.http_url, grpc_url=grpc_url,
                      request_timeout_s=30, drain_s=5.0)
-        except BaseException as err:  # noqa: BLE001 - reported by the test below
+        except TritongenError as err:  # a load that could not run: reported by the test below
             errors.append(err)
 
     thread = threading.Thread(target=drive, daemon=True)
