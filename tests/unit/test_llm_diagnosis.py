@@ -200,6 +200,15 @@ def test_kv_full_with_few_running_means_requests_too_large() -> None:
     assert diagnose([snap_of(scrapes)], unbounded) == []
 
 
+def test_waiting_at_the_sequence_bound_with_kv_to_spare_calls_for_more_sequences() -> None:
+    scrapes = [vllm_scrape(32, 10, 0.35, 0), vllm_scrape(32, 14, 0.4, 0)]
+    (finding,) = diagnose([snap_of(scrapes)], TARGETS)  # 32 of the spec's 32 running, KV at 40%
+    assert finding.code == "DR113" and "bound of 32 sequences" in finding.message
+    assert "raise max_num_seqs in llm/1/model.json" in finding.fix and "about 32 more" in finding.fix
+    below = [vllm_scrape(20, 10, 0.35, 0), vllm_scrape(20, 14, 0.4, 0)]  # below the bound: something else waits
+    assert diagnose([snap_of(below)], TARGETS) == []
+
+
 # ---------------------------------------------------------------------------------------------
 # The sidecar's view
 

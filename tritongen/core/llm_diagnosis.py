@@ -6,6 +6,7 @@
     DR111  KV near full with few sequences running             (requests sized too large, or the
                                                                sidecar's pad / estimate too big)
     DR112  out-of-memory kills                                 (admit by footprint, or a pool overstated)
+    DR113  requests waiting at the sequence bound, KV to spare (max_num_seqs set too low)
 
 Each finding names the file and the field to change, which depend on the backend: the vLLM
 backend's `1/model.json`, TensorRT-LLM's `config.pbtxt` parameters, or the spec's `engine:` section
@@ -41,6 +42,8 @@ SIDECAR_FULL = 0.05  # sidecar headroom under this share of its capacity: it is 
 ENGINE_ROOMY = 0.60  # ... while the engine's KV cache is at most this full: the sidecar over-reserves
 TTFT_QUANTILE = 0.99  # the share of first tokens a class target promises
 MIN_FIRST_TOKENS = 5
+AT_BOUND = 0.9  # running at least this share of the engine's bound on average: the bound, not the KV, binds
+KV_SPARE = 0.80  # ... while the KV cache never passed this: room for more sequences
 
 LLM_CODES = {
     "DR108": "requests waiting while the KV cache is near full",
@@ -48,6 +51,7 @@ LLM_CODES = {
     "DR110": "time to first token over the class target",
     "DR111": "KV cache near full with few sequences running",
     "DR112": "out-of-memory kills",
+    "DR113": "requests waiting at the sequence bound with KV to spare",
 }
 
 
@@ -231,6 +235,23 @@ def rule_kv_few_running(model: str, e: EngineWindow, bound: float | None, knobs:
                knobs.lengths, where, severity="warning")]
 
 
+def rule_seq_bound(model: str, e: EngineWindow, bound: float | None, knobs: EngineKnobs, where: str) -> list[Finding]:
+    kv, running, waiting = e.kv_used, e.running, e.waiting
+    if None in (kv, running, waiting, bound) or waiting.mean < WAITING or kv.peak >= KV_SPARE:  # type: ignore[union-attr]
+        return []
+    assert kv is not None and running is not None and waiting is not None and bound is not None
+    if running.mean < AT_BOUND * bound:
+        return []
+    room = max(1, int(bound * (KV_SPARE / max(kv.peak, 1e-3) - 1)))
+    return [_f(model, "DR113",
+               f"{e.family} engine: {waiting.mean:.1f} requests waited on average while {running.mean:.1f} ran, at its "
+               f"bound of {bound:.0f} sequences, and the KV cache never passed {kv.peak:.0%}: the sequence bound, not "
+               "the memory, holds requests back",
+               f"raise {knobs.seqs} in {knobs.file} (the KV cache has room for about {room} more at this length before "
+               f"{KV_SPARE:.0%}); `tritongen tune` checks the latency at the new bound", knobs.seqs, where,
+               severity="warning")]
+
+
 def rule_sidecar_overreserves(model: str, e: EngineWindow | None, snap: ServerSnapshot, where: str) -> list[Finding]:
     if e is None or e.kv_used is None or e.kv_used.mean > ENGINE_ROOMY:
         return []
@@ -279,7 +300,9 @@ def llm_findings(snap: ServerSnapshot, model: str, config: Mapping[str, Any], ta
     if e is not None:
         out += rule_kv_waiting(model, e, knobs, snap.url)
         out += rule_preemptions(model, e, snap.models.get(model), knobs, snap.url)
-        out += rule_kv_few_running(model, e, _bound(model, e, config, targets), knobs, snap.url)
+        bound = _bound(model, e, config, targets)
+        out += rule_kv_few_running(model, e, bound, knobs, snap.url)
+        out += rule_seq_bound(model, e, bound, knobs, snap.url)
     out += rule_ttft(model, e, s, knobs, targets, snap.url)
     out += rule_sidecar_overreserves(model, e, snap, snap.url)
     out += rule_kills(model, e, s, knobs, snap.url)
