@@ -24,10 +24,10 @@ from tests.helpers import EXAMPLES, MODEL_REPOSITORY, REPO_ROOT, cli
 from tritongen.core.profile_types import Profile, read_profile
 from tritongen.core.prometheus import kv_gauges, parse_prometheus
 from tritongen.profiler.memory import NvmlProbe, PeakSampler, ProcFS, StubRssProbe, find_stubs
-from tritongen.profiler.run import endpoints_from_url
 from tritongen.render import render_repository, write_repository
 from tritongen.server import ServerOptions, TritonServer, free_port
 from tritongen.specio import load_spec
+from tritongen.triton_admin import endpoints_from_url
 
 SPEC = EXAMPLES / "deployment.yaml"
 TINY_BLOCKS = 2

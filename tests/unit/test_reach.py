@@ -29,8 +29,9 @@ from tritongen.errors import RunFailed
 from tritongen.loadgen import LoadTarget, run_load
 from tritongen.profiler.engine import _first_output_int
 from tritongen.profiler.load import StreamLoad
-from tritongen.profiler.run import Endpoints, Target
+from tritongen.profiler.targets import Target
 from tritongen.reach import check_grpc, derived, metrics_problem, stream_cause
+from tritongen.triton_admin import Endpoints
 
 REFUSED = "Connection refused"
 TEXT = {"text_input": np.array([b"hello"], dtype=np.object_)}

@@ -488,3 +488,14 @@ class StreamLoad:
         if worker.records:
             return worker.records[0]
         return StreamRecord(start=time.perf_counter(), error=worker.fatal or "the stream ended without a response")
+
+
+def distinct_errors(errors: Sequence[str | None], limit: int = 3) -> list[str]:
+    """The first few different error messages of some records (a stopped request is no error)."""
+    out: list[str] = []
+    for e in errors:
+        if e and e not in out and e != "stopped":
+            out.append(e)
+        if len(out) >= limit:
+            break
+    return out

@@ -1,0 +1,111 @@
+"""Triton's HTTP admin API as the profiler uses it: where the server's HTTP, gRPC and metrics
+endpoints are (`endpoints_from_url`), and the calls besides inference (metadata, the model index,
+configs, statistics, loads, the metrics page), each failure one `RunFailed` that names the address."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import httpx
+
+from tritongen.errors import BadInput, RunFailed
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    http: str  # host:port
+    grpc: str  # host:port
+    metrics: str  # full URL of /metrics
+
+
+def _host_port(url: str, option: str) -> tuple[str, int | None]:
+    text = url if "://" in url else f"http://{url}"
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as err:
+        raise BadInput(f"{option} {url!r} is not HOST:PORT: {err}") from None
+    if not parts.hostname:
+        raise BadInput(f"{option} {url!r} has no host; use HOST:PORT, e.g. 127.0.0.1:8000")
+    return parts.hostname, port
+
+
+def endpoints_from_url(url: str, grpc_url: str | None = None, metrics_url: str | None = None) -> Endpoints:
+    """`--url HOST:PORT` (HTTP); gRPC and metrics default to ports 8001 and 8002 on the same host."""
+    host, port = _host_port(url, "--url")
+    http = f"{host}:{port or 8000}"
+    if grpc_url:
+        g_host, g_port = _host_port(grpc_url, "--grpc-url")
+        grpc = f"{g_host}:{g_port or 8001}"
+    else:
+        grpc = f"{host}:8001"
+    if metrics_url:
+        m_host, m_port = _host_port(metrics_url, "--metrics-url")
+        path = urlsplit(metrics_url if "://" in metrics_url else f"http://{metrics_url}").path or "/metrics"
+        metrics = f"http://{m_host}:{m_port or 8002}{path}"
+    else:
+        metrics = f"http://{host}:8002/metrics"
+    return Endpoints(http=http, grpc=grpc, metrics=metrics)
+
+
+class TritonAdmin:
+    """The HTTP calls the profiler makes besides inference: metadata, configs, stats, loads, metrics."""
+
+    def __init__(self, endpoints: Endpoints, timeout_s: float = 30.0) -> None:
+        self.endpoints = endpoints
+        self.client = httpx.Client(base_url=f"http://{endpoints.http}", timeout=timeout_s)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _call(self, method: str, path: str, **kwargs) -> httpx.Response:
+        try:
+            return self.client.request(method, path, **kwargs)
+        except httpx.HTTPError as err:
+            raise RunFailed(
+                f"cannot reach Triton at http://{self.endpoints.http} ({type(err).__name__}: {err}); "
+                "is the server running and is --url its HTTP address?"
+            ) from None
+
+    def server_metadata(self) -> dict:
+        response = self._call("GET", "/v2")
+        if response.status_code != 200:
+            raise RunFailed(f"http://{self.endpoints.http}/v2 answered {response.status_code}: {response.text[:200]}")
+        return response.json()
+
+    def models(self) -> list[dict]:
+        response = self._call("POST", "/v2/repository/index", json={})
+        if response.status_code != 200:
+            raise RunFailed(f"cannot list the server's models ({response.status_code}): {response.text[:200]}")
+        return response.json()
+
+    def config(self, model: str) -> dict:
+        response = self._call("GET", f"/v2/models/{model}/config")
+        if response.status_code != 200:
+            raise RunFailed(f"cannot read the config of {model!r} ({response.status_code}): {response.text[:200]}")
+        return response.json()
+
+    def model_ready(self, model: str) -> bool:
+        return self._call("GET", f"/v2/models/{model}/ready").status_code == 200
+
+    def stats(self, model: str) -> dict:
+        response = self._call("GET", f"/v2/models/{model}/stats")
+        if response.status_code != 200:
+            raise RunFailed(f"cannot read the statistics of {model!r} ({response.status_code}): {response.text[:200]}")
+        stats = response.json().get("model_stats") or [{}]
+        return stats[0]
+
+    def load(self, model: str, config: dict | None = None) -> None:
+        body = {"parameters": {"config": json.dumps(config)}} if config is not None else {}
+        response = self._call("POST", f"/v2/repository/models/{model}/load", json=body)
+        if response.status_code != 200:
+            raise RunFailed(f"reloading {model!r} failed ({response.status_code}): {response.text[:300]}")
+
+    def metrics(self) -> str | None:
+        try:
+            response = httpx.get(self.endpoints.metrics, timeout=10.0)
+        except httpx.HTTPError:
+            return None
+        return response.text if response.status_code == 200 else None
