@@ -1,4 +1,6 @@
 """The gRPC side: Triton's `inference.GRPCInferenceService` through admission (grpc.aio).
+One file (over 500 lines): unary and streaming inference share one request path through admission
+and one id mapping.
 
 `ModelInfer` and `ModelStreamInfer` go through admission; every other method is passed through
 as raw bytes. Client metadata is forwarded; the only change to a request is its `priority`

@@ -1,4 +1,6 @@
 """Kubernetes manifests for a rendered deployment: hot and cold pools of Triton + sidecar pods.
+One file (over 500 lines): every manifest is rendered from one view of the deployment; its sections
+are that view's parts.
 
 What `tritongen deploy` writes, one object per file (`NN-kind-name.yaml`), all from the same render:
 

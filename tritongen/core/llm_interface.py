@@ -1,4 +1,6 @@
 """Which LLM interface a Triton model speaks, and the request that asks it for N tokens.
+One file (over 600 lines): detection, request building and reading a request back are three views
+of the same interface table.
 
 tritongen sends LLM requests from its profiler, load generator, demo and sidecar. Real LLM models on
 Triton do not share one set of inputs: the vLLM backend takes max_tokens inside a JSON string,

@@ -1,4 +1,6 @@
 """Search batching, queueing and instance settings with the simulator instead of the server.
+One file (over 700 lines): candidates, their simulated model and the ranking are one search loop;
+splitting would pass its state between modules.
 
 For each model of a deployment plan, `tune_model` enumerates candidates (max batch size,
 preferred sizes, queue window, instance count, priority policy; for streaming LLMs the engine's

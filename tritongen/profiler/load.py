@@ -1,4 +1,6 @@
 """Load drivers: closed-loop clients that keep N requests in flight and time each one.
+One file (about 500 lines): the classic and streaming drivers share the window cutting and the
+level loop's contract.
 
 * `ClassicLoad`: N concurrent single-row HTTP requests (tritonclient's asyncio client, one event
   loop: 32 clients cost a fraction of a core), so Triton's dynamic batcher forms real batches.

@@ -1,4 +1,6 @@
 """Measure configs on a live Triton under the same traffic the simulator predicted for.
+One file (over 500 lines): the live runs, the candidate servers and the capacity search share one
+measurement (LiveRun) and one server life cycle.
 
 `LiveRun` is one measurement: the open-loop load's per-request records (`tritongen.loadgen`) and
 Triton's own statistics over the same stretch (executions, batch sizes, compute and queue time),
