@@ -1,4 +1,6 @@
 """The sidecar's admission state: pure, single-threaded, clock injected. No asyncio, no I/O.
+One file (over 1,000 lines): the admission state is owned by one task and every decision reads all of
+it; seams if it is ever split: reasons and types / the adaptive limit / the state.
 
 The asyncio code in `sidecar/controller.py` owns one `AdmissionState` and calls it; everything that
 decides (admit, queue or refuse; who leaves the queue next; when the concurrency limit moves; what

@@ -1,4 +1,6 @@
 """The sidecar's policy file: a strict, versioned JSON document that `tritongen render` writes.
+One file (over 500 lines): the policy document is one versioned schema; its sections validate against each
+other (classes, models, pools, tenants, admin doors), so splitting would scatter the cross-checks.
 
 `build_sidecar_policy` (tritongen/core/sidecar_policy.py) derives every number here from the
 deployment spec, its plan and any profiles; the sidecar only reads it. Unknown keys, impossible

@@ -1,4 +1,6 @@
 """The attention shape of a transformer, as far as KV-cache and weight memory care.
+One file (over 800 lines): the Architecture type and the per-family readers of config.json must agree
+key by key (layer kinds, windows, chunks, recurrent state); split, a family's reader and its checks drift.
 
 `Architecture` is the one type the KV math (`tritongen.core.kv`) reads. It can be written inline
 in a deployment spec, or parsed from a Hugging Face `config.json` dict by `architecture_from_hf`.
@@ -25,8 +27,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
+from tritongen.core.strict import Strict
 from tritongen.errors import BadInput
 
 ModelDtype = Literal["fp32", "fp16", "bf16", "fp8", "int8"]
@@ -53,8 +56,7 @@ ATTENTION_LAYER_TYPES: tuple[str, ...] = ("full_attention", "sliding_attention",
 """Layer kinds that cache keys and values per token (the KV-cache proper)."""
 
 
-class _State(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _State(Strict):
 
     conv_kernel: int = Field(
         gt=1, description="Width of the causal convolution before the mixer; its state keeps kernel - 1 steps."
@@ -102,10 +104,9 @@ RecurrentState = Annotated[Mamba1State | Mamba2State | GatedDeltaNetState, Field
 _STATE_LAYER = {"mamba1": "mamba", "mamba2": "mamba", "gated_delta_net": "linear_attention"}
 
 
-class Architecture(BaseModel):
+class Architecture(Strict):
     """Memory-relevant shape of a decoder-only transformer (frozen; safe to share and hash)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     family: str = Field(
         min_length=1,

@@ -1,4 +1,6 @@
 """`tritongen doctor`'s rules: the classic Triton serving failures, diagnosed from a metrics window.
+One file (over 500 lines): the classic rules share one window type and its thresholds; the LLM rules
+live in core/llm_diagnosis.py and the engine windows in core/engine_window.py.
 
 Pure: the adapter (tritongen/doctor.py) scrapes /metrics twice, some seconds apart, and reads each
 model's config; this module turns the two scrapes into per-model *deltas* (`ModelWindow`) and runs

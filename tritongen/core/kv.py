@@ -46,8 +46,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from tritongen.core.strict import Strict
 from tritongen.core.architecture import (
     DTYPE_BYTES,
     Architecture,
@@ -70,10 +71,9 @@ def _mib(n: float) -> str:
     return f"{n / _MIB:,.1f} MiB"
 
 
-class KVShape(BaseModel):
+class KVShape(Strict):
     """KV-cache footprint of one token on one tensor-parallel rank."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     kv_bytes_per_token: int = Field(
         ge=0,
@@ -185,10 +185,9 @@ def kv_shape(arch: Architecture, kv_dtype: str = "auto", tensor_parallel: int = 
     )
 
 
-class CappedLayers(BaseModel):
+class CappedLayers(Strict):
     """Layers of one kind whose cache stops growing at a cap (a window, or one chunk)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["sliding_attention", "chunked_attention"] = Field(description="The layer kind.")
     layers: int = Field(gt=0, description="How many layers of this kind.")
@@ -196,11 +195,10 @@ class CappedLayers(BaseModel):
     bytes_per_token: int = Field(ge=0, description="Bytes one token adds to all of them, per rank.")
 
 
-class KVFootprint(BaseModel):
+class KVFootprint(Strict):
     """What one sequence holds on one rank, by layer kind: the figure at any length is
     `growing x tokens + sum(capped x min(tokens, cap)) + state` (see `bytes_at`)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     growing_layers: int = Field(ge=0, description="Full-attention (or MLA) layers: keep every token.")
     growing_bytes_per_token: int = Field(ge=0, description="Bytes one token adds to those layers.")

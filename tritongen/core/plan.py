@@ -1,4 +1,6 @@
 """From a validated spec to per-model decisions: batch bounds, queue policy, placement, rate limits.
+One file (over 600 lines): every decision reads the same validated spec and the ones before it (batch
+bounds, KV sizing, placement, quotas), in order; its sections are the steps of one derivation.
 
 The output is a plain view model (`DeploymentPlan`) that templates render; every number in it is
 derived here, with the arithmetic kept alongside (`KVPlan`, `notes`) so the rendered file can say

@@ -1,4 +1,6 @@
 """A seeded discrete-event simulation of Triton's scheduler, fast enough to search configs with.
+One file (over 1,500 lines): one event loop whose state the batcher, the instances, the devices and the
+LLM engine all mutate; seams if it is ever split: inputs / outputs / the loop / from configs / calibration.
 
 What it models (server 2.51, the binary in nvidia-pytriton; each point was read in Triton's core
 sources and checked on the embedded server, see tests/unit/test_simulator.py and the fidelity test):
