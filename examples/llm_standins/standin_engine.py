@@ -26,6 +26,9 @@ costs nothing as long as it is shorter. A step that follows a busy step starts a
 deadline, and a step that wakes the idle engine at the arrival of the request that woke it, rather
 than at "now": the time spent sending the previous step's tokens (and metric updates), or waking
 the thread, is absorbed as well, up to `lag_allowance_s` (20 ms): a step lasts max(cost, work).
+A step admits only the requests that had arrived when it started: one that arrives while the
+previous step's tokens are still being sent waits for the next step, as on an engine whose steps
+are not back-dated (admitting it too gave first tokens sooner than their prefill costs).
 
 Policies (`EngineConfig.policy`):
   * `GrowPreempt` (vLLM semantics): `num_blocks` blocks of `block_size` tokens. A sequence is
@@ -367,7 +370,7 @@ class Engine:
         """Admission, prefills, one decode step (see the module docstring). True if it did work."""
         t = self._start_time()
         costs = self.cfg.costs
-        admitted = self._admit()
+        admitted = self._admit(t)
         for seq in admitted:
             if self._cancelled(seq):
                 continue
@@ -422,8 +425,13 @@ class Engine:
         if remaining > 0:
             self.sleep(remaining)
 
-    def _admit(self) -> list[Sequence]:
-        """Pop the sequences this step admits (memory taken); kill what ReserveKill cannot hold."""
+    def _admit(self, start: float) -> list[Sequence]:
+        """Pop the sequences this step admits (memory taken); kill what ReserveKill cannot hold.
+
+        Only requests that had arrived when the step started (`start`, which may lie a little before
+        now: see `_start_time`) join it; a later one waits for the next step, as it would on an engine
+        whose steps are not back-dated. Admitting it too let its first token come sooner than its
+        prefill costs (TTFT under load below prefill + path), which no real engine does."""
         policy = self.cfg.policy
         admitted: list[Sequence] = []
         killed: list[tuple[Sequence, str]] = []
@@ -431,6 +439,8 @@ class Engine:
         with self._cond:
             while self._waiting and len(self.running) < self.cfg.max_running:
                 head = self._waiting[0]
+                if head.arrival > start:
+                    break
                 if isinstance(policy, GrowPreempt):
                     tokens = head.prompt_tokens + head.generated
                     if admitted and batched + tokens > policy.max_num_batched_tokens:

@@ -175,6 +175,30 @@ def test_a_request_that_wakes_the_engine_is_timed_from_its_arrival():
     assert ms(first) == [5.0, 15.0] and ms(second) == [120.0, 130.0]
 
 
+def test_a_request_that_arrives_after_a_back_dated_step_started_waits_for_the_next():
+    """A's second token is sent (2 ms of IPC) after its step's deadline; B arrives 1 ms into that
+    send. The next step counts from the deadline, before B arrived, so B joins the step after:
+    its first token comes a whole prefill after its arrival, never sooner (no real engine lets a
+    request into a step that had started without it)."""
+    eng, clock = engine(se.ReserveKill(pool_tokens=100), prefill_fixed_ms=5, decode_fixed_ms=10)
+    late: list = []
+
+    class SubmitWhileSending(se.CollectingSink):
+        def token(self, text: str, index: int, final: bool) -> None:
+            super().token(text, index, final)
+            if index == 1:  # at 15 ms: the send takes 2 ms, B arrives 1 ms into it
+                clock.t += 1 * MS
+                late.append((clock.t, send(eng, clock, 4, 2)))
+                clock.t += 1 * MS
+
+    a = send(eng, clock, 4, 4, SubmitWhileSending(clock))
+    eng.run_until_idle()
+    (arrived, b), = late
+    assert ms(a) == [5.0, 15.0, 25.0, 40.0]  # the step from 25 ms runs B's prefill, then decodes both
+    assert round(arrived / MS, 9) == 16.0 and ms(b) == [30.0, 40.0]
+    assert b.times[0] - arrived >= 5 * MS
+
+
 # -- grow_preempt (vLLM semantics) -------------------------------------------------------------
 
 TINY = dict(prefill_fixed_ms=1, prefill_ms_per_token=1, decode_fixed_ms=10, decode_ms_per_seq=1, bytes_per_token=1)
