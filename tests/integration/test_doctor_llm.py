@@ -48,34 +48,37 @@ def server() -> Iterator[TritonServer]:
 
 
 @contextmanager
-def load(server: TritonServer, model: str, rate: float, via: SidecarProcess | None = None) -> Iterator[None]:
-    """Poisson load on `model` for the whole block (interactive 30%, batch 70%), stopped after it."""
-    config = httpx.get(f"http://{server.http_url}/v2/models/{model}/config", timeout=10).json()
-    prompt = 64 if model == "vllm_standin" else 48
-    target = LoadTarget(model, streaming=True, batched=False, interface=interface_from_config(config, model=model),
-                        bytes_per_token=4.0 if model == "vllm_standin" else 3.0, protocol="grpc",
-                        class_parameter="traffic_class")
-    classes = [{"name": "interactive", "share": 0.3, "priority": 1, "prompt_tokens": prompt, "output_tokens": 48},
-               {"name": "batch", "share": 0.7, "priority": 3, "prompt_tokens": prompt, "output_tokens": 48}]
-    arrivals = generate_arrivals(TrafficSpec(shape="poisson", rate_per_s=rate, duration_s=WARM_S + 8.0, warmup_s=0.0,
-                                             classes=classes), seed=5)
-    grpc_url = via.grpc_url if via is not None else server.grpc_url
+def load(server: TritonServer, rates: dict[str, float], via: SidecarProcess | None = None) -> Iterator[None]:
+    """Poisson load on each model at its rate for the whole block (interactive 30%, batch 70%),
+    stopped after it."""
     errors: list[TritongenError] = []
+    grpc_url = via.grpc_url if via is not None else server.grpc_url
 
-    def drive() -> None:
+    def drive(model: str, rate: float) -> None:
+        config = httpx.get(f"http://{server.http_url}/v2/models/{model}/config", timeout=10).json()
+        prompt = 64 if model == "vllm_standin" else 48
+        target = LoadTarget(model, streaming=True, batched=False, interface=interface_from_config(config, model=model),
+                            bytes_per_token=4.0 if model == "vllm_standin" else 3.0, protocol="grpc",
+                            class_parameter="traffic_class")
+        classes = [{"name": "interactive", "share": 0.3, "priority": 1, "prompt_tokens": prompt, "output_tokens": 48},
+                   {"name": "batch", "share": 0.7, "priority": 3, "prompt_tokens": prompt, "output_tokens": 48}]
+        arrivals = generate_arrivals(TrafficSpec(shape="poisson", rate_per_s=rate, duration_s=WARM_S + 7.0,
+                                                 warmup_s=0.0, classes=classes), seed=5)
         try:
             run_load(arrivals, {"interactive": target, "batch": target}, http_url=server.http_url, grpc_url=grpc_url,
                      request_timeout_s=30, drain_s=5.0)
         except TritongenError as err:  # a load that could not run: reported by the test below
             errors.append(err)
 
-    thread = threading.Thread(target=drive, daemon=True)
-    thread.start()
+    threads = [threading.Thread(target=drive, args=item, daemon=True) for item in rates.items()]
+    for thread in threads:
+        thread.start()
     time.sleep(WARM_S)
     try:
         yield
     finally:
-        thread.join(timeout=60)
+        for thread in threads:
+            thread.join(timeout=60)
     assert not errors, errors
 
 
@@ -90,7 +93,7 @@ def findings_of(result, model: str) -> dict[str, dict]:
 
 
 def test_an_overloaded_vllm_engine_is_diagnosed_with_model_json_fixes(server: TritonServer) -> None:
-    with load(server, "vllm_standin", 40.0):
+    with load(server, {"vllm_standin": 40.0}):
         result = doctor(server)
     assert result.returncode == 1, result.stdout + result.stderr
     found = findings_of(result, "vllm_standin")
@@ -102,20 +105,14 @@ def test_an_overloaded_vllm_engine_is_diagnosed_with_model_json_fixes(server: Tr
     assert engine["family"] == "vLLM" and engine["waiting"]["mean"] >= 1
 
 
-def test_a_lightly_loaded_vllm_engine_gets_no_finding(server: TritonServer) -> None:
-    with load(server, "vllm_standin", 6.0):
-        result = doctor(server)
-    assert findings_of(result, "vllm_standin") == {}, result.stdout
-    report = json.loads(result.stdout)
-    assert report["servers"][0]["models"]["vllm_standin"]["engine"]["ttft"]["count"] > 0
-    # reserve_llm exports nothing and has no sidecar in front: named, not called healthy
-    assert [u["model"] for u in report["unseen"]] == ["reserve_llm"]
-
-
-def test_an_engine_without_metrics_is_never_reported_healthy(server: TritonServer) -> None:
-    with load(server, "reserve_llm", 40.0):  # far past its pool: the engine kills, and nothing shows it
+def test_a_light_vllm_engine_gets_none_and_an_engine_without_metrics_is_never_healthy(server: TritonServer) -> None:
+    """vllm_standin at a quarter of its capacity: no finding. reserve_llm at twice its: the engine
+    kills, nothing on the endpoint shows it, so doctor names it as unseen instead of healthy."""
+    with load(server, {"vllm_standin": 6.0, "reserve_llm": 40.0}):
         result = doctor(server, fmt="text")
     assert result.returncode == 0, result.stdout + result.stderr
+    assert " DR1" not in result.stdout  # no finding for either
+    assert "LLM engines (their own metrics" in result.stdout  # vllm_standin's engine was seen
     assert "no problems found" not in result.stdout.replace("no problems in what doctor could see", "")
     assert "could not see inside reserve_llm" in result.stdout
     assert "--sidecar-metrics-url" in result.stdout and "Traceback" not in result.stderr
@@ -138,7 +135,7 @@ def overstated_policy(tmp_path: Path) -> tuple[Path, Path]:
 def test_kills_behind_a_sidecar_with_an_overstated_pool(server: TritonServer, overstated_policy, tmp_path: Path) -> None:
     spec, policy = overstated_policy
     with SidecarProcess(policy, server, tmp_path / "sidecar.log", grpc_upstream=server.grpc_url) as sidecar:
-        with load(server, "reserve_llm", 40.0, via=sidecar):
+        with load(server, {"reserve_llm": 40.0}, via=sidecar):
             result = doctor(server, "--sidecar-metrics-url", sidecar.metrics_url, spec=spec)
     assert result.returncode == 1, result.stdout + result.stderr
     found = findings_of(result, "reserve_llm")
