@@ -31,7 +31,8 @@ from tritongen.core.engine_window import engine_windows, sidecar_windows
 from tritongen.core.prometheus import parse_prometheus
 from tritongen.core.spec import entry_names_of
 from tritongen.errors import BadInput, RunFailed
-from tritongen.reach import HTTP, METRICS, derived, unreachable
+from tritongen.reach import HTTP, METRICS, derived
+from tritongen.triton_admin import Endpoints, TritonAdmin
 
 
 @dataclass(frozen=True)
@@ -97,38 +98,27 @@ def parse_metrics(text: str) -> dict:
 
 
 class TritonReader:
-    """The few HTTP calls doctor makes, on one client. `servers` name each address's option."""
+    """doctor's calls to each server, through one `TritonAdmin` per server on one shared client;
+    `servers` name each address's option for the error when it does not answer."""
 
     def __init__(self, client: httpx.Client, servers: Sequence[Endpoint] = ()) -> None:
         self.client = client
-        self.how = {address: how for server in servers for address, how in server.how.items()}
+        self.how = {address: how for server in servers for address, (_, how) in server.how.items()}
+        self.admins: dict[str, TritonAdmin] = {}
 
-    def _call(self, address: str, method: str, url: str, **kwargs) -> httpx.Response:
-        try:
-            return self.client.request(method, url, **kwargs)
-        except httpx.HTTPError as err:
-            is_url = "://" in address  # metrics URLs; Triton's HTTP API is HOST:PORT
-            what, how = self.how.get(address, (METRICS if is_url else HTTP, None))
-            shown = address if is_url else f"http://{address}"
-            raise unreachable(what, shown, how, f"{type(err).__name__}: {err}") from None
+    def _admin(self, http: str) -> TritonAdmin:
+        if http not in self.admins:
+            self.admins[http] = TritonAdmin(Endpoints(http=http, grpc="", metrics=""), client=self.client, how=self.how)
+        return self.admins[http]
 
     def metrics(self, url: str) -> Samples:
-        response = self._call(url, "GET", url)
-        if response.status_code != 200:
-            raise RunFailed(f"metrics at {url}: HTTP {response.status_code}")
-        return parse_metrics(response.text)
+        return parse_metrics(self._admin(urlsplit(url).netloc).metrics_page(url))
 
     def index(self, http: str) -> list[dict]:
-        response = self._call(http, "POST", f"http://{http}/v2/repository/index", json={})
-        if response.status_code != 200:
-            raise RunFailed(f"{http}/v2/repository/index: HTTP {response.status_code}: {response.text[:200]}")
-        return list(response.json())
+        return list(self._admin(http).models())
 
     def config(self, http: str, model: str) -> dict:
-        response = self._call(http, "GET", f"http://{http}/v2/models/{model}/config")
-        if response.status_code != 200:
-            raise RunFailed(f"{http}/v2/models/{model}/config: HTTP {response.status_code}: {response.text[:200]}")
-        return dict(response.json())
+        return dict(self._admin(http).config(model))
 
 
 def snapshot(

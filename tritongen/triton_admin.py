@@ -1,6 +1,7 @@
-"""Triton's HTTP admin API as the profiler uses it: where the server's HTTP, gRPC and metrics
-endpoints are (`endpoints_from_url`), and the calls besides inference (metadata, the model index,
-configs, statistics, loads, the metrics page), each failure one `RunFailed` that names the address."""
+"""Triton's HTTP admin API as the profiler and doctor use it: where the server's HTTP, gRPC and
+metrics endpoints are (`endpoints_from_url`), and the calls besides inference (metadata, the model
+index, configs, statistics, loads, the metrics page), each failure one `RunFailed` that names the
+address and the option that set it (`tritongen.reach`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from tritongen.errors import BadInput, RunFailed
+from tritongen.reach import HTTP, METRICS, unreachable
 
 
 @dataclass(frozen=True)
@@ -51,23 +53,33 @@ def endpoints_from_url(url: str, grpc_url: str | None = None, metrics_url: str |
 
 
 class TritonAdmin:
-    """The HTTP calls the profiler makes besides inference: metadata, configs, stats, loads, metrics."""
+    """The HTTP calls besides inference: metadata, the index, configs, stats, loads, metrics.
 
-    def __init__(self, endpoints: Endpoints, timeout_s: float = 30.0) -> None:
+    `client`: share one httpx client among several servers (doctor's replicas); the admin then
+    leaves it open. `how`: the option that set each address (address -> option), for the error
+    when one does not answer."""
+
+    def __init__(self, endpoints: Endpoints, timeout_s: float = 30.0, client: httpx.Client | None = None,
+                 how: dict[str, str] | None = None) -> None:
         self.endpoints = endpoints
-        self.client = httpx.Client(base_url=f"http://{endpoints.http}", timeout=timeout_s)
+        self.base = f"http://{endpoints.http}"
+        self.owned = client is None
+        self.client = client if client is not None else httpx.Client(timeout=timeout_s)
+        self.how = {endpoints.http: "--url", **(how or {})}
 
     def close(self) -> None:
-        self.client.close()
+        if self.owned:
+            self.client.close()
+
+    def _send(self, what: str, address: str, method: str, url: str, **kwargs) -> httpx.Response:
+        try:
+            return self.client.request(method, url, **kwargs)
+        except httpx.HTTPError as err:
+            raise unreachable(what, address if "://" in address else f"http://{address}", self.how.get(address),
+                              f"{type(err).__name__}: {err}") from None
 
     def _call(self, method: str, path: str, **kwargs) -> httpx.Response:
-        try:
-            return self.client.request(method, path, **kwargs)
-        except httpx.HTTPError as err:
-            raise RunFailed(
-                f"cannot reach Triton at http://{self.endpoints.http} ({type(err).__name__}: {err}); "
-                "is the server running and is --url its HTTP address?"
-            ) from None
+        return self._send(HTTP, self.endpoints.http, method, self.base + path, **kwargs)
 
     def server_metadata(self) -> dict:
         response = self._call("GET", "/v2")
@@ -104,8 +116,17 @@ class TritonAdmin:
             raise RunFailed(f"reloading {model!r} failed ({response.status_code}): {response.text[:300]}")
 
     def metrics(self) -> str | None:
+        """The metrics page, or None when the server exports none (metrics are optional to a profile)."""
         try:
-            response = httpx.get(self.endpoints.metrics, timeout=10.0)
+            response = self.client.get(self.endpoints.metrics, timeout=10.0)
         except httpx.HTTPError:
             return None
         return response.text if response.status_code == 200 else None
+
+    def metrics_page(self, url: str | None = None) -> str:
+        """A metrics page that must answer (doctor's; `url` defaults to this server's)."""
+        url = url or self.endpoints.metrics
+        response = self._send(METRICS, url, "GET", url)
+        if response.status_code != 200:
+            raise RunFailed(f"metrics at {url}: HTTP {response.status_code}")
+        return response.text

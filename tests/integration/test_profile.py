@@ -189,7 +189,7 @@ def test_unreachable_url_is_a_clear_error(tmp_path):
     port = free_port()
     result = cli("profile", "--model", "ranker", "--url", f"127.0.0.1:{port}", "-o", str(tmp_path / "o"))
     assert result.returncode == 1
-    assert f"cannot reach Triton at http://127.0.0.1:{port}" in result.stderr
+    assert f"cannot reach Triton's HTTP endpoint at http://127.0.0.1:{port} (--url)" in result.stderr
     assert "Traceback" not in result.stderr
 
 
