@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from tritongen.core.diagnosis import (
+    ClassTarget,
     Samples,
     ServerSnapshot,
     Targets,
@@ -32,7 +33,7 @@ from tritongen.core.prometheus import parse_prometheus
 from tritongen.core.spec import entry_names_of
 from tritongen.errors import BadInput, RunFailed
 from tritongen.reach import HTTP, METRICS, derived
-from tritongen.triton_admin import Endpoints, TritonAdmin
+from tritongen.triton_admin import Endpoints, TritonAdmin, metrics_page
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ class TritonReader:
         return self.admins[http]
 
     def metrics(self, url: str) -> Samples:
-        return parse_metrics(self._admin(urlsplit(url).netloc).metrics_page(url))
+        return parse_metrics(metrics_page(self.client, url, self.how.get(url)))
 
     def index(self, http: str) -> list[dict]:
         return list(self._admin(http).models())
@@ -171,18 +172,16 @@ def targets_from_spec(path: Path | None, default_budget_ms: float) -> Targets:
 
     spec = load_spec(path).spec
     budgets: dict[str, float] = {}
-    per_class: dict[str, dict[str, float]] = {}
-    shares: dict[str, dict[str, float]] = {}
+    per_class: dict[str, dict[str, ClassTarget]] = {}
     seqs: dict[str, int] = {}
     for model in spec.models:
-        classes = {c.name: c.p99_ms for c in spec.classes_of(model)}
+        classes = {c.name: ClassTarget(c.p99_ms, c.share) for c in spec.classes_of(model)}
         for name in entry_names_of(model):
-            budgets[name] = min(classes.values())
+            budgets[name] = min(c.p99_ms for c in classes.values())
             per_class[name] = classes
-            shares[name] = {c.name: c.share for c in spec.classes_of(model)}
             if model.engine is not None and model.engine.max_num_seqs is not None:
                 seqs[name] = model.engine.max_num_seqs
     return Targets(
-        default_budget_ms=default_budget_ms, budget_ms=budgets, class_budget_ms=per_class, class_share=shares, max_num_seqs=seqs,
+        default_budget_ms=default_budget_ms, budget_ms=budgets, classes=per_class, max_num_seqs=seqs,
         memory_cap=spec.policy.memory_utilization_cap, source=str(path),
     )

@@ -52,6 +52,23 @@ def endpoints_from_url(url: str, grpc_url: str | None = None, metrics_url: str |
     return Endpoints(http=http, grpc=grpc, metrics=metrics)
 
 
+def _request(client: httpx.Client, what: str, address: str, how: str | None, method: str, url: str,
+             **kwargs) -> httpx.Response:
+    try:
+        return client.request(method, url, **kwargs)
+    except httpx.HTTPError as err:
+        shown = address if "://" in address else f"http://{address}"
+        raise unreachable(what, shown, how, f"{type(err).__name__}: {err}") from None
+
+
+def metrics_page(client: httpx.Client, url: str, how: str | None = None) -> str:
+    """A metrics page that must answer (doctor's); `how`: the option that set `url`."""
+    response = _request(client, METRICS, url, how, "GET", url)
+    if response.status_code != 200:
+        raise RunFailed(f"metrics at {url}: HTTP {response.status_code}")
+    return response.text
+
+
 class TritonAdmin:
     """The HTTP calls besides inference: metadata, the index, configs, stats, loads, metrics.
 
@@ -71,15 +88,9 @@ class TritonAdmin:
         if self.owned:
             self.client.close()
 
-    def _send(self, what: str, address: str, method: str, url: str, **kwargs) -> httpx.Response:
-        try:
-            return self.client.request(method, url, **kwargs)
-        except httpx.HTTPError as err:
-            raise unreachable(what, address if "://" in address else f"http://{address}", self.how.get(address),
-                              f"{type(err).__name__}: {err}") from None
-
     def _call(self, method: str, path: str, **kwargs) -> httpx.Response:
-        return self._send(HTTP, self.endpoints.http, method, self.base + path, **kwargs)
+        http = self.endpoints.http
+        return _request(self.client, HTTP, http, self.how.get(http), method, self.base + path, **kwargs)
 
     def server_metadata(self) -> dict:
         response = self._call("GET", "/v2")
@@ -122,11 +133,3 @@ class TritonAdmin:
         except httpx.HTTPError:
             return None
         return response.text if response.status_code == 200 else None
-
-    def metrics_page(self, url: str | None = None) -> str:
-        """A metrics page that must answer (doctor's; `url` defaults to this server's)."""
-        url = url or self.endpoints.metrics
-        response = self._send(METRICS, url, "GET", url)
-        if response.status_code != 200:
-            raise RunFailed(f"metrics at {url}: HTTP {response.status_code}")
-        return response.text

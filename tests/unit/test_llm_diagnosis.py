@@ -11,7 +11,7 @@ import pytest
 
 from sidecar.controller import upstream_outcome
 from sidecar.metrics import SidecarMetrics
-from tritongen.core.diagnosis import Headroom, ModelWindow, ServerSnapshot, Targets, diagnose
+from tritongen.core.diagnosis import ClassTarget, Headroom, ModelWindow, ServerSnapshot, Targets, diagnose
 from tritongen.core.engine_window import (
     SIDECAR_ADMITTED,
     SIDECAR_FINISHED,
@@ -60,8 +60,9 @@ def snap_of(scrapes: list[dict], config: dict = VLLM_CONFIG, success: float = 20
                           engines=engines, sidecar=sidecar or {}, headroom=headroom)
 
 
-TARGETS = Targets(budget_ms={"llm": 200.0}, class_budget_ms={"llm": {"interactive": 200.0, "batch": 10_000.0}},
-                  class_share={"llm": {"interactive": 0.3, "batch": 0.7}}, max_num_seqs={"llm": 32})
+TARGETS = Targets(budget_ms={"llm": 200.0},
+                  classes={"llm": {"interactive": ClassTarget(200.0, 0.3), "batch": ClassTarget(10_000.0, 0.7)}},
+                  max_num_seqs={"llm": 32})
 
 
 def codes(findings) -> list[str]:

@@ -31,7 +31,7 @@ from tritongen.core.diagnosis import (
 )
 from tritongen.core.engine_window import EngineWindow, Gauge, SidecarWindow
 from tritongen.core.findings import Finding
-from tritongen.core.llm_diagnosis import BlindSpot, blind_spots
+from tritongen.core.llm_diagnosis import BlindSpot, blind_spots, kills_seen
 from tritongen.doctor import TritonReader, endpoints, snapshot, targets_from_spec
 
 
@@ -65,10 +65,10 @@ def _gauge(g: Gauge | None, percent: bool = False) -> str:
     return f"{g.mean:.0%} (peak {g.peak:.0%})" if percent else f"{g.mean:.1f} (peak {g.peak:.0f})"
 
 
-def _ms_quantiles(hist, scale: float = 1000.0) -> str:
+def _ms_quantiles(hist) -> str:
     if hist is None or not hist.count:
         return "-"
-    return f"{scale * (hist.quantile(0.5) or 0):.0f} / {scale * (hist.quantile(0.99) or 0):.0f}"
+    return f"{1000 * (hist.quantile(0.5) or 0):.0f} / {1000 * (hist.quantile(0.99) or 0):.0f}"
 
 
 def _engine_table(snap: ServerSnapshot) -> Table:
@@ -80,7 +80,7 @@ def _engine_table(snap: ServerSnapshot) -> Table:
         e: EngineWindow | None = snap.engines.get(name)
         s = snap.sidecar.get(name)
         through = ", ".join(([f"{e.family} metrics"] if e is not None else []) + (["the sidecar"] if s is not None else []))
-        kills = max((e.oom_kills or 0.0) if e else 0.0, s.oom_kills if s else 0.0)
+        kills = max(kills_seen(e, s))
         rate = e.preemptions_per_s if e else None
         ttft = _ms_quantiles(e.ttft) if e is not None and e.ttft is not None else "-"
         if s is not None:

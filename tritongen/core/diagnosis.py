@@ -28,14 +28,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from tritongen.core.engine_window import EngineWindow, Histogram, SidecarWindow, histogram_delta
+from tritongen.core.engine_window import EngineWindow, Histogram, Samples, SidecarWindow, histogram_delta, select
 from tritongen.core.findings import Finding
 from tritongen.core.llm_diagnosis import LLM_CODES, llm_findings
 
-LabelSet = tuple[tuple[str, str], ...]
-Samples = Mapping[tuple[str, LabelSet], float]
 
 MIN_REQUESTS = 5  # fewer successful requests in the window: too little evidence for the load rules
 SATURATED = 0.85  # busy fraction (or GPU utilisation) from which latency is mostly queueing
@@ -113,21 +111,7 @@ class ModelWindow:
 
 
 def _sum(samples: Samples, name: str, model: str, where: Mapping[str, str] | None = None) -> float:
-    total = 0.0
-    for (sample, labels), value in samples.items():
-        if sample != name:
-            continue
-        lab = dict(labels)
-        if lab.get("model") != model:
-            continue
-        if where and any(lab.get(k) != v for k, v in where.items()):
-            continue
-        total += value
-    return total
-
-
-def _has(samples: Samples, name: str, model: str | None = None) -> bool:
-    return any(s == name and (model is None or dict(lab).get("model") == model) for s, lab in samples)
+    return sum(select(samples, name, {"model": model, **(where or {})}))
 
 
 def models_in(samples: Samples) -> list[str]:
@@ -135,9 +119,7 @@ def models_in(samples: Samples) -> list[str]:
 
 
 def _quantile(samples: Samples, name: str, model: str, q: str = "0.99") -> float | None:
-    values = [v for (s, lab), v in samples.items()
-              if s == name and dict(lab).get("model") == model and dict(lab).get("quantile") == q]
-    values = [v for v in values if not math.isnan(v)]
+    values = [v for v in select(samples, name, {"model": model, "quantile": q}) if not math.isnan(v)]
     return max(values) if values else None
 
 
@@ -189,7 +171,7 @@ def devices_from_samples(after: Samples) -> list[Device]:
     uuids = sorted({dict(lab).get("gpu_uuid", "") for s, lab in after if s.startswith("nv_gpu_") and "gpu_uuid" in dict(lab)})
 
     def gauge(name: str, uuid: str) -> float | None:
-        values = [v for (s, lab), v in after.items() if s == name and dict(lab).get("gpu_uuid") == uuid]
+        values = select(after, name, {"gpu_uuid": uuid})
         return values[0] if values else None
 
     return [Device(u, gauge("nv_gpu_utilization", u), gauge("nv_gpu_memory_used_bytes", u),
@@ -235,14 +217,18 @@ class ServerSnapshot:
     sidecar: Mapping[str, SidecarWindow] = field(default_factory=dict)  # the sidecar's view, per model
 
 
+class ClassTarget(NamedTuple):
+    p99_ms: float  # the class's P99 target (TTFT for streaming LLMs)
+    share: float  # its share of the traffic
+
+
 @dataclass(frozen=True)
 class Targets:
     """Latency budgets (the class P99 a model must meet) and memory limits."""
 
     default_budget_ms: float = 1000.0
     budget_ms: Mapping[str, float] = field(default_factory=dict)
-    class_budget_ms: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # model -> class -> P99 ms
-    class_share: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # model -> class -> traffic share
+    classes: Mapping[str, Mapping[str, ClassTarget]] = field(default_factory=dict)  # model -> class -> target
     max_num_seqs: Mapping[str, int] = field(default_factory=dict)  # the spec's engine.max_num_seqs per model
     memory_cap: float = 0.85  # the device-memory watermark, fraction of total
     headroom_fraction: float = 0.05  # sidecar headroom under this share of its capacity: at the watermark
@@ -254,16 +240,16 @@ class Targets:
     def class_budget(self, model: str, klass: str) -> float:
         """A class's own target (TTFT for streaming LLMs); the model's tightest for a class the spec
         does not give it."""
-        return self.class_budget_ms.get(model, {}).get(klass, self.budget(model))
+        target = self.classes.get(model, {}).get(klass)
+        return target.p99_ms if target is not None else self.budget(model)
 
     def classes_of(self, model: str) -> list[tuple[str, float, float]]:
         """(class, target ms, share of the model's traffic) for the classes the spec gives a model."""
-        budgets = self.class_budget_ms.get(model, {})
-        shares = self.class_share.get(model, {})
-        total = sum(shares.get(k, 0.0) for k in budgets)
-        if not budgets or total <= 0:
+        classes = self.classes.get(model, {})
+        total = sum(c.share for c in classes.values())
+        if total <= 0:
             return []
-        return [(k, b, shares.get(k, 0.0) / total) for k, b in budgets.items()]
+        return [(k, c.p99_ms, c.share / total) for k, c in classes.items()]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -101,14 +101,19 @@ def _label(labels: Mapping[str, str], key: str) -> str | None:
     return labels.get(key)
 
 
-def _values(samples: Samples, name: str, where: Mapping[str, str]) -> list[float]:
+def select(samples: Samples, name: str, where: Mapping[str, str]) -> list[float]:
+    """The value of every series of `name` whose labels include `where`, in scrape order (NaN kept)."""
     out = []
     for (sample, labels), value in samples.items():
         if sample == name:
             lab = dict(labels)
-            if all(_label(lab, k) == v for k, v in where.items()) and not math.isnan(value):
+            if all(_label(lab, k) == v for k, v in where.items()):
                 out.append(value)
     return out
+
+
+def _values(samples: Samples, name: str, where: Mapping[str, str]) -> list[float]:
+    return [v for v in select(samples, name, where) if not math.isnan(v)]
 
 
 # ---------------------------------------------------------------------------------------------

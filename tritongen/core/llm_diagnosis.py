@@ -237,10 +237,9 @@ def rule_kv_few_running(model: str, e: EngineWindow, bound: float | None, knobs:
 
 def rule_seq_bound(model: str, e: EngineWindow, bound: float | None, knobs: EngineKnobs, where: str) -> list[Finding]:
     kv, running, waiting = e.kv_used, e.running, e.waiting
-    if None in (kv, running, waiting, bound) or waiting.mean < WAITING or kv.peak >= KV_SPARE:  # type: ignore[union-attr]
+    if kv is None or running is None or waiting is None or bound is None:
         return []
-    assert kv is not None and running is not None and waiting is not None and bound is not None
-    if running.mean < AT_BOUND * bound:
+    if waiting.mean < WAITING or kv.peak >= KV_SPARE or running.mean < AT_BOUND * bound:
         return []
     room = max(1, int(bound * (KV_SPARE / max(kv.peak, 1e-3) - 1)))
     return [_f(model, "DR113",
@@ -270,9 +269,14 @@ def rule_sidecar_overreserves(model: str, e: EngineWindow | None, snap: ServerSn
     return []
 
 
+def kills_seen(e: EngineWindow | None, s: SidecarWindow | None) -> tuple[float, float]:
+    """(out-of-memory kills the engine counted, kills the sidecar saw in its answers) in the window.
+    Both may count the same requests, so the larger is the count."""
+    return ((e.oom_kills or 0.0) if e is not None else 0.0), (s.oom_kills if s is not None else 0.0)
+
+
 def rule_kills(model: str, e: EngineWindow | None, s: SidecarWindow | None, knobs: EngineKnobs, where: str) -> list[Finding]:
-    engine_kills = (e.oom_kills or 0.0) if e is not None else 0.0
-    sidecar_kills = s.oom_kills if s is not None else 0.0
+    engine_kills, sidecar_kills = kills_seen(e, s)
     kills = max(engine_kills, sidecar_kills)
     if kills <= 0:
         return []
