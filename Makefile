@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.tritongen-installed
 
-.PHONY: demo test venv clean bench bench-fidelity bench-sidecar bench-profile bench-simulator bench-fixed-vs-tuned bench-check-conformance bench-llm-fidelity bench-llm-guard bench-vs-model-analyzer bench-instance-scaling
+.PHONY: demo test venv clean bench bench-fidelity bench-sidecar bench-profile bench-simulator bench-fixed-vs-tuned bench-check-conformance bench-llm-fidelity bench-llm-guard bench-vs-model-analyzer bench-instance-scaling bench-admission
 
 venv: $(STAMP)
 
@@ -26,7 +26,7 @@ demo: $(STAMP)
 # (date, machine, commit). Run them one at a time on a quiet host; `make bench` runs them all (~12 min, and ~33 more for bench-vs-model-analyzer).
 TRITON_SERVER_REPO ?= /tmp/triton-server
 
-bench: bench-simulator bench-profile bench-fidelity bench-llm-fidelity bench-llm-guard bench-sidecar bench-fixed-vs-tuned bench-check-conformance bench-vs-model-analyzer bench-instance-scaling
+bench: bench-simulator bench-profile bench-fidelity bench-llm-fidelity bench-llm-guard bench-sidecar bench-fixed-vs-tuned bench-check-conformance bench-vs-model-analyzer bench-instance-scaling bench-admission
 
 bench-fidelity: $(STAMP)
 	$(PY) bench/bench_sim_fidelity.py
@@ -55,6 +55,9 @@ bench-instance-scaling: $(STAMP)
 
 bench-llm-guard: $(STAMP)
 	$(PY) bench/bench_llm_guard.py
+
+bench-admission: $(STAMP)
+	$(PY) bench/bench_admission.py
 
 # Installs triton-model-analyzer (numpy pinned; else bench/.ma-venv) and perf_analyzer (bench/.perf-analyzer)
 # when missing; without them it says why and takes no figures. ~33 min; BENCH_ARGS=--quick for a smoke run.

@@ -71,6 +71,7 @@ Clock = Callable[[], float]
 
 DRAIN_WINDOW_S = 10.0
 ARRIVAL_WINDOW_S = 5.0  # arrival rates per level (expected_wait_s), over this window
+ARRIVALS_KEPT = 2048  # at most this many of the window's arrivals per model (the oldest go first)
 DRAIN_MIN_SAMPLES = 2
 SEQ_LEN_ALPHA = 0.2
 SERVICE_ALPHA = 0.2
@@ -165,6 +166,12 @@ class Verdict:
     ok: bool
     blocked: Room | None
     headroom_bytes: float | None  # the smallest free memory among the rooms
+
+
+def _wait_from(terms: tuple[float, float], position: int) -> float:
+    """The wait at `position` from `AdmissionState._wait_terms`."""
+    places, rate = terms
+    return math.inf if rate <= 0 else (position + places) / rate
 
 
 def decide(cost: Cost, headroom: Sequence[Room], inflight: Sequence[Room]) -> Verdict:
@@ -341,6 +348,9 @@ class _Waiting:
     deadline: float
     priority: int
     seq: int
+    # The groups this request holds and is held by (`_groups`): asked for every waiting request on
+    # every pass of the queue, so worked out once (again on a policy reload).
+    groups: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -359,6 +369,11 @@ class AdmissionState:
         self.limit = AdaptiveLimit(policy.concurrency, clock())
         self._reservations: dict[Hashable, _Reservation] = {}
         self._waiting: dict[Hashable, _Waiting] = {}
+        # `_order`'s last answer, valid while the instant and the waiting set are the same: one submit
+        # or tick walks the queue several times (expire, pump, the blocker, the places ahead), and
+        # under overload the queue holds hundreds of requests. `_waiting_rev` counts every change.
+        self._waiting_rev = 0
+        self._order_cache: tuple[float, int, list[_Waiting]] | None = None
         self._reserved_scope: dict[str, int] = defaultdict(int)
         self._reserved_kv: dict[str, int] = defaultdict(int)
         self._inflight_model: dict[str, int] = defaultdict(int)
@@ -376,7 +391,10 @@ class AdmissionState:
         self._service_s: dict[str, float] = {}  # EWMA of admitted -> released, per model
         self._upstream_latency: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=LATENCY_SAMPLES))
         self._lower_share: dict[str, LowerShare] = defaultdict(LowerShare)
-        self._arrivals: dict[str, deque[tuple[float, int]]] = defaultdict(lambda: deque(maxlen=2048))
+        self._arrivals: dict[str, deque[tuple[float, int]]] = defaultdict(deque)
+        # Per model, how many of `_arrivals` are at each level: a rate is a sum over the few levels,
+        # not a walk of the window (thousands of arrivals under a burst, asked on every decision).
+        self._arrival_counts: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
         self._arrival_rates: dict[tuple[str, int, float], float] = {}  # see _arrival_rate
         self._token_counters: Mapping[str, Callable[[bytes], int]] = {}
         self._demand = False
@@ -391,6 +409,9 @@ class AdmissionState:
         self.policy = policy
         self._index()
         self.limit.reconfigure(policy.concurrency)
+        for waiting in self._waiting.values():
+            waiting.groups = self._groups(waiting.request)
+        self._changed()
         self._pump()
 
     def set_token_counters(self, counters: Mapping[str, Callable[[bytes], int]]) -> None:
@@ -594,15 +615,50 @@ class AdmissionState:
         a waiting request of a lower class has a deadline of its own (it is refused, never starved
         for ever), while one promoted beside the top class would, under sustained overload, queue
         every new top-class request behind the whole backlog and see them refused."""
+        return self._level_of(now)(waiting)
+
+    def _level_of(self, now: float) -> Callable[[_Waiting], int]:
+        """`effective_level` at `now` as a one-argument function, the policy's constants read once:
+        the queue's order asks it for every waiting request."""
         top = self._top_level
-        if waiting.priority <= top:
-            return waiting.priority
         guard_s = self.policy.starvation_guard_ms / 1000
-        promoted = int((now - waiting.enqueued_at) // guard_s) if guard_s > 0 else 0
-        return max(top + 1, waiting.priority - promoted)
+
+        def level(waiting: _Waiting) -> int:
+            priority = waiting.priority
+            if priority <= top or guard_s <= 0:
+                return priority
+            return max(top + 1, priority - int((now - waiting.enqueued_at) // guard_s))
+
+        return level
+
+    def _changed(self) -> None:
+        """The waiting set changed: `_order`'s cached answer is stale."""
+        self._waiting_rev += 1
 
     def _order(self, now: float) -> list[_Waiting]:
-        return sorted(self._waiting.values(), key=lambda w: (self.effective_level(w, now), w.enqueued_at, w.seq))
+        """The waiting requests in the order they leave: effective level, then arrival. A fresh list
+        (callers remove from the queue while they walk it)."""
+        cached = self._order_cache
+        if cached is not None and cached[0] == now and cached[1] == self._waiting_rev:
+            return list(cached[2])
+        # `_waiting` keeps insertion order, which is arrival order (enqueued_at, then seq): a
+        # request joins it once, when it is queued. So the order is the levels' buckets in turn,
+        # each in arrival order, with no sort of the whole queue.
+        top = self._top_level
+        guard_s = self.policy.starvation_guard_ms / 1000
+        buckets: dict[int, list[_Waiting]] = {}
+        for waiting in self._waiting.values():
+            level = waiting.priority
+            if level > top and guard_s > 0:
+                level = max(top + 1, level - int((now - waiting.enqueued_at) // guard_s))
+            bucket = buckets.get(level)
+            if bucket is None:
+                buckets[level] = [waiting]
+            else:
+                bucket.append(waiting)
+        order = [w for level in sorted(buckets) for w in buckets[level]]
+        self._order_cache = (now, self._waiting_rev, order)
+        return list(order)
 
     @staticmethod
     def _hold_key(request: Request, room: Room) -> tuple[str, str]:
@@ -660,8 +716,9 @@ class AdmissionState:
             return Decision(Action.ADMIT, request.id, "admitted", headroom_bytes=verdict.headroom_bytes)
         self._seq += 1
         allowed_s = self.allowed_wait_s(request.model, klass)
-        waiting = _Waiting(request, now, now + allowed_s, klass.priority, self._seq)
+        waiting = _Waiting(request, now, now + allowed_s, klass.priority, self._seq, self._groups(request))
         self._waiting[request.id] = waiting
+        self._changed()
         self._pump(now, expire=False)  # expired already above; the newcomer must not expire before it is judged
         granted = [g for g in self._granted if g.request_id == request.id]
         if granted:
@@ -670,6 +727,7 @@ class AdmissionState:
             return granted[0]
         # Not admitted: it waits, unless its queue is full or the wait would exceed the class's.
         del self._waiting[request.id]
+        self._changed()
         self._demand = True
         blocked = verdict.blocked or self._head_blocker(now, request)
         if blocked is None:
@@ -703,14 +761,16 @@ class AdmissionState:
                 f"{ahead} request(s) ahead, exceeds the {allowed_s * 1000:.0f} ms class {klass.name!r} may wait",
             )
         self._waiting[request.id] = waiting
+        self._changed()
         self._note_arrival(request.model, klass.priority, now)
         return Decision(Action.QUEUE, request.id, "queued", queue_position=ahead + 1, **common,
                         detail=f"waiting for {limit_name}")
 
     def _ahead(self, model: str, key: tuple[int, float, int], now: float) -> int:
+        level = self._level_of(now)
         return sum(
             1 for w in self._waiting.values()
-            if w.request.model == model and (self.effective_level(w, now), w.enqueued_at, w.seq) < key
+            if w.request.model == model and (level(w), w.enqueued_at, w.seq) < key
         )
 
     def _head_blocker(self, now: float, request: Request | None = None) -> Room | None:
@@ -725,7 +785,10 @@ class AdmissionState:
 
     def cancel(self, request_id: Hashable) -> bool:
         """The client gave up while waiting. False if it is not waiting (already granted or gone)."""
-        return self._waiting.pop(request_id, None) is not None
+        if self._waiting.pop(request_id, None) is None:
+            return False
+        self._changed()
+        return True
 
     def end_prefill(self, request_id: Hashable) -> None:
         """The first token came back: the prefill peak is no longer held, and the time from
@@ -865,6 +928,7 @@ class AdmissionState:
                 self._free(rid)
         for rid in [r for r, w in self._waiting.items() if w.deadline <= now]:
             waiting = self._waiting.pop(rid)
+            self._changed()
             klass = self.class_policy(waiting.request.klass)
             wait_s = self.expected_wait_s(waiting.request.model, 1, now)
             verdict = self.verdict(waiting.request, now)
@@ -887,14 +951,21 @@ class AdmissionState:
         if not self._waiting:
             return
         places: dict[str, int] = defaultdict(int)
+        terms: dict[tuple[str, int], tuple[float, float] | None] = {}
+        level = self._level_of(now)
         for waiting in self._order(now):
             model = waiting.request.model
             places[model] += 1
-            predicted = self.expected_wait_s(model, places[model], now, self.effective_level(waiting, now))
+            key = (model, level(waiting))
+            if key not in terms:
+                terms[key] = self._wait_terms(model, now, key[1])
+            found = terms[key]
+            predicted = None if found is None else _wait_from(found, places[model])
             left = waiting.deadline - now
             if predicted is None or predicted <= 1.5 * left:
                 continue
             del self._waiting[waiting.request.id]
+            self._changed()
             self._expired.append(Decision(
                 Action.REJECT, waiting.request.id, QUEUE_WAIT, retry_after_s=self.retry_after_s(predicted),
                 waited_s=now - waiting.enqueued_at, limit="queue_order", queue_position=places[model],
@@ -913,12 +984,13 @@ class AdmissionState:
         held: set[tuple[str, str]] = set()  # groups (model or tenant) held by a request ahead of them
         for waiting in self._order(now):
             request = waiting.request
-            if not held.isdisjoint(self._groups(request)):
+            if held and not held.isdisjoint(waiting.groups):
                 continue
             memory, slots = self.rooms(request, now)
             verdict = decide(request.cost, memory, slots)
             if verdict.ok:
                 del self._waiting[request.id]
+                self._changed()
                 self._reserve(request, now, waiting.enqueued_at)
                 self._granted.append(Decision(
                     Action.ADMIT, request.id, "admitted", headroom_bytes=verdict.headroom_bytes,
@@ -972,23 +1044,34 @@ class AdmissionState:
         rate, where, for a request of a lower class, the top class's requests arriving meanwhile
         (at their recent rate) always pass it, and those of the classes between pass it until the
         starvation guard has promoted it to their level (effective_level). None: no drain measured."""
+        terms = self._wait_terms(model, now, priority)
+        return None if terms is None else _wait_from(terms, position)
+
+    def _wait_terms(self, model: str, now: float, priority: int | None) -> tuple[float, float] | None:
+        """(places added, rate) so that the wait at `position` is (position + places) / rate
+        (`expected_wait_s`); rate 0: never (the top class takes it all). None: no drain measured.
+        Apart from the position so that a walk of the queue works them out once per level."""
         rate = self.drain_rate(model, now)
         if rate is None or rate <= 0:
             return None
         top = self._top_level
         if priority is None or priority <= top:
-            return position / rate
+            return (0.0, rate)
         passing_top = self._arrival_rate(model, now, below=top + 1)
         passing_mid = self._arrival_rate(model, now, below=priority) - passing_top
         promoted_s = max(0, priority - top - 1) * self.policy.starvation_guard_ms / 1000
         left = rate - passing_top  # what the top class leaves for everyone else
         if left <= 0.05 * rate:
-            return math.inf
-        return (position + passing_mid * promoted_s) / left
+            return (0.0, 0.0)
+        return (passing_mid * promoted_s, left)
 
     def _note_arrival(self, model: str, priority: int, now: float) -> None:
         """A request that is admitted or waits (a refused one takes nothing from the drain)."""
-        self._arrivals[model].append((now, priority))
+        seen, counts = self._arrivals[model], self._arrival_counts[model]
+        if len(seen) >= ARRIVALS_KEPT:
+            counts[seen.popleft()[1]] -= 1
+        seen.append((now, priority))
+        counts[priority] += 1
         self._arrival_rates.clear()
 
     def _arrival_rate(self, model: str, now: float, below: int) -> float:
@@ -1003,10 +1086,11 @@ class AdmissionState:
         seen = self._arrivals.get(model)
         rate = 0.0
         if seen:
+            counts = self._arrival_counts[model]
             while seen and seen[0][0] < now - ARRIVAL_WINDOW_S:
-                seen.popleft()
+                counts[seen.popleft()[1]] -= 1
             if len(seen) >= DRAIN_MIN_SAMPLES:
-                rate = sum(1 for _, level in seen if level < below) / max(now - seen[0][0], 0.5)
+                rate = sum(n for level, n in counts.items() if level < below) / max(now - seen[0][0], 0.5)
         self._arrival_rates[key] = rate
         return rate
 
