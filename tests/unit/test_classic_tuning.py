@@ -170,34 +170,6 @@ def test_the_live_capacity_search_brackets_the_rate_that_passes() -> None:
     assert nothing == 0.0 and len(probes) == 3
 
 
-def test_an_overloaded_probes_throughput_caps_the_search_and_saves_probes() -> None:
-    """A prediction 40% high: the server served 531/s when offered 728/s, so it cannot pass (95%
-    served) above 559/s; the search steps down from that bound instead of from 728 and ends sooner,
-    on an answer as good."""
-    saturation, base = 531.0, 400.0  # requests/s; the traffic's rate (factor 1)
-
-    def probe(f: float) -> CapacityProbe:
-        offered = f * base
-        served = min(offered, saturation)
-        return CapacityProbe(factor=f, passed=offered <= 0.98 * saturation, throughput_per_s=served, detail="")
-
-    def ceiling(p: CapacityProbe) -> float | None:
-        offered = p.factor * base
-        return None if p.throughput_per_s >= 0.95 * offered else p.throughput_per_s / (0.95 * base)
-
-    plain, plain_probes = search_capacity(probe, start=728 / base, max_runs=8)
-    capped, capped_probes = search_capacity(probe, start=728 / base, max_runs=8, ceiling=ceiling)
-    true = 0.98 * saturation / base
-    for found in (plain, capped):
-        assert true / 1.05 < found <= true
-    assert len(capped_probes) < len(plain_probes)
-    assert all(p.factor <= 728 / base for p in capped_probes)
-    # a bound below a rate that passed (noise) does not undo the pass
-    noisy, _ = search_capacity(lambda f: CapacityProbe(f, f <= 1.2, 100.0, ""), start=1.0, max_runs=6,
-                               ceiling=lambda p: 0.5)
-    assert noisy >= 1.0
-
-
 def test_the_search_skips_instances_a_shared_device_cannot_use() -> None:
     from tritongen.core.tune import coarse_candidates, useful_instances
 

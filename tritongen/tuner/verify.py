@@ -22,7 +22,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -469,17 +469,10 @@ class MeasuredCapacity:
     error: str | None = None
 
 
-def search_capacity(
-    probe, start: float, max_runs: int = 6, step: float = 1.15, resolution: float = 1.05,
-    ceiling: Callable[[CapacityProbe], float | None] | None = None,
-) -> tuple[float, list[CapacityProbe]]:
+def search_capacity(probe, start: float, max_runs: int = 6, step: float = 1.15, resolution: float = 1.05) -> tuple[float, list[CapacityProbe]]:
     """The highest passing rate multiple, from `start` (the predicted capacity): up by `step` while
     it passes, down while it fails, then bisect between the last pass and the first failure until
-    they are within `resolution`. `probe(factor) -> CapacityProbe`. 0 when nothing passed.
-
-    `ceiling(failed probe)`: the highest multiple that could still pass, known from what the failure
-    measured (an overloaded server's throughput bounds what it serves at any rate); it lowers the
-    upper bracket, which saves the probes a bisection would spend above it."""
+    they are within `resolution`. `probe(factor) -> CapacityProbe`. 0 when nothing passed."""
     probes: list[CapacityProbe] = []
     lo: float | None = None
     hi: float | None = None
@@ -490,11 +483,7 @@ def search_capacity(
         if p.passed:
             lo = f if lo is None else max(lo, f)
         else:
-            bound = ceiling(p) if ceiling is not None else None
-            top = f if bound is None else min(f, bound)
-            if lo is not None:
-                top = max(top, lo * 1.0001)  # a bound under a rate that passed is noise: keep the bracket
-            hi = top if hi is None else min(hi, top)
+            hi = f if hi is None else min(hi, f)
         if lo is not None and hi is not None:
             if hi / lo <= resolution:
                 break
@@ -502,7 +491,7 @@ def search_capacity(
         elif lo is not None:
             f = lo * step
         else:
-            f = min(f, hi) / step if hi is not None else f / step
+            f = f / step
     return (lo or 0.0), probes
 
 
@@ -518,11 +507,10 @@ def measure_capacities(
     seed: int = 0,
     max_runs: int = 6,
     log=lambda message: None,
-    ceiling: Callable[[CapacityProbe], float | None] | None = None,
 ) -> list[MeasuredCapacity]:
     """Each candidate's measured capacity on the embedded server: `search_capacity` from its
     predicted multiple (`starts`), each probe `arrivals` at that multiple of its rate, judged by
-    `passes(run, factor) -> (bool, detail)`; `ceiling` as in `search_capacity`."""
+    `passes(run, factor) -> (bool, detail)`."""
     start_of = {c.label: f for c, f in zip(candidates, starts)}
 
     def body(server, cand: Candidate) -> MeasuredCapacity:
@@ -532,7 +520,7 @@ def measure_capacities(
             ok, detail = passes(run, f)
             return CapacityProbe(factor=f, passed=ok, throughput_per_s=run.throughput_per_s, detail=detail)
 
-        factor, probes = search_capacity(probe, max(1e-3, start_of[cand.label]), max_runs=max_runs, ceiling=ceiling)
+        factor, probes = search_capacity(probe, max(1e-3, start_of[cand.label]), max_runs=max_runs)
         return MeasuredCapacity(cand, factor, probes)
 
     out = on_servers(repository, candidates, body, server_flags)
