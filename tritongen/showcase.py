@@ -183,7 +183,9 @@ def run_showcase(
     llm_arrivals = scale_rate(generate_arrivals(traffic_spec, seed=1, trace_text=trace, requests=requests), llm_rate_factor)
     ranker_arrivals = scale_rate(generate_arrivals(traffic_spec, seed=2, trace_text=trace, requests=requests), ranker_rate_factor)
     workloads = {"ranker": (ranker_arrivals, False), "tinyllm": (llm_arrivals, True)}
-    say("3/5 before: the same bursty two-class load against the hand-written configs")
+    say("3/5 before: the same bursty two-class load against the hand-written configs "
+        f"({traffic.name}'s shape at {ranker_rate_factor:g}x its rate for ranker and {llm_rate_factor:g}x for tinyllm; "
+        "tune simulated it at 1x)")
     show.runs += load_phase("before", before, workloads, say, workdir, behind_sidecar=False)
     step("load before")
     say("4/5 after: the tuned configs behind the sidecar, the same load")
