@@ -12,11 +12,20 @@ tinyllm) to its in-flight bound, queues N lower-class requests, and times, with 
   * release: a request ends, the queue is pumped (the head takes its place) and one more
     lower-class request joins the backlog, so it stays at N.
 Each figure is the median over R repeats of the mean over 400 calls, in microseconds.
+
+Then who is refused, and when: an LLM with 32 sequences (service 0.8-1.5 s, first token after
+30-50 ms) behind the real `AdmissionState`, Poisson arrivals of three classes (20 / 50 / 30 %,
+queue budgets 200 ms / 1 s / 10 s) for 60 s at 0.9x, 1.5x and 3x its capacity, an event
+simulation with the ticker every 20 ms. Two settings side by side: lower classes queued on the
+mean wait (WAIT_Z 0) and on its 98th percentile (the default). A refusal is late when it is told
+more than 5 ms after the request arrived.
 """
 
 from __future__ import annotations
 
 import argparse
+import heapq
+import random
 import statistics
 import sys
 import time
@@ -26,8 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.report import saved_report  # noqa: E402
-from sidecar.admission import AdmissionState, Cost, Request  # noqa: E402
-from sidecar.policy import load_policy  # noqa: E402
+import sidecar.admission as admission  # noqa: E402
+from sidecar.admission import Action, AdmissionState, Cost, Request  # noqa: E402
+from sidecar.policy import load_policy, parse_policy  # noqa: E402
 
 CALLS = 400
 
@@ -81,11 +91,106 @@ def one_run(policy_path: Path, model: str, waiting: int) -> dict[str, float]:
     return {"submit": timed(submit), "tick": timed(state.tick), "release": timed(release)}
 
 
+OVERLOAD_CLASSES = (("interactive", 1, 0.2, 200), ("normal", 2, 0.5, 1000), ("batch", 3, 0.3, 10_000))
+SEQUENCES, SERVICE_S = 32, (0.8, 1.5)
+
+
+def overload_policy():
+    classes = [{"name": n, "kind": n, "priority": pr, "p99_ms": ms, "max_queue_wait_ms": ms, "queue_cap": None,
+                "budget_fraction": 1.0} for n, pr, _, ms in OVERLOAD_CLASSES]
+    return parse_policy({
+        "version": 1, "deployment": "bench", "default_class": "normal", "starvation_guard_ms": 200, "classes": classes,
+        "devices": [{"id": "gpu0", "memory_bytes": 10**12, "utilization_cap": 1.0, "static_used_bytes": 0}],
+        "models": [{"name": "llm", "kind": "llm", "devices": ["gpu0"], "memory_quota_bytes": None,
+                    "max_inflight": SEQUENCES, "release_grace_ms": 100,
+                    "kv": {"bytes_per_token": 10, "bytes_per_token_source": "analytic", "block_tokens": 16,
+                           "max_context": 4096, "kv_policy": "grow_preempt", "engine_pool_bytes": 10**9}}],
+        "concurrency": {"min": SEQUENCES, "max": SEQUENCES, "queue_delay_high_ms": 50, "queue_delay_low_ms": 20,
+                        "adjust_interval_ms": 1000, "increase_hold_ms": 3000},
+        "headroom": {"sources": ["static"], "safety_pad_bytes": 0},
+    })
+
+
+def overload_run(load: float, seed: int, seconds: float = 60.0) -> dict[str, float]:
+    """One event simulation (see the module docstring); counts per class and refusal delays."""
+    rng = random.Random(seed)
+    clock = [0.0]
+    state = AdmissionState(overload_policy(), lambda: clock[0])
+    rate = load * SEQUENCES / (sum(SERVICE_S) / 2)
+    events: list[tuple[float, int, str, int]] = []
+    order = iter(range(10**9))
+    arrived: dict[int, tuple[str, float]] = {}
+    t, rid = 0.0, 0
+    while t < seconds:
+        t += rng.expovariate(rate)
+        rid += 1
+        pick, klass = rng.random(), OVERLOAD_CLASSES[-1][0]
+        for name, _, share, _ in OVERLOAD_CLASSES:
+            if pick < share:
+                klass = name
+                break
+            pick -= share
+        arrived[rid] = (klass, t)
+        heapq.heappush(events, (t, next(order), "arrive", rid))
+    for k in range(int((seconds + 20) / 0.02)):
+        heapq.heappush(events, (k * 0.02, next(order), "tick", 0))
+    cost = Cost(kv_bytes=112 * 10, tokens=112, prompt_tokens=64, prompt_lengths=(64,))
+    served = {name: 0 for name, *_ in OVERLOAD_CLASSES}
+    refusal_delays: list[float] = []
+
+    def start(i: int) -> None:
+        heapq.heappush(events, (clock[0] + rng.uniform(0.03, 0.05), next(order), "first", i))
+        heapq.heappush(events, (clock[0] + rng.uniform(*SERVICE_S), next(order), "end", i))
+
+    while events:
+        t, _, kind, i = heapq.heappop(events)
+        clock[0] = t
+        if kind == "arrive":
+            decision = state.submit(Request(i, "llm", arrived[i][0], cost))
+            if decision.action is Action.ADMIT:
+                start(i)
+            elif decision.action is Action.REJECT:
+                refusal_delays.append(0.0)
+        elif kind == "first":
+            state.end_prefill(i)
+            served[arrived[i][0]] += 1
+        elif kind == "end":
+            state.release(i, tokens=112)
+        else:
+            state.tick()
+        if state.has_events:
+            happened = state.take_events()
+            for d in happened.granted:
+                start(d.request_id)
+            refusal_delays += [t - arrived[d.request_id][1] for d in happened.expired]
+    late = sum(1 for d in refusal_delays if d > 0.005)
+    ordered = sorted(refusal_delays)
+    return {"served": sum(served.values()), "interactive": served["interactive"], "refused": len(refusal_delays),
+            "late": late, "p99_ms": 1000 * ordered[int(0.99 * (len(ordered) - 1))] if ordered else 0.0}
+
+
+def overload_table(seeds: int) -> None:
+    print()
+    print(f"Refusals under overload (event simulation, real AdmissionState, {seeds} seeds; medians):")
+    print("| load | lower classes queued on | served | interactive served | refused | told late | refusal P99 ms |")
+    print("|---|---|---|---|---|---|---|")
+    default = admission.WAIT_Z
+    for load in (0.9, 1.5, 3.0):
+        for label, z in (("the mean (WAIT_Z 0)", 0.0), (f"the 98th percentile (WAIT_Z {default:g})", default)):
+            admission.WAIT_Z = z
+            runs = [overload_run(load, seed) for seed in range(1, seeds + 1)]
+            med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            print(f"| {load:g}x | {label} | {med['served']:.0f} | {med['interactive']:.0f} | {med['refused']:.0f} | "
+                  f"{med['late']:.0f} | {med['p99_ms']:.0f} |")
+    admission.WAIT_Z = default
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policy", type=Path, default=ROOT / "model_repository" / "sidecar_policy.json")
     parser.add_argument("--model", default="tinyllm")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--seeds", type=int, default=3, help="event simulations per cell of the overload table")
     args = parser.parse_args()
     with saved_report("admission"):
         run(args)
@@ -100,6 +205,7 @@ def run(args: argparse.Namespace) -> None:
         runs = [one_run(args.policy, args.model, waiting) for _ in range(args.repeat)]
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         print(f"| {waiting} | {med['submit']:.0f} | {med['tick']:.0f} | {med['release']:.0f} |")
+    overload_table(args.seeds)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,13 @@ bytes on a scope that shows U bytes used means `max(0, U - R)` bytes are held by
 so capacity = total - pad - max(0, U - R). Static readings (the plan's arithmetic) do not include
 reservations: capacity = total - pad - static used.
 
+Waiting or refused. A request that cannot be admitted at once waits only if it is expected to
+leave the queue within its class's wait (its position / the model's drain rate, the top class's
+arrivals passing the lower classes). Below the top class "expected" means at the wait's 98th
+percentile (WAIT_Z), not its mean: a request queued on the mean near the limit waits its whole
+budget about half the time and is then refused late, which tells the client nothing sooner than a
+timeout would. The top class waits on the mean (its budget is a few departures long).
+
 Queueing is strict priority with aging: a waiting request is promoted one level for every
 `starvation_guard_ms` it has waited, and requests of equal effective level leave in arrival order.
 A request blocked by a shared room (device headroom, the concurrency limit) holds everything behind
@@ -71,6 +78,11 @@ Clock = Callable[[], float]
 
 DRAIN_WINDOW_S = 10.0
 ARRIVAL_WINDOW_S = 5.0  # arrival rates per level (expected_wait_s), over this window
+# A request waits only if it will leave the queue within its class's wait with high confidence:
+# the wait's quantile at z standard deviations (`_wait_from`), not its mean. Queued at the mean, half
+# of those near the limit would wait their whole budget and then be refused late.
+WAIT_Z = 2.0
+_Z_PERCENTILE = 100 * 0.5 * (1 + math.erf(WAIT_Z / math.sqrt(2)))  # 97.7 for z = 2, for messages
 ARRIVALS_KEPT = 2048  # at most this many of the window's arrivals per model (the oldest go first)
 DRAIN_MIN_SAMPLES = 2
 SEQ_LEN_ALPHA = 0.2
@@ -168,10 +180,15 @@ class Verdict:
     headroom_bytes: float | None  # the smallest free memory among the rooms
 
 
-def _wait_from(terms: tuple[float, float], position: int) -> float:
-    """The wait at `position` from `AdmissionState._wait_terms`."""
+def _wait_from(terms: tuple[float, float], position: int, z: float = 0.0) -> float:
+    """The wait at `position` from `AdmissionState._wait_terms`: the mean, or with `z` > 0 a high
+    quantile of it. Leaving takes `n` = position + places departures at `rate`; their sum has mean
+    n / rate and spread sqrt(n) / rate (departures roughly Poisson), so (n + z sqrt(n)) / rate."""
     places, rate = terms
-    return math.inf if rate <= 0 else (position + places) / rate
+    if rate <= 0:
+        return math.inf
+    n = position + places
+    return (n + z * math.sqrt(n)) / rate
 
 
 def decide(cost: Cost, headroom: Sequence[Room], inflight: Sequence[Room]) -> Verdict:
@@ -736,7 +753,13 @@ class AdmissionState:
             limit_name, cap, used = blocked.name, blocked.capacity, blocked.used
         ahead = self._ahead(request.model, (klass.priority, now, self._seq), now)
         same_class = sum(1 for w in self._waiting.values() if w.request.klass == klass.name)
-        wait_s = self.expected_wait_s(request.model, ahead + 1, now, klass.priority)
+        terms = self._wait_terms(request.model, now, klass.priority)
+        wait_s = None if terms is None else _wait_from(terms, ahead + 1)
+        # Below the top class a request waits only if it leaves in time with high confidence (WAIT_Z);
+        # the top class waits on the mean: its budget is a few departures long, and refusing it on a
+        # quantile would hand its share to the classes below.
+        z = WAIT_Z if klass.priority > self._top_level else 0.0
+        sure_s = None if terms is None else _wait_from(terms, ahead + 1, z)
         common = dict(limit=limit_name, limit_capacity=cap, limit_used=used, headroom_bytes=verdict.headroom_bytes)
         if klass.queue_cap is not None and same_class >= klass.queue_cap:
             return Decision(
@@ -753,11 +776,13 @@ class AdmissionState:
                 detail=f"{limit_name} is reached and class {klass.name!r}'s {klass.p99_ms:.0f} ms target leaves "
                 f"no time to wait: upstream alone takes {upstream * 1000:.0f} ms (P{LATENCY_QUANTILE * 100:.0f})",
             )
-        if wait_s is not None and wait_s > allowed_s:
+        if sure_s is not None and sure_s > allowed_s:
+            assert wait_s is not None
+            likely = f" ({sure_s * 1000:.0f} ms at its {_Z_PERCENTILE:.0f}th percentile)" if z else ""
             return Decision(
                 Action.REJECT, request.id, QUEUE_WAIT, retry_after_s=self.retry_after_s(wait_s),
                 queue_position=ahead + 1, **common,
-                detail=f"{limit_name} is reached and the estimated wait, {wait_s * 1000:.0f} ms for "
+                detail=f"{limit_name} is reached and the estimated wait, {wait_s * 1000:.0f} ms{likely} for "
                 f"{ahead} request(s) ahead, exceeds the {allowed_s * 1000:.0f} ms class {klass.name!r} may wait",
             )
         self._waiting[request.id] = waiting

@@ -178,7 +178,11 @@ def test_a_kv_quota_below_one_block_is_refused() -> None:
 
 def test_a_waiting_request_far_past_its_time_is_refused_early_not_at_its_deadline() -> None:
     clock = FakeClock()
-    state = AdmissionState(parse_policy(engine_doc(pool_tokens=30)), clock)  # one of 20 tokens at a time
+    doc = engine_doc(pool_tokens=30)  # one of 20 tokens at a time
+    for klass in doc["classes"]:
+        if klass["name"] == "batch":  # batch may wait 10 s: places 1 and 2 are 1 s and 2 s on the mean, sure
+            klass.update(max_queue_wait_ms=10_000, p99_ms=20_000)  # (WAIT_Z) within 3 s and 4.8 s
+    state = AdmissionState(parse_policy(doc), clock)
     first = llm_request(state, 10, 10, "batch")
     assert state.submit(first).admitted
     clock.advance(1.0)
@@ -187,8 +191,8 @@ def test_a_waiting_request_far_past_its_time_is_refused_early_not_at_its_deadlin
     running = llm_request(state, 10, 10, "batch")
     assert state.submit(running).admitted
     queued = [llm_request(state, 10, 10, "batch") for _ in range(2)]
-    assert all(state.submit(r).action is Action.QUEUE for r in queued)  # 1 s and 2 s: inside 2.5 s
-    clock.advance(1.0)  # nothing finished; 1.5 s left, and the second in line needs 2 s
+    assert all(state.submit(r).action is Action.QUEUE for r in queued)
+    clock.advance(8.5)  # nothing finished; 1.5 s left, and the second in line needs 2 s
     state.tick()
     assert [d.request_id for d in state.take_events().expired] == []  # 2 s is not 1.5 x past 1.5 s
     clock.advance(0.6)  # 0.9 s left: place 1 (1 s) may still make it, place 2 (2 s) is over 1.5 x that
