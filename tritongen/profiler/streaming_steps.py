@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from tritongen.profiler.run import _Builder
 
 _QUEUE_REJECTIONS = ("Request timeout expired", "Exceeds maximum queue size")
+KV_HOLD_ATTEMPTS = 3  # KV hold runs before giving up on the gauges
+KV_HOLD_QUEUE_ATTEMPTS = 8  # ... when what failed was only the queue policy rejecting a stream
 
 
 class StreamingSteps:
@@ -316,9 +318,19 @@ class StreamingSteps:
             streams = max(1, min(streams, memory.kv_pool_blocks // per_stream))
         readings: list[tuple[int, float]] = []
         workers: list = []
-        for _attempt in range(3):
+        attempt = 0
+        while True:
+            attempt += 1
             workers, readings = self._hold_once(target, stream, streams, prompt, max_tokens, block)
             if readings:
+                break
+            failed = [r.error for w in workers for r in w.records if r.error not in (None, "stopped")]
+            # A stream the served config's queue policy rejected never reached the engine, and no
+            # reading counts until every stream is in. Triton 2.51 holds the odd request ~500 ms in a
+            # batcher with priority levels (see _single), so with many streams one attempt in three
+            # can lose one: queue rejections get more attempts than other failures do.
+            queue_only = bool(failed) and all(any(q in e for q in _QUEUE_REJECTIONS) for e in failed)
+            if attempt >= (KV_HOLD_QUEUE_ATTEMPTS if queue_only else KV_HOLD_ATTEMPTS):
                 break
             self._wait_pool_drained(target.name)
         errors = [r.error for w in workers for r in w.records if r.error not in (None, "stopped")]
