@@ -37,15 +37,16 @@ sys.path.insert(0, str(ROOT))
 from bench.report import saved_report  # noqa: E402
 import sidecar.admission as admission  # noqa: E402
 from sidecar.admission import Action, AdmissionState, Cost, Request  # noqa: E402
+from sidecar.cost import LLMFacts, cost_for  # noqa: E402
 from sidecar.policy import load_policy, parse_policy  # noqa: E402
 
 CALLS = 400
 
 
-def llm_cost(prompt: int, output: int, bytes_per_token: float, block: int) -> Cost:
-    tokens = prompt + output
-    return Cost(kv_bytes=int(-(-tokens // block) * block * bytes_per_token), tokens=tokens,
-                prompt_tokens=prompt, prompt_lengths=(prompt,))
+def llm_cost(model, prompt_tokens: int, max_tokens: int) -> Cost:
+    """What the sidecar charges a request of this size, through its own cost path (`cost_for`)."""
+    prompt_bytes = round(prompt_tokens * model.kv.prompt_bytes_per_token)
+    return cost_for(model, LLMFacts(prompt_bytes=[prompt_bytes], max_tokens=[max_tokens]))
 
 
 def one_run(policy_path: Path, model: str, waiting: int) -> dict[str, float]:
@@ -56,7 +57,7 @@ def one_run(policy_path: Path, model: str, waiting: int) -> dict[str, float]:
     top, low = classes[0].name, classes[-1].name
     clock = [1000.0]
     state = AdmissionState(policy, lambda: clock[0])
-    small = llm_cost(32, 16, entry.kv.bytes_per_token, entry.kv.block_tokens)
+    small = llm_cost(entry, 32, 16)
     ids = iter(range(10**9))
     running = []
     while True:  # fill the engine to its bound
@@ -134,7 +135,7 @@ def overload_run(load: float, seed: int, seconds: float = 60.0) -> dict[str, flo
         heapq.heappush(events, (t, next(order), "arrive", rid))
     for k in range(int((seconds + 20) / 0.02)):
         heapq.heappush(events, (k * 0.02, next(order), "tick", 0))
-    cost = Cost(kv_bytes=112 * 10, tokens=112, prompt_tokens=64, prompt_lengths=(64,))
+    cost = llm_cost(state.model_policy("llm"), 64, 48)
     served = {name: 0 for name, *_ in OVERLOAD_CLASSES}
     refusal_delays: list[float] = []
 

@@ -63,6 +63,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from sidecar.policy import (
     DEFAULT_TENANT,
@@ -370,6 +371,42 @@ class _Waiting:
     groups: tuple[tuple[str, str], ...] = ()
 
 
+class _Queue(dict):
+    """The waiting requests by id, in arrival order (a request is put in once, when it is queued).
+    `rev` counts every change, so a cached walk of the queue (`AdmissionState._order`) knows it is
+    stale without each place that adds or removes a request having to say so."""
+
+    rev = 0
+
+    def __setitem__(self, key: Hashable, value: _Waiting) -> None:
+        self.rev += 1
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: Hashable) -> None:
+        self.rev += 1
+        super().__delitem__(key)
+
+    def pop(self, key: Hashable, *default: Any) -> Any:
+        self.rev += 1
+        return super().pop(key, *default)
+
+    def popitem(self) -> tuple[Hashable, _Waiting]:
+        self.rev += 1
+        return super().popitem()
+
+    def clear(self) -> None:
+        self.rev += 1
+        super().clear()
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self.rev += 1
+        super().update(*args, **kwargs)
+
+    def setdefault(self, key: Hashable, default: Any = None) -> Any:
+        self.rev += 1
+        return super().setdefault(key, default)
+
+
 @dataclass(frozen=True)
 class Events:
     """What happened to queued requests since the last `take_events()`."""
@@ -385,11 +422,10 @@ class AdmissionState:
         self._index()
         self.limit = AdaptiveLimit(policy.concurrency, clock())
         self._reservations: dict[Hashable, _Reservation] = {}
-        self._waiting: dict[Hashable, _Waiting] = {}
-        # `_order`'s last answer, valid while the instant and the waiting set are the same: one submit
-        # or tick walks the queue several times (expire, pump, the blocker, the places ahead), and
-        # under overload the queue holds hundreds of requests. `_waiting_rev` counts every change.
-        self._waiting_rev = 0
+        self._waiting: _Queue = _Queue()
+        # `_order`'s last answer, valid while the instant, the queue (its `rev`) and the policy are
+        # the same: a tick walks the queue twice (the hopeless, then the pump), and under overload
+        # the queue holds hundreds of requests.
         self._order_cache: tuple[float, int, list[_Waiting]] | None = None
         self._reserved_scope: dict[str, int] = defaultdict(int)
         self._reserved_kv: dict[str, int] = defaultdict(int)
@@ -428,7 +464,7 @@ class AdmissionState:
         self.limit.reconfigure(policy.concurrency)
         for waiting in self._waiting.values():
             waiting.groups = self._groups(waiting.request)
-        self._changed()
+        self._order_cache = None  # the levels may have moved
         self._pump()
 
     def set_token_counters(self, counters: Mapping[str, Callable[[bytes], int]]) -> None:
@@ -648,33 +684,20 @@ class AdmissionState:
 
         return level
 
-    def _changed(self) -> None:
-        """The waiting set changed: `_order`'s cached answer is stale."""
-        self._waiting_rev += 1
-
     def _order(self, now: float) -> list[_Waiting]:
         """The waiting requests in the order they leave: effective level, then arrival. A fresh list
         (callers remove from the queue while they walk it)."""
         cached = self._order_cache
-        if cached is not None and cached[0] == now and cached[1] == self._waiting_rev:
+        if cached is not None and cached[0] == now and cached[1] == self._waiting.rev:
             return list(cached[2])
-        # `_waiting` keeps insertion order, which is arrival order (enqueued_at, then seq): a
-        # request joins it once, when it is queued. So the order is the levels' buckets in turn,
-        # each in arrival order, with no sort of the whole queue.
-        top = self._top_level
-        guard_s = self.policy.starvation_guard_ms / 1000
-        buckets: dict[int, list[_Waiting]] = {}
+        # The queue keeps arrival order (enqueued_at, then seq), so the order is the levels'
+        # buckets in turn, each in arrival order, with no sort of the whole queue.
+        level_of = self._level_of(now)
+        buckets: dict[int, list[_Waiting]] = defaultdict(list)
         for waiting in self._waiting.values():
-            level = waiting.priority
-            if level > top and guard_s > 0:
-                level = max(top + 1, level - int((now - waiting.enqueued_at) // guard_s))
-            bucket = buckets.get(level)
-            if bucket is None:
-                buckets[level] = [waiting]
-            else:
-                bucket.append(waiting)
+            buckets[level_of(waiting)].append(waiting)
         order = [w for level in sorted(buckets) for w in buckets[level]]
-        self._order_cache = (now, self._waiting_rev, order)
+        self._order_cache = (now, self._waiting.rev, order)
         return list(order)
 
     @staticmethod
@@ -735,7 +758,6 @@ class AdmissionState:
         allowed_s = self.allowed_wait_s(request.model, klass)
         waiting = _Waiting(request, now, now + allowed_s, klass.priority, self._seq, self._groups(request))
         self._waiting[request.id] = waiting
-        self._changed()
         self._pump(now, expire=False)  # expired already above; the newcomer must not expire before it is judged
         granted = [g for g in self._granted if g.request_id == request.id]
         if granted:
@@ -744,7 +766,6 @@ class AdmissionState:
             return granted[0]
         # Not admitted: it waits, unless its queue is full or the wait would exceed the class's.
         del self._waiting[request.id]
-        self._changed()
         self._demand = True
         blocked = verdict.blocked or self._head_blocker(now, request)
         if blocked is None:
@@ -786,7 +807,6 @@ class AdmissionState:
                 f"{ahead} request(s) ahead, exceeds the {allowed_s * 1000:.0f} ms class {klass.name!r} may wait",
             )
         self._waiting[request.id] = waiting
-        self._changed()
         self._note_arrival(request.model, klass.priority, now)
         return Decision(Action.QUEUE, request.id, "queued", queue_position=ahead + 1, **common,
                         detail=f"waiting for {limit_name}")
@@ -810,10 +830,7 @@ class AdmissionState:
 
     def cancel(self, request_id: Hashable) -> bool:
         """The client gave up while waiting. False if it is not waiting (already granted or gone)."""
-        if self._waiting.pop(request_id, None) is None:
-            return False
-        self._changed()
-        return True
+        return self._waiting.pop(request_id, None) is not None
 
     def end_prefill(self, request_id: Hashable) -> None:
         """The first token came back: the prefill peak is no longer held, and the time from
@@ -953,7 +970,6 @@ class AdmissionState:
                 self._free(rid)
         for rid in [r for r, w in self._waiting.items() if w.deadline <= now]:
             waiting = self._waiting.pop(rid)
-            self._changed()
             klass = self.class_policy(waiting.request.klass)
             wait_s = self.expected_wait_s(waiting.request.model, 1, now)
             verdict = self.verdict(waiting.request, now)
@@ -990,7 +1006,6 @@ class AdmissionState:
             if predicted is None or predicted <= 1.5 * left:
                 continue
             del self._waiting[waiting.request.id]
-            self._changed()
             self._expired.append(Decision(
                 Action.REJECT, waiting.request.id, QUEUE_WAIT, retry_after_s=self.retry_after_s(predicted),
                 waited_s=now - waiting.enqueued_at, limit="queue_order", queue_position=places[model],
@@ -1015,7 +1030,6 @@ class AdmissionState:
             verdict = decide(request.cost, memory, slots)
             if verdict.ok:
                 del self._waiting[request.id]
-                self._changed()
                 self._reserve(request, now, waiting.enqueued_at)
                 self._granted.append(Decision(
                     Action.ADMIT, request.id, "admitted", headroom_bytes=verdict.headroom_bytes,

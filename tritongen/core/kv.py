@@ -74,7 +74,6 @@ def _mib(n: float) -> str:
 class KVShape(Strict):
     """KV-cache footprint of one token on one tensor-parallel rank."""
 
-
     kv_bytes_per_token: int = Field(
         ge=0,
         description="Bytes one token adds to the cache on one rank, all attention layers together "
@@ -188,7 +187,6 @@ def kv_shape(arch: Architecture, kv_dtype: str = "auto", tensor_parallel: int = 
 class CappedLayers(Strict):
     """Layers of one kind whose cache stops growing at a cap (a window, or one chunk)."""
 
-
     kind: Literal["sliding_attention", "chunked_attention"] = Field(description="The layer kind.")
     layers: int = Field(gt=0, description="How many layers of this kind.")
     cap_tokens: int = Field(gt=0, description="Tokens each of them keeps at most (window or chunk).")
@@ -198,7 +196,6 @@ class CappedLayers(Strict):
 class KVFootprint(Strict):
     """What one sequence holds on one rank, by layer kind: the figure at any length is
     `growing x tokens + sum(capped x min(tokens, cap)) + state` (see `bytes_at`)."""
-
 
     growing_layers: int = Field(ge=0, description="Full-attention (or MLA) layers: keep every token.")
     growing_bytes_per_token: int = Field(ge=0, description="Bytes one token adds to those layers.")

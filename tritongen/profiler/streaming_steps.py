@@ -27,6 +27,13 @@ if TYPE_CHECKING:
     from tritongen.profiler.run import _Builder
 
 _QUEUE_REJECTIONS = ("Request timeout expired", "Exceeds maximum queue size")
+
+
+def _queue_rejected(error: str | None) -> bool:
+    """The served config's queue policy turned the request away (it never reached the model)."""
+    return error is not None and any(s in error for s in _QUEUE_REJECTIONS)
+
+
 KV_HOLD_ATTEMPTS = 3  # KV hold runs before giving up on the gauges
 KV_HOLD_QUEUE_ATTEMPTS = 8  # ... when what failed was only the queue policy rejecting a stream
 
@@ -282,7 +289,7 @@ class StreamingSteps:
         timeout fires even when the server is idle, so a lone request can fail that way."""
         record = stream.one(inputs)
         for _ in range(attempts - 1):
-            if record.error is None or not any(s in record.error for s in _QUEUE_REJECTIONS):
+            if not _queue_rejected(record.error):
                 break
             memory.notes.append(f"a single request was rejected by the queue and retried: {record.error}")
             record = stream.one(inputs)
@@ -316,24 +323,21 @@ class StreamingSteps:
         if memory.kv_pool_blocks and block:
             per_stream = -(-context // block)
             streams = max(1, min(streams, memory.kv_pool_blocks // per_stream))
-        readings: list[tuple[int, float]] = []
-        workers: list = []
         attempt = 0
         while True:
             attempt += 1
             workers, readings = self._hold_once(target, stream, streams, prompt, max_tokens, block)
+            errors = [r.error for w in workers for r in w.records if r.error not in (None, "stopped")]
             if readings:
                 break
-            failed = [r.error for w in workers for r in w.records if r.error not in (None, "stopped")]
             # A stream the served config's queue policy rejected never reached the engine, and no
             # reading counts until every stream is in. Triton 2.51 holds the odd request ~500 ms in a
             # batcher with priority levels (see _single), so with many streams one attempt in three
             # can lose one: queue rejections get more attempts than other failures do.
-            queue_only = bool(failed) and all(any(q in e for q in _QUEUE_REJECTIONS) for e in failed)
+            queue_only = bool(errors) and all(_queue_rejected(e) for e in errors)
             if attempt >= (KV_HOLD_QUEUE_ATTEMPTS if queue_only else KV_HOLD_ATTEMPTS):
                 break
             self._wait_pool_drained(target.name)
-        errors = [r.error for w in workers for r in w.records if r.error not in (None, "stopped")]
         if errors:
             memory.notes.append(f"KV hold: {len(errors)} of {streams} streams failed: {errors[0]}")
         if not readings:
