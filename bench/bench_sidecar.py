@@ -72,7 +72,10 @@ BENCH_MODELS = Path(__file__).resolve().parent / "models"
 IDENTITY_SPEC = BENCH_MODELS / "deployment.yaml"
 TARGET_ADDED_P50_MS = 1.0
 NGINX = "/usr/sbin/nginx"
-PATHS = ("direct", "nginx", "sidecar")
+PATHS = ("direct", "nginx", "sidecar", "aiohttp")
+# HTTP rows also run the sidecar with its HTTP side on aiohttp alone (TRITONGEN_SIDECAR_HTTP=aiohttp): what the
+# lean front (sidecar/http_front.py) changes, in the same run
+AIOHTTP_ENV = {"TRITONGEN_SIDECAR_HTTP": "aiohttp"}
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
@@ -497,7 +500,7 @@ def proxy_floor(policy: Path, work: Path, seconds: float, warmup: float, rounds:
 
 def derived(row: dict[str, Any]) -> None:
     direct = row["direct"]
-    for name in ("nginx", "sidecar"):
+    for name in ("nginx", "sidecar", "aiohttp"):
         path = row.get(name)
         if path is None:
             continue
@@ -507,6 +510,8 @@ def derived(row: dict[str, Any]) -> None:
 
 def print_table(rows: list[dict[str, Any]], with_nginx: bool) -> None:
     proxies = ("nginx", "sidecar") if with_nginx else ("sidecar",)
+    if any("aiohttp" in r for r in rows):
+        proxies += ("aiohttp",)
     head = f"{'proto':<5} {'model':<8} {'conc':>4} | {'direct p50':>10} {'p99':>6} {'req/s':>6}"
     for name in proxies:
         head += f" | {name + ' p50':>11} {'p99':>6} {'req/s':>6} {'ratio':>5} {'+p50':>5}"
@@ -517,7 +522,10 @@ def print_table(rows: list[dict[str, Any]], with_nginx: bool) -> None:
         line = (f"{r['protocol']:<5} {r['model']:<8} {r['concurrency']:>4} | {d['p50_ms']:>10.2f} {d['p99_ms']:>6.2f} "
                 f"{d['throughput']:>6.0f}")
         for name in proxies:
-            p = r[name]
+            p = r.get(name)
+            if p is None:
+                line += f" | {'-':>11} {'-':>6} {'-':>6} {'-':>5} {'-':>5}"
+                continue
             line += (f" | {p['p50_ms']:>11.2f} {p['p99_ms']:>6.2f} {p['throughput']:>6.0f} {p['ratio']:>5.2f} "
                      f"{p['added_p50_ms']:>5.2f}")
         print(line)
@@ -580,7 +588,8 @@ def main() -> int:
     loads = {m: workload(m) for m in models}
     rows: list[dict[str, Any]] = []
     with TritonServer(ServerOptions(repository=repo, extra_args=flags)) as server:
-        with SidecarProcess(policy, server, work / "sidecar.log", grpc_upstream=server.grpc_url) as sidecar:
+        with SidecarProcess(policy, server, work / "sidecar.log", grpc_upstream=server.grpc_url) as sidecar, \
+                SidecarProcess(policy, server, work / "sidecar-aiohttp.log", env=AIOHTTP_ENV) as plain:
             nginx = Nginx(server.http_url, server.grpc_url) if with_nginx else None
             try:
                 if nginx is not None:
@@ -595,6 +604,8 @@ def main() -> int:
                     pin(server.process.pid, everything - {max(everything)})
                     pin(os.getpid(), everything - {max(everything)})
                     pin(pid, {max(everything)})
+                    assert plain.proc is not None
+                    pin(plain.proc.pid, {max(everything)})
                     if nginx is not None and nginx.proc is not None:
                         pin(nginx.proc.pid, {max(everything)})
                 idle_rss = memory_of(pid)["VmRSS"]
@@ -606,6 +617,7 @@ def main() -> int:
                                 if nginx is not None:
                                     targets["nginx"] = HttpTarget(nginx.http_url, loads[model])
                                 targets["sidecar"] = HttpTarget(sidecar.http_url, loads[model])
+                                targets["aiohttp"] = HttpTarget(plain.http_url, loads[model])
                             else:
                                 targets = {"direct": GrpcTarget(server.grpc_url, loads[model])}
                                 if nginx is not None:
@@ -635,7 +647,8 @@ def main() -> int:
           f"(examples/deployment.yaml + bench/models/deployment.yaml), widened so admission never queues: "
           f"{', '.join(widened) or 'nothing to widen'}; RSS idle {idle_rss / 2**20:.1f} MiB, after the run "
           f"{mem['VmRSS'] / 2**20:.1f} MiB (peak {mem['VmHWM'] / 2**20:.1f})")
-    print("latencies in ms; ratio = throughput / direct's; +p50 = P50 - direct's P50")
+    print("latencies in ms; ratio = throughput / direct's; +p50 = P50 - direct's P50; aiohttp: the same sidecar with "
+          "its HTTP side on aiohttp alone (TRITONGEN_SIDECAR_HTTP=aiohttp), HTTP rows only")
     print_table(rows, with_nginx)
     met, total = print_goals(rows, with_nginx)
     fd, fs = floor["direct"], floor["sidecar"]

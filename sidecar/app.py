@@ -18,7 +18,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -35,6 +37,7 @@ from sidecar.admission import AdmissionState
 from sidecar.controller import AdmissionController
 from sidecar.grpc_proxy import GrpcProxy
 from sidecar.headroom import HeadroomChain, HeadroomSource, SourceFailed, SourceInputs, build_sources
+from sidecar.http_front import HttpFront, front_enabled
 from sidecar.http_proxy import Admin, HttpProxy
 from sidecar.loop import new_event_loop
 from sidecar.metrics import SidecarMetrics
@@ -131,6 +134,8 @@ class Sidecar:
         self.chain: HeadroomChain | None = None
         self.health: UpstreamHealth | None = None
         self.http: HttpProxy | None = None
+        self.front: HttpFront | None = None
+        self._backend_dir: str | None = None
         self.grpc: GrpcProxy | None = None
         self.http_port = self.grpc_port = self.metrics_port = 0
         self.last_reload: dict[str, Any] = {}
@@ -185,9 +190,17 @@ class Sidecar:
         await runner.setup()
         self._runners.append(runner)
         host, port = split_address(cfg.listen, 9000)
-        site = web.TCPSite(runner, host, port, reuse_address=True)
-        await site.start()
-        self.http_port = _bound_port(runner)
+        if front_enabled():
+            # the lean front listens; aiohttp serves what it relays, on a socket only this process knows
+            self._backend_dir = tempfile.mkdtemp(prefix="tritongen-sidecar-")
+            backend_path = os.path.join(self._backend_dir, "http.sock")
+            await web.UnixSite(runner, backend_path).start()
+            self.front = HttpFront(self.http, backend_path, lambda: self._policy().limits)
+            self.http_port = await self.front.start(host, port)
+        else:
+            site = web.TCPSite(runner, host, port, reuse_address=True)
+            await site.start()
+            self.http_port = _bound_port(runner)
 
         if cfg.grpc_upstream:
             self.grpc = GrpcProxy(cfg.grpc_upstream, self.controller, self.health, self.metrics, policy, token=cfg.token)
@@ -250,9 +263,15 @@ class Sidecar:
         if self._grpc_server is not None:
             await self._grpc_server.stop(grace=1.0)
             self._grpc_server = None
+        if self.front is not None:
+            await self.front.close()
+            self.front = None
         for runner in self._runners:
             await runner.cleanup()
         self._runners.clear()
+        if self._backend_dir is not None:
+            shutil.rmtree(self._backend_dir, ignore_errors=True)
+            self._backend_dir = None
         if self.health is not None:
             await self.health.stop()
         if self.controller is not None:

@@ -53,6 +53,8 @@ _HOP = frozenset(
     for h in (
         "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
         "trailer", "trailers", "transfer-encoding", "upgrade", "content-length", "host",
+        # the sidecar has read the whole body: Triton must not be asked to say 100 Continue for it
+        "expect",
     )
 )
 # aiohttp's server decodes gzip/deflate request bodies (and counts the size limit after decoding):
@@ -75,10 +77,36 @@ def _forward_headers(headers: Any, drop: frozenset[str] = _HOP, **override: str 
     return out
 
 
+@dataclass(frozen=True)
+class Answer:
+    """A whole response, before any server writes it: the aiohttp handlers turn it into a
+    `web.Response` (`web`), the lean front into bytes (sidecar/http_front.py)."""
+
+    status: int
+    body: bytes
+    headers: list[tuple[str, str]]  # without Content-Length (whoever writes it sets it)
+
+    @classmethod
+    def json(cls, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> Answer:
+        return cls(status, json.dumps(payload).encode(), [("Content-Type", "application/json"), *(headers or {}).items()])
+
+    def web(self) -> web.Response:
+        return web.Response(status=self.status, body=self.body, headers=CIMultiDict(self.headers))
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A model request ready for admission (`HttpProxy.prepare`)."""
+
+    klass: str
+    tenant: str
+    cost: Any  # sidecar.admission.Cost
+    body: bytes
+    headers: CIMultiDict[str]
+
+
 def _json_response(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(
-        status=status, body=json.dumps(body).encode(), content_type="application/json", headers=headers
-    )
+    return Answer.json(status, body, headers).web()
 
 
 @dataclass
@@ -176,31 +204,29 @@ class HttpProxy:
 
     # -- admission --------------------------------------------------------------------------------
 
-    def _bad(self, reason: str) -> web.Response:
+    def _bad(self, reason: str) -> Answer:
         self.metrics.malformed.labels("http").inc()
-        return _json_response(400, {"error": f"malformed request: {reason}", "reason": "malformed_request"})
+        return Answer.json(400, {"error": f"malformed request: {reason}", "reason": "malformed_request"})
 
-    def _down(self) -> web.Response:
+    def _down(self) -> Answer:
         self.metrics.unavailable.labels("http").inc()
-        return _json_response(503, unavailable(self.health.reason), headers={"Retry-After": "1"})
+        return Answer.json(503, unavailable(self.health.reason), {"Retry-After": "1"})
 
-    async def model_op(self, request: web.Request) -> web.StreamResponse:
-        op = request.match_info["op"]
-        if op not in _MODEL_OPS:
-            return await self.passthrough(request)
-        model_name = request.match_info["model"]
-        body = await request.read()
+    def prepare(self, op: str, model_name: str, headers: Any, body: bytes) -> _Prepared | Answer:
+        """What admission needs of one model request (its class, tenant and cost, and the body as it
+        goes upstream), or the answer when it cannot go further (malformed, Triton down). Shared by
+        the aiohttp handler and the lean front (sidecar/http_front.py), so both decide alike."""
         if not self.health.up:
             return self._down()
         policy = self.policy()
         state = self.controller.state
         model = state.model_policy(model_name)
-        header_class = request.headers.get(policy.class_header)
+        header_class = headers.get(policy.class_header)
         override: dict[str, str | None] = {}
         try:
-            tenant = protocol.resolve_tenant(request.headers.get(policy.tenant_header))
+            tenant = protocol.resolve_tenant(headers.get(policy.tenant_header))
             if op == "infer":
-                header_length = request.headers.get(protocol.HEADER_LENGTH)
+                header_length = headers.get(protocol.HEADER_LENGTH)
                 valid_length = header_length is None or (header_length.isdigit() and int(header_length) <= len(body))
                 head = body[: int(header_length)] if header_length and valid_length else body
                 needs_parse = (
@@ -230,25 +256,52 @@ class HttpProxy:
                 if model.priority_levels and (klass.priority != model.default_priority or client_priority):
                     body = protocol.generate_with_priority(doc, klass.priority)
             cost = cost_for(model, facts)
-        except protocol.BadRequest as err:
+        except (protocol.BadRequest, ValueError) as err:
             return self._bad(str(err))
-        except ValueError as err:
-            return self._bad(str(err))
+        return _Prepared(klass.name, tenant, cost, body, _forward_headers(headers, _REQUEST_DROP, **override))
+
+    @staticmethod
+    def _refused(rejected: Rejected, model_name: str, prepared: _Prepared) -> Answer:
+        status, payload = refusal(rejected.decision, model_name, prepared.klass, prepared.tenant)
+        extra = {}
+        if rejected.decision.retry_after_s is not None and status == 429:
+            extra["Retry-After"] = str(int(rejected.decision.retry_after_s))
+        return Answer.json(status, payload, extra)
+
+    async def model_op(self, request: web.Request) -> web.StreamResponse:
+        op = request.match_info["op"]
+        if op not in _MODEL_OPS:
+            return await self.passthrough(request)
+        model_name = request.match_info["model"]
+        body = await request.read()
+        prepared = self.prepare(op, model_name, request.headers, body)
+        if isinstance(prepared, Answer):
+            return prepared.web()
         url = f"{self.base}{request.path_qs}"
-        headers = _forward_headers(request.headers, _REQUEST_DROP, **override)
         try:
-            async with self.controller.admit(model_name, klass.name, cost, tenant) as ticket:
+            async with self.controller.admit(model_name, prepared.klass, prepared.cost, prepared.tenant) as ticket:
                 if op == "generate_stream":
-                    return await self._stream(request, ticket, url, body, headers)
+                    return await self._stream(request, ticket, url, prepared.body, prepared.headers)
                 if self.pool is not None:
-                    return await self._unary_pooled(ticket, self.prefix + request.path_qs, body, headers)
-                return await self._unary(ticket, url, body, headers)
+                    answer = await self._unary_pooled(ticket, self.prefix + request.path_qs, prepared.body,
+                                                      prepared.headers)
+                    return answer.web()
+                return await self._unary(ticket, url, prepared.body, prepared.headers)
         except Rejected as rejected:
-            status, payload = refusal(rejected.decision, model_name, klass.name, tenant)
-            extra = {}
-            if rejected.decision.retry_after_s is not None and status == 429:
-                extra["Retry-After"] = str(int(rejected.decision.retry_after_s))
-            return _json_response(status, payload, headers=extra)
+            return self._refused(rejected, model_name, prepared).web()
+
+    async def unary(self, model_name: str, op: str, path_qs: str, headers: Any, body: bytes) -> Answer:
+        """One unary model request (infer, generate) on the lean pool, for the lean front: admitted,
+        queued or refused exactly as `model_op` would. Requires `self.pool` (a plain-HTTP upstream)."""
+        assert self.pool is not None
+        prepared = self.prepare(op, model_name, headers, body)
+        if isinstance(prepared, Answer):
+            return prepared
+        try:
+            async with self.controller.admit(model_name, prepared.klass, prepared.cost, prepared.tenant) as ticket:
+                return await self._unary_pooled(ticket, self.prefix + path_qs, prepared.body, prepared.headers)
+        except Rejected as rejected:
+            return self._refused(rejected, model_name, prepared)
 
     async def _unary(self, ticket: Ticket, url: str, body: bytes, headers: CIMultiDict[str]) -> web.Response:
         assert self.session is not None
@@ -264,9 +317,9 @@ class HttpProxy:
             ticket.completed = True  # the connection is gone; so is the request upstream
             ticket.outcome = "upstream_failed"
             self.health.mark_down(f"{type(err).__name__}: {err}")
-            return self._down()
+            return self._down().web()
 
-    async def _unary_pooled(self, ticket: Ticket, target: str, body: bytes, headers: CIMultiDict[str]) -> web.Response:
+    async def _unary_pooled(self, ticket: Ticket, target: str, body: bytes, headers: CIMultiDict[str]) -> Answer:
         """`_unary` on the lean keep-alive pool (see sidecar/upstream_pool.py): same answers."""
         assert self.pool is not None
         try:
@@ -280,8 +333,7 @@ class HttpProxy:
         ticket.completed = True
         if up.status >= 400:
             ticket.outcome = upstream_outcome(up.body)
-        out = CIMultiDict([(k, v) for k, v in up.headers if k.lower() not in _HOP])
-        return web.Response(status=up.status, body=up.body, headers=out)
+        return Answer(up.status, up.body, [(k, v) for k, v in up.headers if k.lower() not in _HOP])
 
     async def _stream(
         self, request: web.Request, ticket: Ticket, url: str, body: bytes, headers: CIMultiDict[str]
@@ -310,7 +362,7 @@ class HttpProxy:
             ticket.outcome = "upstream_failed"
             self.health.mark_down(f"{type(err).__name__}: {err}")
             if response is None:
-                return self._down()
+                return self._down().web()
             event = json.dumps({"error": f"Triton failed mid-stream: {type(err).__name__}: {err}"})
             try:
                 await response.write(f"data: {event}\n\n".encode())
@@ -360,7 +412,7 @@ class HttpProxy:
             if denied is not None:
                 return denied
         if not self.health.up:
-            return self._down()
+            return self._down().web()
         assert self.session is not None
         body = await request.read() if request.body_exists else None
         try:
@@ -371,7 +423,7 @@ class HttpProxy:
                 return web.Response(status=up.status, body=data, headers=_forward_headers(up.headers))
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as err:
             self.health.mark_down(f"{type(err).__name__}: {err}")
-            return self._down()
+            return self._down().web()
 
 
 async def _close_session(session: aiohttp.ClientSession) -> None:

@@ -117,7 +117,12 @@ class _Connection(asyncio.Protocol):
             self._head = _parse_head(bytes(self.buffer[:end]))
             self._body_from = end + 4
         status, _, length, chunked, _ = self._head
-        if status in (204, 304) or 100 <= status < 200:
+        if 100 <= status < 200 and status != 101:  # an interim answer (100 Continue, 103): the real one follows
+            del self.buffer[: self._body_from]
+            self._head, self._body_from = None, 0
+            self._advance(eof)
+            return
+        if status in (204, 304) or status == 101:
             self._complete(self._body_from, body=b"")
         elif length is not None:
             if len(self.buffer) - self._body_from >= length:
@@ -196,6 +201,104 @@ def _dechunk(buffer: bytearray, start: int) -> bytes | None:
         pos += size + 2
 
 
+class ResponseFraming:
+    """Finds the end of a response relayed byte for byte (the sidecar's HTTP front): Content-Length,
+    chunked, or the close. Fed the response's bytes as they come; never copies the body."""
+
+    def __init__(self) -> None:
+        self.head = bytearray()
+        self.in_head = True
+        self.status = 0
+        self.remaining: int | None = None  # body bytes left (Content-Length)
+        self.chunked = False
+        self.until_close = False
+        self.close_after = False
+        self._chunk_left = 0
+        self._line = bytearray()
+        self._state = "size"  # size / data / crlf / trailer
+        self.done = False
+
+    def feed(self, data: bytes, head_request: bool) -> None:
+        """Advances over `data` (all of it belongs to this response: the backend answers one request
+        at a time and sends nothing after it)."""
+        view = memoryview(data)
+        if self.in_head:
+            self.head += view
+            end = self.head.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            self.in_head = False
+            rest = bytes(self.head[end + 4:])
+            self._read_head(bytes(self.head[:end]), head_request)
+            view = memoryview(rest)
+        if self.done or self.until_close:
+            return
+        if self.remaining is not None:
+            self.remaining -= len(view)
+            self.done = self.remaining <= 0
+            return
+        self._chunks(view)
+
+    def _read_head(self, head: bytes, head_request: bool) -> None:
+        lines = head.split(b"\r\n")
+        status = self.status = int(lines[0].split(b" ", 2)[1])
+        length: int | None = None
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            key, text = name.strip().lower(), value.strip().lower()
+            if key == b"content-length":
+                length = int(text)
+            elif key == b"transfer-encoding" and b"chunked" in text:
+                self.chunked = True
+            elif key == b"connection" and b"close" in text:
+                self.close_after = True
+        if head_request or status in (204, 304) or 100 <= status < 200:
+            self.done = True
+        elif self.chunked:
+            pass
+        elif length is not None:
+            self.remaining = length
+            self.done = length == 0
+        else:
+            self.until_close = True
+            self.close_after = True
+
+    def _chunks(self, view: memoryview) -> None:
+        i, n = 0, len(view)
+        while i < n and not self.done:
+            if self._state == "data":
+                take = min(self._chunk_left, n - i)
+                self._chunk_left -= take
+                i += take
+                if self._chunk_left == 0:
+                    self._state = "crlf"
+                    self._line.clear()
+                continue
+            byte = view[i]
+            i += 1
+            self._line.append(byte)
+            if not self._line.endswith(b"\r\n"):
+                continue
+            line = bytes(self._line[:-2])
+            self._line.clear()
+            if self._state == "size":
+                size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+                if size == 0:
+                    self._state = "trailer"
+                else:
+                    self._chunk_left, self._state = size, "data"
+            elif self._state == "crlf":
+                self._state = "size"
+            elif not line:  # trailer: the empty line ends the response
+                self.done = True
+
+
+    @property
+    def at_boundary(self) -> bool:
+        """Between two chunks of a chunked body: an extra chunk written now is well framed."""
+        return self.chunked and not self.in_head and not self.done and self._state == "size" and not self._line
+
+
 class UpstreamPool:
     """Idle keep-alive connections to one upstream, opened on demand, unbounded like the proxy's
     aiohttp connector (admission, not the pool, bounds what is in flight)."""
@@ -225,6 +328,15 @@ class UpstreamPool:
                 from None
         return protocol
 
+    def request_head(self, method: str, target: str, headers: Iterable[tuple[str, str]], body: bytes) -> bytes:
+        """The request line and headers `request` sends (Host and Content-Length added)."""
+        head = [f"{method} {target} HTTP/1.1\r\n".encode("latin-1"), self._host_header]
+        # aiohttp's server decoded the client's header bytes as UTF-8 with surrogateescape (the HTTP
+        # front does the same): this writes back the very bytes the client sent.
+        head.extend(f"{k}: {v}\r\n".encode("utf-8", "surrogateescape") for k, v in headers)
+        head.append(f"Content-Length: {len(body)}\r\n\r\n".encode("latin-1"))
+        return b"".join(head)
+
     async def request(
         self, method: str, target: str, headers: Iterable[tuple[str, str]], body: bytes
     ) -> UpstreamResponse:
@@ -232,14 +344,9 @@ class UpstreamPool:
         Content-Length or hop-by-hop headers (the caller filters them)."""
         # An idle connection without a coroutine of its own: the common case, on every request.
         conn = self._idle_connection() or await self._connect()
-        head = [f"{method} {target} HTTP/1.1\r\n".encode("latin-1"), self._host_header]
-        # aiohttp's server decoded the client's header bytes as UTF-8 with surrogateescape: this
-        # writes back the very bytes the client sent.
-        head.extend(f"{k}: {v}\r\n".encode("utf-8", "surrogateescape") for k, v in headers)
-        head.append(f"Content-Length: {len(body)}\r\n\r\n".encode("latin-1"))
         done = False
         try:
-            response = await conn.send((b"".join(head), body))
+            response = await conn.send((self.request_head(method, target, headers, body), body))
             done = True
         finally:
             if not done or not conn.reusable or len(self._idle) >= self.max_idle:

@@ -36,7 +36,9 @@ class SidecarProcess:
         grpc_upstream: str | None = None,
         token_file: Path | None = None,
         log_level: str = "warning",
+        env: dict[str, str] | None = None,
     ) -> None:
+        self.env = None if env is None else {**os.environ, **env}
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
         self.log = log
         self.args = [
@@ -68,6 +70,7 @@ class SidecarProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from tritongen.cli.main import run; run()", *self.args],
             stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
+            env=self.env,
         )
         handle.close()
         deadline = time.monotonic() + 30

@@ -23,6 +23,7 @@ import math
 import os
 import queue
 import signal
+import socket
 import struct
 import subprocess
 import time
@@ -351,6 +352,78 @@ def test_http_infer_with_class_parameter_and_client_priority(deployment: Deploym
            "inputs": [{"name": "FEATURES", "shape": [1, 32], "datatype": "FP32", "data": features(1).ravel().tolist()}]}
     resp = httpx.post(f"{deployment.http}/v2/models/ranker/infer", json=doc, timeout=10)
     assert resp.status_code == 200 and resp.json()["id"] == "p1"
+
+
+def _raw_response(sock: socket.socket, buffer: bytearray) -> tuple[int, bytes]:
+    """One HTTP/1.1 response read off a raw socket (Content-Length or chunked): (status, body)."""
+    def more() -> None:
+        data = sock.recv(65536)
+        assert data, "the connection closed before the response ended"
+        buffer.extend(data)
+
+    while b"\r\n\r\n" not in buffer:
+        more()
+    end = buffer.index(b"\r\n\r\n")
+    head = bytes(buffer[:end]).decode("latin-1").lower()
+    del buffer[: end + 4]
+    status = int(head.split(" ", 2)[1])
+    if 100 <= status < 200:  # an interim answer has no body
+        return status, b""
+    if "content-length:" in head:
+        length = int(head.split("content-length:", 1)[1].split("\r\n", 1)[0])
+        while len(buffer) < length:
+            more()
+        body = bytes(buffer[:length])
+        del buffer[:length]
+        return status, body
+    body = bytearray()
+    while True:  # chunked
+        while b"\r\n" not in buffer:
+            more()
+        line_end = buffer.index(b"\r\n")
+        size = int(bytes(buffer[:line_end]).split(b";")[0], 16)
+        while len(buffer) < line_end + 2 + size + 2:
+            more()
+        body += buffer[line_end + 2: line_end + 2 + size]
+        del buffer[: line_end + 2 + size + 2]
+        if size == 0:
+            return status, bytes(body)
+
+
+def test_one_keep_alive_connection_mixes_every_kind_of_request(deployment: Deployment) -> None:
+    """What clients do on one connection: a health check, an infer, a stream, an infer with
+    `Expect: 100-continue` (curl's habit for large bodies), an admin API, each answered in turn."""
+    host, port = deployment.http.removeprefix("http://").split(":")
+    doc = json.dumps({"inputs": [{"name": "FEATURES", "shape": [1, 32], "datatype": "FP32",
+                                  "data": features(1).ravel().tolist()}]}).encode()
+
+    def post(path: str, body: bytes, *extra: str) -> bytes:
+        head = [f"POST {path} HTTP/1.1", "Host: x", "Content-Type: application/json", f"Content-Length: {len(body)}",
+                *extra]
+        return ("\r\n".join(head) + "\r\n\r\n").encode()
+
+    buffer = bytearray()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _raw_response(sock, buffer)[0] == 200
+        sock.sendall(post("/v2/models/ranker/infer", doc) + doc)
+        status, body = _raw_response(sock, buffer)
+        assert status == 200 and json.loads(body)["outputs"][0]["name"] == "SCORES"
+        stream = json.dumps({"text_input": "one connection", "max_tokens": 4}).encode()
+        sock.sendall(post("/v2/models/tinyllm/generate_stream", stream) + stream)
+        status, body = _raw_response(sock, buffer)
+        assert status == 200 and body.count(b"data:") >= 1 and b'"error"' not in body
+        sock.sendall(post("/v2/models/ranker/infer", doc, "Expect: 100-continue"))
+        status, _ = _raw_response(sock, buffer)
+        assert status == 100
+        sock.sendall(doc)
+        status, body = _raw_response(sock, buffer)
+        assert status == 200 and json.loads(body)["outputs"][0]["name"] == "SCORES"
+        sock.sendall(b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        assert _raw_response(sock, buffer)[0] == 401  # shut without the admin token (a token file is given)
+        sock.sendall(post("/v2/models/ranker/infer", doc) + doc)
+        assert _raw_response(sock, buffer)[0] == 200
+    deployment.wait_idle()
 
 
 def stream_text(base: str, text_input: str, max_tokens: int) -> tuple[str, str]:

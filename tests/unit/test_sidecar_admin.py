@@ -22,11 +22,10 @@ from sidecar import admin_apis
 from sidecar.admission import AdmissionState
 from sidecar.controller import AdmissionController
 from sidecar.grpc_proxy import GrpcProxy
-from sidecar.http_proxy import Admin, HttpProxy
 from sidecar.metrics import SidecarMetrics
 from sidecar.policy import AdminApisPolicy, PolicyError, SidecarPolicy, parse_policy
 from sidecar.upstream import UpstreamHealth
-from tests.helpers import policy_doc
+from tests.helpers import policy_doc, started_http_proxy
 
 TOKEN = "admin-token-0123456789"
 SERVICE = "/inference.GRPCInferenceService/"
@@ -248,19 +247,7 @@ async def http_rig(policy: SidecarPolicy, token: str | None) -> AsyncIterator[tu
     await runners[0].setup()
     await web.TCPSite(runners[0], "127.0.0.1", 0).start()
     upstream_port = runners[0].addresses[0][1]
-    loop = asyncio.get_running_loop()
-    state = AdmissionState(policy, loop.time)
-    metrics = SidecarMetrics()
-    controller = AdmissionController(state, metrics, loop.time)
-    health = UpstreamHealth(_up)
-    await health.check()
-
-    async def no_reload(why: str) -> tuple[bool, str]:
-        return False, why
-
-    proxy = HttpProxy(f"127.0.0.1:{upstream_port}", controller, health, metrics, lambda: policy,
-                      Admin(token=token, status=dict, reload=no_reload))
-    await proxy.start()
+    proxy, state, metrics = await started_http_proxy(upstream_port, policy, token=token)
     runners.append(web.AppRunner(proxy.application()))
     await runners[1].setup()
     await web.TCPSite(runners[1], "127.0.0.1", 0).start()

@@ -21,11 +21,10 @@ from tritonclient.grpc import service_pb2 as pb
 from sidecar.admission import AdmissionState
 from sidecar.controller import AdmissionController
 from sidecar.grpc_proxy import MODEL_INFER, MODEL_STREAM_INFER, SERVICE, GrpcProxy
-from sidecar.http_proxy import Admin, HttpProxy
 from sidecar.metrics import SidecarMetrics
 from sidecar.policy import SidecarPolicy, parse_policy
 from sidecar.upstream import UpstreamHealth
-from tests.helpers import policy_doc
+from tests.helpers import policy_doc, started_http_proxy
 
 SERVER_METADATA = SERVICE + "ServerMetadata"
 TENANTS = {"tenants": [{"name": "acme", "max_inflight": 1, "classes": ["interactive", "normal"]}]}
@@ -328,19 +327,7 @@ async def http_rig(policy: SidecarPolicy) -> AsyncIterator[tuple[str, AdmissionS
     await up_site.start()
     upstream_port = runners[0].addresses[0][1]
 
-    loop = asyncio.get_running_loop()
-    state = AdmissionState(policy, loop.time)
-    metrics = SidecarMetrics()
-    controller = AdmissionController(state, metrics, loop.time)
-    health = UpstreamHealth(_up)
-    await health.check()
-
-    async def no_reload(why: str) -> tuple[bool, str]:
-        return False, why
-
-    proxy = HttpProxy(f"127.0.0.1:{upstream_port}", controller, health, metrics, lambda: policy,
-                      Admin(token=None, status=dict, reload=no_reload))
-    await proxy.start()
+    proxy, state, metrics = await started_http_proxy(upstream_port, policy, token=None)
     runners.append(web.AppRunner(proxy.application(), handler_cancellation=True))
     await runners[1].setup()
     await web.TCPSite(runners[1], "127.0.0.1", 0).start()

@@ -95,6 +95,24 @@ def test_content_length_responses_reuse_one_connection_and_keep_headers_and_byte
     run(main())
 
 
+def test_an_interim_100_continue_is_skipped_for_the_answer_after_it() -> None:
+    """A server that says 100 Continue (or 103 Early Hints) before its answer: the answer is what
+    comes back, and the connection stays in step for the next request."""
+
+    async def main() -> None:
+        script = lambda n, req: [b"HTTP/1.1 100 Continue\r\n\r\n", b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n",
+                                 *ok(b"answer %d" % n)]
+        async with RawServer(script) as srv:
+            pool = UpstreamPool("127.0.0.1", srv.port)
+            for n in (1, 2):
+                resp = await pool.request("POST", "/a", [], b"x")
+                assert (resp.status, resp.body) == (200, b"answer %d" % n)
+            assert srv.connections == 1
+            pool.reset()
+
+    run(main())
+
+
 def test_chunked_and_close_delimited_bodies() -> None:
     chunked = [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", b"5\r\nhello\r\n", b"6;ext=1\r\n world\r\n",
                b"0\r\nX-Trailer: t\r\n\r\n"]
