@@ -433,9 +433,9 @@ class _Client(asyncio.Protocol):
             ticket.outcome = ticket.outcome or upstream_outcome(bytes(error_body))
         if reusable:
             front.give_back_upstream(up)
-        else:
-            up.close()
-        return False
+            return False
+        up.close()
+        return True  # Triton's own head said `Connection: close`, and the client got it verbatim
 
     async def _relay(self, head: _Head, raw_head: bytes, body: bytes) -> None:
         backend = await self.front.backend()
