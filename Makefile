@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.tritongen-installed
 
-.PHONY: demo test venv clean bench bench-fidelity bench-sidecar bench-profile bench-simulator bench-fixed-vs-tuned bench-check-conformance bench-llm-fidelity bench-llm-guard bench-vs-model-analyzer bench-instance-scaling bench-admission
+.PHONY: demo test venv clean bench bench-fidelity bench-sidecar bench-profile bench-simulator bench-fixed-vs-tuned bench-check-conformance bench-llm-fidelity bench-llm-guard bench-vs-model-analyzer bench-instance-scaling bench-admission bench-native-admission
 
 venv: $(STAMP)
 
@@ -58,6 +58,11 @@ bench-llm-guard: $(STAMP)
 
 bench-admission: $(STAMP)
 	$(PY) bench/bench_admission.py
+
+# Evidence for a design question (a native data path): admission in nginx's Lua next to nginx and the
+# sidecar. Needs nginx-light and libnginx-mod-http-lua from Debian; without them it says so. ~4 min.
+bench-native-admission: $(STAMP)
+	$(PY) bench/bench_native_admission.py
 
 # Installs triton-model-analyzer (numpy pinned; else bench/.ma-venv) and perf_analyzer (bench/.perf-analyzer)
 # when missing; without them it says why and takes no figures. ~33 min; BENCH_ARGS=--quick for a smoke run.
