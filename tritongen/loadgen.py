@@ -35,7 +35,6 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
-import httpx
 import numpy as np
 
 from tritongen.core.simulator import (
@@ -192,7 +191,8 @@ class _Runner:
         self.rng = np.random.default_rng(seed)
         self._tensor_cache: dict[tuple[str, int], np.ndarray] = {}
         self.t0 = 0.0
-        self.sse = None  # httpx.AsyncClient for HTTP generate_stream targets
+        self.sse: aiohttp.ClientSession | None = None  # for HTTP generate_stream targets
+        self.sse_base = ""
         self.sse_wanted = False
 
     def _error(self, i: int, message: str, now: float) -> None:
@@ -305,14 +305,17 @@ class _Runner:
         self.send_t[i] = self._now()
         try:
             async with asyncio.timeout(self.request_timeout_s):
-                async with self.sse.stream("POST", f"/v2/models/{target.model}/generate_stream", json=body) as response:
-                    if response.status_code != 200:
-                        text = (await response.aread()).decode("utf-8", "replace")
-                        self._error(i, f"[{response.status_code}] {text}", self._now())
+                async with self.sse.post(f"{self.sse_base}/v2/models/{target.model}/generate_stream",
+                                         data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"}) as response:
+                    if response.status != 200:
+                        text = (await response.read()).decode("utf-8", "replace")
+                        self._error(i, f"[{response.status}] {text}", self._now())
                         return
-                    async for line in response.aiter_lines():
-                        if not line.startswith("data:"):
+                    async for raw in response.content:  # one line at a time
+                        if not raw.startswith(b"data:"):
                             continue
+                        line = raw.decode("utf-8", "replace")
                         now = self._now()
                         event = json.loads(line[5:])
                         if "error" in event:
@@ -359,9 +362,12 @@ class _Runner:
                 grpc = grpcaio.InferenceServerClient(self.grpc_url)
                 await _reached(GRPC, self.grpc_url, grpc.is_server_live(client_timeout=self.request_timeout_s))
             if self.http_url and self.sse_wanted:
-                self.sse = httpx.AsyncClient(
-                    base_url=f"http://{self.http_url}", timeout=self.request_timeout_s,
-                    limits=httpx.Limits(max_connections=max(16, self.max_in_flight)),
+                # aiohttp, not httpx: httpx's per-request CPU could not keep up with a few hundred
+                # streams a second on this host (its own clock lag became the measured TTFT)
+                self.sse_base = f"http://{self.http_url}"
+                self.sse = aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(limit=max(16, self.max_in_flight)),
+                    timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False,
                 )
             times = self.arr.t
             self.t0 = time.perf_counter() - float(times[0]) + 0.05 if len(times) else time.perf_counter()
@@ -397,7 +403,7 @@ class _Runner:
             if grpc is not None:
                 await grpc.close()
             if self.sse is not None:
-                await self.sse.aclose()
+                await self.sse.close()
 
 
 async def _reached(what: str, address: str, *calls: Awaitable[object]) -> None:

@@ -103,7 +103,7 @@ def compute_busy_ns(http_url: str, model: str) -> int:
 
 def drive(
     model: str, setup: str, arrivals: Arrivals, server: TritonServer, streaming: bool,
-    via: SidecarProcess | None, class_parameter: str | None,
+    via: SidecarProcess | None, class_parameter: str | None, llm_protocol: str = "http",
 ) -> ModelRun:
     interface = None
     config = httpx.get(f"http://{server.http_url}/v2/models/{model}/config", timeout=10).json()
@@ -112,6 +112,7 @@ def drive(
     target = LoadTarget(
         model=model, streaming=streaming, batched=int(config.get("max_batch_size", 0)) > 0, class_parameter=class_parameter,
         interface=interface, inputs=tuple(tensors_from_config(config.get("input") or [])),
+        protocol=llm_protocol,
     )
     http_url = via.http_url if via else server.http_url
     grpc_url = via.grpc_url if via else server.grpc_url
@@ -128,7 +129,7 @@ def drive(
 
 def load_phase(
     setup: str, repo: Path, workloads: dict[str, tuple[Arrivals, bool]], say: Say, workdir: Path,
-    behind_sidecar: bool,
+    behind_sidecar: bool, llm_protocol: str = "http",
 ) -> list[ModelRun]:
     options = ServerOptions(repository=repo, extra_args=server_flags_from(repo))
     runs: list[ModelRun] = []
@@ -140,17 +141,18 @@ def load_phase(
                 say(f"{setup}: sidecar on {sidecar.http_url} (gRPC {sidecar.grpc_url}) in front of Triton")
                 for model, (arrivals, streaming) in workloads.items():
                     say(f"{setup}: {len(arrivals)} bursty requests to {model} through the sidecar")
-                    runs.append(drive(model, setup, arrivals, server, streaming, sidecar, "traffic_class"))
+                    runs.append(drive(model, setup, arrivals, server, streaming, sidecar, "traffic_class", llm_protocol))
         else:
             for model, (arrivals, streaming) in workloads.items():
                 say(f"{setup}: {len(arrivals)} bursty requests to {model}, straight to Triton")
-                runs.append(drive(model, setup, arrivals, server, streaming, None, None))
+                runs.append(drive(model, setup, arrivals, server, streaming, None, None, llm_protocol))
     return runs
 
 
 def run_showcase(
     spec: Path, code: Path, naive: Path, traffic: Path, out_dir: Path, workdir: Path, say: Say,
     requests: int = 1200, ranker_rate_factor: float = 8.0, llm_rate_factor: float = 4.0, tune_requests: int = 4000,
+    llm_protocol: str = "http",
 ) -> Showcase:
     show = Showcase()
     clock = time.perf_counter()
@@ -185,11 +187,11 @@ def run_showcase(
     workloads = {"ranker": (ranker_arrivals, False), "tinyllm": (llm_arrivals, True)}
     say("3/5 before: the same bursty two-class load against the hand-written configs "
         f"({traffic.name}'s shape at {ranker_rate_factor:g}x its rate for ranker and {llm_rate_factor:g}x for tinyllm; "
-        "tune simulated it at 1x)")
-    show.runs += load_phase("before", before, workloads, say, workdir, behind_sidecar=False)
+        f"tune simulated it at 1x; tinyllm streams over {'HTTP generate_stream' if llm_protocol == 'http' else 'gRPC'})")
+    show.runs += load_phase("before", before, workloads, say, workdir, behind_sidecar=False, llm_protocol=llm_protocol)
     step("load before")
     say("4/5 after: the tuned configs behind the sidecar, the same load")
-    show.runs += load_phase("after", after, workloads, say, workdir, behind_sidecar=True)
+    show.runs += load_phase("after", after, workloads, say, workdir, behind_sidecar=True, llm_protocol=llm_protocol)
     step("load after")
     say(f"5/5 report -> {out_dir / 'report.html'}")
     write_report(show, out_dir / "report.html")

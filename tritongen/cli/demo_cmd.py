@@ -42,18 +42,27 @@ def demo(
     tune_requests: int = typer.Option(4000, "--tune-requests", min=200,
                                       help="Requests per simulation in the tuning step (tune's --requests)."),
     profiles: Path = typer.Option(Path("examples/profiles"), help="--smoke: profiles for measured pads."),
+    llm_protocol: str = typer.Option(
+        "http", "--llm-protocol", help="How the LLM's clients stream: http (generate_stream, server-sent events) or "
+        "grpc (ModelStreamInfer). Through the sidecar a gRPC stream costs 2-3x the CPU of an HTTP one (Python's gRPC stack).",
+    ),
 ) -> None:
     """Before/after on the embedded server: naive configs direct vs profiled, tuned, rendered and guarded."""
     for path, what in ((code, "--code"), (naive, "--naive")):
         if not path.is_dir():
             raise BadInput(f"{what} {path}: not a directory (run the demo from the repository root)")
+    if llm_protocol not in ("http", "grpc"):
+        raise BadInput(f"--llm-protocol {llm_protocol!r}: use http or grpc")
     if smoke:
         smoke_run(spec, code, min(requests, 100), profiles)
     else:
-        before_after(spec, code, naive, traffic, out, requests, tune_requests)
+        before_after(spec, code, naive, traffic, out, requests, tune_requests, llm_protocol)
 
 
-def before_after(spec: Path, code: Path, naive: Path, traffic: Path, out: Path, requests: int, tune_requests: int = 4000) -> None:
+def before_after(
+    spec: Path, code: Path, naive: Path, traffic: Path, out: Path, requests: int, tune_requests: int = 4000,
+    llm_protocol: str = "http",
+) -> None:
     load_spec(spec)  # a bad spec fails here, before any server starts
     workdir = Path(tempfile.mkdtemp(prefix="tritongen-demo-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -61,7 +70,7 @@ def before_after(spec: Path, code: Path, naive: Path, traffic: Path, out: Path, 
     try:
         show = run_showcase(spec, code, naive, traffic, out, workdir,
                             say=lambda line: console.print(f"[bold]>[/] {line}"), requests=requests,
-                            tune_requests=tune_requests)
+                            tune_requests=tune_requests, llm_protocol=llm_protocol)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     table = Table(title="before (hand-written, direct) vs after (tuned + sidecar), same bursty traffic")
