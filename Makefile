@@ -54,7 +54,7 @@ bench-instance-scaling: $(STAMP)
 	$(PY) bench/bench_instance_scaling.py
 
 bench-llm-guard: $(STAMP)
-	$(PY) bench/bench_llm_guard.py
+	$(PY) bench/bench_llm_guard.py $(BENCH_ARGS)
 
 bench-admission: $(STAMP)
 	$(PY) bench/bench_admission.py

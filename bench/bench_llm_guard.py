@@ -234,6 +234,7 @@ class Case:
     profile: Profile
     seconds: float
     burst: int
+    protocol: str = "grpc"  # how the clients stream: grpc (ModelStreamInfer) or http (generate_stream)
     rows: list[tuple[str, str, str, str, str, str]] = field(default_factory=list)
     verdicts: list[bool] = field(default_factory=list)
 
@@ -319,12 +320,12 @@ def drive(case: Case, arrivals: Arrivals, through_sidecar: bool) -> Run:
         case.model, streaming=True, batched=int(config.get("max_batch_size") or 0) > 0,
         interface=interface_from_config(config, model=case.model),
         bytes_per_token=float(case.spec_model.bytes_per_token or 1.0),
-        class_parameter=case.policy.get("class_parameter", "traffic_class"),
+        class_parameter=case.policy.get("class_parameter", "traffic_class"), protocol=case.protocol,
     )
-    url = case.sidecar.grpc_url if through_sidecar else case.server.grpc_url
+    via = case.sidecar if through_sidecar else case.server
     before = preemptions(case.server, case.model)
-    result = run_load(arrivals, {name: target for name in arrivals.class_names}, grpc_url=url,
-                      request_timeout_s=60.0, drain_s=40.0, max_in_flight=1024)
+    result = run_load(arrivals, {name: target for name in arrivals.class_names}, http_url=via.http_url,
+                      grpc_url=via.grpc_url, request_timeout_s=60.0, drain_s=40.0, max_in_flight=1024)
     after = preemptions(case.server, case.model)
     time.sleep(1.0)  # let the engine and the sidecar settle (lingering reservations, metrics)
     return Run(result=result, classes=case.classes,
@@ -364,7 +365,8 @@ def one_model(case: Case) -> None:
     top = min(case.classes, key=lambda c: c.priority)
     batch = max(case.classes, key=lambda c: c.priority)
     shares = ", ".join(f"{c.name} {c.share:g} (TTFT P99 target {c.p99_ms:g} ms)" for c in case.classes)
-    print(f"traffic: {shares}; class sent as request parameter {case.policy.get('class_parameter', 'traffic_class')!r}")
+    print(f"traffic: {shares}; class sent as request parameter {case.policy.get('class_parameter', 'traffic_class')!r}; "
+          f"clients stream over {'gRPC ModelStreamInfer' if case.protocol == 'grpc' else 'HTTP generate_stream'}")
     lag: list[float] = []
     extra: list[str] = []
 
@@ -487,7 +489,8 @@ def serve_group(spec_path: Path, models: list[str], options: ServerOptions, poli
             for model in models:
                 spec_model = next(m for m in spec.models if m.name == model)
                 one_model(Case(model=model, spec_model=spec_model, classes=spec.classes_of(spec_model), server=server,
-                               sidecar=sidecar, policy=policy, profile=profiles[model], seconds=args.seconds, burst=args.burst))
+                               sidecar=sidecar, policy=policy, profile=profiles[model], seconds=args.seconds, burst=args.burst,
+                               protocol=args.protocol))
 
 
 def main() -> int:
@@ -496,13 +499,16 @@ def main() -> int:
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     ap.add_argument("--burst", type=int, default=100, help="requests sent at once in the burst phase (0: skip it)")
     ap.add_argument("--saved-profiles", action="store_true", help="use examples/profiles/*.json instead of profiling")
+    ap.add_argument("--protocol", choices=("grpc", "http"), default="grpc",
+                    help="how the clients stream: grpc (ModelStreamInfer, default) or http (generate_stream)")
     args = ap.parse_args()
     models = [m for m in args.models.split(",") if m]
     unknown = sorted(set(models) - set(MODELS))
     if unknown:
         ap.error(f"unknown models {unknown}; choose from {', '.join(MODELS)}")
     start = time.perf_counter()
-    with saved_report("llm_guard"), tempfile.TemporaryDirectory(prefix="llm-guard-") as tmp_name:
+    report = "llm_guard" if args.protocol == "grpc" else "llm_guard-http"
+    with saved_report(report), tempfile.TemporaryDirectory(prefix="llm-guard-") as tmp_name:
         tmp = Path(tmp_name)
         standins = [m for m in models if m != "tinyllm"]
         if standins:
