@@ -38,7 +38,7 @@ import os
 import re
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import unquote
 
 from multidict import CIMultiDict
@@ -56,6 +56,18 @@ _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden"
             413: "Payload Too Large", 429: "Too Many Requests", 500: "Internal Server Error",
             502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
 HEAD_SLACK = 64  # bytes of request line and framing allowed beyond the policy's header limit
+
+
+class _Kept(Protocol):
+    """What `_Idle` keeps: either kind of connection the front holds open."""
+
+    closed: bool
+    idle_since: float
+
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Kept)
 BACKEND_IDLE = 64  # kept-alive connections to the aiohttp backend
 BACKEND_IDLE_S = 30.0  # an idle backend connection older than this is closed, not reused (aiohttp's
 # keep-alive timeout is 75 s: one it is about to close must never carry a request)
@@ -113,6 +125,35 @@ class _Head:
             self.headers.append((key, text))
 
 
+class _Idle(Generic[C]):
+    """Kept-alive connections of one kind (to the aiohttp backend, or to Triton for streams): at most
+    `BACKEND_IDLE`, none reused after `BACKEND_IDLE_S` idle."""
+
+    def __init__(self) -> None:
+        self._conns: list[C] = []
+
+    def take(self) -> C | None:
+        now = time.monotonic()
+        while self._conns:
+            conn = self._conns.pop()
+            if not conn.closed and now - conn.idle_since < BACKEND_IDLE_S:
+                return conn
+            conn.close()
+        return None
+
+    def put(self, conn: C, closing: bool) -> None:
+        if closing or conn.closed or len(self._conns) >= BACKEND_IDLE:
+            conn.close()
+        else:
+            conn.idle_since = time.monotonic()
+            self._conns.append(conn)
+
+    def close_all(self) -> None:
+        for conn in self._conns:
+            conn.close()
+        self._conns.clear()
+
+
 class _Backend(asyncio.Protocol):
     """One connection to the aiohttp backend, carrying one relayed request at a time (or a tunnel)."""
 
@@ -132,14 +173,14 @@ class _Backend(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         client = self.client
         if client is None:  # nothing asked: not HTTP we can follow
-            self._close()
+            self.close()
             return
         client.write(data)
         if self.tunnel or self.framing is None:
             return
         try:
             self.framing.feed(data, self.head_request)
-        except (ValueError, IndexError):
+        except (ValueError, IndexError, UpstreamConnectionError):
             self._end(False)
             return
         if self.framing.done:
@@ -166,7 +207,7 @@ class _Backend(asyncio.Protocol):
         if self.finished is not None and not self.finished.done():
             self.finished.set_result(reusable and not self.closed)
 
-    def _close(self) -> None:
+    def close(self) -> None:
         if self.transport is not None and not self.closed:
             self.transport.close()
 
@@ -244,7 +285,7 @@ class _Client(asyncio.Protocol):
         for backend in (self.tunnel, self.relaying):
             if backend is not None:
                 backend.client = None
-                backend._close()
+                backend.close()
         if self.streaming is not None:
             self.streaming.close()
 
@@ -321,45 +362,40 @@ class _Client(asyncio.Protocol):
 
     async def _serve(self, head: _Head, match: re.Match[bytes], body: bytes) -> None:
         model, op = unquote(match.group(1).decode("latin-1")), match.group(2).decode()
-        if op == "generate_stream":
-            await self._serve_stream(head, model, body)
-            return
+        close = head.close
         try:
-            answer = await self.front.proxy.unary(
-                model, op, head.target.decode("latin-1"), CIMultiDict(head.headers), body,
-            )
+            if op == "generate_stream":
+                close = await self._serve_stream(head, model, body)
+            else:
+                answer = await self.front.proxy.unary(
+                    model, op, head.target.decode("latin-1"), CIMultiDict(head.headers), body,
+                )
+                self.write(_answer_bytes(answer, keep_alive=not close))
         except asyncio.CancelledError:
             raise
         except Exception:  # a bug must cost one request a 500, never the connection's next requests
             log.exception("the HTTP front failed a request")
-            answer = Answer.json(500, {"error": "the sidecar failed this request; see its log"})
-        self.write(_answer_bytes(answer, keep_alive=not head.close))
-        self._done(head.close)
+            close = close or op == "generate_stream"  # part of a stream may be out already
+            self.write(_answer_bytes(Answer.json(500, {"error": "the sidecar failed this request; see its log"}),
+                                     keep_alive=not close))
+        self._done(close)
 
-    async def _serve_stream(self, head: _Head, model: str, body: bytes) -> None:
+    async def _serve_stream(self, head: _Head, model: str, body: bytes) -> bool:
         """generate_stream: prepared and admitted as the aiohttp handler does, then Triton's response
-        relayed byte for byte (its own chunked framing), counting events as it passes."""
+        relayed byte for byte (its own chunked framing), counting events as it passes. True when the
+        client's connection must close after it."""
         proxy = self.front.proxy
         close = head.close
+        prepared = proxy.prepare("generate_stream", model, CIMultiDict(head.headers), body)
+        if isinstance(prepared, Answer):
+            self.write(_answer_bytes(prepared, keep_alive=not close))
+            return close
         try:
-            prepared = proxy.prepare("generate_stream", model, CIMultiDict(head.headers), body)
-            if isinstance(prepared, Answer):
-                self.write(_answer_bytes(prepared, keep_alive=not close))
-            else:
-                try:
-                    async with proxy.controller.admit(model, prepared.klass, prepared.cost, prepared.tenant) as ticket:
-                        close = await self._stream(ticket, proxy.prefix + head.target.decode("latin-1"),
-                                                   prepared) or close
-                except Rejected as rejected:
-                    self.write(_answer_bytes(proxy._refused(rejected, model, prepared), keep_alive=not close))
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # a bug must cost one request, never the connection's next requests
-            log.exception("the HTTP front failed a stream")
-            self.write(_answer_bytes(Answer.json(500, {"error": "the sidecar failed this request; see its log"}),
-                                     keep_alive=False))
-            close = True
-        self._done(close)
+            async with proxy.controller.admit(model, prepared.klass, prepared.cost, prepared.tenant) as ticket:
+                return await self._stream(ticket, proxy.prefix + head.target.decode("latin-1"), prepared) or close
+        except Rejected as rejected:
+            self.write(_answer_bytes(proxy._refused(rejected, model, prepared), keep_alive=not close))
+            return close
 
     async def _stream(self, ticket: Ticket, target: str, prepared: _Prepared) -> bool:
         """Relays one streamed response; True when the client's connection must close after it."""
@@ -383,7 +419,7 @@ class _Client(asyncio.Protocol):
             written = True
             try:
                 framing.feed(data, False)
-            except (ValueError, IndexError):
+            except (ValueError, IndexError, UpstreamConnectionError):
                 up.close()  # Triton's framing is broken: the connection is useless (on_lost ends it)
                 return
             if not framing.in_head:
@@ -459,7 +495,7 @@ class _Client(asyncio.Protocol):
         if reusable and not head.close:
             self.front.give_back(backend)
         else:
-            backend._close()
+            backend.close()
         # not reusable: the response said `Connection: close`, ran to the backend's close, or was cut
         self._done(head.close or not reusable)
 
@@ -479,7 +515,7 @@ class _Client(asyncio.Protocol):
         self.tunnel = backend
         self.task = None
         if self.closed:
-            backend._close()
+            backend.close()
             return
         self._to_tunnel(pending + bytes(self.buffer))
         self.buffer.clear()
@@ -502,8 +538,8 @@ class HttpFront:
         self.limits = limits
         self.hot_path = proxy.pool is not None
         self.clients: set[_Client] = set()
-        self._idle: list[_Backend] = []
-        self._streams: list[_Upstream] = []
+        self._idle: _Idle[_Backend] = _Idle()
+        self._streams: _Idle[_Upstream] = _Idle()
         self._server: asyncio.base_events.Server | None = None
         self._closing = False
 
@@ -521,12 +557,9 @@ class HttpFront:
     async def backend(self, fresh: bool = False) -> _Backend | None:
         if self._closing:
             return None
-        now = time.monotonic()
-        while self._idle and not fresh:
-            backend = self._idle.pop()
-            if not backend.closed and now - backend.idle_since < BACKEND_IDLE_S:
-                return backend
-            backend._close()
+        backend = None if fresh else self._idle.take()
+        if backend is not None:
+            return backend
         loop = asyncio.get_running_loop()
         try:
             _, backend = await loop.create_unix_connection(_Backend, self.backend_path)
@@ -537,35 +570,14 @@ class HttpFront:
 
     async def upstream(self) -> _Upstream:
         """A connection to Triton for a stream: an idle one, or a new one (UpstreamConnectionError)."""
-        now = time.monotonic()
-        while self._streams:
-            up = self._streams.pop()
-            if not up.closed and now - up.idle_since < BACKEND_IDLE_S:
-                return up
-            up.close()
-        pool = self.proxy.pool
-        assert pool is not None
-        loop = asyncio.get_running_loop()
-        try:
-            _, up = await asyncio.wait_for(loop.create_connection(_Upstream, pool.host, pool.port), timeout=3.0)
-        except (OSError, asyncio.TimeoutError) as err:
-            raise UpstreamConnectionError(f"cannot connect to {pool.host}:{pool.port}: {err or type(err).__name__}") \
-                from None
-        return up
+        assert self.proxy.pool is not None
+        return self._streams.take() or await self.proxy.pool.connect(_Upstream)
 
     def give_back_upstream(self, up: _Upstream) -> None:
-        if self._closing or up.closed or len(self._streams) >= BACKEND_IDLE:
-            up.close()
-        else:
-            up.idle_since = time.monotonic()
-            self._streams.append(up)
+        self._streams.put(up, self._closing)
 
     def give_back(self, backend: _Backend) -> None:
-        if self._closing or backend.closed or len(self._idle) >= BACKEND_IDLE:
-            backend._close()
-        else:
-            backend.idle_since = time.monotonic()
-            self._idle.append(backend)
+        self._idle.put(backend, self._closing)
 
     async def close(self) -> None:
         """Stops listening; idle connections close at once, requests in flight get `STOP_GRACE_S` to
@@ -581,12 +593,8 @@ class HttpFront:
             await asyncio.wait(busy, timeout=STOP_GRACE_S)
         for client in list(self.clients):
             client.close()
-        for backend in self._idle:
-            backend._close()
-        self._idle.clear()
-        for up in self._streams:
-            up.close()
-        self._streams.clear()
+        self._idle.close_all()
+        self._streams.close_all()
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2.0)

@@ -17,8 +17,11 @@ treats as "Triton is down" (503 and the health probe), as it does aiohttp's conn
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
+
+P = TypeVar("P", bound=asyncio.Protocol)
 
 MAX_HEAD_BYTES = 64 * 1024  # status line + headers of one response; Triton sends a few hundred bytes
 
@@ -240,18 +243,9 @@ class ResponseFraming:
         self._chunks(view)
 
     def _read_head(self, head: bytes, head_request: bool) -> None:
-        lines = head.split(b"\r\n")
-        status = self.status = int(lines[0].split(b" ", 2)[1])
-        length: int | None = None
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            key, text = name.strip().lower(), value.strip().lower()
-            if key == b"content-length":
-                length = int(text)
-            elif key == b"transfer-encoding" and b"chunked" in text:
-                self.chunked = True
-            elif key == b"connection" and b"close" in text:
-                self.close_after = True
+        status, _, length, self.chunked, keep_alive = _parse_head(head)
+        self.status = status
+        self.close_after = not keep_alive
         if head_request or status in (204, 304) or 100 <= status < 200:
             self.done = True
         elif self.chunked:
@@ -319,10 +313,14 @@ class UpstreamPool:
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
+        return await self.connect(lambda: _Connection(loop))
+
+    async def connect(self, factory: Callable[[], P]) -> P:
+        """A new connection to the upstream speaking `factory`'s protocol (the pool's own, or the
+        HTTP front's stream connections); UpstreamConnectionError when it cannot be opened in 3 s."""
+        loop = asyncio.get_running_loop()
         try:
-            _, protocol = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(loop), self.host, self.port), timeout=3.0
-            )
+            _, protocol = await asyncio.wait_for(loop.create_connection(factory, self.host, self.port), timeout=3.0)
         except (OSError, asyncio.TimeoutError) as err:
             raise UpstreamConnectionError(f"cannot connect to {self.host}:{self.port}: {err or type(err).__name__}") \
                 from None

@@ -345,23 +345,19 @@ def ranker_inputs(rate: float = 200.0, curve=None, **kw) -> TuneInputs:
 
 
 
-async def started_http_proxy(upstream_port: int, policy: Any, token: str | None = None) -> tuple[Any, Any, Any]:
-    """An `HttpProxy` (started) before an in-process upstream on `upstream_port`, with its own
-    admission state and metrics and a health probe that always answers up: (proxy, state, metrics).
-    The unit rigs of the sidecar's HTTP side share it; the caller closes the proxy."""
+async def admission_parts(policy: Any) -> tuple[Any, Any, Any, Any]:
+    """What a proxy under test needs beside its upstream: (state, metrics, controller, health), on the
+    running loop's clock, with a health probe that always answers up. The sidecar's unit rigs
+    (HTTP and gRPC) share it."""
     import asyncio
 
     from sidecar.admission import AdmissionState
     from sidecar.controller import AdmissionController
-    from sidecar.http_proxy import Admin, HttpProxy
     from sidecar.metrics import SidecarMetrics
     from sidecar.upstream import UpstreamHealth
 
     async def up() -> bool:
         return True
-
-    async def no_reload(why: str) -> tuple[bool, str]:
-        return False, why
 
     loop = asyncio.get_running_loop()
     state = AdmissionState(policy, loop.time)
@@ -369,6 +365,19 @@ async def started_http_proxy(upstream_port: int, policy: Any, token: str | None 
     controller = AdmissionController(state, metrics, loop.time)
     health = UpstreamHealth(up)
     await health.check()
+    return state, metrics, controller, health
+
+
+async def started_http_proxy(upstream_port: int, policy: Any, token: str | None = None) -> tuple[Any, Any, Any]:
+    """An `HttpProxy` (started) before an in-process upstream on `upstream_port`, with its own
+    admission state and metrics (`admission_parts`): (proxy, state, metrics). The unit rigs of the
+    sidecar's HTTP side share it; the caller closes the proxy."""
+    from sidecar.http_proxy import Admin, HttpProxy
+
+    async def no_reload(why: str) -> tuple[bool, str]:
+        return False, why
+
+    state, metrics, controller, health = await admission_parts(policy)
     proxy = HttpProxy(f"127.0.0.1:{upstream_port}", controller, health, metrics, lambda: policy,
                       Admin(token=token, status=dict, reload=no_reload))
     await proxy.start()

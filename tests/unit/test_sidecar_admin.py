@@ -19,13 +19,10 @@ from aiohttp import web
 from tritonclient.grpc import service_pb2 as pb
 
 from sidecar import admin_apis
-from sidecar.admission import AdmissionState
-from sidecar.controller import AdmissionController
 from sidecar.grpc_proxy import GrpcProxy
 from sidecar.metrics import SidecarMetrics
 from sidecar.policy import AdminApisPolicy, PolicyError, SidecarPolicy, parse_policy
-from sidecar.upstream import UpstreamHealth
-from tests.helpers import policy_doc, started_http_proxy
+from tests.helpers import admission_parts, policy_doc, started_http_proxy
 
 TOKEN = "admin-token-0123456789"
 SERVICE = "/inference.GRPCInferenceService/"
@@ -222,9 +219,6 @@ def test_policy_refuses_bad_allow_lists(admin: Any, message: str) -> None:
 # the proxies in front of a fake Triton
 
 
-async def _up() -> bool:
-    return True
-
 
 @dataclass
 class Seen:
@@ -372,12 +366,7 @@ async def grpc_rig(
     upstream.add_generic_rpc_handlers((_Upstream(),))
     upstream_port = upstream.add_insecure_port("127.0.0.1:0")
     await upstream.start()
-    loop = asyncio.get_running_loop()
-    state = AdmissionState(policy, loop.time)
-    metrics = SidecarMetrics()
-    controller = AdmissionController(state, metrics, loop.time)
-    health = UpstreamHealth(_up)
-    await health.check()
+    _, metrics, controller, health = await admission_parts(policy)
     proxy = GrpcProxy(f"127.0.0.1:{upstream_port}", controller, health, metrics, lambda: policy, token=token)
     await proxy.start()
     server = grpc.aio.server()

@@ -19,12 +19,10 @@ from aiohttp import web
 from tritonclient.grpc import service_pb2 as pb
 
 from sidecar.admission import AdmissionState
-from sidecar.controller import AdmissionController
 from sidecar.grpc_proxy import MODEL_INFER, MODEL_STREAM_INFER, SERVICE, GrpcProxy
 from sidecar.metrics import SidecarMetrics
 from sidecar.policy import SidecarPolicy, parse_policy
-from sidecar.upstream import UpstreamHealth
-from tests.helpers import policy_doc, started_http_proxy
+from tests.helpers import admission_parts, policy_doc, started_http_proxy
 
 SERVER_METADATA = SERVICE + "ServerMetadata"
 TENANTS = {"tenants": [{"name": "acme", "max_inflight": 1, "classes": ["interactive", "normal"]}]}
@@ -108,9 +106,6 @@ class FakeTriton:
         return _Handler()
 
 
-async def _up() -> bool:
-    return True
-
 
 @dataclass
 class GrpcRig:
@@ -133,12 +128,8 @@ async def grpc_rig(policy: SidecarPolicy) -> AsyncIterator[GrpcRig]:
     upstream.add_generic_rpc_handlers((fake.handler(),))
     upstream_port = upstream.add_insecure_port("127.0.0.1:0")
     await upstream.start()
-    state = AdmissionState(policy, asyncio.get_running_loop().time)
-    metrics = SidecarMetrics()
-    controller = AdmissionController(state, metrics, asyncio.get_running_loop().time)
+    state, metrics, controller, health = await admission_parts(policy)
     controller.start()
-    health = UpstreamHealth(_up)
-    await health.check()
     proxy = GrpcProxy(f"127.0.0.1:{upstream_port}", controller, health, metrics, lambda: policy)
     await proxy.start()
     server = grpc.aio.server()
