@@ -866,12 +866,7 @@ class AdmissionState:
             return False
         now = self._now()
         model = res.request.model
-        self._inflight -= 1
-        if self._counts_for_limit(model):
-            self._inflight_llm -= 1
-        self._inflight_model[model] -= 1
-        self._sequences_model[model] -= res.request.cost.sequences
-        self._count_tenant(res.request.tenant, inflight=-1)
+        self._uncount(res)
         self._completions[model].append(now)
         service = now - res.admitted_at
         if res.first_response_at is None and linger_s == 0:
@@ -889,6 +884,60 @@ class AdmissionState:
             self._free(request_id)
         self._pump(now)
         return True
+
+    # -- the native lane (sidecar/lane.py) ---------------------------------------------------------
+
+    def lane_may_grow(self, model: str, now: float | None = None) -> bool:
+        """Whether the lane may take more slots of `model`: not while a request of the model waits
+        here (new lane requests must queue behind it), nor while the queue's head waits for a
+        shared room (a device's headroom), which a slot would take from it."""
+        if not self._waiting:
+            return True
+        now = self._now() if now is None else now
+        if any(w.request.model == model for w in self._waiting.values()):
+            return False
+        blocked = self._head_blocker(now)
+        return blocked is None or not blocked.shared
+
+    def take_lane_slot(self, slot_id: Hashable, model: str) -> bool:
+        """Reserve one lane slot of a classic model, as a request of the default class and tenant
+        would be reserved, if it fits now and the lane may grow. No arrival is counted: a slot is
+        capacity handed to nginx, not a request."""
+        now = self._now()
+        mp = self._models.get(model)
+        if mp is None or mp.kv is not None or slot_id in self._reservations or not self.lane_may_grow(model, now):
+            return False
+        request = Request(slot_id, model, self.policy.default_class, Cost(request_bytes=mp.request_bytes))
+        memory, slots = self.rooms(request, now)
+        if not decide(request.cost, memory, slots).ok:
+            return False
+        self._reserve(request, now)
+        return True
+
+    def return_lane_slot(self, slot_id: Hashable) -> bool:
+        """Give a lane slot back (nginx no longer counts on it); its room goes to whoever waits.
+        Unlike `release`, no completion is recorded: the lane's requests are (`lane_finished`)."""
+        res = self._reservations.get(slot_id)
+        if res is None:
+            return False
+        self._uncount(res)
+        self._free(slot_id)
+        self._pump()
+        return True
+
+    def lane_finished(self, model: str, count: int, seconds: float) -> None:
+        """`count` lane requests of `model` ended, taking `seconds` in all: they feed the drain rate,
+        the service time and the upstream latency that the Python path's wait estimates read."""
+        if count <= 0 or model not in self._models:
+            return
+        now = self._now()
+        done = self._completions[model]
+        done.extend([now] * min(count, done.maxlen or count))
+        mean = max(0.0, seconds) / count
+        prev = self._service_s.get(model)
+        self._service_s[model] = mean if prev is None else prev + SERVICE_ALPHA * (mean - prev)
+        self._upstream_latency[model].append(mean)
+        self._pump(now)
 
     def tick(self) -> None:
         """Time passes: lingering reservations end, queue deadlines pass, the limit may move."""
@@ -940,6 +989,16 @@ class AdmissionState:
         self._inflight_model[request.model] += 1
         self._sequences_model[request.model] += cost.sequences
         self._count_tenant(request.tenant, inflight=1, reserved=res.held_bytes)
+
+    def _uncount(self, res: _Reservation) -> None:
+        """Drop a reservation's in-flight counts (its bytes go with `_free`)."""
+        model = res.request.model
+        self._inflight -= 1
+        if self._counts_for_limit(model):
+            self._inflight_llm -= 1
+        self._inflight_model[model] -= 1
+        self._sequences_model[model] -= res.request.cost.sequences
+        self._count_tenant(res.request.tenant, inflight=-1)
 
     def _free(self, request_id: Hashable) -> None:
         res = self._reservations.pop(request_id)

@@ -39,12 +39,16 @@ from sidecar.grpc_proxy import GrpcProxy
 from sidecar.headroom import HeadroomChain, HeadroomSource, SourceFailed, SourceInputs, build_sources
 from sidecar.http_front import HttpFront, front_enabled
 from sidecar.http_proxy import Admin, HttpProxy
+from sidecar.lane_control import LaneControl
 from sidecar.loop import new_event_loop
 from sidecar.metrics import SidecarMetrics
+from sidecar.nginx_front import FrontAddresses, NativeFrontUnavailable, NginxFront, NginxInstall, find_nginx
 from sidecar.policy import PolicyError, SidecarPolicy, load_policy
 from sidecar.tokens import load_counters
 from sidecar.upstream import UpstreamHealth
+from tritongen.errors import BadInput
 from tritongen.reach import METRICS, derived, unreachable_message
+from tritongen.server import free_port
 
 log = logging.getLogger("tritongen.sidecar")
 
@@ -91,6 +95,10 @@ class SidecarConfig:
     grpc_listen: str = "127.0.0.1:9001"
     metrics_listen: str = "127.0.0.1:9002"
     token: str | None = None
+    # "python": the sidecar's own listeners face clients; "native": nginx does (sidecar/nginx_front.py)
+    # with the fast lane, the Python listeners on private ports; "auto": native where nginx with Lua
+    # is installed, else python.
+    front: str = "python"
     watch_interval_s: float = 1.0
     health_interval_s: float = 1.0
     install_signal_handlers: bool = True
@@ -137,6 +145,9 @@ class Sidecar:
         self.front: HttpFront | None = None
         self._backend_dir: str | None = None
         self.grpc: GrpcProxy | None = None
+        self.nginx: NginxFront | None = None
+        self.lane: LaneControl | None = None
+        self.front_kind = "python"
         self.http_port = self.grpc_port = self.metrics_port = 0
         self.last_reload: dict[str, Any] = {}
         self._runners: list[web.AppRunner] = []
@@ -183,13 +194,15 @@ class Sidecar:
         self.http = HttpProxy(cfg.upstream, self.controller, self.health, self.metrics, policy, admin)
         await self.http.start()
         limits = self.policy.limits
+        install = self._native_install()
+        private = install is not None  # nginx faces clients; the Python listeners take what it hands on
         runner = web.AppRunner(
             self.http.application(), handler_cancellation=True, access_log=None,
             max_line_size=limits.max_header_bytes, max_field_size=limits.max_header_bytes,
         )
         await runner.setup()
         self._runners.append(runner)
-        host, port = split_address(cfg.listen, 9000)
+        host, port = ("127.0.0.1", 0) if private else split_address(cfg.listen, 9000)
         if front_enabled():
             # the lean front listens; aiohttp serves what it relays, on a socket only this process knows
             self._backend_dir = tempfile.mkdtemp(prefix="tritongen-sidecar-")
@@ -211,12 +224,15 @@ class Sidecar:
                 ("grpc.max_metadata_size", limits.max_header_bytes),
             ])
             server.add_generic_rpc_handlers((self.grpc.handler(),))
-            host, port = split_address(cfg.grpc_listen, 9001)
+            host, port = ("127.0.0.1", 0) if private else split_address(cfg.grpc_listen, 9001)
             self.grpc_port = server.add_insecure_port(f"{host}:{port}")
             if not self.grpc_port:
                 raise OSError(f"cannot bind the gRPC listener on {host}:{port}")
             await server.start()
             self._grpc_server = server
+
+        if install is not None:
+            await self._start_native(install)
 
         metrics_app = web.Application()
         metrics_app.router.add_get("/metrics", self._metrics_handler)
@@ -234,8 +250,13 @@ class Sidecar:
             log.warning("Triton's HTTP endpoint at %s (--upstream) does not answer yet: %s; requests get 503 "
                         "until it does", ready_url, self.health.reason)
         await self._poll_headroom_once()
+        if self.lane is not None:
+            with contextlib.suppress(Exception):  # the sync task retries; the lane starts closed
+                await self.lane.sync()
         self.controller.start()
         self.health.start()
+        if self.lane is not None:
+            self.lane.start()
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._headroom_loop(), name="sidecar-headroom"))
         self._tasks.append(loop.create_task(self._watch_policy(), name="sidecar-policy-watch"))
@@ -243,8 +264,9 @@ class Sidecar:
         if cfg.install_signal_handlers and threading.current_thread() is threading.main_thread():
             loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self.reload("SIGHUP")))
         log.info(
-            "sidecar %s (policy %s, %s loop) on http %s:%d%s, metrics :%d, upstream %s%s",
-            self.policy.deployment, self.policy.digest(), type(loop).__module__.split(".")[0], host, self.http_port,
+            "sidecar %s (policy %s, %s loop, %s front) on http %s:%d%s, metrics :%d, upstream %s%s",
+            self.policy.deployment, self.policy.digest(), type(loop).__module__.split(".")[0], self.front_kind,
+            split_address(cfg.listen, 9000)[0], self.http_port,
             f", grpc :{self.grpc_port}" if self.grpc_port else "", self.metrics_port, cfg.upstream,
             "" if self.health.up else f" (not ready: {self.health.reason})",
         )
@@ -260,6 +282,11 @@ class Sidecar:
 
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        if self.lane is not None:
+            await self.lane.stop()
+        if self.nginx is not None:  # clients are cut at the front first
+            await self.nginx.stop()
+            self.nginx = None
         if self._grpc_server is not None:
             await self._grpc_server.stop(grace=1.0)
             self._grpc_server = None
@@ -294,6 +321,53 @@ class Sidecar:
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
+
+    # -- the native front -------------------------------------------------------------------------
+
+    def _native_install(self) -> NginxInstall | None:
+        """The nginx to put in front, or None for the Python listeners (config.front)."""
+        kind = self.config.front
+        if kind not in ("python", "native", "auto"):
+            raise NativeFrontUnavailable(f"front {kind!r}: use python, native or auto")
+        if kind == "python":
+            return None
+        install, why = find_nginx()
+        if install is None:
+            if kind == "native":
+                raise NativeFrontUnavailable(f"--front native: {why}")
+            log.info("front: python (%s)", why)
+        return install
+
+    async def _start_native(self, install: NginxInstall) -> None:
+        """nginx on the public ports, handing what the lane does not carry to the private ones."""
+        cfg = self.config
+        assert self.policy is not None and self.state is not None and self.controller is not None
+        assert self.health is not None
+
+        def public(text: str, default: int) -> str:
+            host, port = split_address(text, default)
+            return f"{host}:{port or free_port()}"
+
+        def upstream(text: str) -> str:
+            host, port = split_address(text, 80)
+            return f"{host}:{port}"
+
+        http_listen = public(cfg.listen, 9000)
+        grpc_listen = public(cfg.grpc_listen, 9001) if self.grpc_port else None
+        addresses = FrontAddresses(
+            http_listen=http_listen, triton_http=upstream(cfg.upstream), sidecar_http=f"127.0.0.1:{self.http_port}",
+            grpc_listen=grpc_listen, triton_grpc=upstream(cfg.grpc_upstream) if grpc_listen and cfg.grpc_upstream
+            else None, sidecar_grpc=f"127.0.0.1:{self.grpc_port}" if grpc_listen else None,
+        )
+        self.nginx = NginxFront(install, addresses, self.policy)
+        await self.nginx.start()
+        self.front_kind = "native"
+        self.http_port = split_address(http_listen, 0)[1]
+        if grpc_listen:
+            self.grpc_port = split_address(grpc_listen, 0)[1]
+        self.lane = LaneControl(self.nginx, self.state, self.metrics, lambda: bool(self.health and self.health.up),
+                                self.controller.dispatch)
+        self.controller.on_queued = self.lane.wake
 
     # -- policy -----------------------------------------------------------------------------------
 
@@ -334,6 +408,13 @@ class Sidecar:
             assert self.controller is not None
             self.controller.dispatch()
             self.controller.wake()
+            if self.lane is not None:
+                self.lane.policy_changed()
+            if self.nginx is not None:
+                try:
+                    self.nginx.reconfigure(new)
+                except BadInput as err:
+                    log.error("policy reload: nginx keeps its configuration: %s", err)
             if self.chain is not None:
                 self.chain.sources = list(self._source_factory(new, self))
             self.metrics.policy_info.labels(old.digest(), old.deployment).set(0)
@@ -422,6 +503,7 @@ class Sidecar:
         out["upstream"] = {"up": self.health.up, "reason": self.health.reason, "http": self.config.upstream,
                            "grpc": self.config.grpc_upstream}
         out["headroom_sources"] = dict(self.chain.state) if self.chain else {}
+        out["front"] = {"kind": self.front_kind, "lane": self.lane.status() if self.lane is not None else {}}
         return out
 
     async def _metrics_handler(self, request: web.Request) -> web.Response:

@@ -143,6 +143,8 @@ class AdmissionController:
         self._tenant_labels: set[str] = set()
         self._children: dict[tuple[str, ...], object] = {}
         self._hot: dict[tuple[str, str], _Series] = {}  # (class, model label) -> its per-request series
+        # Called when a request starts waiting (the native lane stops growing at once: lane_control).
+        self.on_queued: Callable[[], None] | None = None
 
     def _child(self, metric: object, *labels: str) -> object:
         """prometheus_client's labels() lookup is not free; keep the children per label set."""
@@ -329,6 +331,8 @@ class _Admission:
         if future is not None:
             ctl._child(ctl.metrics.queued, klass, mlabel).inc()  # type: ignore[attr-defined]
             ctl._wake.set()
+            if ctl.on_queued is not None:
+                ctl.on_queued()
             try:
                 decision = await future
             except asyncio.CancelledError:

@@ -96,5 +96,13 @@ class SidecarMetrics:
                                      "not opened by the policy's admin_apis.open.", ["category", "protocol"],
                                      registry=r)
 
+        # the native front's fast lane (sidecar/lane.py): requests nginx sent straight to Triton
+        self.lane_requests = Counter("sidecar_lane_requests", "Requests the native front's lane sent straight to "
+                                     "Triton (finished), by model.", ["model"], registry=r)
+        self.lane_overflow = Counter("sidecar_lane_overflow", "Lane requests that found no free slot and went "
+                                     "through the Python path (admission, queue).", ["model"], registry=r)
+        self.lane_slots = Gauge("sidecar_lane_slots", "Slots the lane holds: reservations in the admission state "
+                                "that nginx may fill without asking.", ["model"], registry=r)
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -37,6 +37,7 @@ class SidecarProcess:
         token_file: Path | None = None,
         log_level: str = "warning",
         env: dict[str, str] | None = None,
+        front: str = "python",
     ) -> None:
         self.env = None if env is None else {**os.environ, **env}
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
@@ -45,7 +46,7 @@ class SidecarProcess:
             "sidecar", "--policy", str(policy), "--upstream", upstream.http_url,
             "--triton-metrics", upstream.metrics_url,
             "--listen", f"127.0.0.1:{self.http_port}", "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
-            "--log-level", log_level,
+            "--log-level", log_level, "--front", front,
         ]
         if grpc_upstream is not None:
             self.args += ["--grpc-upstream", grpc_upstream, "--grpc-listen", f"127.0.0.1:{self.grpc_port}"]

@@ -27,6 +27,11 @@ def sidecar(
         None, "--token-file", help="File holding the admin bearer token: /sidecar/status, /sidecar/reload and Triton's admin APIs (repository, logging, trace, shared memory), shut without it."
     ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+    front: str = typer.Option(
+        "auto", "--front", help="Who faces clients: native (nginx with Lua in front: plain classic requests go "
+        "straight to Triton on slots the sidecar grants, the rest through the sidecar), python (the sidecar's own "
+        "listeners), or auto (native where nginx-light and libnginx-mod-http-lua are installed).",
+    ),
 ) -> None:
     """Proxy Triton's HTTP and gRPC APIs; admit, queue or refuse each request by memory and class.
 
@@ -47,6 +52,8 @@ def sidecar(
             split_address(value, 0)
         except ValueError as err:
             raise BadInput(f"{flag} {value!r}: {err}") from None
+    if front not in ("auto", "native", "python"):
+        raise typer.BadParameter("use auto, native or python", param_hint="--front")
     load_policy(policy)  # a bad policy is a usage error (exit 2) before anything binds
     token = None
     if token_file is not None:
@@ -65,6 +72,7 @@ def sidecar(
         grpc_listen=grpc_listen,
         metrics_listen=metrics_listen,
         token=token,
+        front=front,
     )
     try:
         run_loop(serve(config))

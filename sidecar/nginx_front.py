@@ -1,0 +1,301 @@
+"""nginx as the sidecar's front door (`tritongen sidecar --front native`): its configuration, its
+process, and the control socket the lane's slots and counts go through.
+
+Why nginx: a proxy's cost per request is mostly parsing and copying bytes, which a Python event
+loop does at 2-3x nginx's CPU (README, bench_sidecar). nginx carries the bytes of every request;
+the fast lane (sidecar/lane.py, sidecar/tritongen_lane.lua) sends plain classic requests straight
+to Triton, and everything else (LLM requests, classes, tenants, admin APIs, health, the sidecar's
+own endpoints) to the Python sidecar on private ports, which decides as it always did.
+
+Needs Debian's `nginx-light` (or any nginx 1.19+) and `libnginx-mod-http-lua`. The binary and the
+module directory can be moved with TRITONGEN_NGINX and TRITONGEN_NGINX_MODULES.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from sidecar.lane import LaneCounts, caps_body, parse_counts
+from sidecar.policy import SidecarPolicy
+from tritongen.errors import BadInput
+
+NGINX = "/usr/sbin/nginx"
+MODULE_DIR = "/usr/lib/nginx/modules"
+MODULES = ("ndk_http_module.so", "ngx_http_lua_module.so")
+LUA_DIR = Path(__file__).resolve().parent  # sidecar/tritongen_lane.lua
+BODY_IN_MEMORY = 8 * 1024 * 1024  # larger bodies spill to a file, and nginx hands them to Python
+LONG_S = 3600  # streams and queue waits: nginx must not time them out before the sidecar does
+INSTALL_HINT = "Debian/Ubuntu: `apt-get install nginx-light libnginx-mod-http-lua`"
+
+
+class NativeFrontUnavailable(BadInput):
+    """`--front native` was asked for and nginx with Lua cannot run here."""
+
+
+@dataclass(frozen=True)
+class NginxInstall:
+    binary: Path
+    modules: tuple[Path, ...]
+
+
+def find_nginx() -> tuple[NginxInstall | None, str]:
+    """(the install, "") or (None, why not)."""
+    binary = Path(os.environ.get("TRITONGEN_NGINX", NGINX))
+    if not os.access(binary, os.X_OK):
+        return None, f"{binary} is not installed ({INSTALL_HINT}; TRITONGEN_NGINX names another binary)"
+    folder = Path(os.environ.get("TRITONGEN_NGINX_MODULES", MODULE_DIR))
+    modules = tuple(folder / name for name in MODULES)
+    missing = [str(m) for m in modules if not m.exists()]
+    if missing:
+        return None, f"nginx's Lua module is missing: {', '.join(missing)} ({INSTALL_HINT})"
+    return NginxInstall(binary, modules), ""
+
+
+@dataclass(frozen=True)
+class FrontAddresses:
+    """Where nginx listens (the sidecar's public ports) and where it sends requests."""
+
+    http_listen: str  # host:port
+    triton_http: str
+    sidecar_http: str
+    grpc_listen: str | None = None
+    triton_grpc: str | None = None
+    sidecar_grpc: str | None = None
+
+
+def _header_var(name: str) -> str:
+    return "http_" + name.lower().replace("-", "_")
+
+
+def _lua_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def control_socket(work: Path) -> Path:
+    return work / "control.sock"
+
+
+def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy: SidecarPolicy) -> str:
+    """The whole nginx.conf. Pure: the same inputs give the same text (a reload compares them)."""
+    user = "user root;\n" if os.geteuid() == 0 else ""  # root's workers would run as nobody, locked out of `work`
+    modules = "".join(f"load_module {m};\n" for m in install.modules)
+    temp = "".join(f"    {kind}_temp_path {work}/{kind};\n" for kind in ("client_body", "proxy", "fastcgi", "uwsgi",
+                                                                           "scgi"))
+    limits = policy.limits
+    configure = (f"lane.configure{{class_var = {_lua_string(_header_var(policy.class_header))}, "
+                 f"tenant_var = {_lua_string(_header_var(policy.tenant_header))}, "
+                 f"class_parameter = {_lua_string(policy.class_parameter)}}}")
+    down_json = ('{"error": "Triton is unavailable: the lane could not reach it", '
+                 '"reason": "upstream_unavailable", "retry_after_s": 1}')
+    grpc = "" if at.grpc_listen is None else f"""
+    upstream triton_grpc {{
+        server {at.triton_grpc};
+        keepalive 64;
+        keepalive_requests 1000000;
+    }}
+    upstream sidecar_grpc {{
+        server {at.sidecar_grpc};
+        keepalive 64;
+        keepalive_requests 1000000;
+    }}
+    server {{
+        listen {at.grpc_listen} http2;
+        keepalive_requests 1000000;
+        grpc_read_timeout {LONG_S}s;
+        grpc_send_timeout {LONG_S}s;
+        set $tg_lane "";
+        location = /inference.GRPCInferenceService/ModelInfer {{
+            access_by_lua_block {{ require("tritongen_lane").grpc() }}
+            log_by_lua_block {{ require("tritongen_lane").log() }}
+            error_page 502 504 = @triton_down_grpc;
+            grpc_pass grpc://triton_grpc;
+        }}
+        location / {{
+            grpc_pass grpc://sidecar_grpc;
+        }}
+        location @sidecar_grpc {{
+            grpc_pass grpc://sidecar_grpc;
+        }}
+        location @triton_down_grpc {{
+            log_by_lua_block {{ require("tritongen_lane").log() }}
+            default_type application/grpc;
+            add_header grpc-status 14 always;
+            add_header grpc-message "Triton is unavailable: the lane could not reach it" always;
+            return 204;
+        }}
+    }}
+"""
+    return f"""{modules}{user}daemon off;
+worker_processes 1;
+pid {work}/nginx.pid;
+error_log {work}/error.log warn;
+events {{
+    worker_connections 8192;
+}}
+http {{
+    access_log off;
+{temp}    client_max_body_size {limits.max_body_bytes};
+    client_body_buffer_size {min(BODY_IN_MEMORY, limits.max_body_bytes)};
+    large_client_header_buffers 8 {limits.max_header_bytes};
+    lua_package_path "{LUA_DIR}/?.lua;;";
+    lua_shared_dict tg_caps 1m;
+    lua_shared_dict tg_inflight 1m;
+    lua_shared_dict tg_stats 1m;
+    init_by_lua_block {{
+        local lane = require("tritongen_lane")
+        {configure}
+    }}
+    upstream triton_http {{
+        server {at.triton_http};
+        keepalive 64;
+        keepalive_requests 1000000;
+    }}
+    upstream sidecar_http {{
+        server {at.sidecar_http};
+        keepalive 64;
+        keepalive_requests 1000000;
+    }}
+    server {{
+        listen {at.http_listen};
+        keepalive_requests 1000000;
+        proxy_http_version 1.1;
+        proxy_set_header Connection "";
+        proxy_buffering off;
+        proxy_read_timeout {LONG_S}s;
+        proxy_send_timeout {LONG_S}s;
+        set $tg_lane "";
+        location ~ ^/v2/models/(?<tg_model>[^/]+)(/versions/[^/]+)?/infer$ {{
+            access_by_lua_block {{ require("tritongen_lane").http(ngx.var.tg_model) }}
+            log_by_lua_block {{ require("tritongen_lane").log() }}
+            error_page 502 504 = @triton_down;
+            proxy_pass http://triton_http;
+        }}
+        location / {{
+            proxy_pass http://sidecar_http;
+        }}
+        location @sidecar {{
+            proxy_pass http://sidecar_http;
+        }}
+        location @triton_down {{
+            log_by_lua_block {{ require("tritongen_lane").log() }}
+            default_type application/json;
+            add_header Retry-After 1 always;
+            return 503 '{down_json}';
+        }}
+    }}
+{grpc}    server {{
+        listen unix:{control_socket(work)};
+        location = /lane {{
+            content_by_lua_block {{ require("tritongen_lane").control() }}
+        }}
+    }}
+}}
+"""
+
+
+def _term_with_parent() -> None:
+    """preexec_fn: nginx's master gets SIGTERM (fast shutdown, its worker goes too) if the sidecar
+    dies; a SIGKILL would orphan the worker, which keeps the ports."""
+    from tritongen.server import signal_with_parent
+
+    signal_with_parent(signal.SIGTERM)
+
+
+class NginxFront:
+    """One nginx master (with one worker) owned by the sidecar, stopped by its PID."""
+
+    def __init__(self, install: NginxInstall, addresses: FrontAddresses, policy: SidecarPolicy) -> None:
+        self.install = install
+        self.work = Path(tempfile.mkdtemp(prefix="tritongen-front-"))
+        self.addresses = addresses
+        self.conf = self.work / "nginx.conf"
+        self.text = render_config(install, self.work, addresses, policy)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    def _logs(self) -> str:
+        parts = [p.read_text(errors="replace") for p in (self.work / "stderr.log", self.work / "error.log") if p.exists()]
+        return "".join(parts)[-2000:]
+
+    async def start(self, timeout_s: float = 10.0) -> None:
+        self.conf.write_text(self.text)
+        with open(self.work / "stderr.log", "wb") as log:
+            self.proc = subprocess.Popen(
+                [str(self.install.binary), "-p", str(self.work), "-c", str(self.conf), "-e", str(self.work / "error.log")],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_term_with_parent,
+            )
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.UnixConnector(path=str(control_socket(self.work))),
+            timeout=aiohttp.ClientTimeout(total=2.0),
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise NativeFrontUnavailable(f"nginx exited with {self.proc.returncode} at start: {self._logs()}")
+            with contextlib.suppress(aiohttp.ClientError, OSError, asyncio.TimeoutError):
+                await self.exchange(None)
+                return
+            if loop.time() > deadline:
+                raise NativeFrontUnavailable(f"nginx did not answer on its control socket in {timeout_s:.0f} s: "
+                                             f"{self._logs()}")
+            await asyncio.sleep(0.05)
+
+    async def exchange(self, caps: Mapping[str, int] | None) -> dict[str, LaneCounts]:
+        """Set the slots (None: leave them) and read the lane's counts, in one request."""
+        assert self._session is not None
+        if caps is None:
+            request = self._session.get("http://front/lane")
+        else:
+            request = self._session.post("http://front/lane", data=caps_body(caps).encode())
+        async with request as resp:
+            text = await resp.text()
+            if resp.status != 200:
+                raise aiohttp.ClientError(f"nginx's control socket answered {resp.status}: {text[:200]}")
+            return parse_counts(text)
+
+    def reconfigure(self, policy: SidecarPolicy) -> bool:
+        """A reloaded policy that changes nginx's part (header names, limits): write it and have the
+        master reload (new workers; in-flight requests finish on the old ones). False: unchanged."""
+        text = render_config(self.install, self.work, self.addresses, policy)
+        if text == self.text or self.proc is None or self.proc.poll() is not None:
+            return False
+        tmp = self.conf.with_suffix(".new")
+        tmp.write_text(text)
+        check = subprocess.run([str(self.install.binary), "-t", "-q", "-p", str(self.work), "-c", str(tmp)],
+                               capture_output=True, timeout=10)
+        if check.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise BadInput(f"nginx refused the reloaded policy's configuration: {check.stderr.decode()[-500:]}")
+        tmp.replace(self.conf)
+        self.text = text
+        self.proc.send_signal(signal.SIGHUP)
+        return True
+
+    async def stop(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.terminate()  # SIGTERM: nginx's fast shutdown
+            for _ in range(100):
+                if proc.poll() is not None:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                proc.kill()
+                proc.wait()
+        self.proc = None
+        shutil.rmtree(self.work, ignore_errors=True)
