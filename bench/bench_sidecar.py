@@ -4,10 +4,12 @@
                                             [--models ranker,identity] [--pinned] [--no-nginx]
                                             [--queue-policies] [--json out.json]
 
-Three paths to the same embedded Triton, in the same run: direct, through nginx configured as a
+Four paths to the same embedded Triton, in the same run: direct, through nginx configured as a
 good proxy would be (one worker, upstream keep-alive pools, HTTP/1.1 upstream for REST, an HTTP/2
-`grpc_pass` server for gRPC), and through the sidecar (its own process, `tritongen sidecar` as
-deployed, HTTP and gRPC upstreams). Two models: `ranker` of the example deployment (a batched
+`grpc_pass` server for gRPC), through the sidecar as deployed (`tritongen sidecar`, its own
+process, HTTP and gRPC upstreams, `--front native`: nginx with the fast lane in front, where nginx
+and its Lua module are installed), and through the same sidecar with `--front python` (its own
+listeners). Two models: `ranker` of the example deployment (a batched
 numpy MLP, ~4 ms per execution), and `identity` of bench/models/deployment.yaml (max_batch_size 0,
 2 instances, nothing computed): the issue-15 case, where the proxy's own cost is not hidden behind
 the model's time.
@@ -59,6 +61,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sidecar.nginx_front import find_nginx
 from tritongen.core.plan import plan_deployment
 from tritongen.core.sidecar_policy import build_sidecar_policy
 from tritongen.render import render_repository, write_repository
@@ -72,11 +75,13 @@ BENCH_MODELS = Path(__file__).resolve().parent / "models"
 IDENTITY_SPEC = BENCH_MODELS / "deployment.yaml"
 TARGET_ADDED_P50_MS = 1.0
 NGINX = "/usr/sbin/nginx"
-PATHS = ("direct", "nginx", "sidecar", "aiohttp")
-# HTTP rows also run the sidecar with its HTTP side on aiohttp alone (TRITONGEN_SIDECAR_HTTP=aiohttp): what the
-# lean front (sidecar/http_front.py) changes, in the same run
-AIOHTTP_ENV = {"TRITONGEN_SIDECAR_HTTP": "aiohttp"}
+PATHS = ("direct", "nginx", "sidecar", "python")
+# "sidecar" is the sidecar as `--front auto` deploys it where nginx with Lua is installed: the native front
+# (sidecar/nginx_front.py, the fast lane); "python" is the same sidecar with `--front python` (its own
+# listeners: the lean HTTP front and grpc.aio), in the same run.
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+NATIVE_WHY = find_nginx()[1] or None
+SIDECAR_FRONT = "python" if NATIVE_WHY else "native"
 
 
 # -- the repository and the policy ------------------------------------------------------------------
@@ -478,7 +483,7 @@ def proxy_floor(policy: Path, work: Path, seconds: float, warmup: float, rounds:
     load = workload("identity")
     try:
         wait_http_ready(f"http://{Null.http_url}/v2/health/ready", upstream, "the null upstream")
-        with SidecarProcess(policy, Null, work / "sidecar-null.log") as sidecar:
+        with SidecarProcess(policy, Null, work / "sidecar-null.log", front=SIDECAR_FRONT) as sidecar:
             nginx = Nginx(Null.http_url) if with_nginx else None
             try:
                 if nginx is not None:
@@ -500,7 +505,7 @@ def proxy_floor(policy: Path, work: Path, seconds: float, warmup: float, rounds:
 
 def derived(row: dict[str, Any]) -> None:
     direct = row["direct"]
-    for name in ("nginx", "sidecar", "aiohttp"):
+    for name in ("nginx", "sidecar", "python"):
         path = row.get(name)
         if path is None:
             continue
@@ -510,8 +515,8 @@ def derived(row: dict[str, Any]) -> None:
 
 def print_table(rows: list[dict[str, Any]], with_nginx: bool) -> None:
     proxies = ("nginx", "sidecar") if with_nginx else ("sidecar",)
-    if any("aiohttp" in r for r in rows):
-        proxies += ("aiohttp",)
+    if any("python" in r for r in rows):
+        proxies += ("python",)
     head = f"{'proto':<5} {'model':<8} {'conc':>4} | {'direct p50':>10} {'p99':>6} {'req/s':>6}"
     for name in proxies:
         head += f" | {name + ' p50':>11} {'p99':>6} {'req/s':>6} {'ratio':>5} {'+p50':>5}"
@@ -588,8 +593,10 @@ def main() -> int:
     loads = {m: workload(m) for m in models}
     rows: list[dict[str, Any]] = []
     with TritonServer(ServerOptions(repository=repo, extra_args=flags)) as server:
-        with SidecarProcess(policy, server, work / "sidecar.log", grpc_upstream=server.grpc_url) as sidecar, \
-                SidecarProcess(policy, server, work / "sidecar-aiohttp.log", env=AIOHTTP_ENV) as plain:
+        with SidecarProcess(policy, server, work / "sidecar.log", grpc_upstream=server.grpc_url,
+                            front=SIDECAR_FRONT) as sidecar, \
+                SidecarProcess(policy, server, work / "sidecar-python.log", grpc_upstream=server.grpc_url,
+                               front="python") as plain:
             nginx = Nginx(server.http_url, server.grpc_url) if with_nginx else None
             try:
                 if nginx is not None:
@@ -617,12 +624,13 @@ def main() -> int:
                                 if nginx is not None:
                                     targets["nginx"] = HttpTarget(nginx.http_url, loads[model])
                                 targets["sidecar"] = HttpTarget(sidecar.http_url, loads[model])
-                                targets["aiohttp"] = HttpTarget(plain.http_url, loads[model])
+                                targets["python"] = HttpTarget(plain.http_url, loads[model])
                             else:
                                 targets = {"direct": GrpcTarget(server.grpc_url, loads[model])}
                                 if nginx is not None:
                                     targets["nginx"] = GrpcTarget(nginx.grpc_url, loads[model])
                                 targets["sidecar"] = GrpcTarget(sidecar.grpc_url, loads[model])
+                                targets["python"] = GrpcTarget(plain.grpc_url, loads[model])
                             row = {"protocol": protocol, "model": model, "concurrency": c,
                                    **run_loop(rotated(targets, c, args.seconds, args.warmup, args.rounds))}
                             derived(row)
@@ -647,8 +655,9 @@ def main() -> int:
           f"(examples/deployment.yaml + bench/models/deployment.yaml), widened so admission never queues: "
           f"{', '.join(widened) or 'nothing to widen'}; RSS idle {idle_rss / 2**20:.1f} MiB, after the run "
           f"{mem['VmRSS'] / 2**20:.1f} MiB (peak {mem['VmHWM'] / 2**20:.1f})")
-    print("latencies in ms; ratio = throughput / direct's; +p50 = P50 - direct's P50; aiohttp: the same sidecar with "
-          "its HTTP side on aiohttp alone (TRITONGEN_SIDECAR_HTTP=aiohttp), HTTP rows only")
+    print(f"latencies in ms; ratio = throughput / direct's; +p50 = P50 - direct's P50; sidecar: --front {SIDECAR_FRONT}"
+          f"{'' if NATIVE_WHY is None else ' (' + NATIVE_WHY + ')'}; python: the same sidecar with --front python "
+          "(its own listeners)")
     print_table(rows, with_nginx)
     met, total = print_goals(rows, with_nginx)
     fd, fs = floor["direct"], floor["sidecar"]

@@ -440,6 +440,7 @@ class AdmissionState:
         self._snapshot: HeadroomSnapshot | None = None
         self._reserved_at_sample: dict[str, int] = {}
         self._completions: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=512))
+        self._lane_reported: dict[str, float] = {}  # when lane_finished last heard of a model
         self._seq_len: dict[str, float] = {}
         self._service_s: dict[str, float] = {}  # EWMA of admitted -> released, per model
         self._upstream_latency: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=LATENCY_SAMPLES))
@@ -914,6 +915,16 @@ class AdmissionState:
         self._reserve(request, now)
         return True
 
+    def lane_overfull(self, model: str) -> bool:
+        """Whether a room of `model`'s lane slots holds more than it may (a reloaded policy lowered a
+        quota, or live headroom fell): its idle slots go back."""
+        mp = self._models.get(model)
+        if mp is None:
+            return True
+        request = Request(("lane", "probe"), model, self.policy.default_class, Cost(request_bytes=mp.request_bytes))
+        memory, slots = self.rooms(request, self._now())
+        return any(room.used > room.capacity for room in (*memory, *slots))
+
     def return_lane_slot(self, slot_id: Hashable) -> bool:
         """Give a lane slot back (nginx no longer counts on it); its room goes to whoever waits.
         Unlike `release`, no completion is recorded: the lane's requests are (`lane_finished`)."""
@@ -932,7 +943,12 @@ class AdmissionState:
             return
         now = self._now()
         done = self._completions[model]
-        done.extend([now] * min(count, done.maxlen or count))
+        # They ended over the time since the previous report (at most a second): spread them over
+        # it, or a window of stamps all at `now` would read as a burst.
+        since = max(0.0, min(1.0, now - self._lane_reported.get(model, now)))
+        self._lane_reported[model] = now
+        kept = min(count, done.maxlen or count)
+        done.extend(now - since * (kept - 1 - i) / kept for i in range(kept))
         mean = max(0.0, seconds) / count
         prev = self._service_s.get(model)
         self._service_s[model] = mean if prev is None else prev + SERVICE_ALPHA * (mean - prev)

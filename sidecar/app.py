@@ -368,6 +368,7 @@ class Sidecar:
         self.lane = LaneControl(self.nginx, self.state, self.metrics, lambda: bool(self.health and self.health.up),
                                 self.controller.dispatch)
         self.controller.on_queued = self.lane.wake
+        self.controller.reclaim = self.lane.reclaim
 
     # -- policy -----------------------------------------------------------------------------------
 

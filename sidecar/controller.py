@@ -32,6 +32,8 @@ from sidecar.admission import (
     CLASS_NOT_SERVED,
     EXCEEDS_BUDGET,
     EXCEEDS_CONTEXT,
+    QUEUE_FULL,
+    QUEUE_WAIT,
     TENANT_CLASS_NOT_ALLOWED,
     Action,
     AdmissionState,
@@ -51,6 +53,8 @@ log = logging.getLogger("tritongen.sidecar")
 UPSTREAM_UNAVAILABLE = "upstream_unavailable"
 
 
+# Refusals and waits for want of room (not a request that can never run or is not served here).
+_ROOM_REASONS = frozenset({"queued", QUEUE_FULL, QUEUE_WAIT})
 _STATUS = {EXCEEDS_BUDGET: 413, EXCEEDS_CONTEXT: 400, CLASS_NOT_SERVED: 400, TENANT_CLASS_NOT_ALLOWED: 403}
 
 
@@ -145,6 +149,9 @@ class AdmissionController:
         self._hot: dict[tuple[str, str], _Series] = {}  # (class, model label) -> its per-request series
         # Called when a request starts waiting (the native lane stops growing at once: lane_control).
         self.on_queued: Callable[[], None] | None = None
+        # Called with a model when its request found no room: True if the native lane gave idle slots
+        # of it back (lane_control.LaneControl.reclaim), so the request is judged again.
+        self.reclaim: Callable[[str], bool] | None = None
 
     def _child(self, metric: object, *labels: str) -> object:
         """prometheus_client's labels() lookup is not free; keep the children per label set."""
@@ -317,12 +324,22 @@ class _Admission:
         arrived = ctl.clock()
         mlabel = model if state.known_model(model) else "other"
         tlabel = state.tenant_label(tenant)
-        decision = state.submit(Request(rid, model, klass, cost, tenant))
+        request = Request(rid, model, klass, cost, tenant)
+        decision = state.submit(request)
         future: asyncio.Future[Decision] | None = None
         if decision.action is Action.QUEUE:
             # Registered before anything else runs: handing out other grants below may grant this one.
             future = asyncio.get_running_loop().create_future()
             ctl._waiters[rid] = future
+        if decision.action is not Action.ADMIT and decision.reason in _ROOM_REASONS and ctl.reclaim is not None \
+                and ctl.reclaim(model):
+            # The native lane held idle slots of the model: they are back, so this request may fit now
+            # (a queued one was granted by the return; a refused one is judged again).
+            if decision.action is Action.REJECT:
+                decision = state.submit(request)
+                if decision.action is Action.QUEUE:
+                    future = asyncio.get_running_loop().create_future()
+                    ctl._waiters[rid] = future
         if state.has_events:
             ctl.dispatch()
         if decision.action is Action.REJECT:

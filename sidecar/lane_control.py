@@ -67,6 +67,24 @@ class LaneControl:
         """Something entered the Python queue: stop growing the lane now, not at the next period."""
         self._wake.set()
 
+    def reclaim(self, model: str) -> bool:
+        """A Python-path request of `model` found no room: give the lane's idle slots of it back now
+        (those beyond what nginx had in flight at the last sync) and push the lower cap at once.
+        Lane requests that arrived since that sync may briefly run beyond the state's count; at
+        most one sync period's arrivals, and they are counted again at the next sync."""
+        held = self.slots.get(model)
+        if not held:
+            return False
+        busy = self.counts.get(model, LaneCounts()).inflight
+        returned = False
+        while len(held) > busy:
+            self.state.return_lane_slot(held.pop())
+            returned = True
+        if returned:
+            self.pushed = None  # the cap nginx holds is now too high: push at the next sync, now
+            self.wake()
+        return returned
+
     def policy_changed(self) -> None:
         """A reloaded policy may add or remove lane models; a removed one's slots go back as its
         lane requests finish (its cap drops to what it has in flight at once)."""
@@ -137,7 +155,7 @@ class LaneControl:
                 if not self.state.take_lane_slot(slot, name):
                     break
                 held.append(slot)
-            while len(held) > max(want, inflight):
+            while len(held) > max(want, inflight) or (len(held) > inflight and self.state.lane_overfull(name)):
                 self.state.return_lane_slot(held.pop())
                 released = True
             if name in self.models and up:
@@ -150,7 +168,12 @@ class LaneControl:
         return caps
 
     def status(self) -> dict[str, dict[str, int]]:
-        return {name: {"slots": len(self.slots.get(name, [])), "inflight": self.counts.get(name, LaneCounts()).inflight,
-                       "done": self.counts.get(name, LaneCounts()).done,
-                       "overflow": self.counts.get(name, LaneCounts()).overflow}
-                for name in sorted(set(self.models) | set(self.slots))}
+        """Per lane model: slots held (counted in the state's in-flight and reserved figures, idle
+        or not), the bytes they reserve, and nginx's counts at the last sync."""
+        out: dict[str, dict[str, int]] = {}
+        for name in sorted(set(self.models) | set(self.slots)):
+            held = len(self.slots.get(name, []))
+            counts = self.counts.get(name, LaneCounts())
+            out[name] = {"slots": held, "reserved_bytes": held * self.state.model_policy(name).request_bytes,
+                         "inflight": counts.inflight, "done": counts.done, "overflow": counts.overflow}
+        return out

@@ -114,6 +114,7 @@ def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy:
         keepalive_requests 1000000;
         grpc_read_timeout {LONG_S}s;
         grpc_send_timeout {LONG_S}s;
+        header_filter_by_lua_block {{ ngx.header["Server"] = nil; ngx.header["Date"] = nil }}
         set $tg_lane "";
         location = /inference.GRPCInferenceService/ModelInfer {{
             access_by_lua_block {{ require("tritongen_lane").grpc() }}

@@ -65,7 +65,14 @@ function M.http(model)
     if body == nil then  -- empty, or too large for memory (in a file): Python reads it
         return ngx.exec("@sidecar")
     end
-    local head = tonumber(ngx.var.http_inference_header_content_length or "") or #body
+    local head = #body
+    local given = ngx.var.http_inference_header_content_length
+    if given ~= nil then  -- binary tensors follow the JSON part; a length outside the body: Python says so
+        head = tonumber(given)
+        if head == nil or head < 0 or head > #body or head % 1 ~= 0 then
+            return ngx.exec("@sidecar")
+        end
+    end
     local at = find(body, '"priority"', 1, true)
     if at and at <= head then
         return ngx.exec("@sidecar")
@@ -111,7 +118,7 @@ function M.log()
     end
     inflight:incr(model, -1)
     stats:incr(model .. "\td", 1, 0)
-    stats:incr(model .. "\ts", tonumber(ngx.var.request_time) or 0, 0)
+    stats:incr(model .. "\ts", ngx.now() - ngx.req.start_time(), 0)
 end
 
 -- The control plane (sidecar/lane_control.py), on a Unix socket only the sidecar knows:

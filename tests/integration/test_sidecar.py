@@ -59,6 +59,10 @@ MAX_TOKENS = {"interactive": 8, "normal": 24, "batch": 40}
 BURST_REQUESTS = 100
 BURST_SECONDS = 0.5
 CLASSES = ("interactive", "normal", "batch")
+# As deployed where nginx with Lua is installed (`--front auto`, which `make test` provides): nginx faces
+# the clients, the lane carries plain classic requests, everything else reaches the Python listeners
+# through it. tests/integration/test_sidecar_native.py checks the lane itself.
+FRONT = "native"
 
 
 @dataclass
@@ -82,11 +86,15 @@ class Deployment:
         return resp.json()
 
     def wait_idle(self, timeout: float = 5.0) -> dict[str, Any]:
-        """Until nothing is reserved, in flight or waiting (lingering reservations expire by then)."""
+        """Until nothing is reserved, in flight or waiting (lingering reservations expire by then),
+        but the native lane's idle slots (sidecar/lane.py: reservations nginx may fill)."""
         deadline = time.monotonic() + timeout
         while True:
             status = self.status()
-            if status["reserved_bytes"] == 0 and status["inflight"] == 0 and not any(status["waiting"].values()):
+            lane = status["front"]["lane"].values()
+            slots, slot_bytes = sum(x["slots"] for x in lane), sum(x["reserved_bytes"] for x in lane)
+            if (status["reserved_bytes"] == slot_bytes and status["inflight"] == slots
+                    and not any(x["inflight"] for x in lane) and not any(status["waiting"].values())):
                 return status
             if time.monotonic() > deadline:
                 raise AssertionError(f"the sidecar did not return to idle: {status}")
@@ -104,7 +112,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     with TritonServer(ServerOptions(repository=repo)) as server:
         log_path = tmp / "sidecar.log"
         sidecar = SidecarProcess(policy_path, server, log_path, grpc_upstream=server.grpc_url, token_file=token_file,
-                                 log_level=os.environ.get("SIDECAR_LOG", "info"))  # debug: one line a request
+                                 front=FRONT, log_level=os.environ.get("SIDECAR_LOG", "info"))  # debug: one line a request
         with sidecar:
             assert sidecar.proc is not None
             yield Deployment(server, sidecar.proc, policy_path, policy, f"http://{sidecar.http_url}", sidecar.grpc_url,
@@ -539,7 +547,9 @@ CLIENT_METADATA = (("x-request-id", "trace-0042"), ("x-traffic-class", "interact
 
 
 def _pairs(metadata: Any) -> tuple[tuple[str, Any], ...]:
-    return tuple((m[0], m[1]) for m in (metadata or ()))
+    """The metadata as (key, value) pairs, but `content-length: 0`: nginx (the native front) writes
+    it on a trailers-only answer (an error with no message), as HTTP/2 allows; gRPC reads nothing of it."""
+    return tuple((m[0], m[1]) for m in (metadata or ()) if (m[0], m[1]) != ("content-length", "0"))
 
 
 def _stream_request(rid: str, prompt: bytes, max_tokens: int) -> Any:
