@@ -4,7 +4,7 @@ HTTP and gRPC, through tritonclient) is refused without the admin token, served 
 Triton serves it directly, and opened to every client by the policy's allow-list.
 
 Three sidecars in this process (`SidecarThread`) in front of the one server: `guarded` (a token,
-the default policy), `tokenless` (no `--token-file`) and `opened` (a token, and a policy opening all
+the default policy, behind the native front: nginx), `tokenless` (no `--token-file`) and `opened` (a token, and a policy opening all
 four categories). Load and unload name a model that does not exist, so nothing any other test uses
 is touched whatever the server's model-control mode; Triton's own error, the same as a direct
 call's, is what "served" means there.
@@ -58,13 +58,13 @@ HTTP_TOKENS = [{"Authorization": f"Bearer {TOKEN}"}, {"X-Sidecar-Token": TOKEN}]
 GRPC_TOKENS = [{"authorization": f"Bearer {TOKEN}"}, {"x-sidecar-token": TOKEN}]
 
 
-def _start(tmp: Path, name: str, server: Any, token: str | None, **policy: Any) -> SidecarThread:
+def _start(tmp: Path, name: str, server: Any, token: str | None, front: str = "python", **policy: Any) -> SidecarThread:
     path = tmp / f"{name}_policy.json"
     path.write_text(json.dumps(policy_doc(**policy)))
     config = SidecarConfig(
         policy_path=path, upstream=server.http_url, grpc_upstream=server.grpc_url,
         triton_metrics_url=server.metrics_url, listen="127.0.0.1:0", grpc_listen="127.0.0.1:0",
-        metrics_listen="127.0.0.1:0", token=token,
+        metrics_listen="127.0.0.1:0", token=token, front=front,
     )
     return SidecarThread(config).start()
 
@@ -74,7 +74,9 @@ def sidecars(triton_server: Any, tmp_path_factory: pytest.TempPathFactory) -> It
     tmp = tmp_path_factory.mktemp("sidecar_admin")
     started: dict[str, SidecarThread] = {}
     try:
-        started["guarded"] = _start(tmp, "guarded", triton_server, TOKEN)
+        # the guarded one as deployed with nginx (the native front): its admin doors are the Python
+        # path's, behind nginx; the other two on the sidecar's own listeners
+        started["guarded"] = _start(tmp, "guarded", triton_server, TOKEN, front="native")
         started["tokenless"] = _start(tmp, "tokenless", triton_server, None)
         started["opened"] = _start(tmp, "opened", triton_server, TOKEN, admin_apis={"open": list(admin_apis.SHUT)})
         yield started

@@ -1,0 +1,194 @@
+"""The native front (nginx with the fast lane, sidecar/nginx_front.py) against the session's real
+tritonserver: plain classic requests go straight to Triton on both protocols, anything else through
+the Python path; the lane never runs more requests than the slots the admission state granted, so
+a model's quota holds under a burst; a reloaded policy's header names reach nginx; and asking for
+the native front where nginx cannot run is a clear usage error.
+
+Needs nginx with its Lua module (`make test` installs nginx-light and libnginx-mod-http-lua).
+test_sidecar.py runs its whole deployment through the native front as well.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import httpx
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pbg
+
+from sidecar.app import SidecarConfig, SidecarThread
+from sidecar.nginx_front import find_nginx
+from tests.helpers import cli, policy_doc
+
+pytestmark = pytest.mark.integration
+
+QUOTA = 4  # ranker's max_inflight; the default class ("normal") may fill 0.9 of it: 3 lane slots
+BODY = json.dumps({"inputs": [{"name": "FEATURES", "shape": [1, 32], "datatype": "FP32",
+                               "data": [0.25] * 32}]}).encode()
+
+
+def ranker_policy(**over: Any) -> dict[str, Any]:
+    doc = policy_doc(**over)
+    doc["models"] = [{"name": "ranker", "kind": "classic", "devices": ["gpu0"], "request_bytes": 100,
+                      "max_inflight": QUOTA, "priority_levels": 3, "default_priority": 2}]
+    for klass in doc["classes"]:  # wait long enough for a burst of 64 to drain through 4 slots
+        klass["queue_cap"] = None
+        klass["max_queue_wait_ms"] = 20_000
+        klass["p99_ms"] = 40_000
+    return doc
+
+
+@pytest.fixture(scope="module")
+def native(triton_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarThread]:
+    install, why = find_nginx()
+    assert install is not None, f"the native front needs nginx with Lua: {why}"
+    path = tmp_path_factory.mktemp("native") / "policy.json"
+    path.write_text(json.dumps(ranker_policy()))
+    config = SidecarConfig(
+        policy_path=path, upstream=triton_server.http_url, grpc_upstream=triton_server.grpc_url,
+        triton_metrics_url=triton_server.metrics_url, listen="127.0.0.1:0", grpc_listen="127.0.0.1:0",
+        metrics_listen="127.0.0.1:0", front="native", watch_interval_s=0.2,
+    )
+    with SidecarThread(config) as sidecar:
+        yield sidecar
+
+
+def lane_status(sidecar: SidecarThread) -> dict[str, Any]:
+    return sidecar.call(lambda: sidecar.sidecar.status()["front"])  # type: ignore[no-any-return]
+
+
+def counter(sidecar: SidecarThread, prefix: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{sidecar.sidecar.metrics_port}/metrics", timeout=5).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def grpc_infer(url: str, n: int, metadata: tuple[tuple[str, str], ...] = ()) -> list[str]:
+    request = pb.ModelInferRequest(model_name="ranker")
+    request.inputs.add(name="FEATURES", datatype="FP32", shape=[1, 32])
+    request.raw_input_contents.append(np.full((1, 32), 0.25, dtype=np.float32).tobytes())
+    with grpc.insecure_channel(url) as channel:
+        stub = pbg.GRPCInferenceServiceStub(channel)
+        return [stub.ModelInfer(request, metadata=metadata, timeout=10).model_name for _ in range(n)]
+
+
+def test_plain_requests_take_the_lane_and_the_rest_the_python_path(native: SidecarThread) -> None:
+    base = f"http://127.0.0.1:{native.sidecar.http_port}"
+    grpc_url = f"127.0.0.1:{native.sidecar.grpc_port}"
+    assert lane_status(native)["kind"] == "native"
+    lane_before = counter(native, 'sidecar_lane_requests_total{model="ranker"}')
+    admitted_before = counter(native, "sidecar_requests_admitted_total{")
+    with httpx.Client(timeout=10) as client:
+        plain = [client.post(f"{base}/v2/models/ranker/infer", content=BODY) for _ in range(20)]
+        classed = client.post(f"{base}/v2/models/ranker/infer", content=BODY, headers={"x-traffic-class": "interactive"})
+        health = client.get(f"{base}/v2/health/ready")
+    assert [r.status_code for r in plain] == [200] * 20 and classed.status_code == 200 and health.status_code == 200
+    assert grpc_infer(grpc_url, 20) == ["ranker"] * 20
+    assert grpc_infer(grpc_url, 1, (("x-traffic-class", "batch"),)) == ["ranker"]
+    time.sleep(0.6)  # the next sync reads nginx's counts
+    lane = counter(native, 'sidecar_lane_requests_total{model="ranker"}') - lane_before
+    through_python = counter(native, "sidecar_requests_admitted_total{") - admitted_before
+    print(f"\n{lane:.0f} of 42 went by the lane, {through_python:.0f} through the Python path")
+    assert lane >= 36, (lane, through_python)  # a slot is free for each of these sequential requests
+    assert through_python >= 2  # the two that named a class
+    assert counter(native, 'sidecar_requests_admitted_total{class="interactive",model="ranker"}') >= 1
+    assert counter(native, 'sidecar_requests_admitted_total{class="batch",model="ranker"}') >= 1
+
+
+def test_a_burst_is_held_to_the_quota_and_nginx_never_exceeds_its_slots(native: SidecarThread) -> None:
+    """64 plain requests at once, again and again for 2 s, against a quota of 4: the lane carries
+    at most its 3 slots, the rest wait in the Python queue, and every request is served."""
+    base = f"http://127.0.0.1:{native.sidecar.http_port}"
+    seen: list[tuple[int, int, int]] = []  # (nginx's lane in flight, slots, the state's in flight)
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            def sample() -> tuple[int, int, int]:
+                lane = native.sidecar.lane
+                assert lane is not None and native.sidecar.state is not None
+                counts = lane.counts.get("ranker")
+                return (counts.inflight if counts else 0, len(lane.slots.get("ranker", [])),
+                        native.sidecar.state.inflight_of("ranker"))
+            seen.append(native.call(sample))
+            time.sleep(0.01)
+
+    async def burst() -> list[int]:
+        statuses: list[int] = []
+        deadline = time.monotonic() + 2.0
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+            async def client() -> None:
+                while time.monotonic() < deadline:
+                    async with session.post(f"{base}/v2/models/ranker/infer", data=BODY) as resp:
+                        await resp.read()
+                        statuses.append(resp.status)
+            await asyncio.gather(*(client() for _ in range(64)))
+        return statuses
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        statuses = asyncio.run(burst())
+    finally:
+        stop.set()
+        watcher.join(timeout=5)
+    print(f"\nburst: {len(statuses)} served; most at once: nginx lane {max(s[0] for s in seen)}, slots "
+          f"{max(s[1] for s in seen)}, admission state {max(s[2] for s in seen)} (quota {QUOTA}), {len(seen)} samples")
+    assert statuses and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
+    assert seen
+    slots = int(QUOTA * 0.9)
+    assert max(s[0] for s in seen) <= slots, seen  # nginx's count never passes the largest cap it was given
+    assert max(s[1] for s in seen) <= slots
+    assert max(s[2] for s in seen) <= QUOTA, seen  # lane slots and the Python path together
+    assert counter(native, 'sidecar_requests_queued_total{class="normal",model="ranker"}') > 0  # the rest waited
+
+
+def test_a_reloaded_class_header_reaches_nginx(native: SidecarThread) -> None:
+    base = f"http://127.0.0.1:{native.sidecar.http_port}"
+    path = native.sidecar.config.policy_path
+    before = counter(native, 'sidecar_requests_admitted_total{class="batch",model="ranker"}')
+    path.write_text(json.dumps(ranker_policy(class_header="x-lane-class")))
+    deadline = time.monotonic() + 10
+    while native.call(lambda: native.sidecar.policy.class_header) != "x-lane-class":
+        assert time.monotonic() < deadline, "the policy was not reloaded"
+        time.sleep(0.1)
+    time.sleep(0.5)  # nginx's new worker takes over
+    try:
+        with httpx.Client(timeout=10) as client:
+            resp = client.post(f"{base}/v2/models/ranker/infer", content=BODY, headers={"x-lane-class": "batch"})
+        assert resp.status_code == 200
+        assert counter(native, 'sidecar_requests_admitted_total{class="batch",model="ranker"}') == before + 1
+    finally:
+        path.write_text(json.dumps(ranker_policy()))
+        deadline = time.monotonic() + 10
+        while native.call(lambda: native.sidecar.policy.class_header) != "x-traffic-class":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+
+def test_native_front_without_nginx_is_a_usage_error(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps(ranker_policy()))
+    env_before = os.environ.get("TRITONGEN_NGINX")
+    os.environ["TRITONGEN_NGINX"] = str(tmp_path / "no-nginx-here")
+    try:
+        done = cli("sidecar", "--policy", str(policy), "--upstream", "127.0.0.1:9", "--listen", "127.0.0.1:0",
+                   "--metrics-listen", "127.0.0.1:0", "--front", "native")
+    finally:
+        if env_before is None:
+            del os.environ["TRITONGEN_NGINX"]
+        else:
+            os.environ["TRITONGEN_NGINX"] = env_before
+    assert done.returncode == 2, done.stderr
+    assert "--front native" in done.stderr and "no-nginx-here is not installed" in done.stderr
+    assert "Traceback" not in done.stderr
