@@ -900,28 +900,28 @@ class AdmissionState:
         blocked = self._head_blocker(now)
         return blocked is None or not blocked.shared
 
-    def take_lane_slot(self, slot_id: Hashable, model: str) -> bool:
-        """Reserve one lane slot of a classic model, as a request of the default class and tenant
+    def take_lane_slot(self, slot_id: Hashable, model: str, klass: str) -> bool:
+        """Reserve one lane slot of a classic model, as a request of `klass` and the default tenant
         would be reserved, if it fits now and the lane may grow. No arrival is counted: a slot is
         capacity handed to nginx, not a request."""
         now = self._now()
         mp = self._models.get(model)
         if mp is None or mp.kv is not None or slot_id in self._reservations or not self.lane_may_grow(model, now):
             return False
-        request = Request(slot_id, model, self.policy.default_class, Cost(request_bytes=mp.request_bytes))
+        request = Request(slot_id, model, klass, Cost(request_bytes=mp.request_bytes))
         memory, slots = self.rooms(request, now)
         if not decide(request.cost, memory, slots).ok:
             return False
         self._reserve(request, now)
         return True
 
-    def lane_overfull(self, model: str) -> bool:
-        """Whether a room of `model`'s lane slots holds more than it may (a reloaded policy lowered a
-        quota, or live headroom fell): its idle slots go back."""
+    def lane_overfull(self, model: str, klass: str) -> bool:
+        """Whether a room of `model`'s lane slots of `klass` holds more than it may (a reloaded policy
+        lowered a quota, or live headroom fell): its idle slots go back."""
         mp = self._models.get(model)
         if mp is None:
             return True
-        request = Request(("lane", "probe"), model, self.policy.default_class, Cost(request_bytes=mp.request_bytes))
+        request = Request(("lane", "probe"), model, klass, Cost(request_bytes=mp.request_bytes))
         memory, slots = self.rooms(request, self._now())
         return any(room.used > room.capacity for room in (*memory, *slots))
 

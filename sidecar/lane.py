@@ -1,22 +1,23 @@
 """The native fast lane: which requests nginx may send straight to Triton, and how many at once.
 
 Pure arithmetic, no I/O. With `--front native` the sidecar puts nginx in front (sidecar/nginx_front.py)
-and keeps the admission state in Python. A request nginx can judge without parsing it, a classic
-model's unary infer of the default class and tenant, goes to Triton directly while the model holds
-a free *lane slot*; every other request, and every one over the slots, goes through the Python path
-as before (which queues, refuses with 429, or admits).
+and keeps the admission state in Python. A request nginx can judge without parsing it (a classic
+model's unary infer, naming no tenant and no priority, whose class, from the class header, the class
+parameter or the policy's default, needs no priority written into it) goes to Triton directly while
+its model and class hold a free *lane slot*; every other request, and every one over the slots, goes
+through the Python path as before (which queues, refuses with 429, or admits).
 
 Why slots and not a copy of the admission rules in Lua: a slot is a real reservation in the
 `AdmissionState` (the model's quota, the tenant's, device headroom, the class's budget share), taken
 and given back by the Python control plane between requests, so the Python path sees the lane's
 requests as in flight, and every rule stays in one place. nginx only counts its own requests
-against the number of slots it was granted.
+against the number of slots it was granted, per model and class.
 
 The control plane grows the slots ahead of the lane's demand (`spare`) while nothing waits in the
 Python queue for the model, and shrinks them to what the lane has in flight as soon as something
 does: then new lane requests overflow to the Python queue and take their turn in priority order,
-and the lane's slots go back to the state as its requests finish. A request that waits in Python
-never waits behind lane requests that arrived after it for longer than one sync.
+and the lane's slots go back to the state as its requests finish. A Python-path request that finds
+no room takes the lane's idle slots back at once (lane_control.LaneControl.reclaim).
 """
 
 from __future__ import annotations
@@ -44,20 +45,24 @@ class LaneCounts:
     peak: int = 0  # the most lane requests in flight at once since the previous reading
 
 
-def lane_models(policy: SidecarPolicy) -> dict[str, ModelPolicy]:
-    """Models whose plain requests the lane may carry: classic (no KV cost to read from the body),
-    serving the default class, and needing no priority written into the request for it (Triton's
-    default level is the default class's). Everything about an LLM request depends on its body."""
-    default = policy.class_named(policy.default_class)
-    out: dict[str, ModelPolicy] = {}
+LaneKey = tuple[str, str]  # (model, class)
+
+
+def lane_keys(policy: SidecarPolicy) -> dict[LaneKey, ModelPolicy]:
+    """The (model, class) pairs the lane may carry: classic models (an LLM's cost is in its body),
+    each class the model serves whose level Triton would use anyway (a model with priority levels
+    takes its default level from a request that names none; any other level must be written into
+    the request, which only the Python path does)."""
+    out: dict[LaneKey, ModelPolicy] = {}
     for model in policy.models:
         if model.kind != "classic" or model.kv is not None:
             continue
-        if model.classes is not None and default.name not in model.classes:
-            continue
-        if model.priority_levels and default.priority != model.default_priority:
-            continue
-        out[model.name] = model
+        for klass in policy.classes:
+            if model.classes is not None and klass.name not in model.classes:
+                continue
+            if model.priority_levels and klass.priority != model.default_priority:
+                continue
+            out[(model.name, klass.name)] = model
     return out
 
 
@@ -81,23 +86,23 @@ def target_slots(inflight: int, wanted: int, may_grow: bool, upstream_up: bool) 
     return max(inflight, wanted) + spare_slots(wanted) if may_grow else inflight
 
 
-def parse_counts(text: str) -> dict[str, LaneCounts]:
-    """nginx's control answer: one line per model, `model inflight done seconds overflow peak`,
-    tab-separated (sidecar/tritongen_lane.lua writes it)."""
-    out: dict[str, LaneCounts] = {}
+def parse_counts(text: str) -> dict[LaneKey, LaneCounts]:
+    """nginx's control answer: one line per model and class, `model class inflight done seconds
+    overflow peak`, tab-separated (sidecar/tritongen_lane.lua writes it)."""
+    out: dict[LaneKey, LaneCounts] = {}
     for line in text.splitlines():
         parts = line.split("\t")
-        if len(parts) != 6 or not parts[0]:
+        if len(parts) != 7 or not parts[0] or not parts[1]:
             continue
         try:
-            out[parts[0]] = LaneCounts(max(0, int(float(parts[1]))), int(float(parts[2])), float(parts[3]),
-                                       int(float(parts[4])), max(0, int(float(parts[5]))))
+            out[(parts[0], parts[1])] = LaneCounts(max(0, int(float(parts[2]))), int(float(parts[3])),
+                                                   float(parts[4]), int(float(parts[5])), max(0, int(float(parts[6]))))
         except ValueError:
             continue
     return out
 
 
-def caps_body(caps: Mapping[str, int]) -> str:
-    """The control request's body: `model cap` per line, tab-separated; a model not listed has no
-    lane (nginx sends its requests to the Python path)."""
-    return "".join(f"{name}\t{int(cap)}\n" for name, cap in sorted(caps.items()))
+def caps_body(caps: Mapping[LaneKey, int]) -> str:
+    """The control request's body: `model class slots` per line, tab-separated; a pair not listed
+    has no lane (nginx sends its requests to the Python path)."""
+    return "".join(f"{model}\t{klass}\t{int(cap)}\n" for (model, klass), cap in sorted(caps.items()))

@@ -1,11 +1,14 @@
 """The lane's control plane: the asyncio task that hands lane slots to nginx and takes them back.
 
-Each sync (every `period_s` while the lane is busy, at once when a request enters the Python queue,
-and every `idle_s` otherwise) reads nginx's counts, feeds finished lane requests to the admission
-state, moves each model's slots toward `lane.target_slots`, and, when they changed, pushes them.
-Slots are reservations in the `AdmissionState` (sidecar/lane.py), so between two syncs the lane can
-never hold more than the state granted; slots are given back only down to what the lane has in
-flight (an in-flight request's slot is never taken from under it).
+Each sync (every `period_s` while the lane is busy, at once when a request enters the Python queue
+or takes slots back, and every `idle_s` otherwise) reads nginx's counts, feeds finished lane
+requests to the admission state, moves each (model, class) pair's slots toward
+`lane.target_slots`, and, when they changed, pushes them. Every lane pair gets a cap, 0 while
+idle: nginx then counts the pair's requests that overflow to Python, which is the demand that
+grows its slots at the next sync; a pair unused for `IDLE_AFTER_S` keeps no spare. Slots are reservations in the
+`AdmissionState` (sidecar/lane.py), so nginx never runs more lane requests than the state granted
+at the last push; slots are given back only down to what the lane had in flight at the last
+reading.
 
 If nginx stops answering, the slots are kept (nginx may still use them) and the sync is retried;
 if the sidecar stops, nginx goes with it.
@@ -16,29 +19,34 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 
 from sidecar.admission import AdmissionState
-from sidecar.lane import LaneCounts, demand, lane_models, target_slots
+from sidecar.lane import LaneCounts, LaneKey, demand, lane_keys, target_slots
 from sidecar.metrics import SidecarMetrics
 from sidecar.tasks import BackgroundTask
 
 log = logging.getLogger("tritongen.sidecar")
 
+Slot = tuple[str, int]
+IDLE_AFTER_S = 10.0  # a pair with no lane demand for this long keeps no spare slots
+
 
 class LaneControl:
     def __init__(
         self,
-        front: Any,  # NginxFront, or anything with `exchange(caps | None) -> counts`
+        front: Any,  # NginxFront, or anything with `async exchange(caps | None) -> counts`
         state: AdmissionState,
         metrics: SidecarMetrics,
         upstream_up: Callable[[], bool],
         dispatch: Callable[[], None],
         period_s: float = 0.02,
-        idle_s: float = 0.25,
+        idle_s: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.front = front
         self.state = state
@@ -47,11 +55,13 @@ class LaneControl:
         self.dispatch = dispatch
         self.period_s = period_s
         self.idle_s = idle_s
-        self.models = lane_models(state.policy)
-        self.slots: dict[str, list[tuple[str, int]]] = {}
-        self.pushed: dict[str, int] | None = None
-        self.counts: dict[str, LaneCounts] = {}
-        self._overflow_seen: dict[str, int] = {}  # overflow counts at the last plan
+        self.keys = lane_keys(state.policy)
+        self.slots: dict[LaneKey, list[Slot]] = {}
+        self.pushed: dict[LaneKey, int] | None = None
+        self.counts: dict[LaneKey, LaneCounts] = {}
+        self._overflow_seen: dict[LaneKey, int] = {}  # overflow counts at the last plan
+        self._used_at: dict[LaneKey, float] = {}  # when the pair last had lane demand
+        self.clock = clock
         self._ids = itertools.count(1)
         self._wake = asyncio.Event()
         self._background = BackgroundTask(self._loop, "sidecar-lane-sync")
@@ -67,33 +77,34 @@ class LaneControl:
         """Something entered the Python queue: stop growing the lane now, not at the next period."""
         self._wake.set()
 
+    def policy_changed(self) -> None:
+        """A reloaded policy may add or remove lane pairs; a removed one's slots go back as its
+        lane requests finish (its cap drops to what it has in flight at once)."""
+        self.keys = lane_keys(self.state.policy)
+        self.wake()
+
     def reclaim(self, model: str) -> bool:
-        """A Python-path request of `model` found no room: give the lane's idle slots of it back now
-        (those beyond what nginx had in flight at the last sync) and push the lower cap at once.
-        Lane requests that arrived since that sync may briefly run beyond the state's count; at
-        most one sync period's arrivals, and they are counted again at the next sync."""
-        held = self.slots.get(model)
-        if not held:
-            return False
-        busy = self.counts.get(model, LaneCounts()).inflight
+        """A Python-path request of `model` found no room: give the lane's idle slots of the model
+        back now (those beyond what nginx had in flight at the last reading) and push the lower
+        caps at once. Lane requests that arrived since that reading may briefly run beyond the
+        state's count: at most one sync period's arrivals, counted again at the next sync."""
         returned = False
-        while len(held) > busy:
-            self.state.return_lane_slot(held.pop())
-            returned = True
+        for key, held in self.slots.items():
+            if key[0] != model:
+                continue
+            busy = self.counts.get(key, LaneCounts()).inflight
+            while len(held) > busy:
+                self.state.return_lane_slot(held.pop())
+                returned = True
         if returned:
-            self.pushed = None  # the cap nginx holds is now too high: push at the next sync, now
+            self.pushed = None  # the caps nginx holds are too high now: push at the next sync, now
             self.wake()
         return returned
-
-    def policy_changed(self) -> None:
-        """A reloaded policy may add or remove lane models; a removed one's slots go back as its
-        lane requests finish (its cap drops to what it has in flight at once)."""
-        self.models = lane_models(self.state.policy)
-        self.wake()
 
     async def _loop(self) -> None:
         while True:
             busy = any(c.inflight for c in self.counts.values()) or any(self.slots.values())
+            # idle: a pair's first requests overflow to Python (its cap is 0) until this sync grows it
             try:
                 await asyncio.wait_for(self._wake.wait(), self.period_s if busy else self.idle_s)
             except asyncio.TimeoutError:
@@ -110,7 +121,7 @@ class LaneControl:
             except Exception:  # never let the sync die: the lane would keep stale slots for ever
                 log.exception("lane sync failed")
 
-    async def sync(self) -> dict[str, int]:
+    async def sync(self) -> dict[LaneKey, int]:
         """One round: read, account, move the slots, push if changed. Returns the caps in force."""
         counts = await self.front.exchange(None)
         self._account(counts)
@@ -120,60 +131,71 @@ class LaneControl:
             self.pushed = caps
         return caps
 
-    def _account(self, counts: dict[str, LaneCounts]) -> None:
+    def _account(self, counts: dict[LaneKey, LaneCounts]) -> None:
         """Finished lane requests since the last reading go to the state and the metrics."""
-        for name, now in counts.items():
-            before = self.counts.get(name, LaneCounts())
+        for key, now in counts.items():
+            before = self.counts.get(key, LaneCounts())
             if now.done < before.done:  # nginx restarted: its counters began again
                 before = LaneCounts()
             done, seconds = now.done - before.done, now.seconds - before.seconds
+            model, klass = key
             if done > 0:
-                self.state.lane_finished(name, done, seconds)
-                self.metrics.lane_requests.labels(self._label(name)).inc(done)
+                self.state.lane_finished(model, done, seconds)
+                self.metrics.lane_requests.labels(klass, self._label(model)).inc(done)
             overflow = now.overflow - before.overflow
             if overflow > 0:
-                self.metrics.lane_overflow.labels(self._label(name)).inc(overflow)
+                self.metrics.lane_overflow.labels(klass, self._label(model)).inc(overflow)
         self.counts = counts
 
-    def _label(self, name: str) -> str:
-        return name if self.state.known_model(name) else "other"
+    def _label(self, model: str) -> str:
+        return model if self.state.known_model(model) else "other"
 
-    def plan(self, counts: dict[str, LaneCounts]) -> dict[str, int]:
-        """Move each model's slots toward its target and return the caps nginx should use."""
+    def plan(self, counts: dict[LaneKey, LaneCounts]) -> dict[LaneKey, int]:
+        """Move each pair's slots toward its target and return the caps nginx should use."""
         up = self.upstream_up()
-        caps: dict[str, int] = {}
+        at = self.clock()
+        caps: dict[LaneKey, int] = {}
         released = False
-        for name in set(self.models) | set(self.slots):
-            held = self.slots.setdefault(name, [])
-            now = counts.get(name, LaneCounts())
+        grow = {model: self.state.lane_may_grow(model) for model in {k[0] for k in (*self.keys, *self.slots)}}
+        for key in sorted(set(self.keys) | set(self.slots)):
+            model, klass = key
+            held = self.slots.setdefault(key, [])
+            now = counts.get(key, LaneCounts())
             inflight = now.inflight
-            wanted = demand(now, now.overflow - self._overflow_seen.get(name, now.overflow))
-            self._overflow_seen[name] = now.overflow
-            want = target_slots(inflight, wanted, self.state.lane_may_grow(name), up) if name in self.models else 0
+            wanted = demand(now, now.overflow - self._overflow_seen.get(key, 0))
+            self._overflow_seen[key] = now.overflow
+            if wanted > 0:
+                self._used_at[key] = at
+            # Spare slots only for a pair in use: an idle class must not hold its model's room.
+            recent = at - self._used_at.get(key, -IDLE_AFTER_S) < IDLE_AFTER_S
+            want = target_slots(inflight, wanted, grow[model] and recent, up) if key in self.keys else 0
             while len(held) < want:
                 slot = ("lane", next(self._ids))
-                if not self.state.take_lane_slot(slot, name):
+                if not self.state.take_lane_slot(slot, model, klass):
                     break
                 held.append(slot)
-            while len(held) > max(want, inflight) or (len(held) > inflight and self.state.lane_overfull(name)):
+            while len(held) > max(want, inflight) or (len(held) > inflight and self.state.lane_overfull(model, klass)):
                 self.state.return_lane_slot(held.pop())
                 released = True
-            if name in self.models and up:
-                caps[name] = len(held)
-            self.metrics.lane_slots.labels(self._label(name)).set(len(held))
-            if not held and name not in self.models:
-                del self.slots[name]
+            if key in self.keys and up:
+                caps[key] = len(held)
+            self.metrics.lane_slots.labels(klass, self._label(model)).set(len(held))
+            if not held and key not in self.keys:
+                del self.slots[key]
         if released:
             self.dispatch()  # the room went to whoever waits: hand them their grants
         return caps
 
-    def status(self) -> dict[str, dict[str, int]]:
-        """Per lane model: slots held (counted in the state's in-flight and reserved figures, idle
-        or not), the bytes they reserve, and nginx's counts at the last sync."""
-        out: dict[str, dict[str, int]] = {}
-        for name in sorted(set(self.models) | set(self.slots)):
-            held = len(self.slots.get(name, []))
-            counts = self.counts.get(name, LaneCounts())
-            out[name] = {"slots": held, "reserved_bytes": held * self.state.model_policy(name).request_bytes,
-                         "inflight": counts.inflight, "done": counts.done, "overflow": counts.overflow}
+    def status(self) -> dict[str, dict[str, dict[str, int]]]:
+        """Per model and class: slots held (counted in the state's in-flight and reserved figures,
+        idle or not), the bytes they reserve, and nginx's counts at the last reading."""
+        out: dict[str, dict[str, dict[str, int]]] = {}
+        for key in sorted(set(self.keys) | set(self.slots)):
+            model, klass = key
+            held = len(self.slots.get(key, []))
+            counts = self.counts.get(key, LaneCounts())
+            out.setdefault(model, {})[klass] = {
+                "slots": held, "reserved_bytes": held * self.state.model_policy(model).request_bytes,
+                "inflight": counts.inflight, "done": counts.done, "overflow": counts.overflow,
+            }
         return out

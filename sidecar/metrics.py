@@ -98,11 +98,12 @@ class SidecarMetrics:
 
         # the native front's fast lane (sidecar/lane.py): requests nginx sent straight to Triton
         self.lane_requests = Counter("sidecar_lane_requests", "Requests the native front's lane sent straight to "
-                                     "Triton (finished), by model.", ["model"], registry=r)
+                                     "Triton (finished), by class and model.", ["class", "model"], registry=r)
         self.lane_overflow = Counter("sidecar_lane_overflow", "Lane requests that found no free slot and went "
-                                     "through the Python path (admission, queue).", ["model"], registry=r)
+                                     "through the Python path (admission, queue).", ["class", "model"], registry=r)
         self.lane_slots = Gauge("sidecar_lane_slots", "Slots the lane holds: reservations in the admission state "
-                                "that nginx may fill without asking.", ["model"], registry=r)
+                                "that nginx may fill without asking (counted in sidecar_inflight_requests).",
+                                ["class", "model"], registry=r)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import aiohttp
 
-from sidecar.lane import LaneCounts, caps_body, parse_counts
+from sidecar.lane import LaneCounts, LaneKey, caps_body, parse_counts
 from sidecar.policy import SidecarPolicy
 from tritongen.errors import BadInput
 
@@ -95,7 +95,8 @@ def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy:
     limits = policy.limits
     configure = (f"lane.configure{{class_var = {_lua_string(_header_var(policy.class_header))}, "
                  f"tenant_var = {_lua_string(_header_var(policy.tenant_header))}, "
-                 f"class_parameter = {_lua_string(policy.class_parameter)}}}")
+                 f"class_parameter = {_lua_string(policy.class_parameter)}, "
+                 f"default_class = {_lua_string(policy.default_class)}}}")
     down_json = ('{"error": "Triton is unavailable: the lane could not reach it", '
                  '"reason": "upstream_unavailable", "retry_after_s": 1}')
     grpc = "" if at.grpc_listen is None else f"""
@@ -253,7 +254,7 @@ class NginxFront:
                                              f"{self._logs()}")
             await asyncio.sleep(0.05)
 
-    async def exchange(self, caps: Mapping[str, int] | None) -> dict[str, LaneCounts]:
+    async def exchange(self, caps: Mapping[LaneKey, int] | None) -> dict[LaneKey, LaneCounts]:
         """Set the slots (None: leave them) and read the lane's counts, in one request."""
         assert self._session is not None
         if caps is None:

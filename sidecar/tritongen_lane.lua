@@ -1,20 +1,21 @@
 -- tritongen's native fast lane, run by nginx in front of the sidecar (sidecar/lane.py says why).
 --
--- A request goes straight to Triton only when nginx can judge it without parsing it: a unary infer
--- of a model the control plane granted slots to, naming no class, tenant or priority, with a body
--- held in memory; and only while the model's in-flight lane requests are under its slots. Anything
--- else is handed, unchanged, to the sidecar's Python path (`ngx.exec` to a named location), which
--- queues, refuses or admits it by the whole policy.
+-- A request goes straight to Triton only when nginx can judge it without a full parse: a unary infer
+-- naming no tenant and no priority, with a body held in memory, whose (model, class) the control
+-- plane granted slots to; the class comes from the class header, else the class parameter, else
+-- the policy's default. And only while that pair's in-flight lane requests are under its slots.
+-- Anything else is handed, unchanged, to the sidecar's Python path (`ngx.exec` to a named
+-- location), which queues, refuses or admits it by the whole policy.
 --
--- Shared dicts: tg_caps (model -> slots), tg_inflight (model -> lane requests at Triton), tg_stats
--- (model.."\td" finished, model.."\ts" their seconds, model.."\to" overflowed to Python, model.."\tp" the
--- most in flight at once since the control plane last read the counts).
--- `$tg_lane` (set "" at server level, so an error_page redirect keeps it) names the model whose
--- count a request holds; the log phase gives it back however the request ended.
+-- Shared dicts, keyed by "model<TAB>class": tg_caps (slots), tg_inflight (lane requests at
+-- Triton), tg_stats (key.."\td" finished, key.."\ts" their seconds, key.."\to" overflowed to
+-- Python, key.."\tp" the most in flight at once since the control plane last read the counts).
+-- `$tg_lane` (set "" at server level, so an error_page redirect keeps it) names the key whose count
+-- a request holds; the log phase gives it back however the request ended.
 
 local M = {}
 
-local find, byte, sub, concat = string.find, string.byte, string.sub, table.concat
+local find, byte, sub, match, concat = string.find, string.byte, string.sub, string.match, table.concat
 
 local caps = ngx.shared.tg_caps
 local inflight = ngx.shared.tg_inflight
@@ -22,42 +23,61 @@ local stats = ngx.shared.tg_stats
 
 -- Rendered from the policy by sidecar/nginx_front.py through M.configure.
 local class_var, tenant_var = "http_x_traffic_class", "http_x_tenant"
-local class_json, class_raw = '"traffic_class"', "traffic_class"
+local class_json, class_raw, default_class = '"traffic_class"', "traffic_class", "normal"
 
 function M.configure(cfg)
-    class_var, tenant_var = cfg.class_var, cfg.tenant_var
+    class_var, tenant_var, default_class = cfg.class_var, cfg.tenant_var, cfg.default_class
     class_json, class_raw = '"' .. cfg.class_parameter .. '"', cfg.class_parameter
 end
 
-local function named(var)
+local function header(var)
     local v = ngx.var[var]
-    return v ~= nil and v ~= ""
+    if v == nil or v == "" then
+        return nil
+    end
+    return v
 end
 
--- Take a slot of `model` or hand the request to the Python path at `where`.
-local function take(model, where)
-    local cap = caps:get(model)
+-- Take a slot of `key` or hand the request to the Python path at `where`.
+local function take(key, where)
+    local cap = caps:get(key)
     if not cap then
         return ngx.exec(where)
     end
-    local n = inflight:incr(model, 1, 0)
+    local n = inflight:incr(key, 1, 0)
     if n > cap then
-        inflight:incr(model, -1)
-        stats:incr(model .. "\to", 1, 0)
+        inflight:incr(key, -1)
+        stats:incr(key .. "\to", 1, 0)
         return ngx.exec(where)
     end
-    ngx.var.tg_lane = model
-    local peak = model .. "\tp"
+    ngx.var.tg_lane = key
+    local peak = key .. "\tp"
     if n > (stats:get(peak) or 0) then
         stats:set(peak, n)
     end
 end
 
--- HTTP/REST: POST /v2/models/M[/versions/V]/infer. The class and a client priority can only be in
--- the JSON part (the first Inference-Header-Content-Length bytes, or the whole body).
+-- A protobuf varint at `at`: value, next position (nil past two bytes: no name or string here is longer).
+local function varint(body, at)
+    local b = byte(body, at)
+    if b == nil then
+        return nil
+    end
+    if b < 128 then
+        return b, at + 1
+    end
+    local more = byte(body, at + 1)
+    if more == nil or more >= 128 then
+        return nil
+    end
+    return b - 128 + more * 128, at + 2
+end
+
+-- HTTP/REST: POST /v2/models/M[/versions/V]/infer. A class or client priority can only be in the
+-- JSON part (the first Inference-Header-Content-Length bytes, or the whole body).
 function M.http(model)
-    if ngx.req.get_method() ~= "POST" or named(class_var) or named(tenant_var)
-            or named("http_content_encoding") or not caps:get(model) then
+    local tenant = header(tenant_var)
+    if tenant ~= nil or ngx.req.get_method() ~= "POST" or header("http_content_encoding") then
         return ngx.exec("@sidecar")
     end
     ngx.req.read_body()
@@ -77,18 +97,25 @@ function M.http(model)
     if at and at <= head then
         return ngx.exec("@sidecar")
     end
+    local class = header(class_var)
     at = find(body, class_json, 1, true)
     if at and at <= head then
-        return ngx.exec("@sidecar")
+        if class == nil then  -- "traffic_class": "name" (anything else: Python reads it properly)
+            class = match(body, '^%s*:%s*"([%w_.-]+)"', at + #class_json)
+            if class == nil then
+                return ngx.exec("@sidecar")
+            end
+        end
     end
-    return take(model, "@sidecar")
+    return take(model .. "\t" .. (class or default_class), "@sidecar")
 end
 
--- gRPC ModelInfer: one uncompressed message; model_name is field 1 (tag 0x0A), first after the
--- 5-byte frame header. A class or priority parameter is a map key in the message: any mention
--- sends it to Python (which parses it properly).
+-- gRPC ModelInfer: one uncompressed ModelInferRequest; model_name is field 1 (tag 0x0A), first
+-- after the 5-byte frame header. Parameters are map entries (field 4): {1: key, 2: InferParameter
+-- {3: string_param}}; a class parameter of that shape is read, any other mention of it or of
+-- "priority" sends the request to Python (which parses it properly).
 function M.grpc()
-    if named(class_var) or named(tenant_var) then
+    if header(tenant_var) ~= nil then
         return ngx.exec("@sidecar_grpc")
     end
     ngx.req.read_body()
@@ -96,67 +123,83 @@ function M.grpc()
     if body == nil or #body < 8 or byte(body, 1) ~= 0 or byte(body, 6) ~= 10 then
         return ngx.exec("@sidecar_grpc")
     end
-    local len, at = byte(body, 7), 8
-    if len >= 128 then
-        local more = byte(body, 8)
-        if more >= 128 then
-            return ngx.exec("@sidecar_grpc")
-        end
-        len, at = len - 128 + more * 128, 9
-    end
-    local model = sub(body, at, at + len - 1)
-    if not caps:get(model) or find(body, "priority", at + len, true) or find(body, class_raw, at + len, true) then
+    local len, at = varint(body, 7)
+    if len == nil then
         return ngx.exec("@sidecar_grpc")
     end
-    return take(model, "@sidecar_grpc")
+    local model = sub(body, at, at + len - 1)
+    local rest = at + len
+    if find(body, "priority", rest, true) then
+        return ngx.exec("@sidecar_grpc")
+    end
+    local class = header(class_var)
+    local key_at = find(body, class_raw, rest, true)
+    if key_at then
+        if class == nil then
+            local after = key_at + #class_raw
+            if byte(body, key_at - 1) ~= #class_raw or byte(body, after) ~= 0x12 then
+                return ngx.exec("@sidecar_grpc")
+            end
+            local _, pos = varint(body, after + 1)
+            if pos == nil or byte(body, pos) ~= 0x1A then
+                return ngx.exec("@sidecar_grpc")
+            end
+            local n, from = varint(body, pos + 1)
+            if n == nil then
+                return ngx.exec("@sidecar_grpc")
+            end
+            class = sub(body, from, from + n - 1)
+        end
+    end
+    return take(model .. "\t" .. (class or default_class), "@sidecar_grpc")
 end
 
 function M.log()
-    local model = ngx.var.tg_lane
-    if model == nil or model == "" then
+    local key = ngx.var.tg_lane
+    if key == nil or key == "" then
         return
     end
-    inflight:incr(model, -1)
-    stats:incr(model .. "\td", 1, 0)
-    stats:incr(model .. "\ts", ngx.now() - ngx.req.start_time(), 0)
+    inflight:incr(key, -1)
+    stats:incr(key .. "\td", 1, 0)
+    stats:incr(key .. "\ts", ngx.now() - ngx.req.start_time(), 0)
 end
 
 -- The control plane (sidecar/lane_control.py), on a Unix socket only the sidecar knows:
--- POST sets the slots (`model<TAB>slots` lines; models not listed lose their lane); any method
--- answers the counts, `model<TAB>inflight<TAB>done<TAB>seconds<TAB>overflow<TAB>peak` lines.
+-- POST sets the slots (`model<TAB>class<TAB>slots` lines; pairs not listed lose their lane); any
+-- method answers the counts, `model<TAB>class<TAB>inflight<TAB>done<TAB>seconds<TAB>overflow<TAB>peak`.
 function M.control()
     if ngx.req.get_method() == "POST" then
         ngx.req.read_body()
         local body = ngx.req.get_body_data() or ""
         local given = {}
-        for name, cap in body:gmatch("([^\t\n]+)\t(%d+)\n") do
-            given[name] = tonumber(cap)
+        for key, cap in body:gmatch("([^\t\n]+\t[^\t\n]+)\t(%d+)\n") do
+            given[key] = tonumber(cap)
         end
-        for _, name in ipairs(caps:get_keys(0)) do
-            if given[name] == nil then
-                caps:delete(name)
+        for _, key in ipairs(caps:get_keys(0)) do
+            if given[key] == nil then
+                caps:delete(key)
             end
         end
-        for name, cap in pairs(given) do
-            caps:set(name, cap)
+        for key, cap in pairs(given) do
+            caps:set(key, cap)
         end
     end
     local seen = {}
-    for _, name in ipairs(inflight:get_keys(0)) do
-        seen[name] = true
+    for _, key in ipairs(inflight:get_keys(0)) do
+        seen[key] = true
     end
-    for _, key in ipairs(stats:get_keys(0)) do
-        local name = key:match("^(.*)\t[dsop]$")
-        if name then
-            seen[name] = true
+    for _, stat in ipairs(stats:get_keys(0)) do
+        local key = match(stat, "^(.*)\t[dsop]$")
+        if key then
+            seen[key] = true
         end
     end
     local out = {}
-    for name in pairs(seen) do
-        local now = inflight:get(name) or 0
-        out[#out + 1] = concat({ name, now, stats:get(name .. "\td") or 0, stats:get(name .. "\ts") or 0,
-                                 stats:get(name .. "\to") or 0, stats:get(name .. "\tp") or now }, "\t")
-        stats:set(name .. "\tp", now)  -- the peak is per reading: it starts again from what is in flight
+    for key in pairs(seen) do
+        local now = inflight:get(key) or 0
+        out[#out + 1] = concat({ key, now, stats:get(key .. "\td") or 0, stats:get(key .. "\ts") or 0,
+                                 stats:get(key .. "\to") or 0, stats:get(key .. "\tp") or now }, "\t")
+        stats:set(key .. "\tp", now)  -- the peak is per reading: it starts again from what is in flight
     end
     ngx.header["Content-Type"] = "text/plain"
     ngx.print(concat(out, "\n"), "\n")

@@ -91,7 +91,7 @@ class Deployment:
         deadline = time.monotonic() + timeout
         while True:
             status = self.status()
-            lane = status["front"]["lane"].values()
+            lane = [pair for classes in status["front"]["lane"].values() for pair in classes.values()]
             slots, slot_bytes = sum(x["slots"] for x in lane), sum(x["reserved_bytes"] for x in lane)
             if (status["reserved_bytes"] == slot_bytes and status["inflight"] == slots
                     and not any(x["inflight"] for x in lane) and not any(status["waiting"].values())):

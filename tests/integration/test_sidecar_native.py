@@ -86,7 +86,7 @@ def test_plain_requests_take_the_lane_and_the_rest_the_python_path(native: Sidec
     base = f"http://127.0.0.1:{native.sidecar.http_port}"
     grpc_url = f"127.0.0.1:{native.sidecar.grpc_port}"
     assert lane_status(native)["kind"] == "native"
-    lane_before = counter(native, 'sidecar_lane_requests_total{model="ranker"}')
+    lane_before = counter(native, 'sidecar_lane_requests_total{class="normal",model="ranker"}')
     admitted_before = counter(native, "sidecar_requests_admitted_total{")
     with httpx.Client(timeout=10) as client:
         plain = [client.post(f"{base}/v2/models/ranker/infer", content=BODY) for _ in range(20)]
@@ -96,13 +96,48 @@ def test_plain_requests_take_the_lane_and_the_rest_the_python_path(native: Sidec
     assert grpc_infer(grpc_url, 20) == ["ranker"] * 20
     assert grpc_infer(grpc_url, 1, (("x-traffic-class", "batch"),)) == ["ranker"]
     time.sleep(0.6)  # the next sync reads nginx's counts
-    lane = counter(native, 'sidecar_lane_requests_total{model="ranker"}') - lane_before
+    lane = counter(native, 'sidecar_lane_requests_total{class="normal",model="ranker"}') - lane_before
     through_python = counter(native, "sidecar_requests_admitted_total{") - admitted_before
     print(f"\n{lane:.0f} of 42 went by the lane, {through_python:.0f} through the Python path")
     assert lane >= 36, (lane, through_python)  # a slot is free for each of these sequential requests
     assert through_python >= 2  # the two that named a class
     assert counter(native, 'sidecar_requests_admitted_total{class="interactive",model="ranker"}') >= 1
     assert counter(native, 'sidecar_requests_admitted_total{class="batch",model="ranker"}') >= 1
+
+
+def test_a_class_named_in_the_request_is_read_by_the_lane(native: SidecarThread) -> None:
+    """The class parameter, on both protocols: a class at the model's default level takes the lane
+    (its own slots), one that needs another level written into the request goes through Python."""
+    base = f"http://127.0.0.1:{native.sidecar.http_port}"
+    grpc_url = f"127.0.0.1:{native.sidecar.grpc_port}"
+
+    def http_body(klass: str) -> bytes:
+        doc = json.loads(BODY)
+        doc["parameters"] = {"traffic_class": klass}
+        return json.dumps(doc).encode()
+
+    def grpc_classed(klass: str, n: int) -> None:
+        request = pb.ModelInferRequest(model_name="ranker")
+        request.parameters["traffic_class"].string_param = klass
+        request.inputs.add(name="FEATURES", datatype="FP32", shape=[1, 32])
+        request.raw_input_contents.append(np.full((1, 32), 0.25, dtype=np.float32).tobytes())
+        with grpc.insecure_channel(grpc_url) as channel:
+            stub = pbg.GRPCInferenceServiceStub(channel)
+            for _ in range(n):
+                stub.ModelInfer(request, timeout=10)
+
+    lane_before = counter(native, 'sidecar_lane_requests_total{class="normal",model="ranker"}')
+    interactive_before = counter(native, 'sidecar_requests_admitted_total{class="interactive",model="ranker"}')
+    with httpx.Client(timeout=10) as client:
+        normal = [client.post(f"{base}/v2/models/ranker/infer", content=http_body("normal")) for _ in range(10)]
+        urgent = [client.post(f"{base}/v2/models/ranker/infer", content=http_body("interactive")) for _ in range(3)]
+    assert [r.status_code for r in normal + urgent] == [200] * 13
+    grpc_classed("normal", 10)
+    grpc_classed("interactive", 3)
+    time.sleep(0.6)
+    lane = counter(native, 'sidecar_lane_requests_total{class="normal",model="ranker"}') - lane_before
+    assert lane >= 16, lane
+    assert counter(native, 'sidecar_requests_admitted_total{class="interactive",model="ranker"}') == interactive_before + 6
 
 
 def test_a_burst_is_held_to_the_quota_and_nginx_never_exceeds_its_slots(native: SidecarThread) -> None:
@@ -117,8 +152,8 @@ def test_a_burst_is_held_to_the_quota_and_nginx_never_exceeds_its_slots(native: 
             def sample() -> tuple[int, int, int]:
                 lane = native.sidecar.lane
                 assert lane is not None and native.sidecar.state is not None
-                counts = lane.counts.get("ranker")
-                return (counts.inflight if counts else 0, len(lane.slots.get("ranker", [])),
+                counts = lane.counts.get(("ranker", "normal"))
+                return (counts.inflight if counts else 0, len(lane.slots.get(("ranker", "normal"), [])),
                         native.sidecar.state.inflight_of("ranker"))
             seen.append(native.call(sample))
             time.sleep(0.01)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.admission import Action, AdmissionState, Cost, Request
-from sidecar.lane import LaneCounts, caps_body, demand, lane_models, parse_counts, spare_slots, target_slots
+from sidecar.lane import LaneCounts, caps_body, demand, lane_keys, parse_counts, spare_slots, target_slots
 from sidecar.lane_control import LaneControl
 from sidecar.metrics import SidecarMetrics
 from sidecar.nginx_front import FrontAddresses, NginxInstall, render_config
@@ -27,16 +27,15 @@ def classic(name: str, **over: Any) -> dict[str, Any]:
 
 # -- which models ----------------------------------------------------------------------------------
 
-def test_lane_carries_classic_models_of_the_default_class_only() -> None:
+def test_lane_carries_classic_models_in_the_classes_that_need_no_priority_written() -> None:
     doc = policy_doc()
     doc["models"] += [
-        classic("only_batch", classes=["batch"]),  # does not serve the default class
-        classic("levels_other", priority_levels=3, default_priority=1),  # default class is level 2: rewrite needed
-        classic("levels_same", priority_levels=3, default_priority=2),
-        classic("unbounded"),
+        classic("only_batch", classes=["batch"]),
+        classic("levels", priority_levels=3, default_priority=2),  # only "normal" is at level 2
     ]
-    models = lane_models(parse_policy(doc))
-    assert sorted(models) == ["cls", "levels_same", "unbounded"]  # never the LLM
+    keys = lane_keys(parse_policy(doc))
+    assert sorted(keys) == [("cls", "batch"), ("cls", "interactive"), ("cls", "normal"), ("levels", "normal"),
+                            ("only_batch", "batch")]  # never the LLM
 
 
 # -- the arithmetic --------------------------------------------------------------------------------
@@ -52,19 +51,19 @@ def test_targets_grow_with_demand_shrink_to_in_flight_when_something_waits_and_c
 
 
 def test_control_text_round_trips_and_ignores_what_it_cannot_read() -> None:
-    assert caps_body({"b": 2, "a": 7}) == "a\t7\nb\t2\n"
-    counts = parse_counts("a\t3\t100\t0.5\t2\t9\nbroken line\nb\tx\t1\t1\t1\t1\n\n")
-    assert counts == {"a": LaneCounts(inflight=3, done=100, seconds=0.5, overflow=2, peak=9)}
+    assert caps_body({("b", "normal"): 2, ("a", "batch"): 7}) == "a\tbatch\t7\nb\tnormal\t2\n"
+    counts = parse_counts("a\tnormal\t3\t100\t0.5\t2\t9\nbroken line\nb\tnormal\tx\t1\t1\t1\t1\n\n")
+    assert counts == {("a", "normal"): LaneCounts(inflight=3, done=100, seconds=0.5, overflow=2, peak=9)}
 
 
 # -- slots are reservations ------------------------------------------------------------------------
 
 def test_slots_fill_the_models_quota_at_the_default_classes_share_and_count_nothing_as_served() -> None:
     state, _ = state_of()  # cls: max_inflight 5; the default class "normal" may fill 0.9 of it: 4
-    taken = [slot for slot in range(10) if state.take_lane_slot(("lane", slot), "cls")]
+    taken = [slot for slot in range(10) if state.take_lane_slot(("lane", slot), "cls", "normal")]
     assert len(taken) == 4
     assert state.inflight_of("cls") == 4 and state.reserved_scope("gpu0") == 400
-    assert not state.take_lane_slot(("lane", 99), "llm")  # never an LLM
+    assert not state.take_lane_slot(("lane", 99), "llm", "normal")  # never an LLM
     for slot in taken:
         assert state.return_lane_slot(("lane", slot))
     assert state.inflight_of("cls") == 0 and state.reserved_scope("gpu0") == 0
@@ -75,11 +74,11 @@ def test_slots_fill_the_models_quota_at_the_default_classes_share_and_count_noth
 def test_a_request_waiting_in_python_stops_the_lane_and_gets_the_first_returned_slot() -> None:
     state, clock = state_of()
     for slot in range(4):
-        assert state.take_lane_slot(("lane", slot), "cls")
+        assert state.take_lane_slot(("lane", slot), "cls", "normal")
     decision = state.submit(Request("python-1", "cls", "normal", Cost(request_bytes=100)))
     assert decision.action is Action.QUEUE
     assert not state.lane_may_grow("cls")
-    assert not state.take_lane_slot(("lane", 9), "cls")
+    assert not state.take_lane_slot(("lane", 9), "cls", "normal")
     clock.advance(0.01)
     state.return_lane_slot(("lane", 0))
     granted = state.take_events().granted
@@ -114,72 +113,110 @@ class FakeFront:
         return dict(self.counts)
 
 
-def control(state: AdmissionState, up: list[bool]) -> tuple[LaneControl, FakeFront, list[int]]:
+def control(state: AdmissionState, clock: FakeClock, up: list[bool]) -> tuple[LaneControl, FakeFront, list[int]]:
     front = FakeFront()
     dispatched: list[int] = []
-    lane = LaneControl(front, state, SidecarMetrics(), lambda: up[0], lambda: dispatched.append(1))
+    lane = LaneControl(front, state, SidecarMetrics(), lambda: up[0], lambda: dispatched.append(1), clock=clock)
     return lane, front, dispatched
 
 
-def test_sync_grants_spare_slots_then_hands_them_to_a_waiting_request() -> None:
+N = ("cls", "normal")
+B = ("cls", "batch")
+I = ("cls", "interactive")
+
+
+def sync(lane: LaneControl, clock: FakeClock) -> dict[tuple[str, str], int]:
+    clock.advance(0.02)
+    return asyncio.run(lane.sync())
+
+
+def test_an_idle_pair_holds_no_slot_and_grows_from_its_overflow() -> None:
     state, clock = state_of(models=[classic("cls", max_inflight=40)])
-    up = [True]
-    lane, front, dispatched = control(state, up)
-    assert asyncio.run(lane.sync()) == {"cls": 4}  # idle: the spare alone
-    front.counts = {"cls": LaneCounts(inflight=4, done=50, seconds=0.2, peak=4)}
-    assert asyncio.run(lane.sync()) == {"cls": 8}  # busy: what it had in flight plus spare
-    assert state.inflight_of("cls") == 8
+    lane, front, _ = control(state, clock, [True])
+    assert sync(lane, clock) == {N: 0, B: 0, I: 0}  # every pair has a cap: nginx counts its overflow
+    assert state.inflight_of("cls") == 0
+    front.counts = {N: LaneCounts(overflow=3)}  # three plain requests went to Python for want of a slot
+    assert sync(lane, clock) == {N: 7, B: 0, I: 0}  # their demand plus spare
+    front.counts = {N: LaneCounts(inflight=7, done=50, seconds=0.2, overflow=3, peak=7)}
+    assert sync(lane, clock)[N] == 11
+    assert state.inflight_of("cls") == 11
     decision = state.submit(Request("py", "cls", "interactive", Cost(request_bytes=100)))
     assert decision.action is Action.ADMIT  # room under the quota: the Python path is not starved
-    front.counts = {"cls": LaneCounts(inflight=5, done=60, seconds=0.25, peak=8)}
-    assert asyncio.run(lane.sync())["cls"] == 12
-    assert front.pushes == 3
+    front.counts = {N: LaneCounts(inflight=0, done=57, seconds=0.23, overflow=3, peak=0)}
+    clock.advance(10.0)
+    assert sync(lane, clock)[N] == 0  # unused for the idle period: its spare goes back
+    assert front.pushes == 4
 
 
 def test_sync_shrinks_to_what_is_in_flight_while_a_request_waits() -> None:
     state, clock = state_of()  # cls quota 5: 4 for the default class
-    up = [True]
-    lane, front, dispatched = control(state, up)
-    front.counts = {"cls": LaneCounts(inflight=2, peak=2)}
-    assert asyncio.run(lane.sync()) == {"cls": 4}
+    lane, front, dispatched = control(state, clock, [True])
+    front.counts = {N: LaneCounts(inflight=2, peak=2)}
+    assert sync(lane, clock)[N] == 4
     assert state.submit(Request("py", "cls", "normal", Cost(request_bytes=100))).action is Action.QUEUE
-    assert asyncio.run(lane.sync()) == {"cls": 2}  # new lane requests overflow and queue behind it
+    assert sync(lane, clock)[N] == 2  # new lane requests overflow and queue behind it
     assert dispatched  # the returned slots went to the waiting request
     assert [g.request_id for g in state.take_events().granted] == ["py"]
+
+
+def test_a_python_request_with_no_room_takes_the_lanes_idle_slots_back() -> None:
+    state, clock = state_of()
+    lane, front, _ = control(state, clock, [True])
+    front.counts = {N: LaneCounts(inflight=1, peak=1)}
+    assert sync(lane, clock)[N] == 4  # the whole of normal's share of the quota of 5
+    assert state.submit(Request("py", "cls", "normal", Cost(request_bytes=100))).action is Action.QUEUE
+    assert lane.reclaim("cls")
+    assert len(lane.slots[N]) == 1  # the one nginx had in flight stays
+    assert [g.request_id for g in state.take_events().granted] == ["py"]
+    assert lane.pushed is None  # the lower cap goes to nginx at the next sync, which is woken
+    assert not lane.reclaim("cls")
 
 
 def test_sync_closes_the_lane_while_triton_is_down_and_for_a_model_the_policy_drops() -> None:
     state, clock = state_of()
     up = [True]
-    lane, front, _ = control(state, up)
-    assert asyncio.run(lane.sync()) == {"cls": 4}
+    lane, front, _ = control(state, clock, up)
+    front.counts = {N: LaneCounts(inflight=1, peak=1)}
+    assert sync(lane, clock)[N] == 4
     up[0] = False
-    front.counts = {"cls": LaneCounts(inflight=1)}
-    assert asyncio.run(lane.sync()) == {}
+    assert sync(lane, clock) == {}
     assert front.caps == {} and state.inflight_of("cls") == 1  # the one in flight keeps its slot
-    front.counts = {"cls": LaneCounts(inflight=0, done=1, seconds=0.01)}
-    asyncio.run(lane.sync())
+    front.counts = {N: LaneCounts(inflight=0, done=1, seconds=0.01, peak=0)}
+    sync(lane, clock)
     assert state.inflight_of("cls") == 0
     up[0] = True
-    assert asyncio.run(lane.sync()) == {"cls": 4}
+    front.counts = {N: LaneCounts(inflight=1, done=1, seconds=0.01, peak=1)}
+    assert sync(lane, clock)[N] == 4
     doc = policy_doc()
     doc["models"] = [m for m in doc["models"] if m["name"] != "cls"]
     state.apply_policy(parse_policy(doc))
     lane.policy_changed()
-    assert asyncio.run(lane.sync()) == {}
+    assert sync(lane, clock) == {}
+    assert state.inflight_of("cls") == 1  # nginx's one in flight; it goes back when it ends
+    front.counts = {N: LaneCounts(inflight=0, done=2, seconds=0.02, peak=0)}
+    sync(lane, clock)
     assert state.inflight_of("cls") == 0 and lane.status() == {}
 
 
+def test_a_reloaded_policy_that_lowers_the_quota_takes_idle_slots_back() -> None:
+    state, clock = state_of(models=[classic("cls", max_inflight=40)])
+    lane, front, _ = control(state, clock, [True])
+    front.counts = {N: LaneCounts(inflight=2, peak=10)}
+    assert sync(lane, clock)[N] == 15
+    state.apply_policy(parse_policy(policy_doc(models=[classic("cls", max_inflight=3)])))
+    assert sync(lane, clock)[N] == 2  # over the new quota: back to what nginx has in flight
+
+
 def test_finished_lane_requests_are_counted_once_and_an_nginx_restart_starts_over() -> None:
-    state, _ = state_of()
-    lane, front, _ = control(state, [True])
-    front.counts = {"cls": LaneCounts(done=10, seconds=0.1)}
-    asyncio.run(lane.sync())
-    asyncio.run(lane.sync())
-    front.counts = {"cls": LaneCounts(done=3, seconds=0.03)}  # nginx started again
-    asyncio.run(lane.sync())
+    state, clock = state_of()
+    lane, front, _ = control(state, clock, [True])
+    front.counts = {N: LaneCounts(done=10, seconds=0.1)}
+    sync(lane, clock)
+    sync(lane, clock)
+    front.counts = {N: LaneCounts(done=3, seconds=0.03)}  # nginx started again
+    sync(lane, clock)
     text = lane.metrics.exposition().decode()
-    assert 'sidecar_lane_requests_total{model="cls"} 13.0' in text
+    assert 'sidecar_lane_requests_total{class="normal",model="cls"} 13.0' in text
 
 
 # -- nginx's configuration -------------------------------------------------------------------------
