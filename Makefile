@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.tritongen-installed
 
-.PHONY: demo test venv clean bench bench-fidelity bench-sidecar bench-profile bench-simulator bench-fixed-vs-tuned bench-check-conformance bench-llm-fidelity bench-llm-guard bench-vs-model-analyzer bench-instance-scaling bench-admission bench-native-admission
+.PHONY: demo test venv nginx clean bench bench-fidelity bench-sidecar bench-profile bench-simulator bench-fixed-vs-tuned bench-check-conformance bench-llm-fidelity bench-llm-guard bench-vs-model-analyzer bench-instance-scaling bench-admission bench-native-admission
 
 venv: $(STAMP)
 
@@ -14,12 +14,28 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	@touch $(STAMP)
 
+# The sidecar's native front (sidecar/nginx_front.py) is nginx with its Lua module, from Debian. Installed
+# here when missing and this is root with apt-get (CI); otherwise this says what to install. policy-rc.d
+# keeps the package from starting a system nginx on port 80 (the sidecar starts its own, on its ports).
+NGINX_PACKAGES := nginx-light libnginx-mod-http-lua
+nginx:
+	@if [ -x /usr/sbin/nginx ] && [ -e /usr/lib/nginx/modules/ngx_http_lua_module.so ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing $(NGINX_PACKAGES) from Debian (the sidecar's native front)"; \
+	  made=; if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; made=1; fi; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(NGINX_PACKAGES)) >/tmp/tritongen-apt.log 2>&1; rc=$$?; \
+	  if [ -n "$$made" ]; then rm -f /usr/sbin/policy-rc.d; fi; \
+	  if [ $$rc -ne 0 ]; then tail -5 /tmp/tritongen-apt.log >&2; echo "installing $(NGINX_PACKAGES) failed" >&2; exit 1; fi; \
+	else echo "the sidecar's native front needs nginx with Lua: apt-get install $(NGINX_PACKAGES)" >&2; exit 1; fi
+
 # Unit tests are pure and CPU-bound: two workers. Integration tests measure a live server: one at a time.
-test: $(STAMP)
+test: $(STAMP) nginx
 	$(PY) -m pytest -q -n 2 tests/unit
 	$(PY) -m pytest -q tests/integration
 
+# The demo's sidecar takes the native front where nginx can be had (`--front auto`), else its own listeners.
 demo: $(STAMP)
+	@$(MAKE) --no-print-directory nginx || echo "the demo's sidecar runs without the native front"
 	$(VENV)/bin/tritongen demo
 
 # Benchmarks give figures, not verdicts: each prints its table and writes it to bench/results/NAME.md

@@ -37,7 +37,7 @@ class SidecarProcess:
         token_file: Path | None = None,
         log_level: str = "warning",
         env: dict[str, str] | None = None,
-        front: str = "python",
+        front: str = "auto",  # as `tritongen sidecar` deploys: nginx in front where it is installed
     ) -> None:
         self.env = None if env is None else {**os.environ, **env}
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
