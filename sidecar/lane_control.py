@@ -110,6 +110,7 @@ class LaneControl:
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
+            await self._revive()  # a dead master's orphaned worker may still answer: ask the process
             try:
                 await self.sync()
             except asyncio.CancelledError:
@@ -120,6 +121,17 @@ class LaneControl:
                     log.warning("the lane's nginx control socket did not answer (%d times): %s", self.failures, err)
             except Exception:  # never let the sync die: the lane would keep stale slots for ever
                 log.exception("lane sync failed")
+
+    async def _revive(self) -> None:
+        """nginx died: start it again; its counts start over and its caps are pushed anew."""
+        revive = getattr(self.front, "revive", None)
+        if revive is None:
+            return
+        try:
+            if await revive():
+                self.pushed = None
+        except Exception:
+            log.exception("nginx (the native front) could not be started again; retrying")
 
     async def sync(self) -> dict[LaneKey, int]:
         """One round: read, account, move the slots, push if changed. Returns the caps in force."""

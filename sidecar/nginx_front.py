@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import logging
+
 import aiohttp
 
 from sidecar.lane import LaneCounts, LaneKey, caps_body, parse_counts
@@ -36,6 +38,7 @@ MODULES = ("ndk_http_module.so", "ngx_http_lua_module.so")
 LUA_DIR = Path(__file__).resolve().parent  # sidecar/tritongen_lane.lua
 BODY_IN_MEMORY = 8 * 1024 * 1024  # larger bodies spill to a file, and nginx hands them to Python
 LONG_S = 3600  # streams and queue waits: nginx must not time them out before the sidecar does
+log = logging.getLogger("tritongen.sidecar")
 INSTALL_HINT = "Debian/Ubuntu: `apt-get install nginx-light libnginx-mod-http-lua`"
 
 
@@ -230,8 +233,37 @@ class NginxFront:
         parts = [p.read_text(errors="replace") for p in (self.work / "stderr.log", self.work / "error.log") if p.exists()]
         return "".join(parts)[-2000:]
 
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    async def revive(self) -> bool:
+        """Start nginx again if it died (a crash, an operator's kill): the clients' front door must
+        not stay shut while the sidecar lives. Its workers go first (they would keep the ports).
+        True if it was restarted."""
+        if self.proc is None or self.running:
+            return False
+        log.error("nginx (the native front) exited with %s; starting it again: %s", self.proc.returncode,
+                  self._logs()[-500:])
+        self._kill_group()
+        await self._close_session()
+        await self.start()
+        return True
+
+    def _kill_group(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+    async def _close_session(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
     async def start(self, timeout_s: float = 10.0) -> None:
         self.conf.write_text(self.text)
+        with contextlib.suppress(FileNotFoundError):
+            control_socket(self.work).unlink()  # a dead nginx's socket file would refuse the bind
         with open(self.work / "stderr.log", "wb") as log:
             self.proc = subprocess.Popen(
                 [str(self.install.binary), "-p", str(self.work), "-c", str(self.conf), "-e", str(self.work / "error.log")],
@@ -286,18 +318,16 @@ class NginxFront:
         return True
 
     async def stop(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._close_session()
         proc = self.proc
         if proc is not None and proc.poll() is None:
-            proc.terminate()  # SIGTERM: nginx's fast shutdown
+            proc.terminate()  # SIGTERM: nginx's fast shutdown, its workers go too
             for _ in range(100):
                 if proc.poll() is not None:
                     break
                 await asyncio.sleep(0.05)
             else:
-                proc.kill()
+                self._kill_group()
                 proc.wait()
         self.proc = None
         shutil.rmtree(self.work, ignore_errors=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -227,3 +228,29 @@ def test_native_front_without_nginx_is_a_usage_error(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert "--front native" in done.stderr and "no-nginx-here is not installed" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_nginx_killed_is_started_again_and_the_lane_carries_on(native: SidecarThread) -> None:
+    """A crash of the front door (SIGKILL to nginx's master) must not leave the sidecar without
+    one: the lane's sync finds it dead, clears its orphaned worker and starts it again."""
+    base = f"http://127.0.0.1:{native.sidecar.http_port}"
+    front = native.sidecar.nginx
+    assert front is not None and front.proc is not None
+    old_pid = front.proc.pid
+    os.kill(old_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while True:
+        proc = front.proc
+        if proc is not None and proc.pid != old_pid and proc.poll() is None:
+            try:
+                if httpx.post(f"{base}/v2/models/ranker/infer", content=BODY, timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+        assert time.monotonic() < deadline, "nginx was not started again"
+        time.sleep(0.1)
+    lane_before = counter(native, 'sidecar_lane_requests_total{class="normal",model="ranker"}')
+    with httpx.Client(timeout=10) as client:
+        assert [client.post(f"{base}/v2/models/ranker/infer", content=BODY).status_code for _ in range(10)] == [200] * 10
+    time.sleep(0.6)
+    assert counter(native, 'sidecar_lane_requests_total{class="normal",model="ranker"}') - lane_before >= 8
