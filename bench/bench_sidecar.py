@@ -61,7 +61,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sidecar.nginx_front import find_nginx
+from sidecar.nginx_front import find_nginx, process_preamble, temp_paths, upstream_block
 from tritongen.core.plan import plan_deployment
 from tritongen.core.sidecar_policy import build_sidecar_policy
 from tritongen.render import render_repository, write_repository
@@ -199,15 +199,9 @@ def nginx_missing() -> str | None:
 
 
 def nginx_config(tmp: Path, http_upstream: str, http_port: int, grpc_upstream: str | None, grpc_port: int) -> str:
-    user = "user root;\n" if os.geteuid() == 0 else ""  # root's workers would run as nobody, locked out of tmp
-    temp = "".join(f"    {kind}_temp_path {tmp}/{kind};\n" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-    grpc = "" if grpc_upstream is None else f"""
-    upstream triton_grpc {{
-        server {grpc_upstream};
-        keepalive 64;
-        keepalive_requests 1000000;
-    }}
-    server {{
+    """A plain proxy as a good operator would set it up (NGINX_SETTINGS); its process settings and
+    upstream pools are the native front's (sidecar/nginx_front.py), without the lane."""
+    grpc = "" if grpc_upstream is None else upstream_block("triton_grpc", grpc_upstream) + f"""    server {{
         listen 127.0.0.1:{grpc_port} http2;
         keepalive_requests 1000000;
         location / {{
@@ -215,23 +209,11 @@ def nginx_config(tmp: Path, http_upstream: str, http_port: int, grpc_upstream: s
         }}
     }}
 """
-    return f"""{user}daemon off;
-worker_processes 1;
-pid {tmp}/nginx.pid;
-error_log {tmp}/error.log warn;
-events {{
-    worker_connections 4096;
-}}
-http {{
+    return f"""{process_preamble(tmp)}http {{
     access_log off;
-{temp}    client_max_body_size 64m;
+{temp_paths(tmp)}    client_max_body_size 64m;
     client_body_buffer_size 1m;
-    upstream triton_http {{
-        server {http_upstream};
-        keepalive 64;
-        keepalive_requests 1000000;
-    }}
-    server {{
+{upstream_block("triton_http", http_upstream)}    server {{
         listen 127.0.0.1:{http_port};
         keepalive_requests 1000000;
         location / {{

@@ -89,12 +89,39 @@ def control_socket(work: Path) -> Path:
     return work / "control.sock"
 
 
+def upstream_block(name: str, server: str) -> str:
+    """An upstream with a keep-alive pool: nginx reuses its connections to Triton and to the
+    Python listeners instead of opening one per request."""
+    return f"""    upstream {name} {{
+        server {server};
+        keepalive 64;
+        keepalive_requests 1000000;
+    }}
+"""
+
+
+def process_preamble(work: Path) -> str:
+    """One worker in the foreground, its pid, logs and temporary files in `work` (a private
+    folder), as root's workers too (they would run as nobody, locked out of `work`)."""
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    return f"""{user}daemon off;
+worker_processes 1;
+pid {work}/nginx.pid;
+error_log {work}/error.log warn;
+events {{
+    worker_connections 8192;
+}}
+"""
+
+
+def temp_paths(work: Path) -> str:
+    return "".join(f"    {kind}_temp_path {work}/{kind};\n" for kind in ("client_body", "proxy", "fastcgi", "uwsgi",
+                                                                          "scgi"))
+
+
 def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy: SidecarPolicy) -> str:
     """The whole nginx.conf. Pure: the same inputs give the same text (a reload compares them)."""
-    user = "user root;\n" if os.geteuid() == 0 else ""  # root's workers would run as nobody, locked out of `work`
     modules = "".join(f"load_module {m};\n" for m in install.modules)
-    temp = "".join(f"    {kind}_temp_path {work}/{kind};\n" for kind in ("client_body", "proxy", "fastcgi", "uwsgi",
-                                                                           "scgi"))
     limits = policy.limits
     configure = (f"lane.configure{{class_var = {_lua_string(_header_var(policy.class_header))}, "
                  f"tenant_var = {_lua_string(_header_var(policy.tenant_header))}, "
@@ -102,18 +129,8 @@ def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy:
                  f"default_class = {_lua_string(policy.default_class)}}}")
     down_json = ('{"error": "Triton is unavailable: the lane could not reach it", '
                  '"reason": "upstream_unavailable", "retry_after_s": 1}')
-    grpc = "" if at.grpc_listen is None else f"""
-    upstream triton_grpc {{
-        server {at.triton_grpc};
-        keepalive 64;
-        keepalive_requests 1000000;
-    }}
-    upstream sidecar_grpc {{
-        server {at.sidecar_grpc};
-        keepalive 64;
-        keepalive_requests 1000000;
-    }}
-    server {{
+    grpc = "" if at.grpc_listen is None else upstream_block("triton_grpc", str(at.triton_grpc)) + upstream_block(
+        "sidecar_grpc", str(at.sidecar_grpc)) + f"""    server {{
         listen {at.grpc_listen} http2;
         keepalive_requests 1000000;
         grpc_read_timeout {LONG_S}s;
@@ -141,16 +158,9 @@ def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy:
         }}
     }}
 """
-    return f"""{modules}{user}daemon off;
-worker_processes 1;
-pid {work}/nginx.pid;
-error_log {work}/error.log warn;
-events {{
-    worker_connections 8192;
-}}
-http {{
+    return f"""{modules}{process_preamble(work)}http {{
     access_log off;
-{temp}    client_max_body_size {limits.max_body_bytes};
+{temp_paths(work)}    client_max_body_size {limits.max_body_bytes};
     client_body_buffer_size {min(BODY_IN_MEMORY, limits.max_body_bytes)};
     large_client_header_buffers 8 {limits.max_header_bytes};
     lua_package_path "{LUA_DIR}/?.lua;;";
@@ -161,17 +171,7 @@ http {{
         local lane = require("tritongen_lane")
         {configure}
     }}
-    upstream triton_http {{
-        server {at.triton_http};
-        keepalive 64;
-        keepalive_requests 1000000;
-    }}
-    upstream sidecar_http {{
-        server {at.sidecar_http};
-        keepalive 64;
-        keepalive_requests 1000000;
-    }}
-    server {{
+{upstream_block("triton_http", at.triton_http)}{upstream_block("sidecar_http", at.sidecar_http)}    server {{
         listen {at.http_listen};
         keepalive_requests 1000000;
         proxy_http_version 1.1;
