@@ -184,6 +184,7 @@ def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy:
             access_by_lua_block {{ require("tritongen_lane").http(ngx.var.tg_model) }}
             log_by_lua_block {{ require("tritongen_lane").log() }}
             error_page 502 504 = @triton_down;
+            proxy_buffering on;  # a unary answer: one write to the client (streams go to Python, unbuffered)
             proxy_pass http://triton_http;
         }}
         location / {{
