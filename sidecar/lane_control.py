@@ -1,6 +1,6 @@
 """The lane's control plane: the asyncio task that hands lane slots to nginx and takes them back.
 
-Each sync (every `period_s` while the lane is busy, at once when a request enters the Python queue
+Each sync (every `period_s` while the slots move, at once when a request enters the Python queue
 or takes slots back, and every `idle_s` otherwise) reads nginx's counts, feeds finished lane
 requests to the admission state, moves each (model, class) pair's slots toward
 `lane.target_slots`, and, when they changed, pushes them. Every lane pair gets a cap, 0 while
@@ -66,6 +66,7 @@ class LaneControl:
         self._wake = asyncio.Event()
         self._background = BackgroundTask(self._loop, "sidecar-lane-sync")
         self.failures = 0
+        self.hot = False  # the last sync moved something: sync again soon
 
     def start(self) -> None:
         self._background.start()
@@ -103,10 +104,12 @@ class LaneControl:
 
     async def _loop(self) -> None:
         while True:
-            busy = any(c.inflight for c in self.counts.values()) or any(self.slots.values())
-            # idle: a pair's first requests overflow to Python (its cap is 0) until this sync grows it
+            # Quick while the slots move (caps pushed, requests overflowing, requests waiting in
+            # Python); otherwise every idle_s: each sync costs both processes a little CPU, which a
+            # small host takes from Triton. An idle pair's first requests overflow to Python (its
+            # cap is 0) until a sync grows it.
             try:
-                await asyncio.wait_for(self._wake.wait(), self.period_s if busy else self.idle_s)
+                await asyncio.wait_for(self._wake.wait(), self.period_s if self.hot else self.idle_s)
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
@@ -136,8 +139,10 @@ class LaneControl:
     async def sync(self) -> dict[LaneKey, int]:
         """One round: read, account, move the slots, push if changed. Returns the caps in force."""
         counts = await self.front.exchange(None)
+        overflowed = any(c.overflow > self._overflow_seen.get(key, 0) for key, c in counts.items())
         self._account(counts)
         caps = self.plan(counts)
+        self.hot = overflowed or caps != self.pushed or self.state.waiting > 0
         if caps != self.pushed:
             self._account(await self.front.exchange(caps))
             self.pushed = caps
