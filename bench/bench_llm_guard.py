@@ -485,7 +485,8 @@ def serve_group(spec_path: Path, models: list[str], options: ServerOptions, poli
             policy_path = policy_from
             print(f"policy: {policy_from.relative_to(ROOT)} (rendered with the configs it serves)")
         policy = json.loads(policy_path.read_text())
-        with SidecarProcess(policy_path, server, tmp / f"sidecar-{name}.log", grpc_upstream=server.grpc_url) as sidecar:
+        with SidecarProcess(policy_path, server, tmp / f"sidecar-{name}.log", grpc_upstream=server.grpc_url,
+                            front=args.front) as sidecar:
             for model in models:
                 spec_model = next(m for m in spec.models if m.name == model)
                 one_model(Case(model=model, spec_model=spec_model, classes=spec.classes_of(spec_model), server=server,
@@ -501,13 +502,17 @@ def main() -> int:
     ap.add_argument("--saved-profiles", action="store_true", help="use examples/profiles/*.json instead of profiling")
     ap.add_argument("--protocol", choices=("grpc", "http"), default="grpc",
                     help="how the clients stream: grpc (ModelStreamInfer, default) or http (generate_stream)")
+    ap.add_argument("--front", choices=("auto", "native", "python"), default="auto",
+                    help="the sidecar's front (tritongen sidecar --front): auto, as deployed, is native where nginx "
+                    "with Lua is installed")
     args = ap.parse_args()
     models = [m for m in args.models.split(",") if m]
     unknown = sorted(set(models) - set(MODELS))
     if unknown:
         ap.error(f"unknown models {unknown}; choose from {', '.join(MODELS)}")
     start = time.perf_counter()
-    report = "llm_guard" if args.protocol == "grpc" else "llm_guard-http"
+    report = ("llm_guard" if args.protocol == "grpc" else "llm_guard-http") + ("" if args.front == "auto" else
+                                                                                f"-{args.front}")
     with saved_report(report), tempfile.TemporaryDirectory(prefix="llm-guard-") as tmp_name:
         tmp = Path(tmp_name)
         standins = [m for m in models if m != "tinyllm"]
