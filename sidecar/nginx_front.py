@@ -127,6 +127,8 @@ def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy:
                  f"tenant_var = {_lua_string(_header_var(policy.tenant_header))}, "
                  f"class_parameter = {_lua_string(policy.class_parameter)}, "
                  f"default_class = {_lua_string(policy.default_class)}}}")
+    too_large_json = (f'{{"error": "the request body is over limits.max_body_bytes of the sidecar policy '
+                      f'({limits.max_body_bytes} bytes)", "reason": "body_too_large"}}')
     down_json = ('{"error": "Triton is unavailable: the lane could not reach it", '
                  '"reason": "upstream_unavailable", "retry_after_s": 1}')
     grpc = "" if at.grpc_listen is None else upstream_block("triton_grpc", str(at.triton_grpc)) + upstream_block(
@@ -180,10 +182,12 @@ def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy:
         proxy_read_timeout {LONG_S}s;
         proxy_send_timeout {LONG_S}s;
         set $tg_lane "";
+        error_page 413 = @too_large;
         location ~ ^/v2/models/(?<tg_model>[^/]+)(/versions/[^/]+)?/infer$ {{
             access_by_lua_block {{ require("tritongen_lane").http(ngx.var.tg_model) }}
             log_by_lua_block {{ require("tritongen_lane").log() }}
             error_page 502 504 = @triton_down;
+            error_page 413 = @too_large;  # a location's error_page replaces the server's, not adds to it
             proxy_buffering on;  # a unary answer: one write to the client (streams go to Python, unbuffered)
             proxy_pass http://triton_http;
         }}
@@ -192,6 +196,10 @@ def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy:
         }}
         location @sidecar {{
             proxy_pass http://sidecar_http;
+        }}
+        location @too_large {{
+            default_type application/json;
+            return 413 '{too_large_json}';
         }}
         location @triton_down {{
             log_by_lua_block {{ require("tritongen_lane").log() }}

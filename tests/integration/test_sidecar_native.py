@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -254,3 +255,28 @@ def test_nginx_killed_is_started_again_and_the_lane_carries_on(native: SidecarTh
         assert [client.post(f"{base}/v2/models/ranker/infer", content=BODY).status_code for _ in range(10)] == [200] * 10
     time.sleep(0.6)
     assert counter(native, 'sidecar_lane_requests_total{class="normal",model="ranker"}') - lane_before >= 8
+
+
+def test_nginx_accepts_the_configuration_rendered_from_unusual_policies(tmp_path: Path) -> None:
+    """Header names, a class parameter with quotes and backslashes, small limits: whatever a valid
+    policy holds, nginx takes the configuration rendered from it (`nginx -t`)."""
+    from sidecar.nginx_front import FrontAddresses, render_config
+    from sidecar.policy import parse_policy
+
+    install, why = find_nginx()
+    assert install is not None, why
+    doc = ranker_policy(class_header="x-my-class-2", tenant_header="x-org", class_parameter='odd "param" \\ name',
+                        limits={"max_body_bytes": 4096, "max_header_bytes": 1024})
+    at = FrontAddresses("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4", "127.0.0.1:5", "127.0.0.1:6")
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(render_config(install, tmp_path, at, parse_policy(doc)))
+    done = subprocess.run([str(install.binary), "-t", "-q", "-p", str(tmp_path), "-c", str(conf)],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+
+
+def test_an_oversized_body_gets_a_json_413_from_the_front(native: SidecarThread) -> None:
+    base = f"http://127.0.0.1:{native.sidecar.http_port}"
+    limit = native.sidecar.policy.limits.max_body_bytes
+    resp = httpx.post(f"{base}/v2/models/ranker/infer", content=b" " * (limit + 1), timeout=30)
+    assert resp.status_code == 413 and resp.json()["reason"] == "body_too_large"
