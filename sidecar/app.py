@@ -344,13 +344,15 @@ class Sidecar:
         assert self.policy is not None and self.state is not None and self.controller is not None
         assert self.health is not None
 
+        def joined(host: str, port: int) -> str:
+            return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # nginx writes IPv6 in brackets
+
         def public(text: str, default: int) -> str:
             host, port = split_address(text, default)
-            return f"{host}:{port or free_port()}"
+            return joined(host, port or free_port())
 
         def upstream(text: str) -> str:
-            host, port = split_address(text, 80)
-            return f"{host}:{port}"
+            return joined(*split_address(text, 80))
 
         http_listen = public(cfg.listen, 9000)
         grpc_listen = public(cfg.grpc_listen, 9001) if self.grpc_port else None
@@ -362,9 +364,9 @@ class Sidecar:
         self.nginx = NginxFront(install, addresses, self.policy)
         await self.nginx.start()
         self.front_kind = "native"
-        self.http_port = split_address(http_listen, 0)[1]
+        self.http_port = int(http_listen.rsplit(":", 1)[1])
         if grpc_listen:
-            self.grpc_port = split_address(grpc_listen, 0)[1]
+            self.grpc_port = int(grpc_listen.rsplit(":", 1)[1])
         self.lane = LaneControl(self.nginx, self.state, self.metrics, lambda: bool(self.health and self.health.up),
                                 self.controller.dispatch)
         self.controller.on_queued = self.lane.wake
