@@ -23,7 +23,8 @@ Phases (the class mix and the prompt / output lengths come from the spec: its tr
 shares and each model's typical_prompt_tokens / typical_output_tokens):
   * 0.7x capacity, Poisson, --seconds: completed/s and TTFT P50/P99 per class;
     goals: sidecar completed/s >= 0.97 x direct, each class's TTFT P99 <= 1.2 x direct + 5 ms;
-  * 1.5x capacity, Poisson, --seconds: completed/s, kills (the model's out-of-memory errors),
+  * 1.5x capacity, Poisson, --seconds: completed/s, goodput (served within the class's TTFT
+    target, per second; a figure, not a goal), kills (the model's out-of-memory errors),
     refusals (the sidecar's answers) and how fast they came (P99 from send to refusal), TTFT P99 of
     admitted interactive requests; goals: 0 kills through the sidecar, completed/s >= direct's,
     refusal P99 <= 5 ms, admitted interactive TTFT P99 within the class's target;
@@ -193,6 +194,20 @@ class Run:
         if not mask.any():
             return None
         return float(np.percentile((self.result.done_t[mask] - self.result.send_t[mask]) * 1000.0, q))
+
+    def goodput_per_s(self) -> float:
+        """Requests served with their first token within their class's TTFT target, per second of the
+        measurement window: what a client could use, which completed/s alone does not tell (a run
+        that serves everything seconds late completes as much as one that serves in time)."""
+        r = self.result
+        lo, hi = r.window
+        target = {c.name: c.p99_ms for c in self.classes}
+        targets = np.array([target.get(name, np.inf) for name in r.class_names])
+        ttft = (r.first_t - r.scheduled_t) * 1000.0
+        inside = (r.scheduled_t >= lo) & (r.scheduled_t < hi)
+        ok = (r.status == OK) & np.isfinite(r.first_t) & inside
+        good = ok & (ttft <= targets[r.cls.astype(int)])
+        return float(good.sum()) / max(hi - lo, 1e-9)
 
     def ttft_ms(self) -> np.ndarray:
         """TTFT of every served request (ms, from its scheduled send)."""
@@ -397,6 +412,8 @@ def one_model(case: Case) -> None:
     phase = f"{ABOVE:g}x: {arrivals.mean_rate:.1f} req/s, {case.seconds:g} s"
     add(case, phase, "completed/s", f"{direct.completed_per_s:.2f}", f"{via.completed_per_s:.2f}", ">= direct",
         via.completed_per_s >= direct.completed_per_s)
+    add(case, "", "goodput: served within the class's TTFT target /s", f"{direct.goodput_per_s():.2f}",
+        f"{via.goodput_per_s():.2f}")
     add(case, "", "kills (model out of memory)", str(direct.kills), str(via.kills), "0 through the sidecar", via.kills == 0)
     add(case, "", "refusals", f"{direct.refused} ({direct.refusal_reasons()})", f"{via.refused} ({via.refusal_reasons()})")
     p99 = via.refusal_ms(99)
