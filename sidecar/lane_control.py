@@ -1,7 +1,7 @@
 """The lane's control plane: the asyncio task that hands lane slots to nginx and takes them back.
 
-Each sync (every `period_s` while the slots move, at once when a request enters the Python queue
-or takes slots back, and every `idle_s` otherwise) reads nginx's counts, feeds finished lane
+Each sync (every `period_s` while the lane carries requests or its slots move, at once when a
+request enters the Python queue or takes slots back, and every `idle_s` otherwise) reads nginx's counts, feeds finished lane
 requests to the admission state, moves each (model, class) pair's slots toward
 `lane.target_slots`, and, when they changed, pushes them. Every lane pair gets a cap, 0 while
 idle: nginx then counts the pair's requests that overflow to Python, which is the demand that
@@ -104,12 +104,14 @@ class LaneControl:
 
     async def _loop(self) -> None:
         while True:
-            # Quick while the slots move (caps pushed, requests overflowing, requests waiting in
-            # Python); otherwise every idle_s: each sync costs both processes a little CPU, which a
-            # small host takes from Triton. An idle pair's first requests overflow to Python (its
-            # cap is 0) until a sync grows it.
+            # Quick while the lane carries requests or its slots move (caps pushed, requests
+            # overflowing, requests waiting in Python): bursts must find their slots within a period,
+            # or they overflow into the Python path, whose CPU a small host takes from Triton.
+            # Otherwise every idle_s. An idle pair's first requests overflow to Python (its cap is 0)
+            # until a sync grows it.
+            busy = self.hot or any(c.inflight for c in self.counts.values())
             try:
-                await asyncio.wait_for(self._wake.wait(), self.period_s if self.hot else self.idle_s)
+                await asyncio.wait_for(self._wake.wait(), self.period_s if busy else self.idle_s)
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
