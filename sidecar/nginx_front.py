@@ -338,5 +338,8 @@ class NginxFront:
             else:
                 self._kill_group()
                 proc.wait()
+        # A master that died before (a crash, a kill) may have left a worker holding the ports: the
+        # group goes too (empty after a clean shutdown).
+        self._kill_group()
         self.proc = None
         shutil.rmtree(self.work, ignore_errors=True)

@@ -280,3 +280,42 @@ def test_an_oversized_body_gets_a_json_413_from_the_front(native: SidecarThread)
     limit = native.sidecar.policy.limits.max_body_bytes
     resp = httpx.post(f"{base}/v2/models/ranker/infer", content=b" " * (limit + 1), timeout=30)
     assert resp.status_code == 413 and resp.json()["reason"] == "body_too_large"
+
+
+def test_a_stopped_sidecar_leaves_no_nginx_behind_even_after_its_master_died(
+        triton_server: Any, tmp_path: Path) -> None:
+    """The master SIGKILLed and the sidecar stopped before its sync could start nginx again: the
+    orphaned worker (which keeps the ports) must go with the sidecar."""
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(ranker_policy()))
+    config = SidecarConfig(
+        policy_path=path, upstream=triton_server.http_url, triton_metrics_url=triton_server.metrics_url,
+        listen="127.0.0.1:0", metrics_listen="127.0.0.1:0", front="native",
+    )
+    sidecar = SidecarThread(config).start()
+    try:
+        front = sidecar.sidecar.nginx
+        assert front is not None and front.proc is not None
+        group = front.proc.pid
+        assert sidecar.sidecar.lane is not None
+        sidecar.run(sidecar.sidecar.lane.stop())  # no revive from here on
+        os.kill(group, signal.SIGKILL)
+        front.proc.wait(timeout=10)
+    finally:
+        sidecar.stop()
+    time.sleep(0.2)
+    assert live_members(group) == [], "nginx's orphaned worker outlived the sidecar"
+
+
+def live_members(group: int) -> list[int]:
+    """Processes of a process group that are alive (a killed orphan may stay a zombie when PID 1
+    does not reap, as in a container)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
