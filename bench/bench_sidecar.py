@@ -65,7 +65,7 @@ from sidecar.nginx_front import find_nginx, process_preamble, temp_paths, upstre
 from tritongen.core.plan import plan_deployment
 from tritongen.core.sidecar_policy import build_sidecar_policy
 from tritongen.render import render_repository, write_repository
-from tritongen.server import ServerOptions, TritonServer, die_with_parent, free_port, signal_with_parent
+from tritongen.server import ServerOptions, TritonServer, die_with_parent, free_port, term_with_parent
 from tritongen.sidecar_process import SidecarProcess
 from tritongen.specio import load_spec
 
@@ -226,15 +226,6 @@ def nginx_config(tmp: Path, http_upstream: str, http_port: int, grpc_upstream: s
 """
 
 
-def _term_with_parent() -> None:
-    """preexec_fn for nginx: its master gets SIGTERM (nginx's fast shutdown, which takes its worker
-    down too) when this process dies. `die_with_parent`'s SIGKILL would orphan the worker, which
-    keeps the ports."""
-    import signal
-
-    signal_with_parent(signal.SIGTERM)
-
-
 class Nginx:
     """nginx in the foreground (`daemon off`, prefix, pid and logs in a temp dir), stopped by its PID."""
 
@@ -257,7 +248,7 @@ class Nginx:
         log = open(self.tmp / "stderr.log", "wb")  # noqa: SIM115 - owned by the child
         self.proc = subprocess.Popen(
             [NGINX, "-p", str(self.tmp), "-c", str(self.conf), "-e", str(self.tmp / "error.log")],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_term_with_parent,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=term_with_parent,
         )
         log.close()
         try:

@@ -905,10 +905,9 @@ class AdmissionState:
         would be reserved, if it fits now and the lane may grow. No arrival is counted: a slot is
         capacity handed to nginx, not a request."""
         now = self._now()
-        mp = self._models.get(model)
-        if mp is None or mp.kv is not None or slot_id in self._reservations or not self.lane_may_grow(model, now):
+        request = self._lane_request(slot_id, model, klass)
+        if request is None or slot_id in self._reservations or not self.lane_may_grow(model, now):
             return False
-        request = Request(slot_id, model, klass, Cost(request_bytes=mp.request_bytes))
         memory, slots = self.rooms(request, now)
         if not decide(request.cost, memory, slots).ok:
             return False
@@ -918,12 +917,19 @@ class AdmissionState:
     def lane_overfull(self, model: str, klass: str) -> bool:
         """Whether a room of `model`'s lane slots of `klass` holds more than it may (a reloaded policy
         lowered a quota, or live headroom fell): its idle slots go back."""
-        mp = self._models.get(model)
-        if mp is None:
+        request = self._lane_request(("lane", "probe"), model, klass)
+        if request is None:
             return True
-        request = Request(("lane", "probe"), model, klass, Cost(request_bytes=mp.request_bytes))
         memory, slots = self.rooms(request, self._now())
         return any(room.used > room.capacity for room in (*memory, *slots))
+
+    def _lane_request(self, slot_id: Hashable, model: str, klass: str) -> Request | None:
+        """What one lane slot of `model` and `klass` holds: a classic request of the default tenant
+        (`cost.cost_for`'s classic cost); None for a model the policy does not list or an LLM."""
+        mp = self._models.get(model)
+        if mp is None or mp.kv is not None:
+            return None
+        return Request(slot_id, model, klass, Cost(request_bytes=mp.request_bytes))
 
     def return_lane_slot(self, slot_id: Hashable) -> bool:
         """Give a lane slot back (nginx no longer counts on it); its room goes to whoever waits.

@@ -147,7 +147,6 @@ class Sidecar:
         self.grpc: GrpcProxy | None = None
         self.nginx: NginxFront | None = None
         self.lane: LaneControl | None = None
-        self.front_kind = "python"
         self.http_port = self.grpc_port = self.metrics_port = 0
         self.last_reload: dict[str, Any] = {}
         self._runners: list[web.AppRunner] = []
@@ -363,7 +362,6 @@ class Sidecar:
         )
         self.nginx = NginxFront(install, addresses, self.policy)
         await self.nginx.start()
-        self.front_kind = "native"
         self.http_port = int(http_listen.rsplit(":", 1)[1])
         if grpc_listen:
             self.grpc_port = int(grpc_listen.rsplit(":", 1)[1])
@@ -371,6 +369,11 @@ class Sidecar:
                                 self.controller.dispatch)
         self.controller.on_queued = self.lane.wake
         self.controller.reclaim = self.lane.reclaim
+
+    @property
+    def front_kind(self) -> str:
+        """Who faces clients: "native" (nginx, sidecar/nginx_front.py) or "python" (the sidecar's own)."""
+        return "native" if self.nginx is not None else "python"
 
     # -- policy -----------------------------------------------------------------------------------
 

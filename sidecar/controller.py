@@ -53,8 +53,8 @@ log = logging.getLogger("tritongen.sidecar")
 UPSTREAM_UNAVAILABLE = "upstream_unavailable"
 
 
-# Refusals and waits for want of room (not a request that can never run or is not served here).
-_ROOM_REASONS = frozenset({"queued", QUEUE_FULL, QUEUE_WAIT})
+# Refusals for want of room (not a request that can never run or is not served here).
+_ROOM_REASONS = frozenset({QUEUE_FULL, QUEUE_WAIT})
 _STATUS = {EXCEEDS_BUDGET: 413, EXCEEDS_CONTEXT: 400, CLASS_NOT_SERVED: 400, TENANT_CLASS_NOT_ALLOWED: 403}
 
 
@@ -326,20 +326,16 @@ class _Admission:
         tlabel = state.tenant_label(tenant)
         request = Request(rid, model, klass, cost, tenant)
         decision = state.submit(request)
+        if decision.action is Action.REJECT and decision.reason in _ROOM_REASONS and ctl.reclaim is not None \
+                and ctl.reclaim(model):
+            decision = state.submit(request)  # the native lane gave idle slots of the model back: judged again
+        elif decision.action is Action.QUEUE and ctl.reclaim is not None:
+            ctl.reclaim(model)  # idle lane slots back: the return's pump may grant it (its event, below)
         future: asyncio.Future[Decision] | None = None
         if decision.action is Action.QUEUE:
             # Registered before anything else runs: handing out other grants below may grant this one.
             future = asyncio.get_running_loop().create_future()
             ctl._waiters[rid] = future
-        if decision.action is not Action.ADMIT and decision.reason in _ROOM_REASONS and ctl.reclaim is not None \
-                and ctl.reclaim(model):
-            # The native lane held idle slots of the model: they are back, so this request may fit now
-            # (a queued one was granted by the return; a refused one is judged again).
-            if decision.action is Action.REJECT:
-                decision = state.submit(request)
-                if decision.action is Action.QUEUE:
-                    future = asyncio.get_running_loop().create_future()
-                    ctl._waiters[rid] = future
         if state.has_events:
             ctl.dispatch()
         if decision.action is Action.REJECT:

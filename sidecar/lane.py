@@ -26,7 +26,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sidecar.policy import ModelPolicy, SidecarPolicy
+from sidecar.policy import SidecarPolicy
 
 # Slots kept beyond the lane's in-flight requests while nothing waits: enough that a closed loop
 # ramping up overflows to Python rarely, and at most one sync period's growth.
@@ -48,12 +48,12 @@ class LaneCounts:
 LaneKey = tuple[str, str]  # (model, class)
 
 
-def lane_keys(policy: SidecarPolicy) -> dict[LaneKey, ModelPolicy]:
+def lane_keys(policy: SidecarPolicy) -> set[LaneKey]:
     """The (model, class) pairs the lane may carry: classic models (an LLM's cost is in its body),
     each class the model serves whose level Triton would use anyway (a model with priority levels
     takes its default level from a request that names none; any other level must be written into
     the request, which only the Python path does)."""
-    out: dict[LaneKey, ModelPolicy] = {}
+    out: set[LaneKey] = set()
     for model in policy.models:
         if model.kind != "classic" or model.kv is not None:
             continue
@@ -62,7 +62,7 @@ def lane_keys(policy: SidecarPolicy) -> dict[LaneKey, ModelPolicy]:
                 continue
             if model.priority_levels and klass.priority != model.default_priority:
                 continue
-            out[(model.name, klass.name)] = model
+            out.add((model.name, klass.name))
     return out
 
 

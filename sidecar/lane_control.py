@@ -59,7 +59,7 @@ class LaneControl:
         self.slots: dict[LaneKey, list[Slot]] = {}
         self.pushed: dict[LaneKey, int] | None = None
         self.counts: dict[LaneKey, LaneCounts] = {}
-        self._overflow_seen: dict[LaneKey, int] = {}  # overflow counts at the last plan
+        self._overflowed: dict[LaneKey, int] = {}  # requests that overflowed since the last plan
         self._used_at: dict[LaneKey, float] = {}  # when the pair last had lane demand
         self.clock = clock
         self._ids = itertools.count(1)
@@ -141,8 +141,8 @@ class LaneControl:
     async def sync(self) -> dict[LaneKey, int]:
         """One round: read, account, move the slots, push if changed. Returns the caps in force."""
         counts = await self.front.exchange(None)
-        overflowed = any(c.overflow > self._overflow_seen.get(key, 0) for key, c in counts.items())
         self._account(counts)
+        overflowed = any(self._overflowed.values())
         caps = self.plan(counts)
         self.hot = overflowed or caps != self.pushed or self.state.waiting > 0
         if caps != self.pushed:
@@ -164,6 +164,7 @@ class LaneControl:
             overflow = now.overflow - before.overflow
             if overflow > 0:
                 self.metrics.lane_overflow.labels(klass, self._label(model)).inc(overflow)
+                self._overflowed[key] = self._overflowed.get(key, 0) + overflow
         self.counts = counts
 
     def _label(self, model: str) -> str:
@@ -176,13 +177,12 @@ class LaneControl:
         caps: dict[LaneKey, int] = {}
         released = False
         grow = {model: self.state.lane_may_grow(model) for model in {k[0] for k in (*self.keys, *self.slots)}}
-        for key in sorted(set(self.keys) | set(self.slots)):
+        for key in sorted(self.keys | set(self.slots)):
             model, klass = key
             held = self.slots.setdefault(key, [])
             now = counts.get(key, LaneCounts())
             inflight = now.inflight
-            wanted = demand(now, now.overflow - self._overflow_seen.get(key, 0))
-            self._overflow_seen[key] = now.overflow
+            wanted = demand(now, self._overflowed.pop(key, 0))
             if wanted > 0:
                 self._used_at[key] = at
             # Spare slots only for a pair in use: an idle class must not hold its model's room.
@@ -209,7 +209,7 @@ class LaneControl:
         """Per model and class: slots held (counted in the state's in-flight and reserved figures,
         idle or not), the bytes they reserve, and nginx's counts at the last reading."""
         out: dict[str, dict[str, dict[str, int]]] = {}
-        for key in sorted(set(self.keys) | set(self.slots)):
+        for key in sorted(self.keys | set(self.slots)):
             model, klass = key
             held = len(self.slots.get(key, []))
             counts = self.counts.get(key, LaneCounts())

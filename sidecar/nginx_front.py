@@ -31,6 +31,7 @@ import aiohttp
 from sidecar.lane import LaneCounts, LaneKey, caps_body, parse_counts
 from sidecar.policy import SidecarPolicy
 from tritongen.errors import BadInput
+from tritongen.server import term_with_parent
 
 NGINX = "/usr/sbin/nginx"
 MODULE_DIR = "/usr/lib/nginx/modules"
@@ -218,14 +219,6 @@ def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy:
 """
 
 
-def _term_with_parent() -> None:
-    """preexec_fn: nginx's master gets SIGTERM (fast shutdown, its worker goes too) if the sidecar
-    dies; a SIGKILL would orphan the worker, which keeps the ports."""
-    from tritongen.server import signal_with_parent
-
-    signal_with_parent(signal.SIGTERM)
-
-
 class NginxFront:
     """One nginx master (with one worker) owned by the sidecar, stopped by its PID."""
 
@@ -276,7 +269,7 @@ class NginxFront:
         with open(self.work / "stderr.log", "wb") as log:
             self.proc = subprocess.Popen(
                 [str(self.install.binary), "-p", str(self.work), "-c", str(self.conf), "-e", str(self.work / "error.log")],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_term_with_parent,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=term_with_parent,
             )
         self._session = aiohttp.ClientSession(
             connector=aiohttp.UnixConnector(path=str(control_socket(self.work))),
@@ -312,7 +305,7 @@ class NginxFront:
         """A reloaded policy that changes nginx's part (header names, limits): write it and have the
         master reload (new workers; in-flight requests finish on the old ones). False: unchanged."""
         text = render_config(self.install, self.work, self.addresses, policy)
-        if text == self.text or self.proc is None or self.proc.poll() is not None:
+        if text == self.text or not self.running:
             return False
         tmp = self.conf.with_suffix(".new")
         tmp.write_text(text)
@@ -335,11 +328,10 @@ class NginxFront:
                 if proc.poll() is not None:
                     break
                 await asyncio.sleep(0.05)
-            else:
-                self._kill_group()
-                proc.wait()
-        # A master that died before (a crash, a kill) may have left a worker holding the ports: the
-        # group goes too (empty after a clean shutdown).
+        # The group goes too: a master that did not stop in 5 s, or one that died before (a crash, a
+        # kill) and left a worker holding the ports. Empty after a clean shutdown.
         self._kill_group()
+        if proc is not None:
+            proc.wait()
         self.proc = None
         shutil.rmtree(self.work, ignore_errors=True)

@@ -36,6 +36,13 @@ def signal_with_parent(sig: int) -> None:
         pass
 
 
+def term_with_parent() -> None:
+    """preexec_fn for nginx: its master gets SIGTERM (nginx's fast shutdown, which takes its workers
+    down too) when the process that started it dies; `die_with_parent`'s SIGKILL would orphan the
+    workers, which keep the ports."""
+    signal_with_parent(signal.SIGTERM)
+
+
 def die_with_parent() -> None:
     """preexec_fn: the child gets SIGKILL when the process that started it dies.
 
