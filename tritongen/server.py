@@ -170,6 +170,8 @@ class ServerOptions:
     # Python-based backends: backend name -> directory holding its model.py (see
     # TritonInstall.backend_dir); empty serves only the plain Python backend.
     python_backends: Mapping[str, Path] = field(default_factory=dict)
+    # Extra environment for the server and its backends' stubs (e.g. an LLM engine's settings).
+    environment: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -230,6 +232,7 @@ class TritonServer:
         # first-token P99 at the client 0.4-1.5 s with two workers, 55-116 ms with one, same burst).
         # One BLAS thread per stub unless the user chose otherwise; models scale with instances.
         env.setdefault("OPENBLAS_NUM_THREADS", "1")
+        env.update(self.options.environment)
         return env
 
     def start(self) -> "TritonServer":
@@ -308,11 +311,13 @@ class TritonServer:
         raise RunFailed(f"tritonserver was not ready after {timeout_s:.0f} s:\n{self.failure_reason()}")
 
     def stop(self) -> None:
-        """SIGINT, then SIGKILL of the whole process group (the Python stubs are its children)."""
+        """SIGINT to tritonserver alone, then SIGKILL of the whole process group (the Python stubs
+        and what they started are its children). A group-wide SIGINT would reach an engine's own
+        child processes (vLLM's EngineCore) before the backend's finalize() could stop them."""
         proc = self.process
         if proc is not None and proc.poll() is None:
             try:
-                os.killpg(proc.pid, signal.SIGINT)
+                os.kill(proc.pid, signal.SIGINT)
             except ProcessLookupError:
                 pass
             try:
