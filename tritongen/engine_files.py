@@ -63,7 +63,9 @@ def engine_for(
 ) -> EngineModel:
     """The engine of a decoupled model read from files: its config (a ModelConfig proto), the
     backend's files in `model_dir`, engine values `stated` elsewhere (the command line), and the
-    streaming profile. A plan entry's engine is `entry_engine`'s."""
+    streaming profile: its measured costs, and the spec's engine: section when the profile carried
+    one (`Profile.stated_engine`; `stated` wins over it value by value). A plan entry's engine is
+    `entry_engine`'s."""
     if profile is None or getattr(profile, "engine", None) is None:
         raise BadInput(
             f"model {config.name!r} is a streaming LLM: give its streaming profile (`tritongen profile` writes one "
@@ -71,6 +73,10 @@ def engine_for(
         )
     backend = config.backend or None
     engine_args = vllm_engine_args(model_dir) if backend == "vllm" and model_dir is not None else None
+    carried = getattr(profile, "stated_engine", None)  # profiles written before it have none
+    below = {} if carried is None else dict(
+        carried=carried.section, carried_where=f"the spec's engine: section ({carried.source}), carried by the profile"
+    )
     try:
         return resolve_engine(
             model=config.name,
@@ -81,6 +87,7 @@ def engine_for(
             spec=stated,
             spec_where=stated_where,
             max_batch_size=int(config.max_batch_size),
+            **below,
         )
     except EngineSourceError as err:
         raise BadInput(str(err)) from None

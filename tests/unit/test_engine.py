@@ -341,3 +341,70 @@ def test_the_sidecar_reads_max_tokens_sent_as_a_numeric_string() -> None:
     assert _sampling_max_tokens('{"max_tokens": "100"}') == 100  # vLLM's own sample client sends strings
     assert _param_max_tokens({"max_tokens": "7"}) == 7
     assert _param_max_tokens({"max_tokens": True}) is None
+
+
+class ServedIndex:
+    """A server's model index and configs as TritonAdmin answers them, without a server."""
+
+    def __init__(self, configs: dict[str, dict]) -> None:
+        self.configs = configs
+
+    def models(self) -> list[dict]:
+        return [{"name": name, "state": "READY"} for name in self.configs]
+
+    def model_ready(self, name: str) -> bool:
+        return True
+
+    def config(self, name: str) -> dict:
+        return self.configs[name]
+
+
+def test_a_profile_carries_the_engine_section_its_spec_states() -> None:
+    from tests.helpers import EXAMPLES
+    from tritongen.profiler.run import _Builder, default_settings
+    from tritongen.profiler.targets import resolve_targets
+    from tritongen.specio import load_spec
+
+    loaded = load_spec(EXAMPLES / "deployment.yaml")
+    streamed = {"max_batch_size": 23, "model_transaction_policy": {"decoupled": True},
+                "input": [{"name": "text_input", "data_type": "TYPE_STRING", "dims": [1]}],
+                "output": [{"name": "text_output", "data_type": "TYPE_STRING", "dims": [1]}]}
+    batched = {"max_batch_size": 32, "input": [{"name": "FEATURES", "dims": [32]}], "output": [{"name": "SCORES", "dims": [1]}]}
+    targets = {t.name: t for t in resolve_targets(ServedIndex({"ranker": batched, "tinyllm": streamed}), [], loaded)}  # type: ignore[arg-type]
+    assert targets["ranker"].stated_engine is None  # a classic model states no engine
+    profile = _Builder(targets["tinyllm"], default_settings(quick=True), "2.51.0", "http://x").build(True, None)
+    assert profile.stated_engine is not None and profile.stated_engine.section.kv_policy == "grow_kill"
+    assert profile.stated_engine.source == f"{loaded.path}, model 'tinyllm'"
+
+
+def test_simulate_resolves_the_kv_policy_a_profile_carried_and_engine_overrides_it(tmp_path) -> None:
+    from tests.helpers import EXAMPLE_PROFILES
+    from tritongen.cli.simulate_cmd import parse_engine_option, read_service
+    from tritongen.core.profile_types import StatedEngine, read_profile
+    from tritongen.errors import BadInput
+    from tritongen.pbtxt import parse_model_config
+
+    # a Python backend's config that does not say its KV policy (tinyllm's, less its engine parameters)
+    config_path = tmp_path / "llm" / "config.pbtxt"
+    config_path.parent.mkdir()
+    config_path.write_text('name: "llm"\nbackend: "python"\nmax_batch_size: 8\n'
+                           'model_transaction_policy { decoupled: true }\n')
+    config = parse_model_config(config_path.read_text(), str(config_path))
+    old = (EXAMPLE_PROFILES / "tinyllm.json").read_text()
+    assert read_profile(old).stated_engine is None  # a profile written before the field still loads
+    with pytest.raises(BadInput, match="its KV policy is unknown"):
+        read_service(EXAMPLE_PROFILES / "tinyllm.json").engine_for(config, config_path)
+
+    carried = StatedEngine(section=EngineSection(kv_policy="grow_kill", max_num_seqs=6), source="spec.yaml, model 'llm'")
+    profile_path = tmp_path / "llm.json"
+    profile_path.write_text(read_profile(old).model_copy(update={"stated_engine": carried}).model_dump_json())
+    service = read_service(profile_path)
+    model = service.engine_for(config, config_path)
+    assert (model.kv_policy, model.max_num_seqs) == ("grow_kill", 6)
+    assert model.sources["kv_policy"] == "the spec's engine: section (spec.yaml, model 'llm'), carried by the profile"
+    assert model.kv_pool_blocks * model.kv_block_tokens == 6848  # the pool the profile measured
+
+    stated = parse_engine_option("kv_policy=reserve_kill")
+    overridden = service.engine_for(config, config_path, stated)
+    assert (overridden.kv_policy, overridden.sources["kv_policy"]) == ("reserve_kill", "--engine")
+    assert overridden.max_num_seqs == 6  # what --engine does not state still comes from the profile

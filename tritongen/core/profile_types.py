@@ -14,6 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tritongen.core.spec import EngineSection
+
 SCHEMA_VERSION = 1
 
 
@@ -223,6 +225,16 @@ class EngineMeasurement(_Model):
     notes: list[str] = Field(default_factory=list)
 
 
+class StatedEngine(_Model):
+    """Engine values the spec stated for the profiled model (its `engine:` section), kept beside
+    what was measured. A profile is all `simulate` reads besides the config, and a Python backend's
+    config need not say its KV policy: carried here, the spec's values reach simulate without the
+    user repeating them as `--engine` (which still wins over them)."""
+
+    section: EngineSection = Field(description="The spec model's `engine:` section as stated.")
+    source: str = Field(description="Where it was stated: the spec file and its model.")
+
+
 class ScalingLevel(_Model):
     """Closed-loop load on N instances of one device, each request `rows` rows, no dynamic batching."""
 
@@ -298,6 +310,9 @@ class Profile(_Model):
     memory: MemorySection | None = None
     streaming: StreamingSection | None = None
     engine: EngineMeasurement | None = None
+    stated_engine: StatedEngine | None = Field(
+        default=None, description="Streaming: the engine values the spec stated (profiles from a spec with `engine:`)."
+    )
     overheads: MeasuredOverheads | None = Field(default=None, description="Classic: overheads fitted on this server.")
     scaling: InstanceScaling | None = Field(default=None, description="Classic: instance scaling on one device.")
     variant: str | None = Field(

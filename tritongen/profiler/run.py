@@ -223,6 +223,7 @@ class _Builder:
             memory=self.memory,
             streaming=self.streaming,
             engine=self.engine,
+            stated_engine=self.target.stated_engine,
             overheads=c.overheads,
             scaling=c.scaling,
             variant=c.variant,

@@ -12,6 +12,7 @@ from tritongen.client import tensors_from_config
 from tritongen.core.kv import kv_shape, weight_bytes
 from tritongen.core.llm_interface import LLMInterface
 from tritongen.core.plan import ModelEntryPlan, TensorView, plan_deployment
+from tritongen.core.profile_types import StatedEngine
 from tritongen.errors import BadInput, RunFailed
 from tritongen.profiler.engine import stream_inputs as engine_stream_inputs
 from tritongen.specio import LoadedSpec
@@ -37,6 +38,7 @@ class Target:
     max_prompt_tokens: int | None = None  # a short lane takes prompts up to its split only
     bytes_per_token: float | None = None  # the spec's tokenizer ratio
     interface: LLMInterface | None = None  # streaming models: the LLM interface they speak
+    stated_engine: StatedEngine | None = None  # the spec's engine: section, carried into the profile
 
     @property
     def parameters(self) -> dict[str, str]:
@@ -133,6 +135,8 @@ def resolve_targets(admin: TritonAdmin, names: Sequence[str], loaded: LoadedSpec
                 output_tokens=model.typical_output_tokens,
                 max_prompt_tokens=entry.prompt_tokens_max,
                 bytes_per_token=model.bytes_per_token,
+                stated_engine=StatedEngine(section=model.engine, source=f"{loaded.path}, model {model.name!r}")
+                if model.engine is not None else None,
             )
         )
     return targets
