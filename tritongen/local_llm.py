@@ -113,10 +113,25 @@ def write_tiny_llama(out: Path, shape: LlamaShape = LlamaShape()) -> Path:
     return out
 
 
-def vllm_cpu_environment() -> dict[str, str]:
+def split_cores() -> tuple[frozenset[int] | None, str | None]:
+    """(CPUs for Triton, its stubs and clients; CPUs for a CPU engine's threads): the engine takes
+    the last core of a host with two or more, as a GPU engine has its device to itself, so the
+    engine's spinning OpenMP threads do not starve the server and the load; None, None on one core."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return None, None
+    return frozenset(cores[:-1]), str(cores[-1])
+
+
+def vllm_cpu_environment(engine_cpus: str | None = None) -> dict[str, str]:
     """What vLLM needs on a CPU host beside Triton (measured, shared/docs/vllm-cpu.md): no sampler
-    compile on the first request, loopback for torch.distributed, no usage stats, no hub."""
+    compile on the first request, loopback for torch.distributed, no usage stats, no hub. Empty on a
+    host with an NVIDIA device, where the engine's defaults are the right ones."""
+    if Path("/dev/nvidia0").exists():
+        return {}
+    bind = {"VLLM_CPU_OMP_THREADS_BIND": engine_cpus} if engine_cpus else {}
     return {
+        **bind,
         "TORCH_COMPILE_DISABLE": "1",
         "VLLM_HOST_IP": "127.0.0.1",
         "GLOO_SOCKET_IFNAME": "lo",

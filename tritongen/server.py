@@ -153,6 +153,32 @@ def python_backend_sources(python_backends: Mapping[str, Path]) -> dict[str, Pat
     return sources
 
 
+VLLM_BACKEND_DIR = Path(__file__).parent / "triton_backends" / "vllm"
+
+
+def _config_backend(config: Path) -> str | None:
+    """The `backend:` a config.pbtxt names (a line scan: the launcher needs no protobuf parse)."""
+    try:
+        text = config.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        stripped = line.split("#", 1)[0].strip()
+        if stripped.startswith("backend:"):
+            return stripped.split(":", 1)[1].strip().strip('"')
+    return None
+
+
+def repository_python_backends(repository: Path) -> dict[str, Path]:
+    """The Python-based backends a repository needs that tritongen ships: "vllm" (its own backend
+    hosting a real vLLM engine) when a model's config says `backend: "vllm"`."""
+    root = Path(repository)
+    configs = root.glob("*/config.pbtxt") if root.is_dir() else []
+    if any(_config_backend(c) == "vllm" for c in configs):
+        return {"vllm": VLLM_BACKEND_DIR}
+    return {}
+
+
 @dataclass
 class ServerOptions:
     """What the launcher passes to tritonserver; ports of 0 are picked free at start."""
@@ -172,6 +198,10 @@ class ServerOptions:
     python_backends: Mapping[str, Path] = field(default_factory=dict)
     # Extra environment for the server and its backends' stubs (e.g. an LLM engine's settings).
     environment: Mapping[str, str] = field(default_factory=dict)
+    # CPUs the server and its stubs run on (None: all). With `engine_cpus`, a CPU LLM engine (vLLM's
+    # OpenMP threads) gets cores of its own, as a GPU engine has its device to itself.
+    cpus: frozenset[int] | None = None
+    engine_cpus: str | None = None  # vLLM's VLLM_CPU_OMP_THREADS_BIND, e.g. "1" or "2-3"
 
 
 @dataclass
@@ -248,6 +278,12 @@ class TritonServer:
                     f"port {port} ({name.replace('_', ' ')}) on 127.0.0.1 is already in use; "
                     "pick another or omit it to choose a free one"
                 )
+        if not opts.python_backends:
+            opts.python_backends = repository_python_backends(Path(opts.repository))
+        if "vllm" in opts.python_backends:
+            from tritongen.local_llm import vllm_cpu_environment
+
+            opts.environment = {**vllm_cpu_environment(opts.engine_cpus), **opts.environment}
         python_backend_sources(opts.python_backends)  # a bad entry fails before anything starts
         install = TritonInstall.locate()
         self._workdir = Path(tempfile.mkdtemp(prefix="tritongen-server-"))
@@ -262,7 +298,7 @@ class TritonServer:
             env=self.environment(install),
             cwd=self._workdir,
             start_new_session=True,
-            preexec_fn=die_with_parent,
+            preexec_fn=self._preexec,
         )
         try:
             self.wait_ready(opts.start_timeout_s)
@@ -270,6 +306,11 @@ class TritonServer:
             self.stop()
             raise
         return self
+
+    def _preexec(self) -> None:
+        die_with_parent()
+        if self.options.cpus:
+            os.sched_setaffinity(0, self.options.cpus)
 
     def log_text(self) -> str:
         if self.log_path is None or not Path(self.log_path).exists():

@@ -408,3 +408,45 @@ def test_simulate_resolves_the_kv_policy_a_profile_carried_and_engine_overrides_
     overridden = service.engine_for(config, config_path, stated)
     assert (overridden.kv_policy, overridden.sources["kv_policy"]) == ("reserve_kill", "--engine")
     assert overridden.max_num_seqs == 6  # what --engine does not state still comes from the profile
+
+
+# -- prefill inside the decode step (vLLM V1, TensorRT-LLM in-flight batching) ---------------------
+
+MIXED = COSTS.model_copy(update={"prefill_in_step": True})
+
+
+def mixed(policy: str, pool_blocks: int, block: int = 4, seqs: int = 8) -> EngineModel:
+    return EngineModel(kv_policy=policy, kv_block_tokens=block, kv_pool_blocks=pool_blocks, max_num_seqs=seqs, curve=MIXED)
+
+
+def test_an_in_step_prefill_emits_its_first_token_at_the_end_of_the_forward_pass() -> None:
+    # one forward pass: decode of the newcomer (2 + 1 x 1) + its prefill (1 + 0.1 x 10) = 5 ms;
+    # then a decode step (3 ms) per further token: 8, 11 ms
+    _state, events = run(mixed("grow_preempt", 64), [10], [3])
+    assert times(events, FIRST) == {0: 5.0}
+    assert times(events, DONE) == {0: 11.0}
+
+
+def test_a_newcomer_waits_for_the_step_under_way_and_shares_the_next_one() -> None:
+    model = mixed("grow_preempt", 64)
+    state = EngineState(model, [10, 10], [4, 2])
+    state.submit(0)
+    t, events = state.step(0.0)  # request 0 alone: first token at 5 ms
+    state.submit(1)  # arrives while request 0 runs
+    t, more = state.step(t)  # one pass: decode of both (2 + 1 x 2) + the newcomer's prefill (2) = 6 ms
+    events += more
+    assert times(events, FIRST) == {0: 5.0, 1: 11.0}
+    assert state.last_batch == 2
+
+
+def test_in_step_and_before_step_prefills_cost_the_same_tokens() -> None:
+    out_a = run(engine("grow_preempt", 64), [10, 20, 30], [5, 5, 5])[1]
+    out_b = run(mixed("grow_preempt", 64), [10, 20, 30], [5, 5, 5])[1]
+    assert len(times(out_a, DONE)) == len(times(out_b, DONE)) == 3
+
+
+def test_in_step_preemption_resumes_without_a_second_first_token() -> None:
+    # 3 blocks of 4 tokens: two sequences of 4 + 6 tokens cannot both grow to their ends
+    state, events = run(mixed("grow_preempt", 3, block=4), [4, 4], [6, 6])
+    assert sorted(times(events, DONE)) == [0, 1]
+    assert len(times(events, FIRST)) == 2 and state.preemptions >= 1

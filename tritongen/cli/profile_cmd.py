@@ -249,6 +249,7 @@ def profile(
             can_reload=server is not None or allow_reload,
             server_check=server_check,
             kv_capacity_probe=kv_capacity_probe,
+            repository=repo.resolve() if repo is not None else None,
         )
         try:
             with progress:

@@ -13,6 +13,9 @@ One step (the same order the stand-ins and tinyllm follow):
      one recomputes prompt + generated tokens and emits nothing;
   3. one decode step for every running sequence (`decode_fixed_ms + decode_ms_per_seq x n +
      decode_ms_per_context_token x cached tokens`); each emits one token at its end.
+With `curve.prefill_in_step` (vLLM V1, TensorRT-LLM in-flight batching) steps 2 and 3 are one
+forward pass: it costs the decode of the running sequences and the newcomers together plus the
+newcomers' prefills, and every token of the step, first tokens included, comes at its end.
 
 KV policies (what an engine does when the pool runs dry):
   reserve_wait  reserve prompt + max_tokens at admission; the head waits until it fits
@@ -62,6 +65,14 @@ class LLMCurve(Strict):
     decode_fixed_ms: float = Field(ge=0, description="Fixed cost of one decode step.")
     decode_ms_per_seq: float = Field(ge=0, description="Decode step cost per sequence in the batch.")
     decode_ms_per_context_token: float = Field(default=0.0, ge=0, description="Decode cost per cached token (attention).")
+    prefill_in_step: bool = Field(
+        default=False,
+        description="Newcomers' prefills run inside the decode step (vLLM V1, TensorRT-LLM in-flight batching): "
+        "the step costs the decode of every sequence, newcomers included, plus their prefills, and a newcomer's "
+        "first token comes at the step's end. False: prefills run one after another before the decode, each "
+        "newcomer's first token at its prefill's end. The profile measures which (first tokens that land with a "
+        "running stream's token, or a step before it).",
+    )
 
     def prefill_ms(self, tokens: int) -> float:
         return self.prefill_fixed_ms + self.prefill_ms_per_token * tokens
@@ -210,6 +221,8 @@ class EngineState:
             self.held[r] = cost
             batched += tokens
             admitted.append((r, tokens))
+        if curve.prefill_in_step:
+            return self._mixed_step(now, admitted, events)
         for r, tokens in admitted:
             t += curve.prefill_ms(tokens) / 1000.0
             self.cache_len[r] = tokens
@@ -234,6 +247,39 @@ class EngineState:
         self.last_batch = len(batch) or len(admitted)
         if not (admitted or batch) and self.waiting and not self.running:
             # Nothing ran and nothing can: the head can never be admitted (a safety net).
+            r = self.waiting.popleft()
+            events.append((r, REFUSED, t))
+        return t, events
+
+    def _mixed_step(self, now: float, admitted: list[tuple[int, int]],
+                    events: list[tuple[int, str, float]]) -> tuple[float, list[tuple[int, str, float]]]:
+        """One forward pass over the running sequences' next tokens and the newcomers' prompts
+        (`curve.prefill_in_step`); every token of it, first tokens included, comes at its end."""
+        curve = self.model.curve
+        batch = self._grow(now, events)
+        newcomers = [r for r, _ in admitted if r not in self.generated]
+        context = sum(self.cache_len[r] + 1 for r in batch) + sum(tokens for _, tokens in admitted)
+        cost = curve.decode_ms(len(batch) + len(newcomers), context) if (batch or admitted) else 0.0
+        cost += sum(curve.prefill_ms(tokens) for _, tokens in admitted)
+        t = now + cost / 1000.0
+        for r in batch:
+            self.cache_len[r] += 1
+            self.generated[r] += 1
+            if self.generated[r] >= self.output[r]:
+                self._retire(r, t, events)
+        for r, tokens in admitted:
+            self.cache_len[r] = tokens
+            if r in self.generated:  # resumed after a preemption: its tokens were already sent
+                self.running.append(r)
+                continue
+            self.generated[r] = 1
+            events.append((r, FIRST, t))
+            if self.output[r] <= 1:
+                self._retire(r, t, events)
+            else:
+                self.running.append(r)
+        self.last_batch = len(batch) + len(admitted)
+        if not (admitted or batch) and self.waiting and not self.running:
             r = self.waiting.popleft()
             events.append((r, REFUSED, t))
         return t, events

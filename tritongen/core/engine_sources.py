@@ -326,6 +326,7 @@ def measured_from_profile(engine) -> MeasuredEngine:
             prefill_ms_per_token=engine.prefill_ms_per_token,
             decode_fixed_ms=engine.decode_fixed_ms,
             decode_ms_per_seq=engine.decode_ms_per_seq,
+            prefill_in_step=bool(getattr(engine, "prefill_in_step", False)),
         ),
         kv_capacity_tokens=engine.kv_capacity_tokens,
         kv_capacity_source=engine.kv_capacity_source,

@@ -177,18 +177,27 @@ class StreamingSection(_Model):
 class PrefillSample(_Model):
     """One prompt length: what a single request sees, and what its prefill costs the engine.
 
-    The engine's cost is read off a long stream that runs meanwhile: the token gap in which the
-    request was prefilled grows by exactly the time the engine spent on it. What is left of the
-    time to first token is the request's path (client, transport, server, backend IPC)."""
+    Two measurements. On an idle engine, single requests' time to first token: its growth with the
+    prompt is the prefill's cost per token, and what one stream sees. While a long stream runs,
+    the token gap in which a request was prefilled grows by the engine time it added (the fixed
+    part of a prefill), and whether its first token lands with the long stream's token (the
+    prefill ran inside the decode step) or before it. What is left of the idle time to first token
+    is the request's path (client, transport, server, backend IPC)."""
 
     prompt_tokens: int = Field(description="Prompt tokens (prompt bytes / bytes_per_token).")
     prompt_bytes: int
     requests: int
-    ttft_ms: float = Field(description="Median client-side time to first token.")
+    ttft_ms: float = Field(description="Median client-side time to first token on an idle engine.")
     queue_ms: float = Field(description="Mean queue time Triton reported for these requests.")
     engine_ms: float = Field(description="Median growth of the running stream's token gap: the prefill's engine time.")
     step_wait_ms: float = Field(description="Half the running stream's usual gap: the wait for the step under way.")
-    path_ms: float = Field(description="ttft_ms - queue_ms - engine_ms - step_wait_ms: the request's way in and its first token's way out.")
+    path_ms: float = Field(description="ttft_ms - queue_ms - the modelled engine time of the first token: the request's way in and its first token's way out.")
+    lag_steps: float | None = Field(
+        default=None,
+        description="Median time from the request's first token to the running stream's nearest token, in the "
+        "stream's usual gaps: near 0 when the prefill ran inside the decode step; a prefill run before the decode "
+        "lands it apart by the prefill or the decode, whichever is shorter.",
+    )
 
 
 class DecodeSample(_Model):
@@ -208,7 +217,7 @@ class EngineMeasurement(_Model):
     interface_kind: Literal["generic", "vllm", "trtllm"]
     bytes_per_token: float = Field(description="Prompt bytes per token used to size prompts.")
     bytes_per_token_source: str = Field(description="'backend token counts', 'spec', or 'assumed (4)'.")
-    request_overhead_ms: float = Field(description="Median path_ms of the prefill samples: a request's time outside the engine.")
+    request_overhead_ms: float = Field(description="A request's time outside the engine: the idle time to first token's intercept less the modelled engine time of a first token.")
     prefill: list[PrefillSample] = Field(default_factory=list)
     decode: list[DecodeSample] = Field(default_factory=list)
     prefill_fixed_ms: float
@@ -216,6 +225,16 @@ class EngineMeasurement(_Model):
     decode_fixed_ms: float
     decode_ms_per_seq: float
     decode_context_tokens: float = Field(description="Mean cached tokens per sequence during the decode levels (the per-seq cost holds there).")
+    prefill_in_step: bool = Field(
+        default=False,
+        description="A newcomer's first token came with a running stream's token (its prefill ran inside the decode "
+        "step: vLLM V1, TensorRT-LLM in-flight batching), not a step before it (LLMCurve.prefill_in_step).",
+    )
+    idle_ttft_fit: tuple[float, float] | None = Field(
+        default=None,
+        description="(ms, ms per prompt token): time to first token of one request on an idle engine, less Triton's "
+        "queue, fitted over the prefill lengths; what the costs reproduce at one stream.",
+    )
     kv_capacity_tokens: int | None = Field(default=None, description="Tokens the KV pool holds, where it could be measured.")
     kv_block_tokens: int | None = None
     kv_capacity_source: str | None = Field(default=None, description="'vllm metrics', 'trt-llm metrics', 'model metrics', 'capacity probe'.")

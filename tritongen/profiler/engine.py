@@ -29,6 +29,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from tritongen.client import infer_inputs, numpy_inputs
+from tritongen.core.engine_inference import (
+    ProbeRun,
+    bytes_per_token_from_counts,
+    capacity_from_probe,
+    counter_delta,
+    run_fits,
+)
 from tritongen.core.engine_metrics import TRTLLM_BLOCK_TYPE, TRTLLM_KV_BLOCKS, VLLM_USAGE_GAUGES, is_out_of_memory
 from tritongen.core.engine_sources import VLLM_DEFAULT_BLOCK_SIZE
 from tritongen.core.llm_interface import LLMInterface, UnknownInterface, interface_from_config, prompt_of
@@ -41,6 +48,8 @@ from tritongen.reach import GRPC, grpc_reason, grpc_unreached, unreachable_messa
 PROFILE_GRPC = "--grpc-url; by default port 8001 on the --url host"  # how the profile's gRPC address is set
 
 ASSUMED_BYTES_PER_TOKEN = 4.0
+PROMPT_TOKENS_COUNTER = "vllm:prompt_tokens_total"  # Triton's vLLM backend exports it (its token counts)
+VLLM_CACHE_INFO = "vllm:cache_config_info"  # vLLM's own server: labels num_gpu_blocks and block_size
 
 
 def interface_of(name: str, config: dict) -> LLMInterface:
@@ -106,6 +115,27 @@ def gap_growth(runs: Sequence[Sequence[float]], single: StreamRecord) -> tuple[f
         usual = statistics.median(g for i, g in enumerate(gaps) if abs(i - (after - 1)) > 1)
         return max(0.0, (gaps[after - 1] - usual) * 1000.0), usual * 1000.0
     return None
+
+
+def nearest_token_ms(runs: Sequence[Sequence[float]], single: StreamRecord) -> float | None:
+    """ms from `single`'s first token to the nearest token of the long stream that ran meanwhile.
+    Tokens of one forward pass leave together, in either order, so about 0 when the engine
+    prefilled it inside the decode step; a prefill run before the decode lands its first token
+    that prefill's time after the stream's last token and the decode's time before its next."""
+    if not single.token_times:
+        return None
+    first = single.token_times[0]
+    for times in runs:
+        if times and times[0] < first <= times[-1]:
+            return min(abs(t - first) for t in times) * 1000.0
+    return None
+
+
+def prefill_runs_in_step(lag_steps: Sequence[float | None]) -> bool:
+    """First tokens that land with the running stream's token (within a quarter of its usual gap,
+    the jitter of two responses of one step) came out of the decode step itself."""
+    seen = [x for x in lag_steps if x is not None]
+    return bool(seen) and statistics.median(seen) < 0.25
 
 
 def _decoding(worker) -> StreamRecord | None:
@@ -178,8 +208,9 @@ class EngineProfiler:
 
     def __init__(self, admin, grpc_url: str, model: str, config: dict, settings: EngineSettings,
                  bytes_per_token: float | None, run_level: Callable, update: Callable[[str], None],
-                 max_context: int | None = None) -> None:
+                 max_context: int | None = None, engine_args: dict | None = None) -> None:
         self.max_context = max_context
+        self.engine_args = engine_args  # the backend's own files (vLLM model.json), where readable
         self.admin = admin
         self.grpc_url = grpc_url
         self.model = model
@@ -195,28 +226,86 @@ class EngineProfiler:
     def _stream(self, inputs) -> StreamLoad:
         return StreamLoad(self.grpc_url, self.model, inputs, self.interface.text_output)
 
+    def _counter(self, name: str) -> float | None:
+        values = [s.value for s in self._families() if s.name == name]
+        return sum(values) if values else None
+
     def bytes_per_token(self) -> tuple[float, str]:
+        """The spec's ratio, else the engine's own token counts of prompts of two sizes (the
+        backend's `num_input_tokens`, else its prompt-token counter's growth), else assumed."""
         if self.spec_bytes_per_token:
             return self.spec_bytes_per_token, "spec"
         output = self.interface.input_token_count_output
-        if output:
-            sent = 256  # bytes, at one byte per token
-            tensors = stream_inputs(self.interface, sent, 1, 1.0, count_input_tokens=True)
-            count = _first_output_int(self.grpc_url, self.model, tensors, output)
-            if count:
-                return round(sent / count, 4), "backend token counts"
-            self.notes.append(f"bytes per token: the backend returned no {output}; assumed {ASSUMED_BYTES_PER_TOKEN:g}")
+        sizes = (128, 512)  # bytes, at one byte per token (a prompt within any context)
+        if self.max_context:
+            sizes = tuple(min(size, max(8, self.max_context // 2)) for size in sizes)
+        counted: list[tuple[int, float]] = []
+        by_counter: list[tuple[int, float]] = []
+        for sent in sorted(set(sizes)):
+            tensors = stream_inputs(self.interface, sent, 1, 1.0, count_input_tokens=bool(output))
+            before = self._counter(PROMPT_TOKENS_COUNTER)
+            count = _first_output_int(self.grpc_url, self.model, tensors, output or self.interface.text_output,
+                                      want_int=bool(output))
+            after = self._wait_counter(PROMPT_TOKENS_COUNTER, before)
+            if output and count:
+                counted.append((len(prompt_of(sent, 1.0)), float(count)))
+            grown = counter_delta(before, after)
+            if grown:
+                by_counter.append((len(prompt_of(sent, 1.0)), grown))
+        found = bytes_per_token_from_counts(counted)
+        if found:
+            return round(found, 4), "backend token counts"
+        found = bytes_per_token_from_counts(by_counter)
+        if found:
+            return round(found, 4), f"the engine's {PROMPT_TOKENS_COUNTER} against the prompt bytes sent"
+        self.notes.append(
+            f"bytes per token: the backend returned no token counts and exports no {PROMPT_TOKENS_COUNTER}; "
+            f"assumed {ASSUMED_BYTES_PER_TOKEN:g}"
+        )
         return ASSUMED_BYTES_PER_TOKEN, f"assumed ({ASSUMED_BYTES_PER_TOKEN:g})"
+
+    def _wait_counter(self, name: str, before: float | None, timeout_s: float = 2.0) -> float | None:
+        """The counter once it moved past `before` (a backend publishes its metrics from a thread of
+        its own, a moment after the response), or its last value."""
+        deadline = time.monotonic() + timeout_s
+        value = self._counter(name)
+        while value is not None and before is not None and value <= before and time.monotonic() < deadline:
+            time.sleep(0.05)
+            value = self._counter(name)
+        return value
 
     def _queue_totals(self) -> tuple[int, int]:
         stats = self.admin.stats(self.model).get("inference_stats") or {}
         queue = stats.get("queue") or {}
         return int(queue.get("ns", 0)), int(queue.get("count", 0))
 
+    def _singles(self, inputs) -> list[StreamRecord]:
+        """Single requests one after another (a pause between them); the first warms the path."""
+        single = self._stream(inputs)
+        singles, single_stop = single.start(1, limit=self.settings.prefill_repeats + 1, pause_s=0.06)
+        singles[0].join(60.0)
+        StreamLoad.finish(singles, single_stop)
+        records = singles[0].records[1:]
+        failed = [r.error for r in records if r.error not in (None, "stopped")]
+        if failed:
+            raise ModelFailed(f"model {self.model!r} failed a single request: {failed[0]}")
+        return records
+
+    def _long_running(self, worker) -> StreamRecord:
+        """The long stream's request once it decodes; its own error, verbatim, when it failed."""
+        current = _decoding(worker)
+        if current is not None:
+            return current
+        errors = [r.error for r in worker.records if r.error not in (None, "stopped")]
+        if errors:
+            raise ModelFailed(f"model {self.model!r} refused the long request the prefill measurement runs beside: {errors[0]}")
+        raise ModelFailed(f"model {self.model!r}: a long request made no tokens within 5 s")
+
     def prefill(self, bpt: float) -> list[PrefillSample]:
-        """Single requests (max_tokens 1, one stream, a pause between them) at each prompt length
-        while one long stream decodes: the long stream's gap that holds a single request's prefill
-        grows by the prefill's engine time."""
+        """At each prompt length: single requests (max_tokens 1) on an idle engine, whose time to
+        first token grows with the prompt by the prefill's cost per token; then the same beside a
+        long stream, whose gap that holds a single's prefill grows by the engine time it added,
+        and whose next token shows whether that prefill ran inside the decode step."""
         probe_prompt = 8
         room = (self.max_context - probe_prompt - 1) if self.max_context else 512
         long_load = self._stream(stream_inputs(self.interface, probe_prompt, max(16, min(512, room)), bpt))
@@ -224,40 +313,32 @@ class EngineProfiler:
         for length in self.settings.prefill_lengths:
             self.update(f"prefill at {length} prompt tokens")
             inputs = stream_inputs(self.interface, length, 1, bpt)
-            single = self._stream(inputs)
-            long_workers, long_stop = long_load.start(1)
             ns0, n0 = self._queue_totals()
+            idle = [r for r in self._singles(inputs) if r.ttft_s is not None]
+            ns1, n1 = self._queue_totals()
+            long_workers, long_stop = long_load.start(1)
             try:
-                if _decoding(long_workers[0]) is None:
-                    raise ModelFailed(f"model {self.model!r}: a long request made no tokens within 5 s")
-                singles, single_stop = single.start(1, limit=self.settings.prefill_repeats + 1, pause_s=0.06)
-                singles[0].join(60.0)
-                StreamLoad.finish(singles, single_stop)
+                self._long_running(long_workers[0])
+                records = self._singles(inputs)
             finally:
                 StreamLoad.finish(long_workers, long_stop)
-            ns1, n1 = self._queue_totals()
-            records = singles[0].records[1:]  # the first warms the path at this length
-            failed = [r.error for r in records if r.error not in (None, "stopped")]
-            if failed:
-                raise ModelFailed(f"model {self.model!r} failed a single request of {length} prompt tokens: {failed[0]}")
             runs = [list(r.token_times) for r in long_workers[0].records]
-            found = [(r.ttft_s * 1000.0, gap_growth(runs, r)) for r in records if r.ttft_s is not None]
-            measured = [(ttft, grown[0], grown[1]) for ttft, grown in found if grown is not None]
-            if not measured:
+            measured = [(grown, r) for r in records if r.ttft_s is not None and (grown := gap_growth(runs, r)) is not None]
+            if not measured or not idle:
                 raise ModelFailed(
                     f"model {self.model!r}: no single {length}-token request was prefilled while a long stream ran "
                     "(does the engine batch continuously?)"
                 )
-            # Triton's queue counts both streams' requests; the long stream's wait no more than the others'
             queue_ms = (ns1 - ns0) / max(1, n1 - n0) / 1e6
-            ttft = statistics.median(t for t, _, _ in measured)
-            engine = statistics.median(g for _, g, _ in measured)
-            # a request lands at a random point of the running step and waits for its end: half a step
-            step_wait = statistics.median(u for _, _, u in measured) / 2.0
+            ttft = statistics.median(r.ttft_s * 1000.0 for r in idle)
+            engine = statistics.median(g for (g, _), _ in measured)
+            usual = statistics.median(u for (_, u), _ in measured)
+            lags = [lag for (_, u), r in measured if (lag := nearest_token_ms(runs, r)) is not None and u > 0]
             samples.append(PrefillSample(
-                prompt_tokens=length, prompt_bytes=len(prompt_of(length, bpt)), requests=len(measured),
+                prompt_tokens=length, prompt_bytes=len(prompt_of(length, bpt)), requests=len(idle),
                 ttft_ms=round(ttft, 3), queue_ms=round(queue_ms, 3), engine_ms=round(engine, 3),
-                step_wait_ms=round(step_wait, 3), path_ms=round(max(0.0, ttft - queue_ms - engine - step_wait), 3),
+                step_wait_ms=round(usual / 2.0, 3), path_ms=0.0,
+                lag_steps=round(statistics.median(lags) / usual, 3) if lags and usual > 0 else None,
             ))
         return samples
 
@@ -299,6 +380,14 @@ class EngineProfiler:
         if gauges.blocks_total and gauges.block_tokens:
             return (gauges.blocks_total * gauges.block_tokens, gauges.block_tokens, "model metrics",
                     f"{gauges.blocks_total} blocks x {gauges.block_tokens} tokens (*_kv_blocks_total)", names)
+        info = next((s for s in samples if s.name == VLLM_CACHE_INFO), None)
+        if info is not None and info.labels.get("num_gpu_blocks", "").isdigit() and info.labels.get("block_size", "").isdigit():
+            blocks, size = int(info.labels["num_gpu_blocks"]), int(info.labels["block_size"])
+            if blocks and size:
+                return blocks * size, size, "vllm metrics", f"{VLLM_CACHE_INFO}: {blocks} blocks x {size} tokens", names
+        files = self._capacity_from_files()
+        if files is not None:
+            return (*files, names)
         if any(n in VLLM_USAGE_GAUGES for n in names):
             found = self._vllm_capacity(bpt)
             if found is not None:
@@ -308,6 +397,22 @@ class EngineProfiler:
             if found is not None:
                 return found[0], None, "capacity probe", found[1], names
         return None, None, None, None, names
+
+    def _capacity_from_files(self):
+        """The pool the engine's own files fix: vLLM's model.json `num_gpu_blocks_override` x
+        `block_size` (read where the profile can see the repository)."""
+        args = self.engine_args or {}
+        try:
+            blocks = int(args.get("num_gpu_blocks_override") or 0)
+            size = int(args.get("block_size") or 0)
+        except (TypeError, ValueError):
+            return None
+        if not blocks:
+            return None
+        if not size:
+            size = VLLM_DEFAULT_BLOCK_SIZE
+            self.notes.append(f"model.json sets no block_size: vLLM's default {size} assumed")
+        return blocks * size, size, "engine files", f"model.json: num_gpu_blocks_override {blocks} x block_size {size}"
 
     def _usage(self) -> float | None:
         for s in self._families():
@@ -357,34 +462,44 @@ class EngineProfiler:
         return sum(s.value for s in self._families() if s.name == "vllm:num_preemptions_total")
 
     def _probe(self, bpt: float) -> tuple[int, str] | None:
-        """Raise concurrency of long requests (doubling, then bisecting) until the first
-        out-of-memory answer or preemption: capacity ~ the most streams that all ran x their tokens."""
+        """Raise the concurrency of long requests sent together (doubling, then bisecting) until
+        one level does not run whole: an out-of-memory answer, a counted preemption, or, where the
+        engine counts none, a stream parked for many steps (`core.engine_inference.run_fits`)."""
         s = self.settings
         prompt, output = s.prompt_tokens, s.output_tokens
         load = self._stream(stream_inputs(self.interface, prompt, output, bpt))
+        counted = self._counter("vllm:num_preemptions_total") is not None
+        runs: list[ProbeRun] = []
 
-        def runs(streams: int) -> bool:
+        def fits(streams: int) -> bool:
             self.update(f"KV capacity probe: {streams} streams")
             before = self._preemptions()
             workers, stop = load.start(streams, limit=1, together=True)
             for w in workers:
                 w.join(60.0)
             StreamLoad.finish(workers, stop)
-            errors = [r.error for w in workers for r in w.records if r.error]
-            return not any(is_out_of_memory(e) for e in errors) and self._preemptions() <= before
+            records = [r for w in workers for r in w.records]
+            errors = [r.error for r in records if r.error and r.error != "stopped"]
+            run = ProbeRun(
+                streams=streams, prompt=prompt, output=output,
+                token_times=tuple(tuple(r.token_times) for r in records if r.token_times),
+                out_of_memory=any(is_out_of_memory(e) for e in errors),
+                preemptions=(self._preemptions() - before) if counted else None,
+            )
+            runs.append(run)
+            return run_fits(run)
 
-        fits, streams = 0, 1
-        while streams <= 512 and runs(streams):
-            fits, streams = streams, streams * 2
-        if not fits or streams > 512:
+        fit, streams = 0, 1
+        while streams <= 512 and fits(streams):
+            fit, streams = streams, streams * 2
+        if not fit or streams > 512:
             return None
-        low, high = fits, streams
+        low, high = fit, streams
         while high - low > max(1, low // 8):
             mid = (low + high) // 2
-            low, high = (mid, high) if runs(mid) else (low, mid)
-        return low * (prompt + output), (
-            f"{low} streams of {prompt} + {output} tokens all ran, {high} did not (first out-of-memory answer or preemption)"
-        )
+            low, high = (mid, high) if fits(mid) else (low, mid)
+        verdict = capacity_from_probe(runs)
+        return None if verdict is None else (verdict.capacity_tokens, verdict.detail)
 
     # -- all of it ------------------------------------------------------------------------------
 
@@ -392,13 +507,28 @@ class EngineProfiler:
         bpt, bpt_source = self.bytes_per_token()
         preempt0 = self._preemptions()
         prefill = self.prefill(bpt)
-        fixed, per_token = fit_line([p.prompt_tokens for p in prefill], [p.engine_ms for p in prefill])
-        overhead = statistics.median(p.path_ms for p in prefill)
-        prefill_typical = fixed + per_token * self.settings.prompt_tokens
-        decode = self.decode(bpt, prefill_typical)
+        lengths = [p.prompt_tokens for p in prefill]
+        # the prefill's cost per token from the idle time to first token; its fixed engine part from
+        # the running stream's gap growth (what the request path cannot hold)
+        idle_fixed, per_token = fit_line(lengths, [p.ttft_ms - p.queue_ms for p in prefill])
+        grown_fixed, _ = fit_line(lengths, [p.engine_ms for p in prefill])
+        fixed = min(grown_fixed, idle_fixed)
+        in_step = prefill_runs_in_step([p.lag_steps for p in prefill])
+        decode = self.decode(bpt, fixed + per_token * self.settings.prompt_tokens)
         if len(decode) < 2:
             raise RunFailed(f"model {self.model!r}: the decode step could not be measured at two concurrencies ({self.notes})")
         d_fixed, d_per_seq = fit_line([d.concurrency for d in decode], [d.step_ms for d in decode])
+        # an in-step prefill's first token waits for the step that decodes it alone on an idle engine
+        first_step = (d_fixed + d_per_seq) if in_step else 0.0
+        overhead = idle_fixed - fixed - first_step
+        if overhead < 0:
+            self.notes.append(
+                f"the idle time to first token ({idle_fixed:.2f} ms + prompt) is below the engine time the steps "
+                f"model ({fixed + first_step:.2f} ms): the request path is taken as 0"
+            )
+            overhead = 0.0
+        prefill = [p.model_copy(update={"path_ms": round(p.ttft_ms - p.queue_ms - fixed - per_token * p.prompt_tokens - first_step, 3)})
+                   for p in prefill]
         self.update("KV capacity")
         capacity, block, source, detail, names = self.capacity(bpt)
         return EngineMeasurement(
@@ -411,6 +541,8 @@ class EngineProfiler:
             decode=decode,
             prefill_fixed_ms=round(fixed, 4),
             prefill_ms_per_token=round(per_token, 6),
+            prefill_in_step=in_step,
+            idle_ttft_fit=(round(idle_fixed, 4), round(per_token, 6)),
             decode_fixed_ms=round(d_fixed, 4),
             decode_ms_per_seq=round(d_per_seq, 5),
             decode_context_tokens=self.settings.prompt_tokens + self.settings.output_tokens / 2,
@@ -424,8 +556,11 @@ class EngineProfiler:
         )
 
 
-def _first_output_int(url: str, model: str, inputs: dict[str, np.ndarray], output: str, timeout_s: float = 30.0) -> int | None:
-    """Send one streaming request and return the first integer value of `output` it carries."""
+def _first_output_int(url: str, model: str, inputs: dict[str, np.ndarray], output: str, timeout_s: float = 30.0,
+                      want_int: bool = True) -> int | None:
+    """Send one streaming request and return the first integer value of `output` it carries
+    (`want_int` False: wait for the request to finish and return None). The model's own error is
+    raised verbatim."""
     import tritonclient.grpc as grpcclient
 
     found: list[int] = []
@@ -437,7 +572,7 @@ def _first_output_int(url: str, model: str, inputs: dict[str, np.ndarray], outpu
             errors.append(error)
             done.set()
             return
-        value = result.as_numpy(output)
+        value = result.as_numpy(output) if want_int else None
         if value is not None and value.size and not found:
             found.append(int(value.reshape(-1)[0]))
         final = result.get_response().parameters.get("triton_final_response")
@@ -457,7 +592,10 @@ def _first_output_int(url: str, model: str, inputs: dict[str, np.ndarray], outpu
         raise RunFailed(f"model {model!r}: {unreachable_message(GRPC, url, PROFILE_GRPC, grpc_reason(cause))}") from None
     finally:
         client.close()
-    if not found and errors and grpc_unreached(errors[0]):
-        raise RunFailed(f"model {model!r}: {unreachable_message(GRPC, url, PROFILE_GRPC, grpc_reason(errors[0]))}")
+    if not found and errors:
+        if grpc_unreached(errors[0]):
+            raise RunFailed(f"model {model!r}: {unreachable_message(GRPC, url, PROFILE_GRPC, grpc_reason(errors[0]))}")
+        said = errors[0].message() if hasattr(errors[0], "message") else str(errors[0])
+        raise ModelFailed(f"model {model!r} answered with an error: {said}")
     return found[0] if found else None
 

@@ -255,8 +255,10 @@ class Profiler(StreamingSteps):
         can_reload: bool = False,
         server_check: Callable[[], str | None] | None = None,
         kv_capacity_probe: bool = False,
+        repository: Path | None = None,
     ) -> None:
         self.kv_capacity_probe = kv_capacity_probe
+        self.repository = repository  # the served repository, where readable: the backends' own files
         self.admin = admin
         self.endpoints = endpoints
         self.settings = settings

@@ -12,6 +12,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tritongen.core import profile_math as pm
@@ -107,8 +108,17 @@ class StreamingSteps:
                             capacity_probe=self.kv_capacity_probe),
             target.bytes_per_token, level, lambda what: self.reporter.update(f"{target.name}: {what}"),
             max_context=target.max_context,
+            engine_args=self._engine_args(target),
         )
         builder.engine = profiler.measure()
+
+    def _engine_args(self, target: Target) -> dict | None:
+        """The vLLM backend's model.json, where the profile sees the repository (--repo)."""
+        if self.repository is None or target.config.get("backend") != "vllm":
+            return None
+        from tritongen.engine_files import vllm_engine_args
+
+        return vllm_engine_args(Path(self.repository) / target.name)
 
     def _stream_level(self, concurrency: int, records: list[StreamRecord], windows: list[Window], start: float) -> StreamLevel:
         s = self.settings

