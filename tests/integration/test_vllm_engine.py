@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import cli
-from tritongen.local_llm import LlamaShape, write_tiny_llama
+from tritongen.local_llm import LlamaShape, split_cores, write_tiny_llama
 from tritongen.profiler.run import Endpoints, Profiler, TritonAdmin, default_settings, resolve_targets
 from tritongen.server import ServerOptions, TritonServer
 
@@ -59,7 +59,9 @@ def repository(tmp_path_factory, llama: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def server(repository: Path):
-    options = ServerOptions(repository=repository, model_control="explicit", load_models=[MODEL], start_timeout_s=240)
+    cpus, engine_cpus = split_cores()  # the engine's threads on a core of their own, as a GPU's
+    options = ServerOptions(repository=repository, model_control="explicit", load_models=[MODEL], start_timeout_s=240,
+                            cpus=cpus, engine_cpus=engine_cpus)
     with TritonServer(options) as running:
         yield running
 
@@ -151,4 +153,32 @@ def test_profile_with_only_the_upstream_metrics(server: TritonServer, repository
     assert set(engine.engine_metrics) and not {m for m in engine.engine_metrics if m.split("_bucket")[0] in ENGINE_GAUGES}
     assert len(engine.decode) >= 2 and all(d.step_ms > 0 for d in engine.decode)
     assert engine.prefill_ms_per_token >= 0 and engine.idle_ttft_fit is not None
-    print(engine.model_dump_json(indent=1))
+
+
+def test_a_rendered_model_json_loads_and_serves_with_the_engine_gauges(server: TritonServer, repository: Path, llama: Path, tmp_path: Path):
+    """`tritongen render` of a CPU-only spec writes a model.json the real engine takes; the opt-in
+    REPORT_ENGINE_GAUGES adds the engine's own gauges, the pool among them."""
+    from tests.helpers import EXAMPLES
+
+    spec = (EXAMPLES / "vllm" / "deployment.yaml").read_text().replace("TINY_LLAMA", str(llama))
+    spec = spec.replace('REPORT_CUSTOM_METRICS: "true"', 'REPORT_CUSTOM_METRICS: "true"\n      REPORT_ENGINE_GAUGES: "true"')
+    (tmp_path / "deployment.yaml").write_text(spec)
+    rendered = cli("render", str(tmp_path / "deployment.yaml"), "-o", str(tmp_path / "out"))
+    assert rendered.returncode == 0, rendered.stdout + rendered.stderr
+    import shutil
+
+    shutil.copytree(tmp_path / "out" / "tiny_llama", repository / "tiny_llama")
+    engine_args = json.loads((repository / "tiny_llama" / "1" / "model.json").read_text())
+    loaded = httpx.post(f"http://{server.http_url}/v2/repository/models/tiny_llama/load", timeout=240.0)
+    assert loaded.status_code == 200, loaded.text
+    reply = generate(server, "tiny_llama", "the model serves tokens", 16)
+    assert reply.status_code == 200, reply.text
+    deadline = time.monotonic() + 5.0
+    text = ""
+    while time.monotonic() < deadline and "vllm:cache_config_info" not in text:
+        text = httpx.get(server.metrics_url).text
+        time.sleep(0.1)
+    assert ENGINE_GAUGES <= families(text, "tiny_llama")
+    info = next(line for line in text.splitlines() if line.startswith("vllm:cache_config_info") and 'model="tiny_llama"' in line)
+    assert f'num_gpu_blocks="{engine_args["num_gpu_blocks_override"]}"' in info and f'block_size="{engine_args["block_size"]}"' in info
+    httpx.post(f"http://{server.http_url}/v2/repository/models/tiny_llama/unload", timeout=60.0)

@@ -199,3 +199,21 @@ def test_hybrid_render_plans_more_sequences_and_says_why(tmp_path: Path) -> None
     assert "# per sequence at 8192 tokens: 4 full-attention layers 16,384 B/token x 8192" in config
     assert "24 mamba2 layers' fixed state 102,137,856 B = 225.41 MiB -> 96 sequences" in config
     assert "read as all full attention, 212992 B/token x 8192 = 1664.00 MiB per sequence, only 13 would fit" in config
+
+
+def test_a_cpu_vllm_engine_runs_what_its_pool_holds_at_the_typical_sequence(tmp_path: Path) -> None:
+    from tritongen.local_llm import LlamaShape
+
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / "config.json").write_text(json.dumps(LlamaShape().config()))
+    spec = tmp_path / "deployment.yaml"
+    spec.write_text((EXAMPLES / "vllm" / "deployment.yaml").read_text().replace("TINY_LLAMA", str(llama)))
+    result = render_repository(load_spec(spec))
+    engine = json.loads(result.files["tiny_llama/1/model.json"])
+    kv = result.plan.entry("tiny_llama").kv
+    # vLLM preempts beyond its pool: it runs the pool at the typical 96 + 64 tokens (5 blocks of 32),
+    # not the 4 sequences of its 512-token context
+    assert engine["block_size"] == 32 and engine["num_gpu_blocks_override"] == kv.pool_blocks
+    assert engine["max_num_seqs"] == kv.pool_blocks // 5 > kv.max_sequences
+    assert engine["load_format"] == "dummy" and "gpu_memory_utilization" not in engine

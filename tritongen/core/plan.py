@@ -519,11 +519,27 @@ def engine_parameters(kv: KVPlan, model: ModelSpec) -> dict[str, str]:
     return out
 
 
+def vllm_max_num_seqs(model: ModelSpec, kv: KVPlan) -> int:
+    """vLLM grows a sequence's blocks as it goes and preempts (recomputes) when the pool runs dry;
+    it never dies of it. So its running limit is what the pool holds at the typical sequence
+    (prompt + output, in whole blocks), not at max_context: the worst case is the engine's to
+    absorb, and sizing for it would idle most of the pool (a 512-token context held 4 where the
+    typical 160-token sequence fits 14). Without typical lengths, max_context is the only size known."""
+    typical = (model.typical_prompt_tokens or 0) + (model.typical_output_tokens or 0)
+    uniform = kv.footprint is None or kv.footprint.uniform
+    # a lane's context already bounds its sequences; a layer mix that is not uniform is sized per
+    # sequence by its footprint (KVPlan.max_sequences), not in attention-token blocks
+    if not typical or not kv.pool_blocks or model.lanes is not None or not uniform:
+        return max(1, kv.max_sequences)
+    blocks_each = -(-typical // kv.block_tokens)
+    return max(1, kv.max_sequences, kv.pool_blocks // blocks_each)
+
+
 def _vllm_engine_args(spec: DeploymentSpec, model: ModelSpec, kv: KVPlan, device_bytes: int) -> dict[str, object]:
     """vLLM's `1/model.json` (AsyncEngineArgs). No `disable_log_requests`: vLLM 0.13 removed it
     (`enable_log_requests`, default off, replaced it) and refuses the unknown name."""
     kv_dtype = {"auto": "auto", "fp8": "fp8", "int8": "fp8"}.get(model.kv_dtype, "auto")
-    seqs = kv.max_sequences
+    seqs = vllm_max_num_seqs(model, kv)
     if model.engine is not None and model.engine.max_num_seqs:
         seqs = min(seqs, model.engine.max_num_seqs)
     args: dict[str, object] = {
@@ -541,7 +557,13 @@ def _vllm_engine_args(spec: DeploymentSpec, model: ModelSpec, kv: KVPlan, device
         args["gpu_memory_utilization"] = round(kv.device_bytes / device_bytes, 4)
     if model.engine is not None and model.engine.max_batched_tokens:
         args["max_num_batched_tokens"] = model.engine.max_batched_tokens
-    return args
+    clash = sorted(set(args) & set(model.engine_args))
+    if clash:
+        raise BadInput(
+            f"model {model.name!r}: engine_args {clash} are derived by tritongen from the spec (KV plan, max_context, "
+            "engine: section); remove them from engine_args and change those spec fields instead"
+        )
+    return {**args, **model.engine_args}
 
 
 def _vllm_cpu_pool(model: ModelSpec, kv: KVPlan) -> dict[str, object]:
@@ -660,11 +682,11 @@ def _plan_entry(
         notes.append(kv.sequence_note())
         if model.backend == "vllm":
             max_batch = 0  # the vLLM backend batches inside its engine; Triton passes requests through
-            notes.append(
-                f"vLLM batches inside its engine: max_num_seqs {kv.max_sequences} in 1/model.json; "
-                "priorities and admission are the sidecar's job"
-            )
             engine_args = _vllm_engine_args(spec, model, kv, device_bytes[placement.gpus[0]])
+            notes.append(
+                f"vLLM batches inside its engine: max_num_seqs {engine_args['max_num_seqs']} in 1/model.json (the pool "
+                "at the typical sequence; it preempts beyond); priorities and admission are the sidecar's job"
+            )
             if spec.hardware.cpu_only:
                 notes.append(_vllm_cpu_note(engine_args))
         else:

@@ -199,6 +199,12 @@ class ModelSpec(StrictModel):
     lanes: Lanes | None = Field(default=None, description="LLMs: split into short and long lanes.")
     classes: list[str] | None = Field(default=None, description="Traffic classes this model serves; default all.")
     parameters: dict[str, str] = Field(default_factory=dict, description="Extra backend parameters, passed through.")
+    engine_args: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description="vLLM: further engine arguments (AsyncEngineArgs names: load_format, enforce_eager, dtype, "
+        "enable_prefix_caching, ...) written into 1/model.json as given; the names tritongen derives from the spec "
+        "(model, max_model_len, max_num_seqs, block_size, the KV pool) are refused here.",
+    )
     engine: EngineSection | None = Field(default=None, description="LLMs: the engine behind the model (see EngineSection).")
     bytes_per_token: float | None = Field(
         default=None, gt=0,
@@ -246,6 +252,8 @@ class ModelSpec(StrictModel):
                 f"{where}: engine.render_parameters writes config parameters for Python backends; the vLLM backend "
                 "reads its engine from 1/model.json, which render writes from this section: remove render_parameters"
             )
+        if self.engine_args and self.backend != "vllm":
+            raise ValueError(f"{where}: `engine_args` is written into the vLLM backend's model.json; this model's backend is {self.backend}")
         if self.backend == "vllm" and not self.hf_model:
             raise ValueError(f"{where}: the vllm backend needs `hf_model` (the model id or path the engine loads)")
         return self
