@@ -207,7 +207,9 @@ class DecodeSample(_Model):
     requests: int
     mean_gap_ms: float = Field(description="Median over streams of (last token - first token) / (tokens - 1).")
     step_ms: float = Field(description="mean_gap_ms less the prefills of newcomers that land in the same steps.")
-    running_seen: float | None = Field(default=None, description="Mean running sequences the engine's metrics showed.")
+    running_seen: float | None = Field(
+        default=None, description="Sequences that ran, where fewer than the streams could (the engine's max_num_seqs); "
+        "the decode fit reads the step at this many.")
 
 
 class EngineMeasurement(_Model):

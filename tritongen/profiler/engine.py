@@ -357,8 +357,19 @@ class EngineProfiler:
             step = decode_steps_ms(records, start, end, prefill_ms)
             if step is None:  # no newcomer could be placed: the expected share of prefills per step
                 step = decode_step_ms(gap, c, s.output_tokens, prefill_ms)
-            out.append(DecodeSample(concurrency=c, requests=n, mean_gap_ms=round(gap, 3), step_ms=round(step, 3)))
+            cap = self._max_num_seqs()
+            out.append(DecodeSample(concurrency=c, requests=n, mean_gap_ms=round(gap, 3), step_ms=round(step, 3),
+                                    running_seen=float(cap) if cap is not None and c > cap else None))
         return out
+
+    def _max_num_seqs(self) -> int | None:
+        """The engine's running limit where its files state it: streams above it wait, so a level
+        above it measures a step of that many sequences, not of its streams."""
+        try:
+            value = int((self.engine_args or {}).get("max_num_seqs") or 0)
+        except (TypeError, ValueError):
+            return None
+        return value or None
 
     # -- KV capacity ----------------------------------------------------------------------------
 
@@ -517,7 +528,7 @@ class EngineProfiler:
         decode = self.decode(bpt, fixed + per_token * self.settings.prompt_tokens)
         if len(decode) < 2:
             raise RunFailed(f"model {self.model!r}: the decode step could not be measured at two concurrencies ({self.notes})")
-        d_fixed, d_per_seq = fit_line([d.concurrency for d in decode], [d.step_ms for d in decode])
+        d_fixed, d_per_seq = fit_line([d.running_seen or d.concurrency for d in decode], [d.step_ms for d in decode])
         # an in-step prefill's first token waits for the step that decodes it alone on an idle engine
         first_step = (d_fixed + d_per_seq) if in_step else 0.0
         overhead = idle_fixed - fixed - first_step

