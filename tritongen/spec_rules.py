@@ -106,7 +106,19 @@ def kv_capacity(configs: dict[str, ModelConfig], plan: DeploymentPlan) -> list[F
         # A hybrid's sequence is not tokens x bytes/token (windows, chunks, fixed state): say so.
         how = (f"{kv.context_tokens} tokens x {kv.kv_bytes_per_token} B" if kv.footprint is None or kv.footprint.uniform
                else f"{kv.context_tokens} tokens, each layer kind as it grows")
+        planned = (entry.engine_args or {}).get("max_num_seqs") if entry.backend == "vllm" else None
         for sequences, field in _sequences_of(config, entry):
+            if isinstance(planned, int):
+                # vLLM preempts and recomputes when its pool runs dry, it does not run out of memory: its
+                # limit is the pool at the typical sequence (plan.vllm_max_num_seqs), not at full context
+                if sequences > planned:
+                    findings.append(Finding(
+                        "error", "TG303", entry.name, field,
+                        f"{field} {sequences} is more sequences than the KV pool holds at the typical sequence "
+                        f"({planned}): the engine would preempt and recompute most of the time",
+                        f"lower {field} to {planned}, or raise memory_quota_mb",
+                    ))
+                continue
             need = sequences * kv.bytes_per_sequence
             if need > kv.budget_bytes:
                 findings.append(Finding(
