@@ -77,6 +77,27 @@ def counter(server: TritonServer, name: str, model: str) -> float:
     return sum(s.value for s in parse_prometheus(text) if s.name == name and s.labels.get("model") == model)
 
 
+def cpu_times() -> dict[str, tuple[int, int]]:
+    """(busy, total) jiffies per CPU from /proc/stat."""
+    out = {}
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("cpu") and line[3:4].isdigit():
+            name, *fields = line.split()
+            values = [int(v) for v in fields]
+            idle = values[3] + values[4]
+            out[name] = (sum(values) - idle, sum(values))
+    return out
+
+
+def busy(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> str:
+    parts = []
+    for name in sorted(after):
+        b = after[name][0] - before[name][0]
+        t = after[name][1] - before[name][1]
+        parts.append(f"{name} {b / t:.0%}" if t else f"{name} -")
+    return ", ".join(parts)
+
+
 def load(server: TritonServer, model: str) -> None:
     reply = httpx.post(f"http://{server.http_url}/v2/repository/models/{model}/load", timeout=300)
     if reply.status_code != 200:
@@ -239,15 +260,17 @@ def run(server: TritonServer, repo: Path, spec: Path, tmp: Path, args) -> None:
     capacity = flood.summary()[0][0].throughput_per_s
     print(f"\ncapacity: live {capacity:.1f} req/s of {PROMPT} + {OUTPUT} tokens (offered {2 * sim_capacity:.0f}/s); "
           f"simulated {sim_capacity:.1f} req/s ({rel(capacity, sim_capacity)})")
-    print("\n| load | req/s | run | completed/s live / sim | TTFT P50 ms live / sim | TTFT P99 ms live / sim | preemptions live / sim |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| load | req/s | run | completed/s live / sim | TTFT P50 ms live / sim | TTFT P99 ms live / sim | preemptions live / sim | CPU busy |")
+    print("|---|---|---|---|---|---|---|---|")
     for factor in LOADS:
         arrivals = traffic(capacity * factor, 5)
         sim = simulate(sim_server, arrivals, seed=2)
         sc, sim_pre = sim.classes[0], sim.models[0].preemptions
         for rep in range(args.repeats):
             before = counter(server, "vllm:num_preemptions_total", TRUTH)
+            cpu0 = cpu_times()
             result = run_load(arrivals, {"all": target}, grpc_url=server.grpc_url, request_timeout_s=120.0)
+            cpu = busy(cpu0, cpu_times())
             time.sleep(1.0)  # the backend publishes its counters from a thread of its own
             live_pre = counter(server, "vllm:num_preemptions_total", TRUTH) - before
             lc = result.summary()[0][0]
@@ -255,7 +278,7 @@ def run(server: TritonServer, repo: Path, spec: Path, tmp: Path, args) -> None:
                 f"| {factor:g}x | {arrivals.mean_rate:.1f} | {rep + 1} | {lc.throughput_per_s:.1f} / {sc.throughput_per_s:.1f} "
                 f"({rel(lc.throughput_per_s, sc.throughput_per_s)}) | {_f(lc.ttft_p50_ms)} / {_f(sc.ttft_p50_ms)} "
                 f"({rel(lc.ttft_p50_ms, sc.ttft_p50_ms)}) | {_f(lc.ttft_p99_ms)} / {_f(sc.ttft_p99_ms)} "
-                f"({rel(lc.ttft_p99_ms, sc.ttft_p99_ms)}) | {live_pre:.0f} / {sim_pre} ({rel(live_pre, sim_pre)}) |",
+                f"({rel(lc.ttft_p99_ms, sc.ttft_p99_ms)}) | {live_pre:.0f} / {sim_pre} ({rel(live_pre, sim_pre)}) | {cpu} |",
                 flush=True,
             )
     admin.close()
