@@ -88,3 +88,13 @@ def test_no_capacity_until_the_knee_is_bracketed():
     fine = [ProbeRun(streams=n, prompt=10, output=40, token_times=streams(n, 40, 0.01)) for n in (1, 2, 4)]
     assert capacity_from_probe(fine) is None
     assert capacity_from_probe([]) is None
+
+
+def test_streams_opened_one_after_another_are_not_read_as_parked():
+    # a client opens 10 streams 30 ms apart; each gets its first token 20 ms after its own send
+    times = streams(10, 64, 0.01, start_lag=0.03)
+    starts = tuple(t[0] - 0.02 for t in times)
+    run = ProbeRun(streams=10, prompt=96, output=64, token_times=times, starts=starts)
+    assert stall_steps(run) == pytest.approx(1.0, rel=0.01)
+    assert run_fits(run)
+    assert not run_fits(ProbeRun(streams=10, prompt=96, output=64, token_times=times))  # without send times, 27 steps apart

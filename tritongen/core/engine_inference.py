@@ -45,6 +45,7 @@ class ProbeRun:
     output: int
     token_times: tuple[tuple[float, ...], ...]
     out_of_memory: bool = False
+    starts: tuple[float, ...] | None = None  # each stream's send time, in the order of token_times
     preemptions: float | None = None  # the engine's preemption counter's growth, where it exports one
 
 
@@ -59,7 +60,12 @@ def stall_steps(run: ProbeRun) -> float | None:
     usual = statistics.median(gaps)
     if usual <= 0:
         return None
-    firsts = sorted(times[0] for times in run.token_times if times)
+    # time to first token where the send times are known: a client that opens its streams one after
+    # another staggers their first tokens without the engine holding any of them back
+    if run.starts is not None and len(run.starts) == len(run.token_times):
+        firsts = sorted(times[0] - start for times, start in zip(run.token_times, run.starts) if times)
+    else:
+        firsts = sorted(times[0] for times in run.token_times if times)
     longest_gap = max(gaps)
     first_spread = (firsts[-1] - firsts[0]) if len(firsts) > 1 else 0.0
     return max(longest_gap, first_spread) / usual

@@ -494,6 +494,7 @@ class EngineProfiler:
             run = ProbeRun(
                 streams=streams, prompt=prompt, output=output,
                 token_times=tuple(tuple(r.token_times) for r in records if r.token_times),
+                starts=tuple(r.start for r in records if r.token_times),
                 out_of_memory=any(is_out_of_memory(e) for e in errors),
                 preemptions=(self._preemptions() - before) if counted else None,
             )
