@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.tritongen-installed
 
-.PHONY: demo test venv nginx clean bench bench-fidelity bench-sidecar bench-profile bench-simulator bench-fixed-vs-tuned bench-check-conformance bench-llm-fidelity bench-llm-guard bench-vs-model-analyzer bench-instance-scaling bench-admission bench-native-admission
+.PHONY: demo test venv nginx clean bench bench-fidelity bench-sidecar bench-profile bench-simulator bench-fixed-vs-tuned bench-check-conformance bench-llm-fidelity bench-vllm-fidelity bench-llm-guard bench-vs-model-analyzer bench-instance-scaling bench-admission bench-native-admission
 
 venv: $(STAMP)
 
@@ -48,7 +48,7 @@ demo: $(STAMP)
 # (date, machine, commit). Run them one at a time on a quiet host; `make bench` runs them all (~12 min, and ~33 more for bench-vs-model-analyzer).
 TRITON_SERVER_REPO ?= /tmp/triton-server
 
-bench: bench-simulator bench-profile bench-fidelity bench-llm-fidelity bench-llm-guard bench-sidecar bench-fixed-vs-tuned bench-check-conformance bench-vs-model-analyzer bench-instance-scaling bench-admission
+bench: bench-simulator bench-profile bench-fidelity bench-llm-fidelity bench-vllm-fidelity bench-llm-guard bench-sidecar bench-fixed-vs-tuned bench-check-conformance bench-vs-model-analyzer bench-instance-scaling bench-admission
 
 bench-fidelity: $(STAMP)
 	$(PY) bench/bench_sim_fidelity.py
@@ -71,6 +71,9 @@ bench-fixed-vs-tuned: $(STAMP)
 
 bench-llm-fidelity: $(STAMP)
 	$(PY) bench/bench_llm_fidelity.py
+
+bench-vllm-fidelity: $(STAMP)
+	$(PY) bench/bench_vllm_fidelity.py
 
 bench-instance-scaling: $(STAMP)
 	$(PY) bench/bench_instance_scaling.py
