@@ -225,31 +225,43 @@ class EngineState:
             return self._mixed_step(now, admitted, events)
         for r, tokens in admitted:
             t += curve.prefill_ms(tokens) / 1000.0
-            self.cache_len[r] = tokens
-            if r in self.generated:  # resumed after a preemption: its tokens were already sent
-                self.running.append(r)
-                continue
-            self.generated[r] = 1
-            events.append((r, FIRST, t))
-            if self.output[r] <= 1:
-                self._retire(r, t, events)
-            else:
-                self.running.append(r)
+            self._enter(r, tokens, t, events)
         batch = self._grow(t, events)
         if batch:
             context = sum(self.cache_len[r] + 1 for r in batch)
             t += curve.decode_ms(len(batch), context) / 1000.0
-            for r in batch:
-                self.cache_len[r] += 1
-                self.generated[r] += 1
-                if self.generated[r] >= self.output[r]:
-                    self._retire(r, t, events)
+            self._decoded(batch, t, events)
         self.last_batch = len(batch) or len(admitted)
-        if not (admitted or batch) and self.waiting and not self.running:
-            # Nothing ran and nothing can: the head can never be admitted (a safety net).
+        self._refuse_stuck(bool(admitted or batch), t, events)
+        return t, events
+
+    def _enter(self, r: int, tokens: int, t: float, events: list[tuple[int, str, float]]) -> None:
+        """An admitted sequence whose prefill ended at `t` joins the running set; a newcomer's
+        first token comes out then, a resumed (preempted) one already sent its tokens."""
+        self.cache_len[r] = tokens
+        if r in self.generated:
+            self.running.append(r)
+            return
+        self.generated[r] = 1
+        events.append((r, FIRST, t))
+        if self.output[r] <= 1:
+            self._retire(r, t, events)
+        else:
+            self.running.append(r)
+
+    def _decoded(self, batch: list[int], t: float, events: list[tuple[int, str, float]]) -> None:
+        """Each sequence of a decode batch made one token at `t`; the finished ones retire."""
+        for r in batch:
+            self.cache_len[r] += 1
+            self.generated[r] += 1
+            if self.generated[r] >= self.output[r]:
+                self._retire(r, t, events)
+
+    def _refuse_stuck(self, ran: bool, t: float, events: list[tuple[int, str, float]]) -> None:
+        """Nothing ran and nothing can: the head can never be admitted (a safety net)."""
+        if not ran and self.waiting and not self.running:
             r = self.waiting.popleft()
             events.append((r, REFUSED, t))
-        return t, events
 
     def _mixed_step(self, now: float, admitted: list[tuple[int, int]],
                     events: list[tuple[int, str, float]]) -> tuple[float, list[tuple[int, str, float]]]:
@@ -262,26 +274,11 @@ class EngineState:
         cost = curve.decode_ms(len(batch) + len(newcomers), context) if (batch or admitted) else 0.0
         cost += sum(curve.prefill_ms(tokens) for _, tokens in admitted)
         t = now + cost / 1000.0
-        for r in batch:
-            self.cache_len[r] += 1
-            self.generated[r] += 1
-            if self.generated[r] >= self.output[r]:
-                self._retire(r, t, events)
+        self._decoded(batch, t, events)
         for r, tokens in admitted:
-            self.cache_len[r] = tokens
-            if r in self.generated:  # resumed after a preemption: its tokens were already sent
-                self.running.append(r)
-                continue
-            self.generated[r] = 1
-            events.append((r, FIRST, t))
-            if self.output[r] <= 1:
-                self._retire(r, t, events)
-            else:
-                self.running.append(r)
+            self._enter(r, tokens, t, events)
         self.last_batch = len(batch) + len(admitted)
-        if not (admitted or batch) and self.waiting and not self.running:
-            r = self.waiting.popleft()
-            events.append((r, REFUSED, t))
+        self._refuse_stuck(bool(admitted or batch), t, events)
         return t, events
 
     def _grow(self, t: float, events: list[tuple[int, str, float]]) -> list[int]:
