@@ -38,41 +38,10 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 
+from vllm_interface import OPTIONAL_BOOLS, auto_complete  # noqa: E402
 from vllm_metrics import EngineMetrics, stat_logger_factory  # noqa: E402
 
 ENGINE_ARGS_FILE = "model.json"
-
-_OPTIONAL_BOOLS = (
-    "stream",
-    "exclude_input_in_output",
-    "return_finish_reason",
-    "return_cumulative_logprob",
-    "return_logprobs",
-    "return_num_input_tokens",
-    "return_num_output_tokens",
-)
-
-
-def _optional(name: str, data_type: str, dims: list[int]) -> dict:
-    return {"name": name, "data_type": data_type, "dims": dims, "optional": True}
-
-
-INPUTS = [
-    {"name": "text_input", "data_type": "TYPE_STRING", "dims": [1]},
-    _optional("image", "TYPE_STRING", [-1]),
-    _optional("stream", "TYPE_BOOL", [1]),
-    _optional("sampling_parameters", "TYPE_STRING", [1]),
-    *(_optional(name, "TYPE_BOOL", [1]) for name in _OPTIONAL_BOOLS[1:]),
-]
-OUTPUTS = [
-    {"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]},
-    {"name": "finish_reason", "data_type": "TYPE_STRING", "dims": [-1]},
-    {"name": "cumulative_logprob", "data_type": "TYPE_FP32", "dims": [-1]},
-    {"name": "logprobs", "data_type": "TYPE_STRING", "dims": [-1]},
-    {"name": "num_input_tokens", "data_type": "TYPE_UINT32", "dims": [1]},
-    {"name": "num_output_tokens", "data_type": "TYPE_UINT32", "dims": [-1]},
-]
-
 
 class BadRequest(Exception):
     """Refused before the engine sees it (INVALID_ARG)."""
@@ -164,18 +133,7 @@ def sampling_params_from(raw, defaults_max_tokens: int | None = None):
 class TritonPythonModel:
     @classmethod
     def auto_complete_config(cls, auto_complete_model_config):
-        config = auto_complete_model_config.as_dict()
-        have_inputs = {tensor["name"] for tensor in config["input"]}
-        have_outputs = {tensor["name"] for tensor in config["output"]}
-        for tensor in INPUTS:
-            if tensor["name"] not in have_inputs:
-                auto_complete_model_config.add_input(tensor)
-        for tensor in OUTPUTS:
-            if tensor["name"] not in have_outputs:
-                auto_complete_model_config.add_output(tensor)
-        auto_complete_model_config.set_model_transaction_policy(dict(decoupled=True))
-        auto_complete_model_config.set_max_batch_size(0)
-        return auto_complete_model_config
+        return auto_complete(auto_complete_model_config)
 
     def initialize(self, args):
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -226,7 +184,7 @@ class TritonPythonModel:
             raise BadRequest("this backend serves text models: the image input is not supported")
         text = _scalar(request, "text_input", required=True)
         prompt = text.decode("utf-8") if isinstance(text, bytes) else str(text)
-        flags = {name: bool(value) for name in _OPTIONAL_BOOLS if (value := _scalar(request, name)) is not None}
+        flags = {name: bool(value) for name in OPTIONAL_BOOLS if (value := _scalar(request, name)) is not None}
         stream = flags.get("stream", False)
         prepend = not flags.get("exclude_input_in_output", stream)
         if prepend and stream:

@@ -32,6 +32,7 @@ import triton_python_backend_utils as pb_utils
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 
 from standin_engine import GrowPreempt  # noqa: E402
+from vllm_interface import INPUTS, OPTIONAL_BOOLS, auto_complete, optional  # noqa: E402
 from standin_triton import (  # noqa: E402
     BadRequest,
     MetricPublisher,
@@ -47,38 +48,9 @@ ENGINE_ARGS_FILE = "model.json"
 VLLM_DEFAULT_MAX_TOKENS = 16  # vLLM SamplingParams.max_tokens
 DEFAULT_NUM_BLOCKS = 256  # no GPU to size the KV cache from: set num_gpu_blocks_override
 
-_OPTIONAL_BOOLS = (
-    "stream",
-    "exclude_input_in_output",
-    "return_finish_reason",
-    "return_cumulative_logprob",
-    "return_logprobs",
-    "return_num_input_tokens",
-    "return_num_output_tokens",
-)
-
-
-def _optional(name: str, data_type: str, dims: list[int]) -> dict:
-    return {"name": name, "data_type": data_type, "dims": dims, "optional": True}
-
-
-# in the real backend's order
-INPUTS = [
-    {"name": "text_input", "data_type": "TYPE_STRING", "dims": [1]},
-    _optional("image", "TYPE_STRING", [-1]),
-    _optional("stream", "TYPE_BOOL", [1]),
-    _optional("sampling_parameters", "TYPE_STRING", [1]),
-    *(_optional(name, "TYPE_BOOL", [1]) for name in _OPTIONAL_BOOLS[1:]),
-    _optional("embedding_request", "TYPE_STRING", [1]),
-]
-OUTPUTS = [
-    {"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]},
-    {"name": "finish_reason", "data_type": "TYPE_STRING", "dims": [-1]},
-    {"name": "cumulative_logprob", "data_type": "TYPE_FP32", "dims": [-1]},
-    {"name": "logprobs", "data_type": "TYPE_STRING", "dims": [-1]},
-    {"name": "num_input_tokens", "data_type": "TYPE_UINT32", "dims": [1]},
-    {"name": "num_output_tokens", "data_type": "TYPE_UINT32", "dims": [-1]},
-]
+# the upstream interface (tritongen/triton_backends/vllm/vllm_interface.py, linked beside this file),
+# and the embedding switch this stand-in refuses, last as the upstream lists it
+INPUTS = [*INPUTS, optional("embedding_request", "TYPE_STRING", [1])]
 
 # metric name -> (kind, EngineStats attribute, description); labels model and version
 METRICS = {
@@ -204,18 +176,7 @@ class _VllmSink(ResponseSink):
 class TritonPythonModel:
     @classmethod
     def auto_complete_config(cls, auto_complete_model_config):
-        config = auto_complete_model_config.as_dict()
-        have_inputs = {tensor["name"] for tensor in config["input"]}
-        have_outputs = {tensor["name"] for tensor in config["output"]}
-        for tensor in INPUTS:
-            if tensor["name"] not in have_inputs:
-                auto_complete_model_config.add_input(tensor)
-        for tensor in OUTPUTS:
-            if tensor["name"] not in have_outputs:
-                auto_complete_model_config.add_output(tensor)
-        auto_complete_model_config.set_model_transaction_policy(dict(decoupled=True))
-        auto_complete_model_config.set_max_batch_size(0)
-        return auto_complete_model_config
+        return auto_complete(auto_complete_model_config, inputs=INPUTS)
 
     def initialize(self, args):
         self.model_config = json.loads(args["model_config"])
@@ -253,7 +214,7 @@ class TritonPythonModel:
             raise BadRequest("this model does not support 'embed' requests")
         text = scalar(request, "text_input", required=True)
         prompt = text if isinstance(text, bytes) else str(text).encode("utf-8")
-        flags = {name: bool(value) for name in _OPTIONAL_BOOLS if (value := scalar(request, name)) is not None}
+        flags = {name: bool(value) for name in OPTIONAL_BOOLS if (value := scalar(request, name)) is not None}
         stream = flags.get("stream", False)
         if "exclude_input_in_output" in flags:
             prepend = not flags["exclude_input_in_output"]

@@ -1,0 +1,1 @@
+../../../../tritongen/triton_backends/vllm/vllm_interface.py
