@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -105,8 +106,6 @@ def write_tiny_llama(out: Path, shape: LlamaShape = LlamaShape()) -> Path:
         backup = out.with_name(out.name + f".old-{os.getpid()}")
         out.rename(backup)
         work.rename(out)
-        import shutil
-
         shutil.rmtree(backup, ignore_errors=True)
     else:
         work.rename(out)
@@ -142,11 +141,3 @@ def vllm_cpu_environment(engine_cpus: str | None = None) -> dict[str, str]:
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
     }
 
-
-def vllm_available() -> bool:
-    try:
-        import importlib.util
-
-        return importlib.util.find_spec("vllm") is not None
-    except (ImportError, ValueError):
-        return False

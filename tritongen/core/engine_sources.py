@@ -107,6 +107,14 @@ def _from_vllm(claims: _Claims, args: Mapping[str, object]) -> None:
     claims.add("kv_pool_blocks", blocks, where)
 
 
+def vllm_stated(model: str, args: Mapping[str, object]) -> dict[str, object]:
+    """What vLLM's model.json states, by engine field (kv_pool_blocks, kv_block_tokens, max_num_seqs,
+    ...), read as the resolver reads it; EngineSourceError names a value that is not a count."""
+    claims = _Claims(model)
+    _from_vllm(claims, args)
+    return {name: value for name, (value, _where) in claims.values.items()}
+
+
 def _from_trtllm(claims: _Claims, parameters: Mapping[str, str]) -> None:
     where = "config.pbtxt parameters"
     m = claims.model

@@ -37,12 +37,12 @@ from tritongen.core.engine_inference import (
     run_fits,
 )
 from tritongen.core.engine_metrics import TRTLLM_BLOCK_TYPE, TRTLLM_KV_BLOCKS, VLLM_USAGE_GAUGES, is_out_of_memory
-from tritongen.core.engine_sources import VLLM_DEFAULT_BLOCK_SIZE
+from tritongen.core.engine_sources import VLLM_DEFAULT_BLOCK_SIZE, EngineSourceError, vllm_stated
 from tritongen.core.llm_interface import LLMInterface, UnknownInterface, interface_from_config, prompt_of
 from tritongen.core.prometheus import kv_gauges, parse_prometheus
 from tritongen.core.profile_types import DecodeSample, EngineMeasurement, PrefillSample
 from tritongen.errors import BadInput, RunFailed
-from tritongen.profiler.load import ModelFailed, StreamLoad, StreamRecord
+from tritongen.profiler.load import ModelFailed, StreamLoad, StreamRecord, first_error
 from tritongen.reach import GRPC, grpc_reason, grpc_unreached, unreachable_message
 
 PROFILE_GRPC = "--grpc-url; by default port 8001 on the --url host"  # how the profile's gRPC address is set
@@ -242,16 +242,17 @@ class EngineProfiler:
         counted: list[tuple[int, float]] = []
         by_counter: list[tuple[int, float]] = []
         for sent in sorted(set(sizes)):
+            prompt_bytes = len(prompt_of(sent, 1.0))
             tensors = stream_inputs(self.interface, sent, 1, 1.0, count_input_tokens=bool(output))
             before = self._counter(PROMPT_TOKENS_COUNTER)
             count = _first_output_int(self.grpc_url, self.model, tensors, output or self.interface.text_output,
                                       want_int=bool(output))
             after = self._wait_counter(PROMPT_TOKENS_COUNTER, before)
             if output and count:
-                counted.append((len(prompt_of(sent, 1.0)), float(count)))
+                counted.append((prompt_bytes, float(count)))
             grown = counter_delta(before, after)
             if grown:
-                by_counter.append((len(prompt_of(sent, 1.0)), grown))
+                by_counter.append((prompt_bytes, grown))
         found = bytes_per_token_from_counts(counted)
         if found:
             return round(found, 4), "backend token counts"
@@ -296,9 +297,9 @@ class EngineProfiler:
         current = _decoding(worker)
         if current is not None:
             return current
-        errors = [r.error for r in worker.records if r.error not in (None, "stopped")]
-        if errors:
-            raise ModelFailed(f"model {self.model!r} refused the long request the prefill measurement runs beside: {errors[0]}")
+        said = first_error(worker)
+        if said:
+            raise ModelFailed(f"model {self.model!r} refused the long request the prefill measurement runs beside: {said}")
         raise ModelFailed(f"model {self.model!r}: a long request made no tokens within 5 s")
 
     def prefill(self, bpt: float) -> list[PrefillSample]:
@@ -365,11 +366,7 @@ class EngineProfiler:
     def _max_num_seqs(self) -> int | None:
         """The engine's running limit where its files state it: streams above it wait, so a level
         above it measures a step of that many sequences, not of its streams."""
-        try:
-            value = int((self.engine_args or {}).get("max_num_seqs") or 0)
-        except (TypeError, ValueError):
-            return None
-        return value or None
+        return self._stated().get("max_num_seqs")  # type: ignore[return-value]
 
     # -- KV capacity ----------------------------------------------------------------------------
 
@@ -409,17 +406,23 @@ class EngineProfiler:
                 return found[0], None, "capacity probe", found[1], names
         return None, None, None, None, names
 
-    def _capacity_from_files(self):
-        """The pool the engine's own files fix: vLLM's model.json `num_gpu_blocks_override` x
-        `block_size` (read where the profile can see the repository)."""
-        args = self.engine_args or {}
+    def _stated(self) -> dict[str, object]:
+        """What the engine's own files state (vLLM's model.json, where the profile sees the
+        repository), read as simulate's resolver reads them; nothing where a value is no count."""
+        if not self.engine_args:
+            return {}
         try:
-            blocks = int(args.get("num_gpu_blocks_override") or 0)
-            size = int(args.get("block_size") or 0)
-        except (TypeError, ValueError):
-            return None
+            return vllm_stated(self.model, self.engine_args)
+        except EngineSourceError:
+            return {}
+
+    def _capacity_from_files(self):
+        """The pool the engine's own files fix: `num_gpu_blocks_override` x `block_size`."""
+        stated = self._stated()
+        blocks = stated.get("kv_pool_blocks")
         if not blocks:
             return None
+        size = stated.get("kv_block_tokens")
         if not size:
             size = VLLM_DEFAULT_BLOCK_SIZE
             self.notes.append(f"model.json sets no block_size: vLLM's default {size} assumed")

@@ -200,7 +200,6 @@ class TritonPythonModel:
 
     async def _generate(self, sender, prompt, params, stream, prepend, flags):
         request_id = uuid.uuid4().hex
-        sent_outputs = 0
         try:
             async for output in self.engine.generate(prompt, params, request_id):
                 if sender.is_cancelled():
@@ -211,9 +210,7 @@ class TritonPythonModel:
                 text = completion.text
                 if prepend and not stream:
                     text = prompt + text
-                tokens = len(completion.token_ids)
-                sent_outputs += tokens
-                response = self._response(text, output, completion, tokens, flags)
+                response = self._response(text, output, completion, len(completion.token_ids), flags)
                 final = output.finished
                 if stream or final:
                     sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
