@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report import saved_report  # noqa: E402
+from bench.report import ms, rel, saved_report  # noqa: E402
 from tritongen.core.llm_interface import interface_from_config  # noqa: E402
 from tritongen.core.engine_sources import measured_from_profile, resolve_engine  # noqa: E402
 from tritongen.core.spec import EngineSection  # noqa: E402
@@ -82,14 +82,6 @@ def preemptions(server: TritonServer) -> float:
 
     text = httpx.get(server.metrics_url, timeout=10).text
     return sum(s.value for s in parse_prometheus(text) if s.name == "vllm:num_preemptions_total")
-
-
-def rel(a: float | None, b: float | None) -> str:
-    if a is None or b is None:
-        return "-"
-    if a == 0 and b == 0:
-        return "both 0"
-    return f"{(b - a) / a:+.0%}" if a else "inf"
 
 
 def main() -> int:
@@ -175,15 +167,11 @@ def one_model(server: TritonServer, model: str, case: dict, tmp: Path, seconds: 
         sim_pre = sim.models[0].preemptions
         print(
             f"| {factor:g}x | {arrivals.mean_rate:.1f} | {lc.throughput_per_s:.1f} / {sc.throughput_per_s:.1f} ({rel(lc.throughput_per_s, sc.throughput_per_s)}) "
-            f"| {_f(lc.ttft_p50_ms)} / {_f(sc.ttft_p50_ms)} ({rel(lc.ttft_p50_ms, sc.ttft_p50_ms)}) "
-            f"| {_f(lc.ttft_p99_ms)} / {_f(sc.ttft_p99_ms)} ({rel(lc.ttft_p99_ms, sc.ttft_p99_ms)}) "
+            f"| {ms(lc.ttft_p50_ms)} / {ms(sc.ttft_p50_ms)} ({rel(lc.ttft_p50_ms, sc.ttft_p50_ms)}) "
+            f"| {ms(lc.ttft_p99_ms)} / {ms(sc.ttft_p99_ms)} ({rel(lc.ttft_p99_ms, sc.ttft_p99_ms)}) "
             f"| {lc.oom_killed} / {sc.oom_killed} ({rel(lc.oom_killed, sc.oom_killed)}) "
             f"| {live_pre:.0f} / {sim_pre} ({rel(live_pre, sim_pre)}) |"
         )
-
-
-def _f(v: float | None) -> str:
-    return "-" if v is None else f"{v:.0f}" if v >= 100 else f"{v:.1f}"
 
 
 def _config(server: TritonServer, model: str) -> dict:

@@ -37,7 +37,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report import saved_report  # noqa: E402
+from bench.report import ms, rel, saved_report  # noqa: E402
 from tritongen.core.engine_sources import measured_from_profile, resolve_engine  # noqa: E402
 from tritongen.core.llm_interface import interface_from_config, prompt_of  # noqa: E402
 from tritongen.core.prometheus import parse_prometheus  # noqa: E402
@@ -58,18 +58,6 @@ LOADS = (0.5, 0.9, 1.5)
 
 def tritongen(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", "from tritongen.cli.main import run; run()", *args], capture_output=True, text=True, cwd=ROOT)
-
-
-def rel(live: float | None, sim: float | None) -> str:
-    if live is None or sim is None:
-        return "-"
-    if live == 0 and sim == 0:
-        return "both 0"
-    return f"{(sim - live) / live:+.0%}" if live else "inf"
-
-
-def _f(v: float | None) -> str:
-    return "-" if v is None else f"{v:.0f}" if v >= 100 else f"{v:.1f}"
 
 
 def counter(server: TritonServer, name: str, model: str) -> float:
@@ -276,8 +264,8 @@ def run(server: TritonServer, repo: Path, spec: Path, tmp: Path, args) -> None:
             lc = result.summary()[0][0]
             print(
                 f"| {factor:g}x | {arrivals.mean_rate:.1f} | {rep + 1} | {lc.throughput_per_s:.1f} / {sc.throughput_per_s:.1f} "
-                f"({rel(lc.throughput_per_s, sc.throughput_per_s)}) | {_f(lc.ttft_p50_ms)} / {_f(sc.ttft_p50_ms)} "
-                f"({rel(lc.ttft_p50_ms, sc.ttft_p50_ms)}) | {_f(lc.ttft_p99_ms)} / {_f(sc.ttft_p99_ms)} "
+                f"({rel(lc.throughput_per_s, sc.throughput_per_s)}) | {ms(lc.ttft_p50_ms)} / {ms(sc.ttft_p50_ms)} "
+                f"({rel(lc.ttft_p50_ms, sc.ttft_p50_ms)}) | {ms(lc.ttft_p99_ms)} / {ms(sc.ttft_p99_ms)} "
                 f"({rel(lc.ttft_p99_ms, sc.ttft_p99_ms)}) | {live_pre:.0f} / {sim_pre} ({rel(live_pre, sim_pre)}) | {cpu} |",
                 flush=True,
             )

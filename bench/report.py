@@ -74,3 +74,17 @@ def saved_report(name: str, results: Path = RESULTS) -> Iterator[Path]:
     partial.write_text(header + buffer.getvalue().rstrip() + "\n```\n")
     partial.replace(target)
     print(f"(figures written to {target.relative_to(Path.cwd()) if target.is_relative_to(Path.cwd()) else target})")
+
+
+def rel(reference: float | None, value: float | None) -> str:
+    """`value`'s error against `reference`, as the fidelity tables print it."""
+    if reference is None or value is None:
+        return "-"
+    if reference == 0 and value == 0:
+        return "both 0"
+    return f"{(value - reference) / reference:+.0%}" if reference else "inf"
+
+
+def ms(v: float | None) -> str:
+    """A latency in a table cell: whole milliseconds from 100 up, one decimal below."""
+    return "-" if v is None else f"{v:.0f}" if v >= 100 else f"{v:.1f}"
