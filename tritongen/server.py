@@ -157,16 +157,14 @@ VLLM_BACKEND_DIR = Path(__file__).parent / "triton_backends" / "vllm"
 
 
 def _config_backend(config: Path) -> str | None:
-    """The `backend:` a config.pbtxt names (a line scan: the launcher needs no protobuf parse)."""
+    """The `backend:` a config.pbtxt names; None where it cannot be read or parsed (the server
+    then reports that config in its own words, as before)."""
+    from tritongen.pbtxt import ConfigSyntaxError, parse_model_config
+
     try:
-        text = config.read_text(errors="replace")
-    except OSError:
+        return parse_model_config(config.read_text(errors="replace"), str(config)).backend or None
+    except (OSError, ConfigSyntaxError):
         return None
-    for line in text.splitlines():
-        stripped = line.split("#", 1)[0].strip()
-        if stripped.startswith("backend:"):
-            return stripped.split(":", 1)[1].strip().strip('"')
-    return None
 
 
 def repository_python_backends(repository: Path) -> dict[str, Path]:
