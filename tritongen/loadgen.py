@@ -30,6 +30,7 @@ import contextlib
 import gc
 import json
 import math
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -189,11 +190,17 @@ class _Runner:
         self.messages: list[str | None] = [None] * n
         self.in_flight = 0
         self.rng = np.random.default_rng(seed)
+        # Each LLM request's prompt starts uniquely (core.llm_interface.salted), from a random base so
+        # that a second run against the same server meets no prompt of the first in a prefix cache.
+        self.salt0 = secrets.randbelow(1000) * 10**7
         self._tensor_cache: dict[tuple[str, int], np.ndarray] = {}
         self.t0 = 0.0
         self.sse: aiohttp.ClientSession | None = None  # for HTTP generate_stream targets
         self.sse_base = ""
         self.sse_wanted = False
+
+    def _prompt(self, i: int, target: LoadTarget) -> str:
+        return prompt_of(int(self.arr.prompt[i]), target.bytes_per_token, salt=self.salt0 + i)
 
     def _error(self, i: int, message: str, now: float) -> None:
         self.status[i] = classify_error(message)
@@ -242,7 +249,7 @@ class _Runner:
         import tritonclient.grpc.aio as grpcaio
 
         assert target.interface is not None  # run_load refuses streaming targets without one
-        text_value = prompt_of(int(self.arr.prompt[i]), target.bytes_per_token)
+        text_value = self._prompt(i, target)
         tensors = target.interface.request(text_value, int(self.arr.output[i]), stream=True)
         inputs = infer_inputs(grpcaio, numpy_inputs(tensors))
         output_name = target.interface.text_output
@@ -296,7 +303,7 @@ class _Runner:
         """One request over HTTP generate_stream: each server-sent event is one response."""
         assert target.interface is not None and self.sse is not None
         body = target.interface.generate_body(
-            prompt_of(int(self.arr.prompt[i]), target.bytes_per_token), int(self.arr.output[i]), stream=True
+            self._prompt(i, target), int(self.arr.output[i]), stream=True
         )
         parameters = self._class_parameters(i, target)
         if parameters:

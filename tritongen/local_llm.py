@@ -112,6 +112,19 @@ def write_tiny_llama(out: Path, shape: LlamaShape = LlamaShape()) -> Path:
     return out
 
 
+SPEC_PLACEHOLDER = "TINY_LLAMA"
+
+
+def write_example_spec(template: Path, out: Path, shape: LlamaShape = LlamaShape()) -> Path:
+    """A runnable copy of a spec that names the tiny Llama by `SPEC_PLACEHOLDER` (the project's
+    examples/vllm/deployment.yaml): the model directory is written under `out` and its path put in
+    place of the placeholder. Returns the spec's path, `out/deployment.yaml`."""
+    llama = write_tiny_llama(Path(out) / "tiny-llama", shape)
+    spec = Path(out) / "deployment.yaml"
+    spec.write_text(Path(template).read_text().replace(SPEC_PLACEHOLDER, str(llama)))
+    return spec
+
+
 def split_cores() -> tuple[frozenset[int] | None, str | None]:
     """(CPUs for Triton, its stubs and clients; CPUs for a CPU engine's threads): the engine takes
     the last core of a host with two or more, as a GPU engine has its device to itself, so the

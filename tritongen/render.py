@@ -92,8 +92,33 @@ def render_repository(
 ) -> RenderedRepository:
     """Plan from the spec (and measured pads), then render the plan and the sidecar's policy."""
     plan = plan_deployment(loaded.spec, loaded.architectures, measured_pads_mb)
-    policy = build_sidecar_policy(loaded.spec, plan, profiles)
+    policy = build_sidecar_policy(loaded.spec, plan, profiles, model_dir_tokenizers(loaded, plan))
     return render_plan(plan, loaded.path.name, templates, sidecar_policy=policy)
+
+
+def model_dir_tokenizers(loaded: LoadedSpec, plan: DeploymentPlan) -> dict[str, str]:
+    """Model entry name -> the tokenizer.json of the directory the LLM loads from, for each LLM
+    whose spec names no `tokenizer`, so the sidecar counts prompts with the engine's own tokenizer
+    instead of a bytes-per-token bound. The directory is what vLLM tokenizes with (its engine
+    args' `tokenizer`, else `model`), else the spec's `hf_model`; a relative path is the spec's,
+    as every path in it. A hub id names no local directory and adds nothing. The check reads the
+    disk, so it lives here and the policy builder (core) takes what it found."""
+    found: dict[str, str] = {}
+    models = {m.name: m for m in loaded.spec.models}
+    for entry in plan.entries:
+        model = models[entry.spec_model]
+        if entry.kv is None or model.tokenizer is not None:
+            continue
+        args = entry.engine_args or {}
+        source = args.get("tokenizer") or args.get("model") or model.hf_model
+        if not source:
+            continue
+        directory = Path(str(source)).expanduser()
+        if not directory.is_absolute():
+            directory = loaded.path.parent / directory
+        if (directory / "tokenizer.json").is_file():
+            found[entry.name] = str((directory / "tokenizer.json").resolve())
+    return found
 
 
 def render_plan(

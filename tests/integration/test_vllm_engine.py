@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import cli
-from tritongen.local_llm import LlamaShape, split_cores, write_tiny_llama
+from tritongen.local_llm import SPEC_PLACEHOLDER, LlamaShape, split_cores, write_tiny_llama
 from tritongen.profiler.run import Endpoints, Profiler, TritonAdmin, default_settings, resolve_targets
 from tritongen.server import ServerOptions, TritonServer
 
@@ -160,7 +160,7 @@ def test_a_rendered_model_json_loads_and_serves_with_the_engine_gauges(server: T
     REPORT_ENGINE_GAUGES adds the engine's own gauges, the pool among them."""
     from tests.helpers import EXAMPLES
 
-    spec = (EXAMPLES / "vllm" / "deployment.yaml").read_text().replace("TINY_LLAMA", str(llama))
+    spec = (EXAMPLES / "vllm" / "deployment.yaml").read_text().replace(SPEC_PLACEHOLDER, str(llama))
     spec = spec.replace('REPORT_CUSTOM_METRICS: "true"', 'REPORT_CUSTOM_METRICS: "true"\n      REPORT_ENGINE_GAUGES: "true"')
     (tmp_path / "deployment.yaml").write_text(spec)
     rendered = cli("render", str(tmp_path / "deployment.yaml"), "-o", str(tmp_path / "out"))

@@ -176,13 +176,13 @@ def test_footprint_and_byte_pool_go_together() -> None:
 def test_limits_pool_bytes_from_the_plan_or_the_stated_blocks() -> None:
     where = dict(model="m", backend="python", parameters={"kv_policy": "grow_kill", "kv_block_tokens": "4"},
                  footprint=STATEFUL)
-    planned = resolve_engine_limits(planned_pool_blocks=10, planned_pool_bytes=999, **where)
+    planned = resolve_engine_limits(planned_pool_tokens=40, planned_pool_bytes=999, **where)
     assert (planned.kv_pool_bytes, planned.kv_footprint) == (999, STATEFUL)  # the plan's budget itself
     stated = resolve_engine_limits(**{**where, "parameters": {**where["parameters"], "kv_pool_blocks": "10"}},
                                    planned_pool_bytes=999)
     assert stated.kv_pool_bytes == 10 * 4 * 10  # 10 blocks of 4 tokens at the attention layers' 10 B/token
     uniform = KVFootprint(growing_layers=1, growing_bytes_per_token=10, all_full_bytes_per_token=10)
-    classic = resolve_engine_limits(planned_pool_blocks=10, **{**where, "footprint": uniform})
+    classic = resolve_engine_limits(planned_pool_tokens=40, **{**where, "footprint": uniform})
     assert classic.kv_pool_bytes is None and classic.kv_footprint is None  # a block pool, as before
 
 
@@ -247,6 +247,23 @@ def test_a_spec_that_contradicts_the_backend_files_is_an_error_naming_both() -> 
     agreed = resolve_engine(model="m", backend="vllm", parameters={}, measured=MEASURED,
                             engine_args={"num_gpu_blocks_override": 10}, spec=EngineSection(kv_pool_tokens=160))
     assert agreed.kv_pool_blocks == 10
+
+
+def test_the_plans_pool_keeps_its_tokens_at_the_engines_block_size() -> None:
+    # The plan sized 8192 blocks of its 16 tokens: 131072 tokens, whatever block the engine pages in.
+    where = dict(model="m", backend="python", parameters={}, planned_pool_tokens=8192 * 16)
+    granular = resolve_engine_limits(spec=EngineSection(kv_policy="reserve_kill"), **where)
+    assert (granular.kv_block_tokens, granular.kv_pool_blocks, granular.pool_tokens) == (1, 131072, 131072)
+    assert granular.sources["kv_pool_blocks"].startswith("tritongen's KV plan")
+    # re-blocked at a coarser block, rounding down to whole blocks: 131072 // 48 = 2730 blocks
+    coarse = resolve_engine_limits(spec=EngineSection(kv_policy="grow_kill", kv_block_tokens=48), **where)
+    assert (coarse.kv_pool_blocks, coarse.pool_tokens) == (2730, 2730 * 48)
+    # a pool in the engine's own terms wins over the plan's
+    stated = resolve_engine_limits(spec=EngineSection(kv_policy="reserve_kill", kv_pool_tokens=1920), **where)
+    assert stated.pool_tokens == 1920
+    with pytest.raises(EngineSourceError, match="holds no whole block of 64 tokens"):
+        resolve_engine_limits(**{**where, "planned_pool_tokens": 48},
+                              spec=EngineSection(kv_policy="grow_kill", kv_block_tokens=64))
 
 
 def test_an_unknown_policy_or_pool_is_an_error_that_says_what_to_set() -> None:

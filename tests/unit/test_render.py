@@ -202,13 +202,13 @@ def test_hybrid_render_plans_more_sequences_and_says_why(tmp_path: Path) -> None
 
 
 def test_a_cpu_vllm_engine_runs_what_its_pool_holds_at_the_typical_sequence(tmp_path: Path) -> None:
-    from tritongen.local_llm import LlamaShape
+    from tritongen.local_llm import SPEC_PLACEHOLDER, LlamaShape
 
     llama = tmp_path / "llama"
     llama.mkdir()
     (llama / "config.json").write_text(json.dumps(LlamaShape().config()))
     spec = tmp_path / "deployment.yaml"
-    spec.write_text((EXAMPLES / "vllm" / "deployment.yaml").read_text().replace("TINY_LLAMA", str(llama)))
+    spec.write_text((EXAMPLES / "vllm" / "deployment.yaml").read_text().replace(SPEC_PLACEHOLDER, str(llama)))
     result = render_repository(load_spec(spec))
     engine = json.loads(result.files["tiny_llama/1/model.json"])
     kv = result.plan.entry("tiny_llama").kv

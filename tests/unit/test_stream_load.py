@@ -39,3 +39,28 @@ def test_first_error_is_the_first_failed_request_whole_and_not_a_stopped_one() -
     assert first_error(worker) == "the model's own words\nline 2"
     worker.records = [StreamRecord(start=0.0, error="stopped"), StreamRecord(start=1.0, error="no final response after 60 s")]
     assert first_error(worker) == "no final response after 60 s"  # an error the worker wrote itself
+
+
+def test_each_request_gets_a_prompt_of_the_same_size_that_no_other_request_shares() -> None:
+    # A prefix cache (vLLM's is on by default) would serve a repeated prompt's blocks from memory and
+    # hide the prefill a profile measures; every request's prompt must start differently.
+    import numpy as np
+
+    from tritongen.core.llm_interface import prompt_of
+    from tritongen.profiler.load import unique_prompt
+
+    text = prompt_of(96, 4.0)
+    inputs = {"text_input": np.array([text.encode()], dtype=np.object_), "stream": np.array([True])}
+    prompts = [unique_prompt(inputs, "text_input")["text_input"][0] for _ in range(50)]
+    assert len(set(prompts)) == 50
+    assert all(len(p) == len(text.encode()) for p in prompts)
+    assert inputs["text_input"][0] == text.encode()  # the caller's tensors are left as they were
+    assert unique_prompt(inputs, None) == inputs and unique_prompt(inputs, "absent") == inputs
+
+
+def test_a_salted_prompt_keeps_its_length_and_its_salt_even_when_tiny() -> None:
+    from tritongen.core.llm_interface import prompt_of
+
+    assert len(prompt_of(2, 1.0, salt=123456)) == 2
+    assert prompt_of(40, 4.0, salt=7) != prompt_of(40, 4.0, salt=8)
+    assert prompt_of(40, 4.0, salt=7).startswith("seven: ") and len(prompt_of(40, 4.0, salt=7)) == 160

@@ -44,7 +44,7 @@ from tritongen.core.tune import (
 )
 from tritongen.errors import BadInput
 from tritongen.profiles import measured_pads_mb, read_profiles
-from tritongen.render import render_entry_config, render_plan, write_repository
+from tritongen.render import model_dir_tokenizers, render_entry_config, render_plan, write_repository
 from tritongen.core.plan import plan_deployment
 from tritongen.specio import load_spec
 from tritongen.traffic_files import arrivals_from, read_traffic
@@ -233,7 +233,8 @@ def tune(
         plan,
         {name: apply_candidate(plan.entry(name), p, inputs_by[name].classes, loaded.spec) for name, p in choices.items()},
     )
-    rendered = render_plan(tuned, spec.name, sidecar_policy=build_sidecar_policy(loaded.spec, tuned, profs))
+    policy = build_sidecar_policy(loaded.spec, tuned, profs, model_dir_tokenizers(loaded, tuned))
+    rendered = render_plan(tuned, spec.name, sidecar_policy=policy)
     console.print(f"[dim]search: {sum(r.candidates for r in results.values())} simulations in {search_s:.1f} s[/]")
     if report is not None:
         _write_report(report, results, choices, measured_capacity, inputs_by, search_s, verify_s)

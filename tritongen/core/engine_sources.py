@@ -172,7 +172,13 @@ def _from_section(claims: _Claims, section: EngineSection, where: str, backend: 
                 block = VLLM_DEFAULT_BLOCK_SIZE
             in_blocks = "kv_pool_blocks" in claims.values
             in_tokens = int(stated[0]) * int(block) if in_blocks and block else stated[0]  # type: ignore[call-overload]
-            if in_tokens != section.kv_pool_tokens or (in_blocks and not block):
+            if in_blocks and not block:
+                raise EngineSourceError(
+                    f"model {model!r}: the KV pool is {stated[0]} blocks in {stated[1]}, of a size nothing states, "
+                    f"but kv_pool_tokens {section.kv_pool_tokens} in {where}; state engine.kv_block_tokens so the "
+                    "two can be compared"
+                )
+            if in_tokens != section.kv_pool_tokens:
                 raise EngineSourceError(
                     f"model {model!r}: the KV pool is {in_tokens} tokens in {stated[1]} but kv_pool_tokens "
                     f"{section.kv_pool_tokens} in {where}; make them agree, or remove the spec's (the backend runs "
@@ -219,7 +225,9 @@ def entry_sources(entry, model) -> dict[str, object]:
     return dict(
         model=entry.name, backend=entry.backend, parameters=entry.parameters, engine_args=entry.engine_args,
         spec=model.engine, max_context=model.max_context, max_batch_size=entry.max_batch_size,
-        planned_pool_blocks=entry.kv.pool_blocks if entry.kv is not None else None,
+        # The plan counts its pool in blocks of ITS block size (spec.kv_block_tokens), which need
+        # not be the engine's (a token-granular engine, vLLM's default): tokens are what both share.
+        planned_pool_tokens=entry.kv.pool_blocks * entry.kv.block_tokens if entry.kv is not None else None,
         footprint=entry.kv.footprint if entry.kv is not None else None,
         planned_pool_bytes=entry.kv.budget_bytes if entry.kv is not None else None,
     )
@@ -238,7 +246,7 @@ def resolve_engine_limits(
     carried_where: str = "the spec's engine: section, carried by the profile",
     max_context: int | None = None,
     max_batch_size: int = 0,
-    planned_pool_blocks: int | None = None,
+    planned_pool_tokens: int | None = None,
     footprint: KVFootprint | None = None,
     planned_pool_bytes: int | None = None,
 ) -> EngineLimits:
@@ -246,7 +254,9 @@ def resolve_engine_limits(
     `measured` (optional here) adds what the profile saw of the pool. `carried` is an engine:
     section ranked below `spec`: what a profile carried from the spec (`StatedEngine`), which the
     command line's `spec` overrides value by value instead of contradicting. With a `footprint`
-    that is not uniform the pool is in bytes too (module docstring)."""
+    that is not uniform the pool is in bytes too (module docstring). `planned_pool_tokens` is the
+    KV plan's pool in tokens (its blocks x its block tokens), re-blocked here at the engine's block
+    size: a block count is only meaningful with the block size it was counted in."""
     claims = _Claims(model)
     if backend == "vllm":
         _from_vllm(claims, engine_args or {})
@@ -288,9 +298,15 @@ def resolve_engine_limits(
     if pool_blocks is None and measured is not None and measured.kv_capacity_tokens:
         pool_blocks = measured.kv_capacity_tokens // block
         sources["kv_pool_blocks"] = f"the profile ({measured.kv_capacity_source})"
-    from_plan = pool_blocks is None and bool(planned_pool_blocks)
+    from_plan = pool_blocks is None and bool(planned_pool_tokens)
     if from_plan:
-        pool_blocks, sources["kv_pool_blocks"] = planned_pool_blocks, "tritongen's KV plan (budget / block bytes)"
+        pool_blocks = int(planned_pool_tokens) // block  # type: ignore[arg-type]  # whole blocks of the engine's
+        sources["kv_pool_blocks"] = "tritongen's KV plan (budget / bytes per token, in whole blocks)"
+    if pool_blocks == 0:  # tokens (stated, measured or planned) short of one of the engine's blocks
+        raise EngineSourceError(
+            f"model {model!r}: its KV pool ({sources['kv_pool_blocks']}) holds no whole block of {block} tokens; "
+            "state engine.kv_pool_tokens and engine.kv_block_tokens that agree with the engine"
+        )
     if not pool_blocks:
         raise EngineSourceError(
             f"model {model!r}: the size of its KV pool is unknown: neither the backend's files, the engine's "

@@ -12,7 +12,9 @@ number comes from the same arithmetic the configs were rendered from:
   its own length (a single measured bytes/token cannot say how those layers grow, so it is not
   used for them); the profiled prefill peak per prompt length (`memory.prefill`); prompt bytes per
   token from the spec, else the backend's own token counts in the profile, else 1 (the bound
-  that never under-counts); the prompt and max_tokens inputs of the model's interface.
+  that never under-counts), and the tokenizer.json that counts prompts exactly where one is
+  known (the spec's `tokenizer`, else the one the caller found in the model's own directory);
+  the prompt and max_tokens inputs of the model's interface.
 * LLM limits: the engine the model runs (engine_sources: vLLM's model.json, TensorRT-LLM's
   parameters, tritongen's engine parameters, the spec's `engine:` section, the profile, the KV
   plan): its KV policy, its pool (tokens x KV bytes per token, per engine; the quota is that x
@@ -130,7 +132,8 @@ def _class_entry(spec: DeploymentSpec, klass: TrafficClass, top: int) -> dict[st
 
 
 def _model_entry(
-    spec: DeploymentSpec, plan: DeploymentPlan, entry: ModelEntryPlan, profile: Profile | None, notes: list[str]
+    spec: DeploymentSpec, plan: DeploymentPlan, entry: ModelEntryPlan, profile: Profile | None, notes: list[str],
+    found_tokenizer: str | None = None,
 ) -> dict[str, Any]:
     model = next(m for m in spec.models if m.name == entry.spec_model)
     placement = next(p for p in plan.placements if p.model == entry.spec_model)
@@ -148,7 +151,7 @@ def _model_entry(
         "default_priority": batching.default_priority_level if batching else 0,
     }
     if entry.kv is not None:
-        out.update(_llm_entry(spec, model, entry, profile, engines, notes))
+        out.update(_llm_entry(spec, model, entry, profile, engines, notes, found_tokenizer))
     else:
         out["request_bytes"] = _row_bytes(model.inputs) + _row_bytes(model.outputs)
         out["request_bytes_source"] = "analytic"
@@ -177,10 +180,11 @@ def _triton_accepts(entry: ModelEntryPlan, engines: int) -> tuple[int | None, st
 
 def _llm_entry(
     spec: DeploymentSpec, model: ModelSpec, entry: ModelEntryPlan, profile: Profile | None, engines: int,
-    notes: list[str],
+    notes: list[str], found_tokenizer: str | None = None,
 ) -> dict[str, Any]:
     """An LLM's cost model and limits, from the engine it runs (engine_sources: the backend's files,
-    the spec's engine: section, the profile, the KV plan) at its traffic's typical request size."""
+    the spec's engine: section, the profile, the KV plan) at its traffic's typical request size.
+    `found_tokenizer`: the tokenizer.json of the model's own directory, when the caller found one."""
     kv = entry.kv
     assert kv is not None
     memory = profile.memory if profile is not None else None
@@ -209,6 +213,7 @@ def _llm_entry(
     limits = _engine_limits(model, entry, profile)
     interface = _interface(entry)
     prompt_bpt, prompt_bpt_source = _prompt_bytes_per_token(model, profile)
+    tokenizer, counted_by = _tokenizer(model, found_tokenizer)
     if limits is None:
         # Nothing states how the engine behaves: reserve each request's footprint against the
         # KV plan's pool, which is safe whatever the engine does.
@@ -237,7 +242,7 @@ def _llm_entry(
             "engine_pool_bytes": engine_pool,
             "default_max_tokens": _default_max_tokens(model, interface),
             "prompt_bytes_per_token": prompt_bpt,
-            "tokenizer": str(model.tokenizer) if model.tokenizer is not None else None,
+            "tokenizer": tokenizer,
             "prompt_input": interface.text_input if interface else "text_input",
             "max_tokens_input": (interface.max_tokens_input if interface else None) or "max_tokens",
             "preallocated": True,
@@ -262,7 +267,7 @@ def _llm_entry(
         f"({pool_from}; {fitting} fit), {seqs} sequences x {engines} engine(s) in flight; admits by {admits}; "
         f"{bpt:g} KV bytes/token ({source})"
         f"{'; ' + _footprint_note(hybrid) if hybrid is not None else ''}; prompts "
-        f"{'counted by ' + model.tokenizer.name + ', else ' if model.tokenizer else ''}at {prompt_bpt:g} bytes/token "
+        f"{'counted by ' + counted_by + ', else ' if counted_by else ''}at {prompt_bpt:g} bytes/token "
         f"({prompt_bpt_source}); "
         f"prefill peaks: {len(prefill) or 'none'}"
     )
@@ -308,6 +313,17 @@ def _interface(entry: ModelEntryPlan) -> LLMInterface | None:
         return None
 
 
+def _tokenizer(model: ModelSpec, found: str | None) -> tuple[str | None, str | None]:
+    """The tokenizer.json the sidecar counts prompts with, and how the note names it: the spec's
+    `tokenizer`, else the one the caller found in the model's own directory (the file the engine
+    tokenizes with), else none (the bytes-per-token bound counts)."""
+    if model.tokenizer is not None:
+        return str(model.tokenizer), model.tokenizer.name
+    if found is not None:
+        return found, f"{found} (the model directory's tokenizer.json)"
+    return None, None
+
+
 def _prompt_bytes_per_token(model: ModelSpec, profile: Profile | None) -> tuple[float, str]:
     """Prompt bytes per token: the spec's tokenizer ratio, else what the backend's own token counts
     showed the profile, else 1.0, the bound that never under-counts (a token is at least a byte)."""
@@ -340,13 +356,17 @@ def _devices(spec: DeploymentSpec, plan: DeploymentPlan) -> list[dict[str, Any]]
 
 
 def build_sidecar_policy(
-    spec: DeploymentSpec, plan: DeploymentPlan, profiles: Mapping[str, Profile] | None = None
+    spec: DeploymentSpec, plan: DeploymentPlan, profiles: Mapping[str, Profile] | None = None,
+    model_tokenizers: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The policy document (version 1) for `sidecar_policy.json`; profiles are keyed by model entry
-    name (or spec model name) and are optional."""
+    name (or spec model name) and are optional. `model_tokenizers` (model entry name -> path) are
+    the tokenizer.json files the caller found in the models' own directories (this module reads no
+    files: tritongen.render.model_dir_tokenizers); a spec's `tokenizer` wins over them."""
     profiles = profiles or {}
+    found = model_tokenizers or {}
     notes: list[str] = []
-    models = [_model_entry(spec, plan, e, _profile_for(profiles, e), notes) for e in plan.entries]
+    models = [_model_entry(spec, plan, e, _profile_for(profiles, e), notes, found.get(e.name)) for e in plan.entries]
     # The adaptive limit counts LLM requests only (classic ones are bounded by what Triton takes).
     total_inflight = max(1, sum(m["max_inflight"] for m in models if m["kind"] == "llm"))
     top = min(c.priority for c in spec.traffic_classes)

@@ -224,7 +224,7 @@ class EngineProfiler:
     # -- pieces ---------------------------------------------------------------------------------
 
     def _stream(self, inputs) -> StreamLoad:
-        return StreamLoad(self.grpc_url, self.model, inputs, self.interface.text_output)
+        return StreamLoad(self.grpc_url, self.model, inputs, self.interface.text_output, prompt_input=self.interface.text_input)
 
     def _counter(self, name: str) -> float | None:
         values = [s.value for s in self._families() if s.name == name]

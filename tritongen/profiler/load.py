@@ -15,7 +15,9 @@ Ctrl-C, cancel what is in flight, and close their connections, so a server never
 from __future__ import annotations
 
 import asyncio
+import itertools
 import queue
+import secrets
 import signal
 import threading
 import time
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tritongen.client import infer_inputs
+from tritongen.core.llm_interface import salted
 from tritongen.errors import RunFailed
 from tritongen.reach import stream_cause
 
@@ -291,8 +294,32 @@ class StreamRecord:
         return self.token_times[0] - self.start if self.token_times else None
 
 
+# Salts for prompts: unique in this process, and from a random start so that a second run on the
+# same server does not meet the first run's prompts in the engine's prefix cache.
+_SALTS = itertools.count(secrets.randbelow(1000) * 10**6)
+
+
+def unique_prompt(inputs: Mapping[str, np.ndarray], prompt_input: str | None) -> dict[str, np.ndarray]:
+    """`inputs` with the prompt tensor's text made unique (core.llm_interface.salted); unchanged
+    when there is no such tensor or it holds no text."""
+    out = dict(inputs)
+    value = out.get(prompt_input) if prompt_input else None
+    if value is None or value.size == 0:
+        return out
+    first = value.reshape(-1)[0]
+    if not isinstance(first, (bytes, str)):
+        return out
+    text = first.decode("utf-8", "replace") if isinstance(first, bytes) else first
+    fresh = value.copy()
+    fresh.reshape(-1)[0] = salted(text, next(_SALTS)).encode()
+    out[prompt_input] = fresh  # type: ignore[index]
+    return out
+
+
 class StreamWorker(threading.Thread):
-    """One gRPC stream sending requests one after another until stopped (or `limit` are done)."""
+    """One gRPC stream sending requests one after another until stopped (or `limit` are done);
+    with `prompt_input`, each request's prompt starts uniquely (`unique_prompt`), so an engine's
+    prefix cache cannot hide the prefill it measures."""
 
     def __init__(
         self,
@@ -305,8 +332,10 @@ class StreamWorker(threading.Thread):
         request_timeout_s: float = 60.0,
         go: threading.Event | None = None,
         pause_s: float = 0.0,
+        prompt_input: str | None = None,
     ) -> None:
         super().__init__(name=f"tritongen-stream-{model}", daemon=True)
+        self.prompt_input = prompt_input
         self.pause_s = pause_s  # between requests (0: closed loop, back to back)
         self.ready = threading.Event()  # connected, stream open
         self.go = go  # when given, the first request waits for it (streams that start together)
@@ -344,6 +373,8 @@ class StreamWorker(threading.Thread):
                 self.current = record
                 request_id = f"{self.name}-{sent}"
                 sent += 1
+                if self.prompt_input:
+                    tensors = infer_inputs(grpcclient, unique_prompt(self.inputs, self.prompt_input))
                 client.async_stream_infer(self.model, tensors, request_id=request_id, enable_empty_final_response=True)
                 self._collect(record, responses, request_id)
                 self.records.append(record)
@@ -400,12 +431,14 @@ class StreamWorker(threading.Thread):
 class StreamLoad:
     """N stream workers in closed loop; `run_level` windows their token rate."""
 
-    def __init__(self, url: str, model: str, inputs: Mapping[str, np.ndarray], output: str, request_timeout_s: float = 60.0) -> None:
+    def __init__(self, url: str, model: str, inputs: Mapping[str, np.ndarray], output: str, request_timeout_s: float = 60.0,
+                 prompt_input: str | None = None) -> None:
         self.url = url
         self.model = model
         self.inputs = dict(inputs)
         self.output = output
         self.request_timeout_s = request_timeout_s
+        self.prompt_input = prompt_input  # the input holding the prompt: each request's is made unique
 
     def start(
         self,
@@ -420,7 +453,8 @@ class StreamLoad:
         stop = threading.Event()
         go = threading.Event() if together else None
         workers = [
-            StreamWorker(self.url, self.model, inputs or self.inputs, self.output, stop, limit, self.request_timeout_s, go, pause_s)
+            StreamWorker(self.url, self.model, inputs or self.inputs, self.output, stop, limit, self.request_timeout_s, go, pause_s,
+                         self.prompt_input)
             for _ in range(concurrency)
         ]
         for worker in workers:

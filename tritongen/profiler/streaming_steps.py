@@ -63,7 +63,7 @@ class StreamingSteps:
         s = builder.settings
         interface = interface_of(target.name, target.config)
         target = replace(target, interface=interface)
-        stream = StreamLoad(self.endpoints.grpc, target.name, {}, interface.text_output)
+        stream = StreamLoad(self.endpoints.grpc, target.name, {}, interface.text_output, prompt_input=interface.text_input)
         probe, notes = self.probe_factory(target)
         memory = MemorySection(
             probe=probe.name,
