@@ -29,7 +29,8 @@ shares and each model's typical_prompt_tokens / typical_output_tokens):
     admitted interactive requests; goals: 0 kills through the sidecar, completed/s >= direct's,
     refusal P99 <= 5 ms, admitted interactive TTFT P99 within the class's target;
   * --burst requests of the batch class at once: served / killed / refused, and how many were
-    served with a TTFT within the batch class's target; goal: >= 95% of them, and 0 kills.
+    served with a TTFT within the batch class's target; goal: >= 95% of them, and 0 kills (an engine
+    that queues, which serves a burst in its own time whatever the sidecar does: >= direct's).
 
 Figures are figures: the sidecar's LLM admission is being rewritten, and today's may miss goals.
 Counts of kills and refusals cover the whole run; completed/s and percentiles the measurement
@@ -118,8 +119,8 @@ def profile_models(spec: Path, models: list[str], server: TritonServer, out: Pat
         clock = time.perf_counter()
         tritongen("profile", str(spec), *[a for m in models for a in ("-m", m)], "--url", server.http_url,
                   "--grpc-url", server.grpc_url, "--metrics-url", server.metrics_url, "-o", str(out),
-                  "--stream-concurrency", "1,4,8,16")
-        print(f"profiles: `tritongen profile {shown(spec)} -m {' -m '.join(models)} --url ...` "
+                  "--stream-concurrency", "1,4,8,16", "--repo", str(server.options.repository))
+        print(f"profiles: `tritongen profile {shown(spec)} -m {' -m '.join(models)} --url ... --repo REPO` "
               f"({time.perf_counter() - clock:.0f} s)")
     profiles = {}
     for model in models:
@@ -298,6 +299,12 @@ def capacity_of(case: Case) -> tuple[float, str]:
     return capacity, words
 
 
+def queues(case: Case) -> bool:
+    """Whether the model's engine queues or preempts (never kills), as its policy says."""
+    entry = next((m for m in case.policy.get("models", []) if m.get("name") == case.model), {})
+    return (entry.get("kv") or {}).get("kv_policy") == "grow_preempt"
+
+
 def policy_words(policy: dict, model: str) -> str:
     """What today's policy says about the model (keys read with .get: the policy gains fields)."""
     entry = next((m for m in policy.get("models", []) if m.get("name") == model), None)
@@ -454,9 +461,15 @@ def one_model(case: Case) -> None:
             add(case, "", "refusals", f"{direct.refused} ({direct.refusal_reasons()})", f"{via.refused} ({via.refusal_reasons()})")
         within_d = int((direct.ttft_ms() <= batch.p99_ms).sum())
         within_v = int((via.ttft_ms() <= batch.p99_ms).sum())
-        need = int(np.ceil(0.95 * case.burst))
-        add(case, "", f"served with TTFT <= {batch.p99_ms:g} ms ({batch.name} target)", str(within_d), str(within_v),
-            f">= {need} of {case.burst}, 0 kills", within_v >= need and via.kills == 0)
+        if queues(case):
+            # An engine that queues serves a burst in its own time whatever the sidecar does: the goal
+            # is to serve at least as many in time as the server alone, and refuse the rest at once.
+            add(case, "", f"served with TTFT <= {batch.p99_ms:g} ms ({batch.name} target)", str(within_d),
+                str(within_v), ">= direct, 0 kills", within_v >= within_d and via.kills == 0)
+        else:
+            need = int(np.ceil(0.95 * case.burst))
+            add(case, "", f"served with TTFT <= {batch.p99_ms:g} ms ({batch.name} target)", str(within_d), str(within_v),
+                f">= {need} of {case.burst}, 0 kills", within_v >= need and via.kills == 0)
         add(case, "", "TTFT P99 / last response s", _burst_times(direct), _burst_times(via))
         if direct.preemptions is not None:
             add(case, "", "preemptions (vllm metric)", f"{direct.preemptions:.0f}", f"{via.preemptions or 0:.0f}")

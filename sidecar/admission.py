@@ -65,6 +65,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from sidecar.engine_concurrency import EngineConcurrency
 from sidecar.policy import (
     DEFAULT_TENANT,
     OTHER_TENANTS,
@@ -103,6 +104,20 @@ SHARE_INCREASE = 0.1
 
 
 _LIMIT_GROUP = ("limit", "llm")  # the queue group the adaptive concurrency limit holds
+
+
+def _engine_queues(model: ModelPolicy) -> bool:
+    """An LLM whose engine grows and preempts (never kills): its in-flight limit follows the engine
+    (EngineConcurrency) and no KV is reserved for it."""
+    return model.kv is not None and model.kv.kv_policy == "grow_preempt" and model.max_inflight is not None
+
+
+def _pool_blocks(model: ModelPolicy) -> int | None:
+    """The engine's pool in whole blocks: no engine runs more sequences than that."""
+    kv = model.kv
+    if kv is None or not kv.engine_pool_bytes or kv.bytes_per_token <= 0:
+        return None
+    return max(1, int(kv.engine_pool_bytes // (kv.block_tokens * kv.bytes_per_token))) * model.engines
 
 
 class Action(str, Enum):
@@ -430,6 +445,7 @@ class AdmissionState:
         self._reserved_scope: dict[str, int] = defaultdict(int)
         self._reserved_kv: dict[str, int] = defaultdict(int)
         self._inflight_model: dict[str, int] = defaultdict(int)
+        self._started_model: dict[str, int] = defaultdict(int)  # of those, past their first response
         self._sequences_model: dict[str, int] = defaultdict(int)
         self._inflight_tenant: dict[str, int] = {}  # no zero entries (see _count_tenant)
         self._reserved_tenant: dict[str, int] = {}
@@ -445,6 +461,9 @@ class AdmissionState:
         self._service_s: dict[str, float] = {}  # EWMA of admitted -> released, per model
         self._upstream_latency: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=LATENCY_SAMPLES))
         self._lower_share: dict[str, LowerShare] = defaultdict(LowerShare)
+        self._engine_limits: dict[str, EngineConcurrency] = {}  # models whose engine queues (_index)
+        self._engine_demand: set[str] = set()  # of those, the ones a request waited for since the last tick
+        self._follow_engines()
         self._arrivals: dict[str, deque[tuple[float, int]]] = defaultdict(deque)
         # Per model, how many of `_arrivals` are at each level: a rate is a sum over the few levels,
         # not a walk of the window (thousands of arrivals under a burst, asked on every decision).
@@ -462,6 +481,7 @@ class AdmissionState:
         """A reloaded policy takes effect at once; reservations and waiting requests are kept."""
         self.policy = policy
         self._index()
+        self._follow_engines()
         self.limit.reconfigure(policy.concurrency)
         for waiting in self._waiting.values():
             waiting.groups = self._groups(waiting.request)
@@ -495,6 +515,23 @@ class AdmissionState:
         self._devices = {d.id: d for d in self.policy.devices}
         self._tenants = {t.name: t for t in self.policy.tenants}
         self._unknown_models: dict[str, ModelPolicy] = {}
+        self._queueing = {m.name for m in self.policy.models if _engine_queues(m)}
+
+    def _follow_engines(self) -> None:
+        """One EngineConcurrency per model whose engine queues, started at its max_inflight; a
+        reloaded policy keeps a law whose starting figure it did not change, and what it learnt."""
+        kept = self._engine_limits
+        self._engine_limits = {}
+        for model in self.policy.models:
+            if model.name not in self._queueing:
+                continue
+            assert model.max_inflight is not None and model.kv is not None
+            ceiling = _pool_blocks(model)
+            law = kept.get(model.name)
+            if law is None or law.start != model.max_inflight or law.ceiling != ceiling:
+                law = EngineConcurrency(self.policy.queueing_engines, model.max_inflight, ceiling=ceiling)
+            law.cfg = self.policy.queueing_engines
+            self._engine_limits[model.name] = law
 
     def model_policy(self, name: str) -> ModelPolicy:
         found = self._models.get(name)
@@ -529,8 +566,13 @@ class AdmissionState:
         return found.value if found is not None else 1.0
 
     def _counts_for_limit(self, name: str) -> bool:
+        """LLMs whose memory the adaptive limit guards; a queueing engine's LLM has its own limit."""
         found = self._models.get(name)
-        return found is not None and found.kv is not None
+        return found is not None and found.kv is not None and name not in self._queueing
+
+    def engine_limit(self, name: str) -> EngineConcurrency | None:
+        """The law that holds the in-flight limit of a model whose engine queues (None: not one)."""
+        return self._engine_limits.get(name)
 
     def tenant_quota(self, tenant: str) -> TenantQuota | None:
         """The tenant's own quota, else the policy's `default_tenant` (None: unlimited)."""
@@ -606,7 +648,14 @@ class AdmissionState:
             slots.append(Room("concurrency_limit", "requests", self._inflight_llm,
                               max(1, math.floor(self.limit.value * frac)), 1, shared=False, static=False,
                               holds="limit"))
-        if model.max_inflight is not None:
+        law = self._engine_limits.get(model.name)
+        if law is not None:
+            # An engine that queues has no room to keep for the top class: a slot frees within one
+            # sequence's run and the queue's order gives it to the most urgent; LowerShare (below)
+            # holds the lower classes back when the top class's first tokens come late.
+            slots.append(Room(f"model_concurrency_quota:{model.name}", "requests", self._inflight_model[model.name],
+                              law.limit, 1, shared=False, static=False))
+        elif model.max_inflight is not None:
             slots.append(Room(f"model_concurrency_quota:{model.name}", "requests", self._inflight_model[model.name],
                               max(1, math.floor(model.max_inflight * frac)), 1, shared=False, static=True))
         reserves = model.kv is None or model.kv.reserves
@@ -622,8 +671,9 @@ class AdmissionState:
                                    math.floor(model.memory_quota_bytes * frac * share), cost.kv_bytes, shared=False,
                                    static=False))
             elif model.max_inflight is not None:
+                seqs = law.limit if law is not None else model.max_inflight * frac
                 slots.append(Room(f"lower_class_share:{model.name}", "requests", self._inflight_model[model.name],
-                                  max(1, math.floor(model.max_inflight * frac * share)), 1, shared=False, static=False))
+                                  max(1, math.floor(seqs * share)), 1, shared=False, static=False))
         if model.kv is not None and reserves:
             pool = f"pool:{model.name}"
             cap = self.capacity(pool, now)
@@ -769,6 +819,9 @@ class AdmissionState:
         del self._waiting[request.id]
         self._demand = True
         blocked = verdict.blocked or self._head_blocker(now, request)
+        if blocked is not None and request.model in self._engine_limits and blocked.name in (
+                f"model_concurrency_quota:{request.model}", f"lower_class_share:{request.model}"):
+            self._engine_demand.add(request.model)
         if blocked is None:
             limit_name, cap, used = "queue_order", None, None
         else:
@@ -842,6 +895,11 @@ class AdmissionState:
         if res.first_response_at is None:
             res.first_response_at = self._now()
             self._upstream_latency[res.request.model].append(res.first_response_at - res.admitted_at)
+            self._started_model[res.request.model] += 1
+            law = self._engine_limits.get(res.request.model)
+            if law is not None:
+                law.observe_first_token(res.first_response_at - res.admitted_at)
+                law.observe_running(self._started_model[res.request.model])
             model = self._models.get(res.request.model)
             if model is not None and model.kv is not None:
                 klass = self.class_policy(res.request.klass)
@@ -856,8 +914,12 @@ class AdmissionState:
         res.prefill_bytes = 0
         self._pump()
 
-    def release(self, request_id: Hashable, tokens: int | None = None, linger_s: float = 0.0) -> bool:
+    def release(self, request_id: Hashable, tokens: int | None = None, linger_s: float = 0.0,
+                responses: int | None = None) -> bool:
         """The request ended (any way). Idempotent; False if it held nothing.
+
+        `tokens`: the sequence's length (prompt + output); `responses`: the streamed responses it got
+        (one a token), whose spacing is the engine's step (EngineConcurrency).
 
         `linger_s` > 0 keeps its bytes reserved that much longer (a cancelled request the engine may
         still hold memory for); the in-flight count drops at once either way.
@@ -874,6 +936,9 @@ class AdmissionState:
             self._upstream_latency[model].append(service)  # no streamed response: the whole request
         prev_service = self._service_s.get(model)
         self._service_s[model] = service if prev_service is None else prev_service + SERVICE_ALPHA * (service - prev_service)
+        law = self._engine_limits.get(model)
+        if law is not None and responses is not None and responses > 1 and res.first_response_at is not None and linger_s == 0:
+            law.observe_gap((now - res.first_response_at) / (responses - 1))
         if tokens is not None and tokens > 0:
             per_seq = tokens / max(1, res.request.cost.sequences)
             prev = self._seq_len.get(model)
@@ -972,6 +1037,18 @@ class AdmissionState:
         if self.last_limit_move != "hold":
             self._demand = False
         self._refuse_hopeless(now)
+        due = [name for name, law in self._engine_limits.items() if law.due(now)]
+        if due:
+            waited = {w.request.model for w in self._waiting.values()}
+            pending: dict[str, list[float]] = defaultdict(list)  # at the engine, no first token yet
+            for res in self._reservations.values():
+                if res.first_response_at is None and res.lingering_until is None:
+                    pending[res.request.model].append(now - res.admitted_at)
+            for name in due:
+                self._engine_limits[name].update(now, demand=name in self._engine_demand or name in waited,
+                                                 pending_ages=pending.get(name, ()),
+                                                 running=self._started_model.get(name, 0))
+                self._engine_demand.discard(name)
         for name, share in self._lower_share.items():
             top = self._top_class.get(name)
             if top is not None:
@@ -1019,6 +1096,8 @@ class AdmissionState:
         if self._counts_for_limit(model):
             self._inflight_llm -= 1
         self._inflight_model[model] -= 1
+        if res.first_response_at is not None:
+            self._started_model[model] -= 1
         self._sequences_model[model] -= res.request.cost.sequences
         self._count_tenant(res.request.tenant, inflight=-1)
 
@@ -1337,6 +1416,9 @@ class AdmissionState:
                 "drain_rate_per_s": self.drain_rate(name, now),
                 "lower_class_share": self.lower_share(name),  # LowerShare: 1.0 unless the top class is late
             }
+            law = self._engine_limits.get(name)
+            if law is not None:
+                models[name]["engine_limit"] = law.status()
         scopes = {}
         for scope in sorted({d.id for d in self.policy.devices} | {f"pool:{m.name}" for m in self.policy.models if m.kv}):
             reading = self.reading(scope, now)

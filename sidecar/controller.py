@@ -379,7 +379,7 @@ class _Admission:
         if ticket.sent and not ticket.completed:
             grace = state.model_policy(ticket.model).release_grace_ms / 1000
         tokens = ticket.cost.prompt_tokens + ticket.tokens if ticket.tokens else None
-        state.release(ticket.id, tokens=tokens, linger_s=grace)
+        state.release(ticket.id, tokens=tokens, linger_s=grace, responses=ticket.tokens)
         if state.has_events:
             ctl.dispatch()
         ctl._finished(self._series, ticket.klass, self._mlabel, outcome)

@@ -284,6 +284,27 @@ class ConcurrencyPolicy(_Strict):
         return self
 
 
+class QueueingEnginePolicy(_Strict):
+    """The in-flight limit of an LLM whose engine queues or preempts (sidecar/engine_concurrency.py):
+    it starts at the model's max_inflight and follows what the engine runs. The defaults are counts
+    of the engine's own steps and fractions, not times, so they hold on any device."""
+
+    wait_steps: float = Field(
+        default=2.0, gt=0, description="A request without a first token this many decode steps past the engine's "
+        "baseline time to first token waits for a slot inside the engine (one it has room for starts within "
+        "about a step of its prefill)."
+    )
+    baseline_quantile: float = Field(
+        default=0.1, gt=0, lt=0.5, description="The engine's baseline time to first token: this quantile of the "
+        "last 512 first tokens."
+    )
+    interval_ms: float = Field(default=1000, gt=0, description="At most one move per interval.")
+    min_samples: int = Field(default=8, ge=1, description="First tokens measured before the limit moves.")
+    increase_fraction: float = Field(
+        default=0.125, gt=0, le=1, description="Step up by this fraction of the limit (at least one request)."
+    )
+
+
 class HeadroomPolicy(_Strict):
     sources: list[Literal["nvml", "triton_metrics", "static"]] = Field(
         default_factory=lambda: ["nvml", "triton_metrics", "static"],
@@ -398,6 +419,10 @@ class SidecarPolicy(_Strict):
         "unless listed); None: unlimited.",
     )
     concurrency: ConcurrencyPolicy
+    queueing_engines: QueueingEnginePolicy = Field(
+        default_factory=QueueingEnginePolicy, description="How the in-flight limit of an LLM whose engine queues "
+        "(kv_policy grow_preempt) follows the engine."
+    )
     headroom: HeadroomPolicy
     limits: LimitsPolicy = Field(default_factory=LimitsPolicy)
     admin_apis: AdminApisPolicy = Field(

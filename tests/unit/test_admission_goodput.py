@@ -219,3 +219,44 @@ def test_the_wait_a_lower_class_is_told_counts_the_urgent_requests_that_will_pas
     for i in range(10):
         state._note_arrival("llm", 1, 4.0 + i * 0.1)  # noqa: SLF001 - now 10 a second
     assert state.expected_wait_s("llm", 5, 5.0, priority=3) == math.inf
+
+
+# -- the in-flight limit of an engine that queues (sidecar/engine_concurrency.py) ----------------------
+
+
+def test_a_queueing_engine_takes_its_whole_limit_in_every_class_and_reserving_engines_have_no_law() -> None:
+    # An engine that queues has no room to keep for the top class: batch requests fill all 48 slots
+    # (the class's budget fraction is for rooms the engine cannot give back, its pool).
+    state = AdmissionState(parse_policy(engine_doc("grow_preempt", pool_tokens=10_000)), FakeClock())
+    assert state.engine_limit("llm") is not None and state.engine_limit("llm").limit == 48
+    admitted = [state.submit(llm_request(state, 10, 10, "batch")).admitted for _ in range(49)]
+    assert admitted.count(True) == 48
+    kill = AdmissionState(parse_policy(engine_doc("reserve_kill", pool_tokens=10_000)), FakeClock())
+    assert kill.engine_limit("llm") is None
+
+
+def test_the_queueing_engines_limit_grows_while_requests_wait_and_the_engine_starts_them_at_once() -> None:
+    clock = FakeClock()
+    doc = engine_doc("grow_preempt", pool_tokens=10_000)
+    doc["models"][0]["max_inflight"] = 4  # a policy that says far less than the engine runs
+    state = AdmissionState(parse_policy(doc), clock)
+    waiting: dict[object, Request] = {}
+    for _ in range(12):  # one second each: what runs finishes, first token 10 ms after admission, 10 ms gaps
+        for _ in range(state.engine_limit("llm").limit + 2 - len(waiting)):
+            request = llm_request(state, 10, 10)
+            if state.submit(request).action is Action.QUEUE:
+                waiting[request.id] = request
+        started = [r for r in state._reservations.values()]
+        clock.advance(0.01)
+        for r in started:
+            state.end_prefill(r.request.id)
+        clock.advance(0.09)
+        for r in started:
+            state.release(r.request.id, tokens=20, responses=10)
+        for granted in state.take_events().granted:
+            waiting.pop(granted.request_id, None)
+        state.tick()
+        clock.advance(0.91)  # a tick a little over the law's interval apart
+    law = state.engine_limit("llm")
+    assert law.limit > 8, law.last
+    assert state.status()["models"]["llm"]["engine_limit"]["limit"] == law.limit

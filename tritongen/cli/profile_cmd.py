@@ -1,8 +1,10 @@
-"""`tritongen profile SPEC|--model NAME [--url HOST:PORT | --repo DIR] -o DIR [--quick]`.
+"""`tritongen profile SPEC|--model NAME [--url HOST:PORT [--repo DIR] | --repo DIR] -o DIR [--quick]`.
 
 Measures each model on a live Triton and writes `<DIR>/<model>.json` (a versioned `Profile`) and
-`<DIR>/report.html` (the curves as inline SVG). With --repo the embedded server is started on DIR
-(and may reload models for the KV-pool probe); with --url an external server is measured as it is.
+`<DIR>/report.html` (the curves as inline SVG). With --repo alone the embedded server is started on
+DIR (and may reload models for the KV-pool probe); with --url an external server is measured as it
+is, and --repo beside it names the repository that server serves, so the engine's own files (its
+pool, its sequence limit) are read instead of inferred from its answers.
 """
 
 from __future__ import annotations
@@ -165,7 +167,11 @@ def profile(
     url: Optional[str] = typer.Option(None, "--url", help="HTTP address HOST:PORT of a running Triton."),
     grpc_url: Optional[str] = typer.Option(None, "--grpc-url", help="gRPC HOST:PORT (default: port 8001 on the --url host)."),
     metrics_url: Optional[str] = typer.Option(None, "--metrics-url", help="Metrics URL (default: http://HOST:8002/metrics)."),
-    repo: Optional[Path] = typer.Option(None, "--repo", help="Start the embedded Triton on this model repository."),
+    repo: Optional[Path] = typer.Option(
+        None, "--repo",
+        help="The model repository: alone, the embedded Triton is started on it; with --url, the repository that server "
+        "serves, whose engine files (vLLM's model.json, backend parameters) the profile reads.",
+    ),
     out: Path = typer.Option(..., "-o", "--out", help="Directory for <model>.json profiles and report.html."),
     quick: bool = typer.Option(False, "--quick", help="Fewer levels and short windows (smoke tests, CI)."),
     concurrency: Optional[str] = typer.Option(None, "--concurrency", help="Classic models: clients per level, e.g. 1,2,4,8,16,32."),
@@ -186,12 +192,15 @@ def profile(
     """Measure models on a live Triton: latency-vs-batch curve, load levels, memory, streaming latency."""
     if spec is None and not model:
         raise BadInput("give a deployment SPEC or at least one --model NAME to profile")
-    if (url is None) == (repo is None):
-        raise BadInput("give exactly one of --url HOST:PORT (a running Triton) or --repo DIR (start the embedded one)")
-    if repo is not None and allow_reload:
-        raise BadInput("--allow-reload goes with --url; with --repo the embedded server is tritongen's own and may always reload")
-    if repo is not None and (grpc_url or metrics_url):
-        raise BadInput("--grpc-url and --metrics-url go with --url; with --repo the embedded server's ports are used")
+    if url is None and repo is None:
+        raise BadInput("give --url HOST:PORT (a running Triton; with --repo DIR, the repository it serves) or --repo DIR "
+                       "alone (start the embedded Triton on it)")
+    embedded = url is None
+    if embedded and allow_reload:
+        raise BadInput("--allow-reload goes with --url; with --repo alone the embedded server is tritongen's own and may "
+                       "always reload")
+    if embedded and (grpc_url or metrics_url):
+        raise BadInput("--grpc-url and --metrics-url go with --url; with --repo alone the embedded server's ports are used")
     loaded = load_spec(spec) if spec is not None else None
     if loaded is not None:
         spec_entries(loaded, model)  # unknown names are bad input before any server is touched
@@ -208,9 +217,10 @@ def profile(
     settings = settings.model_copy(update=updates)
 
     server: TritonServer | None = None
-    if repo is not None:
-        if not repo.is_dir():
-            raise BadInput(f"--repo {repo}: not a directory")
+    if repo is not None and not repo.is_dir():
+        raise BadInput(f"--repo {repo}: not a directory")
+    if embedded:
+        assert repo is not None
         options = ServerOptions(
             repository=repo.resolve(),
             model_control="explicit",  # so the KV-pool probe may reload a model with another pool size

@@ -259,7 +259,8 @@ def _llm_entry(
     per_typical = hybrid.bytes_at(whole) if hybrid is not None else whole * bpt
     fitting = f"{int(engine_pool // per_typical)} sequences of the typical {typical} tokens" if typical else "?"
     admits = ("each request's own footprint (prompt + max_tokens) reserved against the pool"
-              if reserves else "no KV reservation (the engine preempts, never kills): its sequence limit and the "
+              if reserves else "no KV reservation (the engine preempts, never kills): an in-flight limit that starts "
+              "at its sequence limit and follows the engine's first tokens (the policy's queueing_engines), and the "
               "predicted wait")
     notes.append(
         f"{entry.name}: engine {policy or 'kv_policy unknown'}: pool "

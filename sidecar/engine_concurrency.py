@@ -1,0 +1,149 @@
+"""How many requests an engine that queues may hold at once, found from what it answers. Pure.
+
+An engine that grows its KV cache and preempts (vLLM, TensorRT-LLM's guaranteed_no_evict) never
+runs out of memory: past its own sequence limit it queues requests inside itself. There the sidecar
+can no longer order them by class nor refuse the ones that cannot make their target, so the sidecar
+should hold what the engine runs at once, and one more so that a slot the engine frees is taken at
+its next step rather than after a round trip through the sidecar; the rest wait in the sidecar's
+queue. What the engine runs at once is stated in its files (vLLM's max_num_seqs) when the policy
+was rendered from them, but a policy may be rendered from other files, without a profile, or from
+a pool measured wrong; so the limit starts at the policy's figure and follows what the engine shows,
+with nothing but the streams the sidecar relays:
+
+* A request the engine has room for gets its first token within its prefill and about a step (the
+  step in progress). One still without a first token `wait_steps` steps (the inter-token gap the
+  sidecar measures on the same streams) past the engine's baseline (a low quantile of the time from
+  admission to first token) is waiting for a slot inside the engine. The engine is then full, and
+  what it runs is the sidecar's requests that are past their first token: the limit goes to that
+  count plus one, at once.
+* While requests wait in the sidecar for the limit and none at the engine is late, the engine
+  starts what it gets: the limit grows, by a fraction of itself until the engine first shows it is
+  full, then one request at a time near that level, by a fraction again after `KNEE_STEPS` moves
+  up found no end.
+* Both moves need demand (requests waited in the sidecar for this limit): below it the limit binds
+  nothing, and a slow first token is the prompt's length or the device, not the sidecar's doing.
+* No more than the engine's pool holds blocks (each running sequence holds at least one), when the
+  pool is known.
+
+The wait is judged in steps of the engine (a dimensionless count), not milliseconds, so the law
+holds on any device: a GPU engine's steps are shorter, and so is what counts as a wait. A prompt
+whose prefill takes several steps alone (a long prompt on a small engine) can read as a wait; the
+limit then holds at what runs, which costs one slot, not the engine. Engines that kill when their
+pool runs dry are not governed by this: each of their requests' footprint is reserved against the
+pool (sidecar/admission.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from sidecar.policy import QueueingEnginePolicy
+
+KNEE_STEPS = 3  # moves of one request up after the engine showed it full, before fractions again
+
+
+@dataclass
+class EngineConcurrency:
+    """The in-flight limit of one model whose engine queues; `limit` is what admission reads."""
+
+    cfg: QueueingEnginePolicy
+    start: int  # the policy's figure (max_inflight): where the limit starts
+    ceiling: int | None = None  # the engine's pool in blocks, when known
+    floor: int = 1
+    value: float = 0.0
+    last: str = "hold"  # the last judgement and why, for status
+    signals: dict[str, float | None] = field(default_factory=dict)
+    _ttft: deque[float] = field(default_factory=lambda: deque(maxlen=512))  # admission -> first token, s
+    _gaps: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # mean inter-token gap per stream, s
+    _last_move: float = -math.inf
+    _ups_in_row: int = 0
+    _full_seen: bool = False
+    _running_peak: int = 0  # the most past their first token at once since the last judgement
+
+    def __post_init__(self) -> None:
+        self.value = self._bounded(float(self.start))
+
+    @property
+    def limit(self) -> int:
+        return max(self.floor, math.floor(self.value))
+
+    def _bounded(self, value: float) -> float:
+        top = self.ceiling if self.ceiling is not None else math.inf
+        return min(max(float(self.floor), value), float(top))
+
+    def observe_first_token(self, upstream_ttft_s: float) -> None:
+        self._ttft.append(upstream_ttft_s)
+
+    def observe_running(self, running: int) -> None:
+        """The model's requests past their first token, each time that count grows."""
+        self._running_peak = max(self._running_peak, running)
+
+    def observe_gap(self, gap_s: float) -> None:
+        if gap_s > 0:
+            self._gaps.append(gap_s)
+
+    def due(self, now: float) -> bool:
+        """Whether `update` would judge now (at most once per interval)."""
+        return (now - self._last_move) * 1000 >= self.cfg.interval_ms
+
+    def late_after_s(self) -> float | None:
+        """Seconds after admission past which a request without a first token waits for a slot
+        inside the engine; None until enough first tokens and token gaps were measured."""
+        if len(self._ttft) < self.cfg.min_samples or not self._gaps:
+            return None
+        baseline = _quantile(self._ttft, self.cfg.baseline_quantile)
+        return baseline + self.cfg.wait_steps * _quantile(self._gaps, 0.5)
+
+    def update(self, now: float, demand: bool, pending_ages: Sequence[float], running: int) -> str:
+        """One judgement per interval: 'down', 'up' or 'hold' (and why, in `last`).
+
+        `demand`: requests of the model waited in the sidecar (or were refused) for this limit since
+        the last judgement. `pending_ages`: how long each of the model's requests at the engine that
+        has no first token yet has been there. `running`: its requests past their first token now;
+        the engine is judged full at the most that ran at once since the last judgement, not at
+        this instant's count (sequences that started together end together)."""
+        cfg = self.cfg
+        if not self.due(now):
+            return "hold"
+        late_after = self.late_after_s()
+        if late_after is None:
+            self.last = "hold: too few first tokens and token gaps measured yet"
+            return "hold"
+        late = sum(1 for age in pending_ages if age > late_after)
+        running, self._running_peak = max(running, self._running_peak), running
+        self.signals = {"late_after_s": late_after, "late_at_engine": float(late), "running": float(running)}
+        if not demand:
+            self.last = "hold: nothing waited for the limit"
+            return "hold"
+        self._last_move = now
+        before = self.value
+        if late:
+            # Full at what runs now: hold that, and one more to take the next free slot at once.
+            self._full_seen, self._ups_in_row = True, 0
+            self.value = self._bounded(min(self.value, float(running + 1)))
+            if self.value < before:
+                self.last = (f"down: {late} request(s) waited at the engine past {late_after * 1000:.0f} ms for a "
+                             f"slot while {running} ran")
+                return "down"
+            self.last = f"hold: the engine is full at {running} running"
+            return "hold"
+        self._ups_in_row += 1
+        creep = self._full_seen and self._ups_in_row <= KNEE_STEPS
+        self.value = self._bounded(self.value + (1.0 if creep else max(1.0, self.value * cfg.increase_fraction)))
+        if self.value > before:
+            self.last = "up: requests waited here while the engine started all it got"
+            return "up"
+        self.last = "hold at the pool's bound"
+        return "hold"
+
+    def status(self) -> dict[str, object]:
+        return {"limit": self.limit, "ceiling": self.ceiling, "last": self.last,
+                **{k: (round(v, 4) if v is not None else None) for k, v in self.signals.items()}}
+
+
+def _quantile(values: deque[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, int(q * len(ordered))))]

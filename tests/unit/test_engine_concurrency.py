@@ -1,0 +1,120 @@
+"""The in-flight limit of an engine that queues (sidecar/engine_concurrency.py), against a simulated
+engine: continuous batching with `slots` sequences at once, a FIFO queue of its own beyond them,
+steps that grow with the batch. The sidecar keeps requests waiting (a flood) and forwards one each
+time one ends, up to its limit; the law sees what a sidecar sees: first tokens and token gaps."""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections import deque
+
+import pytest
+
+from sidecar.engine_concurrency import EngineConcurrency
+from sidecar.policy import QueueingEnginePolicy
+
+
+class QueueingEngine:
+    """vLLM in miniature: each step every running sequence makes one token; a sequence enters at a
+    step's start when a slot is free, and its first token comes at that step's end."""
+
+    def __init__(self, slots: int, output_tokens: int, step_s=lambda running: 0.004 + 0.001 * running, seed: int = 0):
+        self.slots, self.output, self.step_s = slots, output_tokens, step_s
+        self.queue: deque[float] = deque()  # forward times
+        self.running: list[list[float]] = []  # [forwarded_at, first_token_at or -1, tokens]
+        self.rng = random.Random(seed)
+
+    def forward(self, now: float) -> None:
+        self.queue.append(now)
+
+    def pending_ages(self, now: float) -> list[float]:
+        return [now - t for t in self.queue] + [now - seq[0] for seq in self.running if seq[1] < 0]
+
+    @property
+    def started(self) -> int:
+        return sum(1 for seq in self.running if seq[1] >= 0)
+
+    @property
+    def inflight(self) -> int:
+        return len(self.queue) + len(self.running)
+
+    def step(self, now: float, law: EngineConcurrency) -> tuple[float, int]:
+        """One step from `now`: returns (its end, sequences finished)."""
+        while self.queue and len(self.running) < self.slots:
+            self.running.append([self.queue.popleft(), -1.0, 0])
+        end = now + self.step_s(len(self.running)) * self.rng.uniform(0.9, 1.1)
+        finished = 0
+        for seq in list(self.running):
+            seq[2] += 1
+            if seq[1] < 0:
+                seq[1] = end
+                law.observe_first_token(end - seq[0])
+                law.observe_running(self.started)
+            if seq[2] >= self.output:
+                law.observe_gap((end - seq[1]) / max(1, seq[2] - 1))
+                self.running.remove(seq)
+                finished += 1
+        return end, finished
+
+
+def run(law: EngineConcurrency, engine: QueueingEngine, seconds: float, demand: bool = True) -> list[int]:
+    """Drive the engine with the sidecar's limit for `seconds`; the limit after each tick."""
+    now, next_tick, limits = 0.0, 0.0, []
+    while now < seconds:
+        while demand and engine.inflight < law.limit:
+            engine.forward(now)
+        now, _ = engine.step(now, law)
+        if now >= next_tick:
+            law.update(now, demand=demand, pending_ages=engine.pending_ages(now), running=engine.started)
+            limits.append(law.limit)
+            next_tick = now + 0.1
+    return limits
+
+
+CFG = QueueingEnginePolicy()
+
+
+@pytest.mark.parametrize("start", [4, 7, 28, 60])
+def test_from_a_wrong_start_the_limit_finds_what_the_engine_runs_and_stays(start: int) -> None:
+    engine = QueueingEngine(slots=14, output_tokens=64)
+    law = EngineConcurrency(CFG, start=start)
+    limits = run(law, engine, seconds=60.0)
+    settled = limits[len(limits) // 2:]
+    # Never far below what the engine runs (that would cost throughput), never far above it (the
+    # engine would queue what the sidecar should order and refuse), and no swinging between.
+    assert min(settled) >= 13, (start, settled)
+    assert max(settled) <= 18, (start, settled)
+    assert statistics.median(settled) >= 14
+
+
+def test_it_converges_within_thirty_seconds() -> None:
+    for start in (7, 28):
+        engine = QueueingEngine(slots=14, output_tokens=64, seed=start)
+        law = EngineConcurrency(CFG, start=start)
+        run(law, engine, seconds=30.0)
+        assert 13 <= law.limit <= 18, (start, law.limit, law.last)
+
+
+def test_a_large_engine_with_short_outputs_is_reached_too() -> None:
+    # 256 sequences of 16 tokens: a queued request waits a fraction of a step per sequence ahead.
+    engine = QueueingEngine(slots=256, output_tokens=16, step_s=lambda running: 0.01 + 0.0001 * running)
+    law = EngineConcurrency(CFG, start=32)
+    run(law, engine, seconds=60.0)
+    assert law.limit >= 230, law.last
+
+
+def test_it_never_exceeds_the_pool_and_never_moves_without_demand() -> None:
+    engine = QueueingEngine(slots=64, output_tokens=32)
+    law = EngineConcurrency(CFG, start=8, ceiling=20)
+    assert max(run(law, engine, seconds=30.0)) <= 20
+    idle = EngineConcurrency(CFG, start=8)
+    run(idle, QueueingEngine(slots=64, output_tokens=32), seconds=10.0, demand=False)
+    assert idle.limit == 8 and idle.last.startswith("hold")
+
+
+def test_it_holds_until_it_has_measured_enough() -> None:
+    law = EngineConcurrency(CFG, start=5)
+    law.observe_first_token(0.01)
+    assert law.update(2.0, demand=True, pending_ages=[5.0], running=1) == "hold" and "too few" in law.last
+    assert law.limit == 5
