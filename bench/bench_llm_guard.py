@@ -24,19 +24,23 @@ shares and each model's typical_prompt_tokens / typical_output_tokens):
   * 0.7x capacity, Poisson, --seconds: completed/s and TTFT P50/P99 per class;
     goals: sidecar completed/s >= 0.97 x direct, each class's TTFT P99 <= 1.2 x direct + 5 ms;
   * 1.5x capacity, Poisson, --seconds: completed/s, goodput (served within the class's TTFT
-    target, per second; a figure, not a goal), kills (the model's out-of-memory errors),
-    refusals (the sidecar's answers) and how fast they came (P99 from send to refusal), TTFT P99 of
-    admitted interactive requests; goals: 0 kills through the sidecar, completed/s >= direct's,
-    refusal P99 <= 5 ms, admitted interactive TTFT P99 within the class's target;
+    target, per second), kills (the model's out-of-memory errors), refusals (the sidecar's answers)
+    and how fast they came (P50 / P99 from send to refusal), TTFT P99 of admitted interactive
+    requests; goals (issue 31): goodput >= 1.2 x direct's where the engine queues or preempts,
+    >= direct's where it kills; 0 kills through the sidecar; refusal P50 <= 5 ms (at arrival);
+    admitted interactive TTFT P99 within the class's target;
   * --burst requests of the batch class at once: served / killed / refused, and how many were
     served with a TTFT within the batch class's target; goal: >= 95% of them, and 0 kills (an engine
-    that queues, which serves a burst in its own time whatever the sidecar does: >= direct's).
+    that queues, which serves a burst in its own time whatever the sidecar does: >= direct's);
+  * engines that queue: a wrong start. Sidecars with the policy's max_inflight halved, doubled,
+    and the policy `render` wrote without a profile, each at 1.5x for 40 s; goal: completed/s
+    counted after 30 s >= 0.95 x direct's on the same arrivals, 0 kills.
 
 Figures are figures: the sidecar's LLM admission is being rewritten, and today's may miss goals.
 Counts of kills and refusals cover the whole run; completed/s and percentiles the measurement
 window (2 s warm-up left out), TTFT from the scheduled send time (a late client counts).
 
-    .venv/bin/python bench/bench_llm_guard.py [--seconds 15] [--models vllm_standin,reserve_llm,tinyllm]
+    .venv/bin/python bench/bench_llm_guard.py [--seconds 15] [--models tiny_llama,vllm_standin,reserve_llm,tinyllm]
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -85,7 +89,10 @@ MODELS = ("tiny_llama", "vllm_standin", "reserve_llm", "tinyllm")  # tiny_llama:
 BELOW, ABOVE = 0.7, 1.5
 WARMUP_S = 2.0
 SIM_OFFERED = 200.0  # req/s offered to the simulated engine to find its saturation throughput
-REFUSAL_P99_GOAL_MS = 5.0
+REFUSAL_P50_GOAL_MS = 5.0  # most refusals come at arrival; a late one only near its class's deadline
+GOODPUT_GAIN = 1.2  # above capacity, goodput through the sidecar over the server alone's, engines that queue
+WRONG_STARTS = (0.5, 2.0)  # policies whose in-flight limit is this x the rendered one (engines that queue)
+WRONG_START_S, CONVERGED_AFTER_S = 40.0, 30.0
 SIDECAR_REFUSED = re.compile(r"sidecar refused the request \(([a-z_]+)\)")
 
 
@@ -258,6 +265,9 @@ class Case:
     seconds: float
     burst: int
     protocol: str = "grpc"  # how the clients stream: grpc (ModelStreamInfer) or http (generate_stream)
+    policy_path: Path | None = None
+    workdir: Path | None = None
+    front: str = "auto"
     rows: list[tuple[str, str, str, str, str, str]] = field(default_factory=list)
     verdicts: list[bool] = field(default_factory=list)
 
@@ -424,16 +434,20 @@ def one_model(case: Case) -> None:
     arrivals = arrivals_for(case, capacity * ABOVE, seed=12)
     direct, via = pair(case, arrivals, sidecar_first=True)
     phase = f"{ABOVE:g}x: {arrivals.mean_rate:.1f} req/s, {case.seconds:g} s"
-    add(case, phase, "completed/s", f"{direct.completed_per_s:.2f}", f"{via.completed_per_s:.2f}", ">= direct",
-        via.completed_per_s >= direct.completed_per_s)
+    add(case, phase, "completed/s", f"{direct.completed_per_s:.2f}", f"{via.completed_per_s:.2f}")
+    # Issue 31: goodput (served within the class's TTFT target), not completions, is what counts above
+    # capacity: 1.2 x the server alone's where the engine queues (its queue makes everyone late),
+    # at least the server alone's where it kills (with no kills).
+    factor = GOODPUT_GAIN if queues(case) else 1.0
     add(case, "", "goodput: served within the class's TTFT target /s", f"{direct.goodput_per_s():.2f}",
-        f"{via.goodput_per_s():.2f}")
+        f"{via.goodput_per_s():.2f}", f">= {factor:g} x direct ({factor * direct.goodput_per_s():.2f})",
+        via.goodput_per_s() >= factor * direct.goodput_per_s())
     add(case, "", "kills (model out of memory)", str(direct.kills), str(via.kills), "0 through the sidecar", via.kills == 0)
     add(case, "", "refusals", f"{direct.refused} ({direct.refusal_reasons()})", f"{via.refused} ({via.refusal_reasons()})")
-    p99 = via.refusal_ms(99)
+    p50 = via.refusal_ms(50)
     add(case, "", "refusal latency P50 / P99 ms", f"{_ms(direct.refusal_ms(50))} / {_ms(direct.refusal_ms(99))}",
-        f"{_ms(via.refusal_ms(50))} / {_ms(p99)}", f"P99 <= {REFUSAL_P99_GOAL_MS:g} ms",
-        None if p99 is None else p99 <= REFUSAL_P99_GOAL_MS)
+        f"{_ms(p50)} / {_ms(via.refusal_ms(99))}", f"P50 <= {REFUSAL_P50_GOAL_MS:g} ms (at arrival)",
+        None if p50 is None else p50 <= REFUSAL_P50_GOAL_MS)
     if via.refused:
         add(case, "", "refusal latency P99 ms by reason", "-", via.refusal_ms_by_reason())
     d, v = direct.stat(top.name), via.stat(top.name)
@@ -475,6 +489,9 @@ def one_model(case: Case) -> None:
             add(case, "", "preemptions (vllm metric)", f"{direct.preemptions:.0f}", f"{via.preemptions or 0:.0f}")
         extra += _errors("burst direct", direct) + _errors("burst sidecar", via)
 
+    if queues(case) and case.policy_path is not None and case.workdir is not None:
+        wrong_starts(case, capacity, extra)
+
     print(f"live saturation: direct completed {live_saturation:.1f}/s at {ABOVE:g}x ({live_saturation / capacity:.0%} of the simulated capacity)\n")
     print("| phase | figure | direct | sidecar | goal | verdict |\n|---|---|---|---|---|---|")
     for row in case.rows:
@@ -484,6 +501,42 @@ def one_model(case: Case) -> None:
           f"{time.perf_counter() - clock:.0f} s")
     for line in extra:
         print(line)
+
+
+def wrong_starts(case: Case, capacity: float, extra: list[str]) -> None:
+    """From a policy whose in-flight limit is wrong (WRONG_STARTS x the rendered one), and from the
+    policy `render` writes without a profile (beside the served configs, where there is one): at
+    1.5x capacity for WRONG_START_S, completed/s counted from CONVERGED_AFTER_S on, against the server
+    alone on the same arrivals. Goal: >= 0.95 x direct, 0 kills."""
+    assert case.policy_path is not None and case.workdir is not None
+    spec = TrafficSpec(shape="poisson", rate_per_s=capacity * ABOVE, duration_s=WRONG_START_S,
+                       warmup_s=CONVERGED_AFTER_S, classes=[{"name": c.name, "share": c.share, "priority": c.priority,
+                       "prompt_tokens": case.spec_model.typical_prompt_tokens,
+                       "output_tokens": case.spec_model.typical_output_tokens} for c in case.classes])
+    arrivals = generate_arrivals(spec, seed=13)
+    direct = drive(case, arrivals, False)
+    starts: list[tuple[str, Path]] = []
+    for factor in WRONG_STARTS:
+        doc = json.loads(case.policy_path.read_text())
+        entry = next(m for m in doc["models"] if m["name"] == case.model)
+        entry["max_inflight"] = max(1, round(entry["max_inflight"] * factor))
+        path = case.workdir / f"policy-x{factor:g}.json"
+        path.write_text(json.dumps(doc))
+        starts.append((f"max_inflight {entry['max_inflight']} ({factor:g} x)", path))
+    unprofiled = Path(case.server.options.repository) / "sidecar_policy.json"
+    if unprofiled.is_file():
+        entry = next((m for m in json.loads(unprofiled.read_text())["models"] if m["name"] == case.model), {})
+        starts.append((f"rendered without a profile (max_inflight {entry.get('max_inflight')})", unprofiled))
+    phase = f"wrong start: {arrivals.mean_rate:.1f} req/s, {WRONG_START_S:g} s, counted after {CONVERGED_AFTER_S:g} s"
+    for words, path in starts:
+        with SidecarProcess(path, case.server, case.workdir / f"sidecar-{path.stem}.log", grpc_upstream=case.server.grpc_url,
+                            front=case.front) as sidecar:
+            via = drive(replace(case, sidecar=sidecar), arrivals, True)
+        add(case, phase, f"completed/s from {words}", f"{direct.completed_per_s:.2f}", f"{via.completed_per_s:.2f}",
+            f">= 0.95 x direct ({0.95 * direct.completed_per_s:.2f}), 0 kills",
+            via.completed_per_s >= 0.95 * direct.completed_per_s and via.kills == 0)
+        phase = ""
+        extra += _errors(f"wrong start {words}", via)
 
 
 def _counts(run: Run) -> str:
@@ -528,7 +581,7 @@ def serve_group(spec_path: Path, models: list[str], options: ServerOptions, poli
                 spec_model = next(m for m in spec.models if m.name == model)
                 one_model(Case(model=model, spec_model=spec_model, classes=spec.classes_of(spec_model), server=server,
                                sidecar=sidecar, policy=policy, profile=profiles[model], seconds=args.seconds, burst=args.burst,
-                               protocol=args.protocol))
+                               protocol=args.protocol, policy_path=policy_path, workdir=tmp, front=args.front))
 
 
 def main() -> int:

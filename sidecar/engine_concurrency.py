@@ -20,8 +20,10 @@ with nothing but the streams the sidecar relays:
   starts what it gets: the limit grows, by a fraction of itself until the engine first shows it is
   full, then one request at a time near that level, by a fraction again after `KNEE_STEPS` moves
   up found no end.
-* Both moves need demand (requests waited in the sidecar for this limit): below it the limit binds
-  nothing, and a slow first token is the prompt's length or the device, not the sidecar's doing.
+* Growth needs demand (requests waited in the sidecar for this limit): below it the limit binds
+  nothing. The limit drops without demand too (a limit above what the engine runs lets it queue
+  where the sidecar cannot order or refuse), but then only on two late requests: one alone may be a
+  long prompt's prefill.
 * No more than the engine's pool holds blocks (each running sequence holds at least one), when the
   pool is known.
 
@@ -50,7 +52,7 @@ class EngineConcurrency:
     """The in-flight limit of one model whose engine queues; `limit` is what admission reads."""
 
     cfg: QueueingEnginePolicy
-    start: int  # the policy's figure (max_inflight): where the limit starts
+    start: int  # the policy's figure (max_inflight): what the engine is said to run
     ceiling: int | None = None  # the engine's pool in blocks, when known
     floor: int = 1
     value: float = 0.0
@@ -64,7 +66,9 @@ class EngineConcurrency:
     _running_peak: int = 0  # the most past their first token at once since the last judgement
 
     def __post_init__(self) -> None:
-        self.value = self._bounded(float(self.start))
+        # One more than the engine is said to run, from the start: the slot it frees is taken at its
+        # next step (see the module docstring).
+        self.value = self._bounded(float(self.start + 1))
 
     @property
     def limit(self) -> int:
@@ -115,12 +119,14 @@ class EngineConcurrency:
         late = sum(1 for age in pending_ages if age > late_after)
         running, self._running_peak = max(running, self._running_peak), running
         self.signals = {"late_after_s": late_after, "late_at_engine": float(late), "running": float(running)}
-        if not demand:
+        # Without demand a lone late request may be a long prompt's prefill; two are the engine's queue.
+        full = late >= (1 if demand else 2)
+        if not demand and not full:
             self.last = "hold: nothing waited for the limit"
             return "hold"
         self._last_move = now
         before = self.value
-        if late:
+        if full:
             # Full at what runs now: hold that, and one more to take the next free slot at once.
             self._full_seen, self._ups_in_row = True, 0
             self.value = self._bounded(min(self.value, float(running + 1)))

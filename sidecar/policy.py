@@ -301,7 +301,7 @@ class QueueingEnginePolicy(_Strict):
     interval_ms: float = Field(default=1000, gt=0, description="At most one move per interval.")
     min_samples: int = Field(default=8, ge=1, description="First tokens measured before the limit moves.")
     increase_fraction: float = Field(
-        default=0.125, gt=0, le=1, description="Step up by this fraction of the limit (at least one request)."
+        default=0.25, gt=0, le=1, description="Step up by this fraction of the limit (at least one request)."
     )
 
 

@@ -182,3 +182,66 @@ def test_a_rendered_model_json_loads_and_serves_with_the_engine_gauges(server: T
     info = next(line for line in text.splitlines() if line.startswith("vllm:cache_config_info") and 'model="tiny_llama"' in line)
     assert f'num_gpu_blocks="{engine_args["num_gpu_blocks_override"]}"' in info and f'block_size="{engine_args["block_size"]}"' in info
     httpx.post(f"http://{server.http_url}/v2/repository/models/tiny_llama/unload", timeout=60.0)
+
+
+def sidecar_policy(tmp_path: Path, max_inflight: int) -> Path:
+    """A policy for the hand-written model as `render` shapes one for vLLM (grow_preempt, no KV
+    reservation), its in-flight limit `max_inflight` where the engine runs up to 32."""
+    from tests.helpers import policy_doc
+
+    doc = policy_doc()
+    doc["devices"] = [{"id": "cpu", "memory_bytes": 8 << 30, "utilization_cap": 1.0, "static_used_bytes": 0}]
+    doc["models"] = [{
+        "name": MODEL, "kind": "llm", "streaming": True, "devices": ["cpu"], "max_inflight": max_inflight,
+        "memory_quota_bytes": None, "release_grace_ms": 300,
+        "kv": {"bytes_per_token": LlamaShape().kv_bytes_per_token, "bytes_per_token_source": "analytic",
+               "block_tokens": BLOCK_SIZE, "max_context": MAX_MODEL_LEN, "kv_policy": "grow_preempt",
+               "engine_pool_bytes": BLOCKS * BLOCK_SIZE * LlamaShape().kv_bytes_per_token, "default_max_tokens": 16},
+    }]
+    for klass in doc["classes"]:  # waits long enough that the limit, not the wait, holds requests back
+        klass.update(p99_ms=60_000, max_queue_wait_ms=60_000, queue_cap=None)
+    doc["concurrency"].update(min=1, max=64)
+    path = tmp_path / f"policy-{max_inflight}.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def limit_under_load(server: TritonServer, tmp_path: Path, start: int, streams: int, seconds: float) -> list[int]:
+    """The sidecar's in-flight limit for the model, once a second, while `streams` closed-loop gRPC
+    streams of 16 + 32-token requests go through it."""
+    from tritongen.core.llm_interface import interface_from_config
+    from tritongen.profiler.engine import stream_inputs
+    from tritongen.profiler.load import StreamLoad
+    from tritongen.sidecar_process import SidecarProcess
+
+    token = tmp_path / "token"
+    token.write_text("integration-admin-token")
+    interface = interface_from_config(httpx.get(f"http://{server.http_url}/v2/models/{MODEL}/config").json(), model=MODEL)
+    limits: list[int] = []
+    with SidecarProcess(sidecar_policy(tmp_path, start), server, tmp_path / f"sidecar-{start}.log",
+                        grpc_upstream=server.grpc_url, token_file=token) as sidecar:
+        load = StreamLoad(sidecar.grpc_url, MODEL, stream_inputs(interface, 16, 32, 4.0), interface.text_output,
+                          prompt_input=interface.text_input)
+        workers, stop = load.start(streams)
+        try:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                status = httpx.get(f"http://{sidecar.http_url}/sidecar/status",
+                                   headers={"x-sidecar-token": token.read_text()}, timeout=5).json()
+                limits.append(status["models"][MODEL]["engine_limit"]["limit"])
+                time.sleep(1.0)
+        finally:
+            StreamLoad.finish(workers, stop)
+        failed = [r.error for w in workers for r in w.records if r.error not in (None, "stopped")]
+    assert not failed, failed[:3]
+    return limits
+
+
+def test_the_sidecar_finds_what_the_engine_runs_from_a_wrong_policy(server: TritonServer, tmp_path: Path):
+    """Issue 31: the engine runs up to 32 sequences (max_num_seqs, and its pool at 48 tokens). From
+    a policy that says 4, the limit grows while requests wait and the engine starts them at once;
+    from one that says 64, it drops to what the engine ran when requests wait inside the engine."""
+    grown = limit_under_load(server, tmp_path, start=4, streams=24, seconds=14.0)
+    assert max(grown) >= 16, grown
+    shrunk = limit_under_load(server, tmp_path, start=64, streams=48, seconds=10.0)
+    assert min(shrunk) <= 40, shrunk

@@ -225,12 +225,13 @@ def test_the_wait_a_lower_class_is_told_counts_the_urgent_requests_that_will_pas
 
 
 def test_a_queueing_engine_takes_its_whole_limit_in_every_class_and_reserving_engines_have_no_law() -> None:
-    # An engine that queues has no room to keep for the top class: batch requests fill all 48 slots
-    # (the class's budget fraction is for rooms the engine cannot give back, its pool).
+    # An engine that queues has no room to keep for the top class: batch requests fill all 48 slots and
+    # one more, to take the next free slot at once (the class's budget fraction is for rooms the
+    # engine cannot give back, its pool).
     state = AdmissionState(parse_policy(engine_doc("grow_preempt", pool_tokens=10_000)), FakeClock())
-    assert state.engine_limit("llm") is not None and state.engine_limit("llm").limit == 48
-    admitted = [state.submit(llm_request(state, 10, 10, "batch")).admitted for _ in range(49)]
-    assert admitted.count(True) == 48
+    assert state.engine_limit("llm") is not None and state.engine_limit("llm").limit == 49
+    admitted = [state.submit(llm_request(state, 10, 10, "batch")).admitted for _ in range(50)]
+    assert admitted.count(True) == 49
     kill = AdmissionState(parse_policy(engine_doc("reserve_kill", pool_tokens=10_000)), FakeClock())
     assert kill.engine_limit("llm") is None
 

@@ -110,11 +110,23 @@ def test_it_never_exceeds_the_pool_and_never_moves_without_demand() -> None:
     assert max(run(law, engine, seconds=30.0)) <= 20
     idle = EngineConcurrency(CFG, start=8)
     run(idle, QueueingEngine(slots=64, output_tokens=32), seconds=10.0, demand=False)
-    assert idle.limit == 8 and idle.last.startswith("hold")
+    assert idle.limit == 9 and idle.last.startswith("hold")  # what the engine is said to run, and one more
 
 
 def test_it_holds_until_it_has_measured_enough() -> None:
     law = EngineConcurrency(CFG, start=5)
     law.observe_first_token(0.01)
     assert law.update(2.0, demand=True, pending_ages=[5.0], running=1) == "hold" and "too few" in law.last
-    assert law.limit == 5
+    assert law.limit == 6
+
+
+def test_without_demand_the_limit_drops_on_the_engines_queue_but_not_on_one_slow_prefill() -> None:
+    law = EngineConcurrency(CFG, start=63)
+    for _ in range(CFG.min_samples):
+        law.observe_first_token(0.05)
+    law.observe_gap(0.01)
+    # late: past 50 ms + 2 steps of 10 ms
+    assert law.update(10.0, demand=False, pending_ages=[1.0, 0.01], running=40) == "hold"
+    assert law.limit == 64
+    assert law.update(20.0, demand=False, pending_ages=[1.0, 0.9, 0.01], running=40) == "down"
+    assert law.limit == 41  # what ran, and one more
