@@ -66,6 +66,7 @@ from enum import Enum
 from typing import Any
 
 from sidecar.engine_concurrency import EngineConcurrency
+from sidecar.prompt_ratio import LearnedRatio
 from sidecar.policy import (
     DEFAULT_TENANT,
     OTHER_TENANTS,
@@ -145,6 +146,7 @@ class Cost:
     request_bytes: int = 0
     tokens: int = 0  # prompt + output tokens the KV cost was computed for (LLMs)
     prompt_tokens: int = 0
+    prompt_bytes: int = 0  # UTF-8 bytes of the prompts the request states (LLMs; the learnt token ratio)
     sequences: int = 1
     # Prompt tokens of each sequence whose prompt the request states (LLMs; the prompt-length
     # histogram). A prompt the sidecar cannot read (shared memory) is charged a full context
@@ -259,6 +261,7 @@ class HeadroomSnapshot:
     failures: Mapping[str, str] = field(default_factory=dict)  # source -> why it failed
     gpu_utilization: Mapping[str, float] = field(default_factory=dict)  # device id -> 0..1
     queue_delay_s: Mapping[str, float] = field(default_factory=dict)  # model -> Triton's mean queue time
+    prompt_tokens_total: Mapping[str, float] = field(default_factory=dict)  # model -> the engine's prompt-token counter
 
 
 # ------------------------------------------------------------------------------------------------
@@ -470,6 +473,8 @@ class AdmissionState:
         self._arrival_counts: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
         self._arrival_rates: dict[tuple[str, int, float], float] = {}  # see _arrival_rate
         self._token_counters: Mapping[str, Callable[[bytes], int]] = {}
+        self._prompt_bytes_sent: dict[str, int] = defaultdict(int)  # per model, of admitted requests
+        self._learned_ratio: dict[str, LearnedRatio] = defaultdict(LearnedRatio)
         self._demand = False
         self._granted: list[Decision] = []
         self._expired: list[Decision] = []
@@ -493,10 +498,35 @@ class AdmissionState:
         self._token_counters = dict(counters)
 
     def token_counter(self, model: str) -> Callable[[bytes], int] | None:
-        return self._token_counters.get(model)
+        """How a prompt of `model` is counted: its tokenizer, else the ratio learnt from the engine's
+        own prompt-token counter (sidecar/prompt_ratio.py), else None (the policy's ratio)."""
+        counter = self._token_counters.get(model)
+        if counter is not None:
+            return counter
+        learned = self._learned_ratio.get(model)
+        ratio = learned.ratio if learned is not None else None
+        if ratio is None:
+            return None
+        return lambda text: max(1, math.ceil(len(text) / ratio))
+
+    def prompt_counting(self, model: str) -> str:
+        """How prompts of `model` are counted, in words (status)."""
+        if model in self._token_counters:
+            return "the model's tokenizer"
+        learned = self._learned_ratio.get(model)
+        if learned is not None and learned.ratio is not None:
+            return f"{learned.ratio:.3g} bytes/token, learnt from the engine's prompt-token counter"
+        mp = self._models.get(model)
+        if mp is None or mp.kv is None:
+            return "not an LLM"
+        bound = " (the bound that never under-counts)" if mp.kv.prompt_bytes_per_token <= 1 else ""
+        return f"{mp.kv.prompt_bytes_per_token:g} bytes/token, the policy's{bound}"
 
     def observe_headroom(self, snapshot: HeadroomSnapshot) -> None:
         self._snapshot = snapshot
+        for model, tokens in snapshot.prompt_tokens_total.items():
+            if model in self._models and model not in self._token_counters:
+                self._learned_ratio[model].observe(self._prompt_bytes_sent[model], tokens)
         for scope, reading in snapshot.readings.items():
             if reading.live:
                 self._reserved_at_sample[scope] = self._reserved_scope.get(scope, 0)
@@ -1082,6 +1112,7 @@ class AdmissionState:
         for scope in res.device_scopes:
             self._reserved_scope[scope] += res.device_bytes
         self._reserved_kv[request.model] += cost.kv_bytes
+        self._prompt_bytes_sent[request.model] += cost.prompt_bytes
         self._inflight += 1
         if self._counts_for_limit(request.model):
             self._inflight_llm += 1
@@ -1419,6 +1450,8 @@ class AdmissionState:
             law = self._engine_limits.get(name)
             if law is not None:
                 models[name]["engine_limit"] = law.status()
+            if name in self._models and self._models[name].kv is not None:
+                models[name]["prompt_tokens_counted_by"] = self.prompt_counting(name)
         scopes = {}
         for scope in sorted({d.id for d in self.policy.devices} | {f"pool:{m.name}" for m in self.policy.models if m.kv}):
             reading = self.reading(scope, now)

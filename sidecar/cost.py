@@ -99,7 +99,7 @@ def llm_cost(kv: KVCost, facts: LLMFacts) -> Cost:
     counted = list(facts.prompt_tokens or [])
     if len(counted) != len(prompts):
         counted = [None] * len(prompts)
-    kv_total = prefill = tokens = prompt_total = 0
+    kv_total = prefill = tokens = prompt_total = prompt_bytes_total = 0
     lengths: list[int] = []
     never: tuple[str, str] | None = None
     for prompt_bytes, max_tokens, exact in zip(prompts, outputs, counted):
@@ -117,8 +117,10 @@ def llm_cost(kv: KVCost, facts: LLMFacts) -> Cost:
         prompt_total += prompt_tokens
         if prompt_bytes is not None:  # an unreadable prompt is charged max_context, not measured
             lengths.append(prompt_tokens)
+            prompt_bytes_total += prompt_bytes
     return Cost(kv_bytes=kv_total if kv.reserves else 0, prefill_bytes=prefill, tokens=tokens,
-                prompt_tokens=prompt_total, sequences=len(prompts), prompt_lengths=tuple(lengths), never=never)
+                prompt_tokens=prompt_total, prompt_bytes=prompt_bytes_total, sequences=len(prompts),
+                prompt_lengths=tuple(lengths), never=never)
 
 
 def cost_for(model: ModelPolicy, facts: LLMFacts | None) -> Cost:

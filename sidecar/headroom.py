@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from sidecar.admission import HeadroomSnapshot, Reading
 from sidecar.policy import SidecarPolicy
-from tritongen.core.engine_metrics import TRTLLM_BLOCK_TYPE, TRTLLM_KV_BLOCKS, VLLM_USAGE_GAUGES
+from tritongen.core.engine_metrics import PROMPT_TOKENS_COUNTER, TRTLLM_BLOCK_TYPE, TRTLLM_KV_BLOCKS, VLLM_USAGE_GAUGES
 from tritongen.core.prometheus import KV_GAUGE_SUFFIXES, Sample, kv_gauges, parse_prometheus
 from tritongen.nvml import Nvml, NvmlUnavailable
 
@@ -44,6 +44,7 @@ class SourceReading:
     readings: list[Reading] = field(default_factory=list)
     gpu_utilization: dict[str, float] = field(default_factory=dict)
     queue_delay_s: dict[str, float] = field(default_factory=dict)
+    prompt_tokens_total: dict[str, float] = field(default_factory=dict)  # model -> the engine's counter
 
 
 class HeadroomSource(Protocol):
@@ -122,7 +123,7 @@ _WANTED_EXACT = frozenset({
     "nv_gpu_memory_total_bytes", "nv_gpu_memory_used_bytes", "nv_gpu_utilization",
     "nv_inference_queue_duration_us", "nv_inference_request_success", "nv_inference_request_failure",
 })
-_WANTED_EXACT |= {TRTLLM_KV_BLOCKS, *VLLM_USAGE_GAUGES}
+_WANTED_EXACT |= {TRTLLM_KV_BLOCKS, *VLLM_USAGE_GAUGES, PROMPT_TOKENS_COUNTER}
 _WANTED_SUFFIX = KV_GAUGE_SUFFIXES
 
 
@@ -168,6 +169,10 @@ class TritonMetricsSource:
         out.readings.extend(self._gpus(samples))
         out.readings.extend(self._pools(samples))
         out.queue_delay_s.update(self._queue_delay(samples))
+        for s in samples:
+            if s.name == PROMPT_TOKENS_COUNTER and s.labels.get("model") in self.pool_models:
+                model = s.labels["model"]
+                out.prompt_tokens_total[model] = out.prompt_tokens_total.get(model, 0.0) + s.value
         for s in samples:
             if s.name == "nv_gpu_utilization":
                 index = self._gpu_index(samples, s.labels.get("gpu_uuid", ""))
@@ -352,6 +357,7 @@ class HeadroomChain:
         failures: dict[str, str] = {}
         utilization: dict[str, float] = {}
         delays: dict[str, float] = {}
+        prompt_tokens: dict[str, float] = {}
         for source in self.sources:
             try:
                 got = await asyncio.wait_for(source.read(), self._timeout_s)
@@ -368,8 +374,10 @@ class HeadroomChain:
                     utilization.setdefault(key, value)
                 for key, value in got.queue_delay_s.items():
                     delays.setdefault(key, value)
+                for key, value in got.prompt_tokens_total.items():
+                    prompt_tokens.setdefault(key, value)
             self._record(source.name, failures.get(source.name))
-        return HeadroomSnapshot(self._clock(), readings, failures, utilization, delays)
+        return HeadroomSnapshot(self._clock(), readings, failures, utilization, delays, prompt_tokens)
 
     def _record(self, name: str, failure: str | None) -> None:
         if failure is not None:

@@ -184,9 +184,10 @@ def test_a_rendered_model_json_loads_and_serves_with_the_engine_gauges(server: T
     httpx.post(f"http://{server.http_url}/v2/repository/models/tiny_llama/unload", timeout=60.0)
 
 
-def sidecar_policy(tmp_path: Path, max_inflight: int) -> Path:
+def sidecar_policy(tmp_path: Path, max_inflight: int, tokenizer: Path | None = None) -> Path:
     """A policy for the hand-written model as `render` shapes one for vLLM (grow_preempt, no KV
-    reservation), its in-flight limit `max_inflight` where the engine runs up to 32."""
+    reservation), its in-flight limit `max_inflight` where the engine runs up to 32; the engine's
+    metrics polled (its prompt-token counter)."""
     from tests.helpers import policy_doc
 
     doc = policy_doc()
@@ -196,12 +197,14 @@ def sidecar_policy(tmp_path: Path, max_inflight: int) -> Path:
         "memory_quota_bytes": None, "release_grace_ms": 300,
         "kv": {"bytes_per_token": LlamaShape().kv_bytes_per_token, "bytes_per_token_source": "analytic",
                "block_tokens": BLOCK_SIZE, "max_context": MAX_MODEL_LEN, "kv_policy": "grow_preempt",
-               "engine_pool_bytes": BLOCKS * BLOCK_SIZE * LlamaShape().kv_bytes_per_token, "default_max_tokens": 16},
+               "engine_pool_bytes": BLOCKS * BLOCK_SIZE * LlamaShape().kv_bytes_per_token, "default_max_tokens": 16,
+               **({"tokenizer": str(tokenizer)} if tokenizer else {})},
     }]
+    doc["headroom"] = {"sources": ["triton_metrics", "static"], "safety_pad_bytes": 0, "poll_interval_ms": 200}
     for klass in doc["classes"]:  # waits long enough that the limit, not the wait, holds requests back
         klass.update(p99_ms=60_000, max_queue_wait_ms=60_000, queue_cap=None)
     doc["concurrency"].update(min=1, max=64)
-    path = tmp_path / f"policy-{max_inflight}.json"
+    path = tmp_path / f"policy-{max_inflight}{'-tokenizer' if tokenizer else ''}.json"
     path.write_text(json.dumps(doc))
     return path
 
@@ -245,3 +248,38 @@ def test_the_sidecar_finds_what_the_engine_runs_from_a_wrong_policy(server: Trit
     assert max(grown) >= 16, grown
     shrunk = limit_under_load(server, tmp_path, start=64, streams=48, seconds=10.0)
     assert min(shrunk) <= 40, shrunk
+
+
+def test_the_sidecar_counts_prompts_as_the_engine_does(server: TritonServer, llama: Path, tmp_path: Path):
+    """Issue 31: with the model's tokenizer.json named, prompts are counted by it; without, the
+    sidecar learns bytes per token from the prompt bytes it forwarded against the engine's own
+    vllm:prompt_tokens_total, which is all Triton's vLLM backend reports."""
+    from tokenizers import Tokenizer
+
+    from tritongen.core.llm_interface import prompt_of
+    from tritongen.sidecar_process import SidecarProcess
+
+    token = tmp_path / "token"
+    token.write_text("integration-admin-token")
+    text = prompt_of(160, 1.0)
+    truth = len(text.encode()) / len(Tokenizer.from_file(str(llama / "tokenizer.json")).encode(text).ids)
+    for tokenizer in (None, llama / "tokenizer.json"):
+        with SidecarProcess(sidecar_policy(tmp_path, 32, tokenizer), server, tmp_path / "sidecar-tokens.log",
+                            grpc_upstream=server.grpc_url, token_file=token) as sidecar:
+            for _ in range(48):  # ~60 tokens each: past the 2,048 tokens a learnt ratio needs
+                reply = httpx.post(f"http://{sidecar.http_url}/v2/models/{MODEL}/generate",
+                                   json={"text_input": text, "sampling_parameters": json.dumps({"max_tokens": 1})},
+                                   timeout=60.0)
+                assert reply.status_code == 200, reply.text
+            deadline = time.monotonic() + 5.0
+            while True:
+                said = httpx.get(f"http://{sidecar.http_url}/sidecar/status", headers={"x-sidecar-token": token.read_text()},
+                                 timeout=5).json()["models"][MODEL]["prompt_tokens_counted_by"]
+                if tokenizer is not None or "learnt" in said or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+        if tokenizer is not None:
+            assert said == "the model's tokenizer"
+        else:
+            learnt = float(said.split(" ", 1)[0])
+            assert abs(learnt - truth) <= 0.1 * truth, (said, truth)

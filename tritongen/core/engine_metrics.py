@@ -22,6 +22,9 @@ to see an engine drowning. Names are the engines' own:
 from __future__ import annotations
 
 VLLM_USAGE_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # the newer name, the older one
+# The prompt tokens the engine counted: Triton's vLLM backend reports it (REPORT_CUSTOM_METRICS). The
+# profile reads bytes per token from it, the sidecar learns its prompt ratio from it.
+PROMPT_TOKENS_COUNTER = "vllm:prompt_tokens_total"
 VLLM_RUNNING = "vllm:num_requests_running"
 VLLM_WAITING = "vllm:num_requests_waiting"
 VLLM_PREEMPTIONS = ("vllm:num_preemptions_total", "vllm:num_preemptions")  # counter; older exporters drop _total

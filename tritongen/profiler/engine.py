@@ -36,7 +36,13 @@ from tritongen.core.engine_inference import (
     counter_delta,
     run_fits,
 )
-from tritongen.core.engine_metrics import TRTLLM_BLOCK_TYPE, TRTLLM_KV_BLOCKS, VLLM_USAGE_GAUGES, is_out_of_memory
+from tritongen.core.engine_metrics import (
+    PROMPT_TOKENS_COUNTER,
+    TRTLLM_BLOCK_TYPE,
+    TRTLLM_KV_BLOCKS,
+    VLLM_USAGE_GAUGES,
+    is_out_of_memory,
+)
 from tritongen.core.engine_sources import VLLM_DEFAULT_BLOCK_SIZE, EngineSourceError, vllm_stated
 from tritongen.core.llm_interface import LLMInterface, UnknownInterface, interface_from_config, prompt_of
 from tritongen.core.prometheus import kv_gauges, parse_prometheus
@@ -48,7 +54,6 @@ from tritongen.reach import GRPC, grpc_reason, grpc_unreached, unreachable_messa
 PROFILE_GRPC = "--grpc-url; by default port 8001 on the --url host"  # how the profile's gRPC address is set
 
 ASSUMED_BYTES_PER_TOKEN = 4.0
-PROMPT_TOKENS_COUNTER = "vllm:prompt_tokens_total"  # Triton's vLLM backend exports it (its token counts)
 VLLM_CACHE_INFO = "vllm:cache_config_info"  # vLLM's own server: labels num_gpu_blocks and block_size
 
 
