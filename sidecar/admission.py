@@ -509,6 +509,17 @@ class AdmissionState:
             return None
         return lambda text: max(1, math.ceil(len(text) / ratio))
 
+    def prompt_ratio(self, model: str) -> tuple[float, str] | None:
+        """(bytes per token, 'learnt' or 'policy') the prompts of an LLM are counted with; None with
+        a tokenizer (exact counts) or for a model that is not an LLM."""
+        mp = self._models.get(model)
+        if model in self._token_counters or mp is None or mp.kv is None:
+            return None
+        learned = self._learned_ratio.get(model)
+        if learned is not None and learned.ratio is not None:
+            return learned.ratio, "learnt"
+        return mp.kv.prompt_bytes_per_token, "policy"
+
     def prompt_counting(self, model: str) -> str:
         """How prompts of `model` are counted, in words (status)."""
         if model in self._token_counters:

@@ -268,6 +268,12 @@ class AdmissionController:
             risk = state.oom_risk(name)
             if risk is not None:
                 m.oom_risk.labels(name).set(risk)
+            law = state.engine_limit(name)
+            if law is not None:
+                m.engine_limit.labels(name).set(law.limit)
+            ratio = state.prompt_ratio(name)
+            if ratio is not None:
+                m.prompt_ratio.labels(name, ratio[1]).set(ratio[0])
         m.inflight.labels("other").set(
             state.inflight - sum(state.inflight_of(n) for n in {mp.name for mp in state.policy.models})
         )

@@ -57,6 +57,13 @@ class SidecarMetrics:
         self.source_failures = Counter("sidecar_headroom_source_failures", "Failed polls of a headroom source.",
                                        ["source"], registry=r)
         self.limit = Gauge("sidecar_concurrency_limit", "The adaptive in-flight limit.", registry=r)
+        self.engine_limit = Gauge("sidecar_engine_limit", "In-flight limit of an LLM whose engine queues: what the "
+                                  "engine was seen to run, and one more (sidecar/engine_concurrency.py).", ["model"],
+                                  registry=r)
+        self.prompt_ratio = Gauge("sidecar_prompt_bytes_per_token", "Prompt bytes per token the sidecar counts an "
+                                  "LLM's prompts with, by source: learnt (from the engine's prompt-token counter) or "
+                                  "policy (stated, profiled, or 1, the bound); absent with a tokenizer.",
+                                  ["model", "source"], registry=r)
         self.watermark = Gauge("sidecar_memory_watermark_ratio", "Fullest memory limit: reserved / capacity.", registry=r)
         self.triton_queue_delay = Gauge("sidecar_triton_queue_delay_seconds",
                                         "Triton's measured queueing delay (worst model).", registry=r)
