@@ -115,7 +115,8 @@ def idle_ttft(server: TritonServer, interface, bpt: float, lengths: list[int], r
 
     out = {}
     for length in lengths:
-        load_ = StreamLoad(server.grpc_url, MODEL, stream_inputs(interface, length, 1, bpt), interface.text_output)
+        load_ = StreamLoad(server.grpc_url, MODEL, stream_inputs(interface, length, 1, bpt), interface.text_output,
+                           prompt_input=interface.text_input)  # unique prompts: no prefix-cache hit
         workers, stop = load_.start(1, limit=repeats + 1, pause_s=0.06)
         workers[0].join(120)
         StreamLoad.finish(workers, stop)
