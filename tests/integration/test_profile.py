@@ -197,7 +197,7 @@ def test_neither_spec_nor_model_is_bad_input(tmp_path):
     result = cli("profile", "--url", "127.0.0.1:1", "-o", str(tmp_path))
     assert result.returncode == 2 and "SPEC or at least one --model" in result.stderr
     result = cli("profile", "--model", "m", "-o", str(tmp_path))
-    assert result.returncode == 2 and "exactly one of --url" in result.stderr
+    assert result.returncode == 2 and "give --url HOST:PORT" in result.stderr and "--repo DIR alone" in result.stderr
 
 
 @pytest.mark.integration

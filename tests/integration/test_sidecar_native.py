@@ -88,6 +88,11 @@ def test_plain_requests_take_the_lane_and_the_rest_the_python_path(native: Sidec
     base = f"http://127.0.0.1:{native.sidecar.http_port}"
     grpc_url = f"127.0.0.1:{native.sidecar.grpc_port}"
     assert lane_status(native)["kind"] == "native"
+    with httpx.Client(timeout=10) as client:
+        # A lane idle since an earlier test holds no spare slots (lane_control.IDLE_AFTER_S): its first
+        # requests overflow to Python until the next sync grows them. Wake it before counting.
+        assert all(client.post(f"{base}/v2/models/ranker/infer", content=BODY).status_code == 200 for _ in range(5))
+    time.sleep(0.3)
     lane_before = counter(native, 'sidecar_lane_requests_total{class="normal",model="ranker"}')
     admitted_before = counter(native, "sidecar_requests_admitted_total{")
     with httpx.Client(timeout=10) as client:
