@@ -464,7 +464,7 @@ class AdmissionState:
         self._service_s: dict[str, float] = {}  # EWMA of admitted -> released, per model
         self._upstream_latency: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=LATENCY_SAMPLES))
         self._lower_share: dict[str, LowerShare] = defaultdict(LowerShare)
-        self._engine_limits: dict[str, EngineConcurrency] = {}  # models whose engine queues (_index)
+        self._engine_limits: dict[str, EngineConcurrency] = {}  # models whose engine queues (_follow_engines)
         self._engine_demand: set[str] = set()  # of those, the ones a request waited for since the last tick
         self._follow_engines()
         self._arrivals: dict[str, deque[tuple[float, int]]] = defaultdict(deque)
@@ -503,10 +503,10 @@ class AdmissionState:
         counter = self._token_counters.get(model)
         if counter is not None:
             return counter
-        learned = self._learned_ratio.get(model)
-        ratio = learned.ratio if learned is not None else None
-        if ratio is None:
+        found = self.prompt_ratio(model)
+        if found is None or found[1] != "learnt":
             return None
+        ratio = found[0]
         return lambda text: max(1, math.ceil(len(text) / ratio))
 
     def prompt_ratio(self, model: str) -> tuple[float, str] | None:
@@ -524,14 +524,14 @@ class AdmissionState:
         """How prompts of `model` are counted, in words (status)."""
         if model in self._token_counters:
             return "the model's tokenizer"
-        learned = self._learned_ratio.get(model)
-        if learned is not None and learned.ratio is not None:
-            return f"{learned.ratio:.3g} bytes/token, learnt from the engine's prompt-token counter"
-        mp = self._models.get(model)
-        if mp is None or mp.kv is None:
+        found = self.prompt_ratio(model)
+        if found is None:
             return "not an LLM"
-        bound = " (the bound that never under-counts)" if mp.kv.prompt_bytes_per_token <= 1 else ""
-        return f"{mp.kv.prompt_bytes_per_token:g} bytes/token, the policy's{bound}"
+        ratio, source = found
+        if source == "learnt":
+            return f"{ratio:.3g} bytes/token, learnt from the engine's prompt-token counter"
+        bound = " (the bound that never under-counts)" if ratio <= 1 else ""
+        return f"{ratio:g} bytes/token, the policy's{bound}"
 
     def observe_headroom(self, snapshot: HeadroomSnapshot) -> None:
         self._snapshot = snapshot
@@ -556,7 +556,6 @@ class AdmissionState:
         self._devices = {d.id: d for d in self.policy.devices}
         self._tenants = {t.name: t for t in self.policy.tenants}
         self._unknown_models: dict[str, ModelPolicy] = {}
-        self._queueing = {m.name for m in self.policy.models if _engine_queues(m)}
 
     def _follow_engines(self) -> None:
         """One EngineConcurrency per model whose engine queues, started at its max_inflight; a
@@ -564,9 +563,9 @@ class AdmissionState:
         kept = self._engine_limits
         self._engine_limits = {}
         for model in self.policy.models:
-            if model.name not in self._queueing:
+            if not _engine_queues(model):
                 continue
-            assert model.max_inflight is not None and model.kv is not None
+            assert model.max_inflight is not None
             ceiling = _pool_blocks(model)
             law = kept.get(model.name)
             if law is None or law.start != model.max_inflight or law.ceiling != ceiling:
@@ -609,7 +608,7 @@ class AdmissionState:
     def _counts_for_limit(self, name: str) -> bool:
         """LLMs whose memory the adaptive limit guards; a queueing engine's LLM has its own limit."""
         found = self._models.get(name)
-        return found is not None and found.kv is not None and name not in self._queueing
+        return found is not None and found.kv is not None and name not in self._engine_limits
 
     def engine_limit(self, name: str) -> EngineConcurrency | None:
         """The law that holds the in-flight limit of a model whose engine queues (None: not one)."""
