@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report import saved_report  # noqa: E402
+from bench.report import saved_report, shown  # noqa: E402
 import sidecar.admission as admission  # noqa: E402
 from sidecar.admission import Action, AdmissionState, Cost, Request  # noqa: E402
 from sidecar.cost import LLMFacts, cost_for  # noqa: E402
@@ -198,7 +198,7 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    print(f"policy {args.policy.relative_to(ROOT) if args.policy.is_relative_to(ROOT) else args.policy}, "
+    print(f"policy {shown(args.policy)}, "
                f"model {args.model}; mean of {CALLS} calls, median of {args.repeat} repeats, microseconds per call")
     print("| waiting | submit us | tick us | release us |")
     print("|---|---|---|---|")

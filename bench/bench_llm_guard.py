@@ -63,7 +63,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report import saved_report  # noqa: E402
+from bench.report import saved_report, shown  # noqa: E402
 from tritongen.core.engine_sources import EngineSourceError, measured_from_profile, resolve_engine  # noqa: E402
 from tritongen.core.llm_interface import interface_from_config  # noqa: E402
 from tritongen.core.profile_types import Profile, read_profile  # noqa: E402
@@ -98,11 +98,6 @@ SIDECAR_REFUSED = re.compile(r"sidecar refused the request \(([a-z_]+)\)")
 
 # ---------------------------------------------------------------------------------------------
 # the user's commands
-
-
-def shown(path: Path) -> str:
-    """A path as the report prints it: relative to the checkout where it lies in it."""
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def tritongen(*args: str, timeout_s: float = 300) -> str:
@@ -573,7 +568,7 @@ def serve_group(spec_path: Path, models: list[str], options: ServerOptions, poli
                   f"(the served configs are those in {shown(Path(options.repository))})")
         else:
             policy_path = policy_from
-            print(f"policy: {policy_from.relative_to(ROOT)} (rendered with the configs it serves)")
+            print(f"policy: {shown(policy_from)} (rendered with the configs it serves)")
         policy = json.loads(policy_path.read_text())
         with SidecarProcess(policy_path, server, tmp / f"sidecar-{name}.log", grpc_upstream=server.grpc_url,
                             front=args.front) as sidecar:

@@ -19,6 +19,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = RESULTS.parents[1]  # the checkout
+
+
+def shown(path: Path, base: Path = ROOT) -> str:
+    """A path as a report prints it: relative to `base` (the checkout) where it lies under it."""
+    return str(path.relative_to(base)) if path.is_relative_to(base) else str(path)
 
 
 class _Tee(io.TextIOBase):
@@ -73,7 +79,7 @@ def saved_report(name: str, results: Path = RESULTS) -> Iterator[Path]:
     partial = target.with_suffix(".md.partial")
     partial.write_text(header + buffer.getvalue().rstrip() + "\n```\n")
     partial.replace(target)
-    print(f"(figures written to {target.relative_to(Path.cwd()) if target.is_relative_to(Path.cwd()) else target})")
+    print(f"(figures written to {shown(target, Path.cwd())})")
 
 
 def rel(reference: float | None, value: float | None) -> str:
