@@ -42,7 +42,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sidecar.policy import QueueingEnginePolicy
+from sidecar.policy import FIRST_TOKENS_KEPT, QueueingEnginePolicy
 
 KNEE_STEPS = 3  # moves of one request up after the engine showed it full, before fractions again
 
@@ -58,7 +58,7 @@ class EngineConcurrency:
     value: float = 0.0
     last: str = "hold"  # the last judgement and why, for status
     signals: dict[str, float | None] = field(default_factory=dict)
-    _ttft: deque[float] = field(default_factory=lambda: deque(maxlen=512))  # admission -> first token, s
+    _ttft: deque[float] = field(default_factory=lambda: deque(maxlen=FIRST_TOKENS_KEPT))  # admission -> first token, s
     _gaps: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # mean inter-token gap per stream, s
     _last_move: float = -math.inf
     _ups_in_row: int = 0

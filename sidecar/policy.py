@@ -284,6 +284,9 @@ class ConcurrencyPolicy(_Strict):
         return self
 
 
+FIRST_TOKENS_KEPT = 512  # the queueing-engine law's baseline: times to first token it keeps, per model
+
+
 class QueueingEnginePolicy(_Strict):
     """The in-flight limit of an LLM whose engine queues or preempts (sidecar/engine_concurrency.py):
     it starts at the model's max_inflight and follows what the engine runs. The defaults are counts
@@ -296,7 +299,7 @@ class QueueingEnginePolicy(_Strict):
     )
     baseline_quantile: float = Field(
         default=0.1, gt=0, lt=0.5, description="The engine's baseline time to first token: this quantile of the "
-        "last 512 first tokens."
+        f"last {FIRST_TOKENS_KEPT} first tokens."
     )
     interval_ms: float = Field(default=1000, gt=0, description="At most one move per interval.")
     min_samples: int = Field(default=8, ge=1, description="First tokens measured before the limit moves.")
