@@ -206,18 +206,7 @@ class Run:
         return float(np.percentile((self.result.done_t[mask] - self.result.send_t[mask]) * 1000.0, q))
 
     def goodput_per_s(self) -> float:
-        """Requests served with their first token within their class's TTFT target, per second of the
-        measurement window: what a client could use, which completed/s alone does not tell (a run
-        that serves everything seconds late completes as much as one that serves in time)."""
-        r = self.result
-        lo, hi = r.window
-        target = {c.name: c.p99_ms for c in self.classes}
-        targets = np.array([target.get(name, np.inf) for name in r.class_names])
-        ttft = (r.first_t - r.scheduled_t) * 1000.0
-        inside = (r.scheduled_t >= lo) & (r.scheduled_t < hi)
-        ok = (r.status == OK) & np.isfinite(r.first_t) & inside
-        good = ok & (ttft <= targets[r.cls.astype(int)])
-        return float(good.sum()) / max(hi - lo, 1e-9)
+        return self.result.goodput_per_s({c.name: c.p99_ms for c in self.classes}, first_token=True)
 
     def ttft_ms(self) -> np.ndarray:
         """TTFT of every served request (ms, from its scheduled send)."""

@@ -35,6 +35,7 @@ from pydantic import (
     model_validator,
 )
 
+from tritongen.core.engine_window import BASELINE_TTFT_QUANTILE
 from tritongen.core.file_names import POLICY_FILE  # noqa: F401  (the name the policy file goes by)
 from tritongen.core.strict import Strict
 from tritongen.errors import BadInput
@@ -298,8 +299,9 @@ class QueueingEnginePolicy(_Strict):
         "about a step of its prefill)."
     )
     baseline_quantile: float = Field(
-        default=0.1, gt=0, lt=0.5, description="The engine's baseline time to first token: this quantile of the "
-        f"last {FIRST_TOKENS_KEPT} first tokens."
+        default=BASELINE_TTFT_QUANTILE, gt=0, lt=0.5, description="The engine's baseline time to first token: this "
+        f"quantile of the last {FIRST_TOKENS_KEPT} first tokens (tritongen.core.engine_window.BASELINE_TTFT_QUANTILE "
+        "says why P10; doctor reads the same)."
     )
     interval_ms: float = Field(default=1000, gt=0, description="At most one move per interval.")
     min_samples: int = Field(default=8, ge=1, description="First tokens measured before the limit moves.")

@@ -70,14 +70,14 @@ def example_render():
     )
 
 
-def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, cwd: Path | None = None, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
     """Run the real console entry point in a subprocess: exit codes and stderr as users see them."""
     return subprocess.run(
         [sys.executable, "-c", "from tritongen.cli.main import run; run()", *args],
         capture_output=True,
         text=True,
         cwd=cwd or REPO_ROOT,
-        timeout=120,
+        timeout=timeout_s,
     )
 
 

@@ -121,6 +121,19 @@ class LoadResult:
         """The simulator's measurement window over the same send times."""
         return measurement_window(self.scheduled_t, self.warmup_s)
 
+    def goodput_per_s(self, targets_ms: Mapping[str, float], first_token: bool) -> float:
+        """Requests served within their class's target per second of the measurement window (the
+        first token's time for a stream, the whole request's otherwise): what a client could use,
+        which completed/s alone does not tell, since a run that serves everything seconds late
+        completes as much as one that serves in time. A class without a target counts when served."""
+        lo, hi = self.window
+        targets = np.array([targets_ms.get(name, np.inf) for name in self.class_names])
+        end = self.first_t if first_token else self.done_t
+        inside = (self.scheduled_t >= lo) & (self.scheduled_t < hi)
+        served = (self.status == OK) & np.isfinite(end) & inside
+        good = served & ((end - self.scheduled_t) * 1000.0 <= targets[self.cls.astype(int)])
+        return float(good.sum()) / max(hi - lo, 1e-9)
+
     def clock_span(self) -> tuple[float, float]:
         """When the run's requests were due, on the perf_counter clock (CLOCK_MONOTONIC, which Triton's
         trace also uses): the first one's time, and 0.1 s after the last one's."""

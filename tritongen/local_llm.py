@@ -125,6 +125,16 @@ def write_example_spec(template: Path, out: Path, shape: LlamaShape = LlamaShape
     return spec
 
 
+def write_example_repository(template: Path, out: Path, llama: Path) -> Path:
+    """A runnable copy of a model repository whose engine files name the tiny Llama by
+    `SPEC_PLACEHOLDER` (the demo's hand-written vLLM repository): every file copied, the
+    placeholder in each `model.json` replaced by `llama`'s path. Returns `out`."""
+    shutil.copytree(template, out, ignore=shutil.ignore_patterns("__pycache__"))
+    for engine_file in Path(out).rglob("model.json"):
+        engine_file.write_text(engine_file.read_text().replace(SPEC_PLACEHOLDER, str(llama)))
+    return Path(out)
+
+
 def split_cores() -> tuple[frozenset[int] | None, str | None]:
     """(CPUs for Triton, its stubs and clients; CPUs for a CPU engine's threads): the engine takes
     the last core of a host with two or more, as a GPU engine has its device to itself, so the

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +34,7 @@ from tritongen.profiler.report import PALETTE, Chart, Series, svg_chart
 from tritongen.render import SIDECAR_POLICY_FILE
 from tritongen.server import ServerOptions, TritonServer
 from tritongen.sidecar_process import SidecarProcess
+from tritongen.specio import load_spec
 from tritongen.traffic_files import read_traffic
 
 Say = Callable[[str], None]
@@ -47,6 +48,8 @@ class ModelRun:
     setup: str  # "before" | "after"
     result: LoadResult
     utilisation: float | None  # busy fraction of the model's instances over the run
+    streaming: bool = False  # a stream's latency is its time to first token
+    targets_ms: Mapping[str, float] = field(default_factory=dict)  # each class's target (the spec's p99_ms)
 
     def stats(self):
         return self.result.summary()[0]
@@ -54,6 +57,11 @@ class ModelRun:
     @property
     def throughput(self) -> float:
         return sum(c.throughput_per_s for c in self.stats())
+
+    @property
+    def goodput(self) -> float:
+        """Requests served within their class's target per second."""
+        return self.result.goodput_per_s(self.targets_ms, first_token=self.streaming)
 
     @property
     def oom(self) -> int:
@@ -65,10 +73,26 @@ class ModelRun:
         return int((~ok_or_oom).sum())
 
 
+@dataclass(frozen=True)
+class Workload:
+    """One model's arrivals in a load phase. A stream's prompts are sized with `bytes_per_token`."""
+
+    arrivals: Arrivals
+    streaming: bool
+    bytes_per_token: float | None = None
+
+
 @dataclass
 class Showcase:
     runs: list[ModelRun] = field(default_factory=list)
     steps: list[tuple[str, float]] = field(default_factory=list)
+    _clock: float = field(default_factory=time.perf_counter, repr=False)
+
+    def lap(self, name: str) -> None:
+        """Record the time since the last lap (or the start) as step `name`."""
+        now = time.perf_counter()
+        self.steps.append((name, now - self._clock))
+        self._clock = now
 
 
 def tritongen_cmd(*args: str, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
@@ -81,6 +105,11 @@ def tritongen_cmd(*args: str, timeout_s: float = 600) -> subprocess.CompletedPro
     if proc.returncode not in (0, 1):
         raise RunFailed(f"`tritongen {' '.join(args)}` failed ({proc.returncode}):\n{proc.stderr.strip()[-2000:]}")
     return proc
+
+
+def class_targets_ms(spec: Path) -> dict[str, float]:
+    """Each traffic class's latency target (the spec's p99_ms): what goodput counts against."""
+    return {c.name: float(c.p99_ms) for c in load_spec(spec).spec.traffic_classes}
 
 
 def copy_model_code(source: Path, into: Path) -> None:
@@ -104,15 +133,18 @@ def compute_busy_ns(http_url: str, model: str) -> int:
 def drive(
     model: str, setup: str, arrivals: Arrivals, server: TritonServer, streaming: bool,
     via: SidecarProcess | None, class_parameter: str | None, llm_protocol: str = "http",
+    bytes_per_token: float | None = None, targets_ms: Mapping[str, float] | None = None,
 ) -> ModelRun:
+    """One model's load, straight to Triton or through the sidecar. A stream's prompts are sized
+    with `bytes_per_token` (the profile's; None: one byte per token)."""
     interface = None
     config = httpx.get(f"http://{server.http_url}/v2/models/{model}/config", timeout=10).json()
-    if streaming:  # the LLM interface the served config speaks (the bytes count as tinyllm's tokens)
+    if streaming:  # the LLM interface the served config speaks
         interface = interface_from_config(config, model=model)
     target = LoadTarget(
         model=model, streaming=streaming, batched=int(config.get("max_batch_size", 0)) > 0, class_parameter=class_parameter,
         interface=interface, inputs=tuple(tensors_from_config(config.get("input") or [])),
-        protocol=llm_protocol,
+        protocol=llm_protocol, bytes_per_token=bytes_per_token or 1.0,
     )
     http_url = via.http_url if via else server.http_url
     grpc_url = via.grpc_url if via else server.grpc_url
@@ -124,28 +156,34 @@ def drive(
     busy = (compute_busy_ns(server.http_url, model) - busy_before) / 1e9
     instances = 1
     utilisation = None if streaming else min(1.0, busy / max(1e-9, result.wall_s * instances))
-    return ModelRun(model=model, setup=setup, result=result, utilisation=utilisation)
+    return ModelRun(model=model, setup=setup, result=result, utilisation=utilisation, streaming=streaming,
+                    targets_ms=dict(targets_ms or {}))
 
 
 def load_phase(
-    setup: str, repo: Path, workloads: dict[str, tuple[Arrivals, bool]], say: Say, workdir: Path,
-    behind_sidecar: bool, llm_protocol: str = "http",
+    setup: str, repo: Path, workloads: Mapping[str, Workload], say: Say, workdir: Path,
+    behind_sidecar: bool, llm_protocol: str = "http", targets_ms: Mapping[str, float] | None = None,
+    options: ServerOptions | None = None,
 ) -> list[ModelRun]:
-    options = ServerOptions(repository=repo, extra_args=server_flags_from(repo))
+    """Serve `repo` (with `options`, else the repository's own server flags), optionally behind the
+    sidecar its policy file configures, and drive each workload in turn."""
+    options = options or ServerOptions(repository=repo, extra_args=server_flags_from(repo))
     runs: list[ModelRun] = []
     with TritonServer(options, log_path=workdir / f"triton-{setup}.log") as server:
         say(f"{setup}: tritonserver ready on {server.http_url}")
         if behind_sidecar:
-            with SidecarProcess(repo / SIDECAR_POLICY_FILE, server, workdir / "sidecar.log",
+            with SidecarProcess(repo / SIDECAR_POLICY_FILE, server, workdir / f"sidecar-{setup}.log",
                                 grpc_upstream=server.grpc_url) as sidecar:
                 say(f"{setup}: sidecar on {sidecar.http_url} (gRPC {sidecar.grpc_url}) in front of Triton")
-                for model, (arrivals, streaming) in workloads.items():
-                    say(f"{setup}: {len(arrivals)} bursty requests to {model} through the sidecar")
-                    runs.append(drive(model, setup, arrivals, server, streaming, sidecar, "traffic_class", llm_protocol))
+                for model, load in workloads.items():
+                    say(f"{setup}: {len(load.arrivals)} bursty requests to {model} through the sidecar")
+                    runs.append(drive(model, setup, load.arrivals, server, load.streaming, sidecar, "traffic_class",
+                                      llm_protocol, load.bytes_per_token, targets_ms))
         else:
-            for model, (arrivals, streaming) in workloads.items():
-                say(f"{setup}: {len(arrivals)} bursty requests to {model}, straight to Triton")
-                runs.append(drive(model, setup, arrivals, server, streaming, None, None, llm_protocol))
+            for model, load in workloads.items():
+                say(f"{setup}: {len(load.arrivals)} bursty requests to {model}, straight to Triton")
+                runs.append(drive(model, setup, load.arrivals, server, load.streaming, None, None, llm_protocol,
+                                  load.bytes_per_token, targets_ms))
     return runs
 
 
@@ -155,47 +193,39 @@ def run_showcase(
     llm_protocol: str = "http",
 ) -> Showcase:
     show = Showcase()
-    clock = time.perf_counter()
-
-    def step(name: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        show.steps.append((name, now - clock))
-        clock = now
-
     before, after, profiles = workdir / "before", workdir / "after", out_dir / "profiles"
     copy_model_code(code, before)
     copy_model_code(code, after)
     for model_dir in naive.iterdir():
         if (model_dir / "config.pbtxt").is_file():
             shutil.copy(model_dir / "config.pbtxt", before / model_dir.name / "config.pbtxt")
-    say(f"1/5 profile the models ({naive.name} configs, embedded server) -> {profiles}")
+    say(f"1/4 profile the models ({naive.name} configs, embedded server) -> {profiles}")
     tritongen_cmd("profile", str(spec), "--repo", str(before), "-o", str(profiles), "--quick")
-    step("profile")
-    say(f"2/5 tune against {traffic.name} with the simulator, render the winner -> {after}")
+    show.lap("profile")
+    say(f"2/4 tune against {traffic.name} with the simulator, render the winner -> {after}")
     tuned = tritongen_cmd("tune", str(spec), "--profiles", str(profiles), "--traffic", str(traffic), "-o", str(after),
                           "--requests", str(tune_requests))
     (out_dir / "tune.txt").write_text(tuned.stdout)
     if not (after / SIDECAR_POLICY_FILE).is_file():
         raise RunFailed(f"`tritongen tune -o {after}` wrote no {SIDECAR_POLICY_FILE}:\n{tuned.stdout[-1500:]}")
-    step("tune + render")
+    show.lap("tune + render")
 
     traffic_spec, trace = read_traffic(traffic)
     # The traffic file's shape and class mix, scaled so that each model's bursts exceed its capacity.
     llm_arrivals = scale_rate(generate_arrivals(traffic_spec, seed=1, trace_text=trace, requests=requests), llm_rate_factor)
     ranker_arrivals = scale_rate(generate_arrivals(traffic_spec, seed=2, trace_text=trace, requests=requests), ranker_rate_factor)
-    workloads = {"ranker": (ranker_arrivals, False), "tinyllm": (llm_arrivals, True)}
-    say("3/5 before: the same bursty two-class load against the hand-written configs "
+    workloads = {"ranker": Workload(ranker_arrivals, False), "tinyllm": Workload(llm_arrivals, True)}
+    targets = class_targets_ms(spec)
+    say("3/4 before: the same bursty two-class load against the hand-written configs "
         f"({traffic.name}'s shape at {ranker_rate_factor:g}x its rate for ranker and {llm_rate_factor:g}x for tinyllm; "
         f"tune simulated it at 1x; tinyllm streams over {'HTTP generate_stream' if llm_protocol == 'http' else 'gRPC'})")
-    show.runs += load_phase("before", before, workloads, say, workdir, behind_sidecar=False, llm_protocol=llm_protocol)
-    step("load before")
-    say("4/5 after: the tuned configs behind the sidecar, the same load")
-    show.runs += load_phase("after", after, workloads, say, workdir, behind_sidecar=True, llm_protocol=llm_protocol)
-    step("load after")
-    say(f"5/5 report -> {out_dir / 'report.html'}")
-    write_report(show, out_dir / "report.html")
-    step("report")
+    show.runs += load_phase("before", before, workloads, say, workdir, behind_sidecar=False, llm_protocol=llm_protocol,
+                            targets_ms=targets)
+    show.lap("load before")
+    say("4/4 after: the tuned configs behind the sidecar, the same load")
+    show.runs += load_phase("after", after, workloads, say, workdir, behind_sidecar=True, llm_protocol=llm_protocol,
+                            targets_ms=targets)
+    show.lap("load after")
     return show
 
 
@@ -206,7 +236,7 @@ def run_showcase(
 def latency_series(run: ModelRun, klass: int, color: str, dashed: bool) -> Series:
     """Latency of each completed request (ms) against its send time: bursts show as spikes."""
     r = run.result
-    first = r.first_t if run.model == "tinyllm" else r.done_t
+    first = r.first_t if run.streaming else r.done_t
     mask = (r.cls == klass) & (r.status == OK) & np.isfinite(first)
     points = sorted(zip(r.scheduled_t[mask].tolist(), ((first[mask] - r.scheduled_t[mask]) * 1000).tolist()))
     step = max(1, len(points) // 400)
@@ -214,30 +244,30 @@ def latency_series(run: ModelRun, klass: int, color: str, dashed: bool) -> Serie
     return Series(name=name, points=points[::step], color=color, lines=False, markers=True, dashed=dashed)
 
 
-def write_report(show: Showcase, path: Path) -> None:
+def write_report(all_runs: list[ModelRun], path: Path) -> None:
     charts = []
-    for model in dict.fromkeys(r.model for r in show.runs):
-        runs = [r for r in show.runs if r.model == model]
+    for model in dict.fromkeys(r.model for r in all_runs):
+        runs = [r for r in all_runs if r.model == model]
         series = []
         for i, run in enumerate(runs):
             for k in range(len(run.result.class_names)):
                 series.append(latency_series(run, k, PALETTE[(2 * i + k) % len(PALETTE)], run.setup == "before"))
-        what = "time to first token" if model == "tinyllm" else "latency"
+        what = "time to first token" if runs[0].streaming else "latency"
         charts.append(svg_chart(Chart(title=f"{model}: {what} per request", x_label="send time (s)",
                                       y_label=f"{what} (ms)", series=series), width=620, height=320))
     rows = "".join(
         f"<tr><td>{html.escape(r.model)}</td><td>{r.setup}</td>"
         + "".join(f"<td>{c.name}: {c.p99_ms or float('nan'):.0f}</td>" for c in r.stats())
-        + f"<td>{r.throughput:.1f}</td><td>{'-' if r.utilisation is None else f'{r.utilisation:.0%}'}</td>"
+        + f"<td>{r.throughput:.1f}</td><td>{r.goodput:.1f}</td><td>{'-' if r.utilisation is None else f'{r.utilisation:.0%}'}</td>"
         f"<td>{r.oom}</td><td>{r.rejected}</td></tr>"
-        for r in show.runs
+        for r in all_runs
     )
     page = (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>tritongen demo: before and after</title>"
         "<style>body{font-family:system-ui,sans-serif;margin:24px}td,th{border:1px solid #ccc;padding:3px 8px}"
         "table{border-collapse:collapse}svg{border:1px solid #ddd;margin:8px}</style></head><body>"
         "<h1>Before (hand-written configs) and after (tuned + sidecar)</h1>"
-        "<table><tr><th>model</th><th>setup</th><th colspan=2>P99 ms per class</th><th>req/s</th>"
+        "<table><tr><th>model</th><th>setup</th><th colspan=2>P99 ms per class</th><th>req/s</th><th>good/s</th>"
         f"<th>utilisation</th><th>OOM kills</th><th>rejected</th></tr>{rows}</table>"
         + "".join(charts) + "</body></html>\n"
     )

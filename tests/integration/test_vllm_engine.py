@@ -283,3 +283,37 @@ def test_the_sidecar_counts_prompts_as_the_engine_does(server: TritonServer, lla
         else:
             learnt = float(said.split(" ", 1)[0])
             assert abs(learnt - truth) <= 0.1 * truth, (said, truth)
+
+
+def test_doctor_diagnoses_an_overloaded_engine_from_the_upstream_metrics_alone(server: TritonServer):
+    """Issue 30: Triton's vLLM backend exports no queue, KV or preemption gauge. Overloaded (Poisson at
+    several times what the engine completes, from idle), doctor still names the missed TTFT target and
+    its cause, the engine past its capacity, from a queue it infers by Little's law from the TTFT and
+    latency histograms, and says so; what it could not see (KV usage, preemptions) it lists."""
+    import threading
+
+    from tritongen.core.llm_interface import interface_from_config
+    from tritongen.core.traffic import TrafficSpec, generate_arrivals
+    from tritongen.loadgen import LoadTarget, run_load
+
+    config = httpx.get(f"http://{server.http_url}/v2/models/{MODEL}/config", timeout=10).json()
+    target = LoadTarget(MODEL, streaming=True, batched=False, interface=interface_from_config(config, model=MODEL),
+                        bytes_per_token=1.0, protocol="grpc")
+    classes = [{"name": "all", "share": 1.0, "priority": 1, "prompt_tokens": 96, "output_tokens": 32}]
+    # ~5x the tiny Llama's rate at 96 + 32 tokens on one core; a GPU engine would need more, not this test
+    arrivals = generate_arrivals(TrafficSpec(shape="poisson", rate_per_s=40.0, duration_s=10.0, classes=classes), seed=7)
+    loaded = threading.Thread(target=run_load, args=(arrivals, {"all": target}),
+                              kwargs={"grpc_url": server.grpc_url, "request_timeout_s": 60.0, "drain_s": 30.0}, daemon=True)
+    loaded.start()
+    try:
+        result = cli("doctor", "--url", server.http_url, "--metrics-url", server.metrics_url, "--window", "8",
+                     "--budget-ms", "500", "--format", "json")
+    finally:
+        loaded.join(timeout=90)
+    report = json.loads(result.stdout)
+    ttft = [f for f in report["findings"] if f["model"] == MODEL and f["code"] == "DR110"]
+    assert ttft, result.stdout[-3000:]
+    assert "past its capacity" in ttft[0]["message"] and "inferred" in ttft[0]["message"], ttft[0]["message"]
+    (unseen,) = [u for u in report["unseen"] if u["model"] == MODEL]
+    assert "the engine's queue" in unseen["inferred"] and "the engine's queue" not in unseen["missing"]
+    assert any("KV" in what for what in unseen["missing"]), unseen

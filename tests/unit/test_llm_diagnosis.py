@@ -29,14 +29,38 @@ WINDOW_S = 10.0
 VLLM_CONFIG = {"name": "llm", "backend": "vllm", "max_batch_size": 0, "model_transaction_policy": {"decoupled": True}}
 PY_CONFIG = {"name": "llm", "backend": "python", "max_batch_size": 0, "model_transaction_policy": {"decoupled": True}}
 TTFT_BOUNDS = (0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+E2E_BOUNDS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)  # the backend's own
+UPSTREAM_LABELS = 'model="llm",version="1"'  # Triton's vllm_backend
 
 
-def ttft_lines(name: str, labels: str, seconds: list[float]) -> str:
-    """A cumulative histogram of `seconds` in the vLLM backend's TTFT buckets."""
-    rows = [f'{name}_bucket{{{labels},le="{le}"}} {sum(1 for s in seconds if s <= le)}' for le in TTFT_BOUNDS]
+def ttft_lines(name: str, labels: str, seconds: list[float], bounds: tuple[float, ...] = TTFT_BOUNDS,
+               with_sum: bool = False) -> str:
+    """A cumulative histogram of `seconds` in the vLLM backend's TTFT buckets (or `bounds`)."""
+    rows = [f'{name}_bucket{{{labels},le="{le}"}} {sum(1 for s in seconds if s <= le)}' for le in bounds]
     rows.append(f'{name}_bucket{{{labels},le="+Inf"}} {len(seconds)}')
     rows.append(f"{name}_count{{{labels}}} {len(seconds)}")
+    if with_sum:
+        rows.append(f"{name}_sum{{{labels}}} {sum(seconds)}")
     return "\n".join(rows)
+
+
+def upstream_scrape(ttft: list[float], e2e: list[float], with_sum: bool = True, gauges: str = "") -> dict:
+    """What Triton's own vllm_backend exports, cumulative: token counters and histograms, no gauges
+    (unless `gauges` adds some)."""
+    return parse_metrics("\n".join([
+        f"vllm:prompt_tokens_total{{{UPSTREAM_LABELS}}} {100 * len(e2e)}",
+        f"vllm:generation_tokens_total{{{UPSTREAM_LABELS}}} {50 * len(e2e)}",
+        ttft_lines("vllm:time_to_first_token_seconds", UPSTREAM_LABELS, ttft, with_sum=with_sum),
+        ttft_lines("vllm:e2e_request_latency_seconds", UPSTREAM_LABELS, e2e, E2E_BOUNDS, with_sum),
+        gauges,
+    ]))
+
+
+def upstream_window(ttft: list[float], e2e: list[float], with_sum: bool = True, gauges: str = "") -> list[dict]:
+    """Two scrapes of the upstream backend: 50 quick requests before the window, then `ttft` / `e2e` in it."""
+    before_ttft, before_e2e = [0.03] * 50, [0.5] * 50
+    return [upstream_scrape(before_ttft, before_e2e, with_sum, gauges),
+            upstream_scrape(before_ttft + ttft, before_e2e + e2e, with_sum, gauges)]
 
 
 def vllm_scrape(running: float, waiting: float, usage: float, preemptions: float, ttft: list[float] | None = None,
@@ -83,6 +107,9 @@ def test_histogram_quantiles_and_the_bounds_on_a_target() -> None:
     assert hist.share_within(0.2) == (0.1, 0.5)
     assert hist.share_within(0.5) == (0.5, 0.5)
     assert Histogram().quantile(0.5) is None and Histogram().share_within(1.0) == (0.0, 1.0)
+    # without `_sum`, the mean from the midpoints; the +Inf bucket's at the last bound
+    assert hist.bucket_mean() == pytest.approx((10 * 0.05 + 40 * 0.3 + 40 * 0.75 + 10 * 1.0) / 100)
+    assert Histogram().bucket_mean() is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,7 +307,83 @@ def test_the_vllm_backends_own_histograms_leave_the_queue_unseen() -> None:
     snap = snap_of([parse_metrics(text)])
     (spot,) = blind_spots(snap)
     assert "time to first token" not in spot.missing and "its KV-cache usage" in spot.missing
-    assert "Its vLLM metrics leave these out" in spot.how
+    assert spot.why == "its vLLM metrics leave these out" and spot.inferred == ()
+    assert "(its vLLM metrics leave these out). To see them, export" in spot.text
+
+
+# ---------------------------------------------------------------------------------------------
+# The upstream vLLM backend: the queue inferred by Little's law
+
+
+OVERLOADED_TTFT = [0.05] * 10 + [3.0] * 90  # 10% found a slot at once, the rest waited about 3 s
+OVERLOADED_E2E = [t + 3.0 for t in OVERLOADED_TTFT]  # then 3 s of decoding each
+
+
+@pytest.mark.parametrize("with_sum", [True, False])
+def test_an_overloaded_engine_behind_the_upstream_backend_is_past_its_capacity(with_sum: bool) -> None:
+    """100 completions in 10 s, TTFT about 2.7 s on average against a P10 of 60 ms: Little's law puts
+    about 26 requests in the engine's queue and 29 decoding; DR110 blames capacity, not long prompts."""
+    scrapes = upstream_window(OVERLOADED_TTFT, OVERLOADED_E2E, with_sum)
+    e = engine_windows(scrapes, WINDOW_S)["llm"]
+    assert e.inferred == ("running", "waiting") and e.waiting.samples == 0 and e.kv_used is None
+    assert e.waiting.mean >= 20 and e.waiting.peak == e.waiting.mean
+    # 10/s x 3 s of decoding; the midpoints of the backend's coarse buckets (2.5-5 s, 5-10 s) read 3.75 s
+    assert e.running.mean == pytest.approx(10 * 3.0, rel=0.01 if with_sum else 0.3)
+    assert "10.0 completions/s" in e.inference and "above its P10 baseline" in e.inference
+    snap = snap_of(scrapes)
+    (finding,) = diagnose([snap], TARGETS)  # no KV gauge: DR108, DR111 and DR113 cannot be judged
+    assert finding.code == "DR110" and "the engine is past its capacity" in finding.message
+    assert "about " in finding.message and "inferred from its TTFT and latency histograms" in finding.message
+    assert "the backend exports no running-sequence or queue gauge" in finding.message
+    assert "prefill itself is slow" not in finding.message
+    (spot,) = blind_spots(snap)
+    assert spot.missing == ("its KV-cache usage", "preemptions or out-of-memory kills")
+    assert spot.inferred == ("the engine's queue", "its running sequences") and spot.inference == e.inference
+    assert spot.text.startswith("llm: could not see its KV-cache usage, preemptions or out-of-memory kills (its vLLM "
+                                "metrics leave these out); inferred the engine's queue and its running sequences by "
+                                "Little's law from its TTFT and end-to-end latency histograms: ")
+    assert ". To see them, export the engine's state" in spot.text
+
+
+def test_a_light_load_behind_the_upstream_backend_queues_nothing() -> None:
+    """Every first token near the baseline: under one request waits, and within target nothing fires."""
+    scrapes = upstream_window([0.03] * 100, [1.0] * 100)
+    e = engine_windows(scrapes, WINDOW_S)["llm"]
+    assert e.inferred == ("running", "waiting") and e.waiting.mean < 1.0
+    assert e.running.mean == pytest.approx(10 * 0.97)
+    snap = snap_of(scrapes)
+    assert diagnose([snap], TARGETS) == []
+    (spot,) = blind_spots(snap)
+    assert "the engine's queue" not in spot.missing and "the engine's queue" in spot.inferred
+
+
+def test_a_uniformly_slow_first_token_with_no_inferred_queue_is_a_long_prefill() -> None:
+    """Every first token at 300 ms, none faster: the baseline is slow itself, so nothing waits."""
+    scrapes = upstream_window([0.3] * 100, [1.0] * 100)
+    (finding,) = diagnose([snap_of(scrapes)], TARGETS)
+    assert finding.code == "DR110" and "so the prefill itself is slow" in finding.message
+    assert "inferred from its TTFT and latency histograms" in finding.message
+
+
+def test_real_gauges_win_over_the_inference() -> None:
+    gauges = f"vllm:num_requests_running{{{UPSTREAM_LABELS}}} 7\nvllm:num_requests_waiting{{{UPSTREAM_LABELS}}} 0"
+    e = engine_windows(upstream_window(OVERLOADED_TTFT, OVERLOADED_E2E, gauges=gauges), WINDOW_S)["llm"]
+    assert e.inferred == () and e.inference == ""
+    assert e.running.mean == 7 and e.waiting.mean == 0 and e.waiting.samples == 2
+    # only the gauge that is missing is inferred
+    running_only = f"vllm:num_requests_running{{{UPSTREAM_LABELS}}} 7"
+    e = engine_windows(upstream_window(OVERLOADED_TTFT, OVERLOADED_E2E, gauges=running_only), WINDOW_S)["llm"]
+    assert e.inferred == ("waiting",) and e.running.mean == 7 and e.running.samples == 2 and e.waiting.mean >= 20
+    (finding,) = diagnose([snap_of(upstream_window(OVERLOADED_TTFT, OVERLOADED_E2E, gauges=running_only))], TARGETS)
+    assert "the backend exports no queue gauge" in finding.message and "and 7.0 ran" in finding.message
+
+
+def test_too_few_completions_infer_nothing() -> None:
+    e = engine_windows(upstream_window([3.0] * 4, [6.0] * 4), WINDOW_S)["llm"]
+    assert e.running is None and e.waiting is None and e.inferred == () and e.inference == ""
+    # the TTFT histogram alone (no end-to-end one) infers nothing either
+    only_ttft = parse_metrics(ttft_lines("vllm:time_to_first_token_seconds", UPSTREAM_LABELS, [3.0] * 100))
+    assert engine_windows([only_ttft], WINDOW_S)["llm"].inferred == ()
 
 
 def test_the_knobs_follow_the_backend() -> None:

