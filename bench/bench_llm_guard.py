@@ -64,6 +64,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.report import saved_report, shown  # noqa: E402
+from sidecar.fronts import DEFAULT_FRONT, FRONTS  # noqa: E402
+from tritongen.core.fmt import fmt_ms  # noqa: E402
 from tritongen.core.engine_sources import EngineSourceError, measured_from_profile, resolve_engine  # noqa: E402
 from tritongen.core.llm_interface import interface_from_config  # noqa: E402
 from tritongen.core.profile_types import Profile, read_profile  # noqa: E402
@@ -197,7 +199,7 @@ class Run:
         by: dict[str, list[float]] = {}
         for i in np.nonzero(mask)[0]:
             by.setdefault(self._reason(messages[i]), []).append((r.done_t[i] - r.send_t[i]) * 1000.0)
-        return ", ".join(f"{k} {_ms(float(np.percentile(v, 99)))}" for k, v in sorted(by.items(), key=lambda kv: -len(kv[1])))
+        return ", ".join(f"{k} {fmt_ms(float(np.percentile(v, 99)))}" for k, v in sorted(by.items(), key=lambda kv: -len(kv[1])))
 
     def refusal_ms(self, q: float) -> float | None:
         mask = self.refused_mask() & np.isfinite(self.result.send_t) & np.isfinite(self.result.done_t)
@@ -251,7 +253,7 @@ class Case:
     protocol: str = "grpc"  # how the clients stream: grpc (ModelStreamInfer) or http (generate_stream)
     policy_path: Path | None = None
     workdir: Path | None = None
-    front: str = "auto"
+    front: str = DEFAULT_FRONT
     rows: list[tuple[str, str, str, str, str, str]] = field(default_factory=list)
     verdicts: list[bool] = field(default_factory=list)
 
@@ -363,10 +365,6 @@ def pair(case: Case, arrivals: Arrivals, sidecar_first: bool) -> tuple[Run, Run]
     return direct, drive(case, arrivals, True)
 
 
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v:.0f}" if v >= 100 else f"{v:.1f}"
-
-
 def _verdict(ok: bool | None) -> str:
     return "-" if ok is None else "MET" if ok else "MISSED"
 
@@ -402,13 +400,13 @@ def one_model(case: Case) -> None:
         f">= 0.97 x direct ({0.97 * direct.completed_per_s:.2f})", ok)
     for c in case.classes:
         d, v = direct.stat(c.name), via.stat(c.name)
-        add(case, "", f"TTFT P50 {c.name} ms", _ms(d.ttft_p50_ms), _ms(v.ttft_p50_ms))
+        add(case, "", f"TTFT P50 {c.name} ms", fmt_ms(d.ttft_p50_ms), fmt_ms(v.ttft_p50_ms))
         if d.ttft_p99_ms is None or v.ttft_p99_ms is None:
-            add(case, "", f"TTFT P99 {c.name} ms", _ms(d.ttft_p99_ms), _ms(v.ttft_p99_ms), "<= 1.2 x direct + 5 ms",
+            add(case, "", f"TTFT P99 {c.name} ms", fmt_ms(d.ttft_p99_ms), fmt_ms(v.ttft_p99_ms), "<= 1.2 x direct + 5 ms",
                 v.ttft_p99_ms is not None or d.ttft_p99_ms is None)
             continue
         bound = 1.2 * d.ttft_p99_ms + 5.0
-        add(case, "", f"TTFT P99 {c.name} ms", _ms(d.ttft_p99_ms), _ms(v.ttft_p99_ms), f"<= 1.2 x direct + 5 ms ({_ms(bound)})",
+        add(case, "", f"TTFT P99 {c.name} ms", fmt_ms(d.ttft_p99_ms), fmt_ms(v.ttft_p99_ms), f"<= 1.2 x direct + 5 ms ({fmt_ms(bound)})",
             v.ttft_p99_ms <= bound)
     add(case, "", "served / killed / refused / other", _counts(direct), _counts(via))
     lag += [direct.result.send_lag_ms(), via.result.send_lag_ms()]
@@ -429,20 +427,20 @@ def one_model(case: Case) -> None:
     add(case, "", "kills (model out of memory)", str(direct.kills), str(via.kills), "0 through the sidecar", via.kills == 0)
     add(case, "", "refusals", f"{direct.refused} ({direct.refusal_reasons()})", f"{via.refused} ({via.refusal_reasons()})")
     p50 = via.refusal_ms(50)
-    add(case, "", "refusal latency P50 / P99 ms", f"{_ms(direct.refusal_ms(50))} / {_ms(direct.refusal_ms(99))}",
-        f"{_ms(p50)} / {_ms(via.refusal_ms(99))}", f"P50 <= {REFUSAL_P50_GOAL_MS:g} ms (at arrival)",
+    add(case, "", "refusal latency P50 / P99 ms", f"{fmt_ms(direct.refusal_ms(50))} / {fmt_ms(direct.refusal_ms(99))}",
+        f"{fmt_ms(p50)} / {fmt_ms(via.refusal_ms(99))}", f"P50 <= {REFUSAL_P50_GOAL_MS:g} ms (at arrival)",
         None if p50 is None else p50 <= REFUSAL_P50_GOAL_MS)
     if via.refused:
         add(case, "", "refusal latency P99 ms by reason", "-", via.refusal_ms_by_reason())
     d, v = direct.stat(top.name), via.stat(top.name)
-    add(case, "", f"admitted {top.name} TTFT P99 ms (served of sent)", f"{_ms(d.ttft_p99_ms)} ({d.completed}/{d.sent})",
-        f"{_ms(v.ttft_p99_ms)} ({v.completed}/{v.sent})", f"<= target {top.p99_ms:g} ms",
+    add(case, "", f"admitted {top.name} TTFT P99 ms (served of sent)", f"{fmt_ms(d.ttft_p99_ms)} ({d.completed}/{d.sent})",
+        f"{fmt_ms(v.ttft_p99_ms)} ({v.completed}/{v.sent})", f"<= target {top.p99_ms:g} ms",
         v.ttft_p99_ms is not None and v.ttft_p99_ms <= top.p99_ms)
     for c in case.classes:
         if c is not top:
             d, v = direct.stat(c.name), via.stat(c.name)
-            add(case, "", f"{c.name} TTFT P99 ms (served of sent)", f"{_ms(d.ttft_p99_ms)} ({d.completed}/{d.sent})",
-                f"{_ms(v.ttft_p99_ms)} ({v.completed}/{v.sent})", f"(target {c.p99_ms:g} ms)")
+            add(case, "", f"{c.name} TTFT P99 ms (served of sent)", f"{fmt_ms(d.ttft_p99_ms)} ({d.completed}/{d.sent})",
+                f"{fmt_ms(v.ttft_p99_ms)} ({v.completed}/{v.sent})", f"(target {c.p99_ms:g} ms)")
     add(case, "", "served / killed / refused / other", _counts(direct), _counts(via))
     if direct.preemptions is not None:
         add(case, "", "preemptions (vllm metric)", f"{direct.preemptions:.0f}", f"{via.preemptions or 0:.0f}")
@@ -576,7 +574,7 @@ def main() -> int:
     ap.add_argument("--saved-profiles", action="store_true", help="use examples/profiles/*.json instead of profiling")
     ap.add_argument("--protocol", choices=("grpc", "http"), default="grpc",
                     help="how the clients stream: grpc (ModelStreamInfer, default) or http (generate_stream)")
-    ap.add_argument("--front", choices=("auto", "native", "python"), default="auto",
+    ap.add_argument("--front", choices=FRONTS, default=DEFAULT_FRONT,
                     help="the sidecar's front (tritongen sidecar --front): auto, as deployed, is native where nginx "
                     "with Lua is installed")
     args = ap.parse_args()

@@ -491,7 +491,7 @@ def run_tritongen(work: Path, quick: bool, timeout_s: float) -> ToolResult:
     profile = [exe, "profile", str(SPEC), "--repo", str(repo), "-o", str(work / "profiles"), "--quick"]
     report = work / "tune.json"
     tune = [exe, "tune", str(SPEC), "--profiles", str(work / "profiles"), "--traffic", str(TRAFFIC), *TUNE_OBJECTIVE,
-            "--verify", "--verify-top", "2", "--repository", str(repo), "-o", str(work / "tuned"), "--report", str(report)]
+            "--verify", "--verify-top", "2", "--repo", str(repo), "-o", str(work / "tuned"), "--report", str(report)]
     if quick:
         tune += ["--requests", "1000", "--verify-requests", "400"]
     outputs = []

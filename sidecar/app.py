@@ -35,6 +35,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.admission import AdmissionState
 from sidecar.controller import AdmissionController
+from sidecar.fronts import DEFAULT_FRONT, checked_front
 from sidecar.grpc_proxy import GrpcProxy
 from sidecar.headroom import HeadroomChain, HeadroomSource, SourceFailed, SourceInputs, build_sources
 from sidecar.http_front import HttpFront, front_enabled
@@ -95,13 +96,13 @@ class SidecarConfig:
     grpc_listen: str = "127.0.0.1:9001"
     metrics_listen: str = "127.0.0.1:9002"
     token: str | None = None
-    # "python": the sidecar's own listeners face clients; "native": nginx does (sidecar/nginx_front.py)
-    # with the fast lane, the Python listeners on private ports; "auto": native where nginx with Lua
-    # is installed, else python.
-    front: str = "python"
+    front: str = DEFAULT_FRONT  # sidecar/fronts.py: the choices, and why the default lives there
     watch_interval_s: float = 1.0
     health_interval_s: float = 1.0
     install_signal_handlers: bool = True
+
+    def __post_init__(self) -> None:
+        checked_front(self.front)  # a bad choice is refused before anything binds, for the CLI and the API alike
 
     def metrics_url(self) -> str:
         if self.triton_metrics_url:
@@ -111,7 +112,7 @@ class SidecarConfig:
 
     def metrics_how(self) -> str:
         """The option that sets `metrics_url` (the CLI's), for messages."""
-        return "--triton-metrics" if self.triton_metrics_url else derived("--triton-metrics", "--upstream", "URL")
+        return "--metrics-url" if self.triton_metrics_url else derived("--metrics-url", "--url", "URL")
 
 
 def default_sources(policy: SidecarPolicy, sidecar: Sidecar) -> list[HeadroomSource]:
@@ -246,7 +247,7 @@ class Sidecar:
         await self.health.check()
         self.metrics.upstream_up.set(1 if self.health.up else 0)
         if not self.health.up:  # Triton may start after its sidecar (one pod): wait for it, say where
-            log.warning("Triton's HTTP endpoint at %s (--upstream) does not answer yet: %s; requests get 503 "
+            log.warning("Triton's HTTP endpoint at %s (--url) does not answer yet: %s; requests get 503 "
                         "until it does", ready_url, self.health.reason)
         await self._poll_headroom_once()
         if self.lane is not None:
@@ -325,9 +326,7 @@ class Sidecar:
 
     def _native_install(self) -> NginxInstall | None:
         """The nginx to put in front, or None for the Python listeners (config.front)."""
-        kind = self.config.front
-        if kind not in ("python", "native", "auto"):
-            raise NativeFrontUnavailable(f"front {kind!r}: use python, native or auto")
+        kind = self.config.front  # one of FRONTS: SidecarConfig checked it
         if kind == "python":
             return None
         install, why = find_nginx()

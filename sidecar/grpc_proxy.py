@@ -370,7 +370,7 @@ class GrpcProxy:
             await asyncio.wait_for(channel.channel_ready(), self.connect_timeout_s)
             return True
         except asyncio.TimeoutError:
-            self.health.mark_down(f"Triton's gRPC endpoint at {self.upstream} (--grpc-upstream) did not connect within "
+            self.health.mark_down(f"Triton's gRPC endpoint at {self.upstream} (--grpc-url) did not connect within "
                                   f"{self.connect_timeout_s:g} s")
             return False
 

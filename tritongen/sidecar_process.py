@@ -13,6 +13,7 @@ from typing import Protocol
 
 import httpx
 
+from sidecar.fronts import DEFAULT_FRONT
 from tritongen.errors import RunFailed
 from tritongen.server import die_with_parent, free_port
 
@@ -37,19 +38,19 @@ class SidecarProcess:
         token_file: Path | None = None,
         log_level: str = "warning",
         env: dict[str, str] | None = None,
-        front: str = "auto",  # as `tritongen sidecar` deploys: nginx in front where it is installed
+        front: str = DEFAULT_FRONT,  # as `tritongen sidecar` deploys: nginx in front where it is installed
     ) -> None:
         self.env = None if env is None else {**os.environ, **env}
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
         self.log = log
         self.args = [
-            "sidecar", "--policy", str(policy), "--upstream", upstream.http_url,
-            "--triton-metrics", upstream.metrics_url,
+            "sidecar", "--policy", str(policy), "--url", upstream.http_url,
+            "--metrics-url", upstream.metrics_url,
             "--listen", f"127.0.0.1:{self.http_port}", "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
             "--log-level", log_level, "--front", front,
         ]
         if grpc_upstream is not None:
-            self.args += ["--grpc-upstream", grpc_upstream, "--grpc-listen", f"127.0.0.1:{self.grpc_port}"]
+            self.args += ["--grpc-url", grpc_upstream, "--grpc-listen", f"127.0.0.1:{self.grpc_port}"]
         if token_file is not None:
             self.args += ["--token-file", str(token_file)]
         self.proc: subprocess.Popen[bytes] | None = None

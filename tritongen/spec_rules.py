@@ -1,4 +1,4 @@
-"""`check --spec`: the deployment spec's own rules over a repository's configs.
+"""`check SPEC DIR`: the deployment spec's own rules over a repository's configs.
 
 Syntax and the server's load-time rules say whether Triton will load a model; these say whether
 it will *survive traffic*: do the models placed on each GPU fit under the utilisation cap, can the

@@ -98,7 +98,7 @@ def test_tune_for_capacity_measures_the_capacity_it_predicts(scorer_profile: Pro
     result = cli(
         "tune", str(EXAMPLES / "classic_standins" / "deployment.yaml"), "--profiles", str(scorer_root / "profiles"),
         "--traffic", str(EXAMPLES / "classic_standins" / "traffic.yaml"), "--objective", "capacity", "--requests", "1000",
-        "--verify", "--verify-top", "1", "--verify-requests", "400", "--repository", str(scorer_root / "repository"),
+        "--verify", "--verify-top", "1", "--verify-requests", "400", "--repo", str(scorer_root / "repository"),
         "--report", str(report),
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -146,7 +146,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
 
 
 def _doctor(*args: str):
-    result = cli("doctor", *args, "--window", WINDOW_S, "--budget-ms", BUDGET_MS, "--format", "json")
+    result = cli("doctor", *args, "--window", WINDOW_S, "--budget-ms", BUDGET_MS, "--json")
     assert result.stderr == "" or "error" not in result.stderr.lower(), result.stderr
     return result, json.loads(result.stdout)
 

@@ -82,9 +82,9 @@ def load(server: TritonServer, rates: dict[str, float], via: SidecarProcess | No
     assert not errors, errors
 
 
-def doctor(server: TritonServer, *extra: str, spec: Path = SPEC, fmt: str = "json"):
-    return cli("doctor", "--url", server.http_url, "--metrics-url", server.metrics_url, "--window", WINDOW_S,
-               "--targets", str(spec), "--format", fmt, *extra)
+def doctor(server: TritonServer, *extra: str, spec: Path = SPEC, as_json: bool = True):
+    return cli("doctor", str(spec), "--url", server.http_url, "--metrics-url", server.metrics_url, "--window", WINDOW_S,
+               *(["--json"] if as_json else []), *extra)
 
 
 def findings_of(result, model: str) -> dict[str, dict]:
@@ -109,7 +109,7 @@ def test_a_light_vllm_engine_gets_none_and_an_engine_without_metrics_is_never_he
     """vllm_standin at a quarter of its capacity: no finding. reserve_llm at twice its: the engine
     kills, nothing on the endpoint shows it, so doctor names it as unseen instead of healthy."""
     with load(server, {"vllm_standin": 6.0, "reserve_llm": 40.0}):
-        result = doctor(server, fmt="text")
+        result = doctor(server, as_json=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert " DR1" not in result.stdout  # no finding for either
     assert "LLM engines (their own metrics" in result.stdout  # vllm_standin's engine was seen

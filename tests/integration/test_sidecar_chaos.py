@@ -131,7 +131,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     config = SidecarConfig(
         policy_path=policy_path, upstream=server.http_url, grpc_upstream=server.grpc_url,
         triton_metrics_url=server.metrics_url, listen="127.0.0.1:0", grpc_listen="127.0.0.1:0",
-        metrics_listen="127.0.0.1:0", token="chaos-token-0123456789", health_interval_s=0.5,
+        metrics_listen="127.0.0.1:0", token="chaos-token-0123456789", health_interval_s=0.5, front="python",
     )
     sidecar = SidecarThread(config, sources=sources)
     sidecar.start()

@@ -238,7 +238,7 @@ def test_native_front_without_nginx_is_a_usage_error(tmp_path: Path) -> None:
     env_before = os.environ.get("TRITONGEN_NGINX")
     os.environ["TRITONGEN_NGINX"] = str(tmp_path / "no-nginx-here")
     try:
-        done = cli("sidecar", "--policy", str(policy), "--upstream", "127.0.0.1:9", "--listen", "127.0.0.1:0",
+        done = cli("sidecar", "--policy", str(policy), "--url", "127.0.0.1:9", "--listen", "127.0.0.1:0",
                    "--metrics-listen", "127.0.0.1:0", "--front", "native")
     finally:
         if env_before is None:

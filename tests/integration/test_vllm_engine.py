@@ -307,7 +307,7 @@ def test_doctor_diagnoses_an_overloaded_engine_from_the_upstream_metrics_alone(s
     loaded.start()
     try:
         result = cli("doctor", "--url", server.http_url, "--metrics-url", server.metrics_url, "--window", "8",
-                     "--budget-ms", "500", "--format", "json")
+                     "--budget-ms", "500", "--json")
     finally:
         loaded.join(timeout=90)
     report = json.loads(result.stdout)

@@ -312,7 +312,7 @@ def test_text_format(broken_repo: Path) -> None:
 
 
 def test_json_format(broken_repo: Path) -> None:
-    result = invoke(str(broken_repo), "--format", "json", "--no-gpu")
+    result = invoke(str(broken_repo), "--json", "--no-gpu")
     assert result.exit_code == 1
     data = json.loads(result.output)
     assert data["summary"]["errors"] == 2 and data["summary"]["warnings"] == 1
@@ -324,7 +324,7 @@ def test_json_format(broken_repo: Path) -> None:
 
 
 def test_github_format(broken_repo: Path) -> None:
-    result = invoke(str(broken_repo), "--format", "github", "--no-gpu")
+    result = invoke(str(broken_repo), "--github", "--no-gpu")
     assert result.exit_code == 1
     lines = result.output.splitlines()
     assert (
@@ -374,7 +374,7 @@ def tritongen(*args: str) -> subprocess.CompletedProcess[str]:
 def test_console_script_exit_codes(good_repo: Path, broken_repo: Path, tmp_path: Path) -> None:
     ok = tritongen("check", str(good_repo))
     assert ok.returncode == 0, ok.stderr
-    bad = tritongen("check", str(broken_repo), "--format", "json")
+    bad = tritongen("check", str(broken_repo), "--json")
     assert json.loads(bad.stdout)["summary"]["errors"] == 2
     assert bad.returncode == 1, "error findings must exit 1 (cli/main.run must pass typer.Exit's code on)"
     missing = tritongen("check", str(tmp_path / "nope"))

@@ -136,7 +136,7 @@ def test_metric_name_tables_are_valid_prometheus_names() -> None:
 
 def test_cli_writes_the_dashboard_atomically(tmp_path: Path) -> None:
     out = tmp_path / "dash.json"
-    result = cli("dashboard", "-o", str(out), "--spec", str(EXAMPLES / "deployment.yaml"),
+    result = cli("dashboard", str(EXAMPLES / "deployment.yaml"), "-o", str(out),
                  "--sidecar-metric", "rejected=my_rejections_total")
     assert result.returncode == 0, result.stderr
     model = json.loads(out.read_text())

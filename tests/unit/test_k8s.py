@@ -204,7 +204,9 @@ def test_service_reaches_both_pools_through_the_sidecar() -> None:
     command = sidecar["command"]
     assert command[:2] == ["tritongen", "sidecar"]
     flag = lambda name: command[command.index(name) + 1]  # noqa: E731
-    assert flag("--upstream") == "127.0.0.1:8000" and flag("--grpc-upstream") == "127.0.0.1:8001"
+    assert flag("--url") == "127.0.0.1:8000" and flag("--grpc-url") == "127.0.0.1:8001"
+    assert flag("--metrics-url") == "http://127.0.0.1:8002/metrics"
+    assert not {"--upstream", "--grpc-upstream", "--triton-metrics"} & set(command)  # the deprecated spellings
     assert flag("--policy") == "/models/sidecar_policy.json"
     # The sidecar must listen beyond localhost for the Service, on the ports the container declares.
     declared = {p["name"]: p["containerPort"] for p in sidecar["ports"]}

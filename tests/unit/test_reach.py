@@ -224,11 +224,11 @@ def test_the_sidecar_starts_without_triton_and_says_where_it_looked(
     path.write_text(json.dumps(policy_doc(headroom={"sources": ["triton_metrics", "static"], "safety_pad_bytes": 0})))
     upstream = f"127.0.0.1:{free_port()}"
     config = SidecarConfig(policy_path=path, upstream=upstream, listen="127.0.0.1:0", metrics_listen="127.0.0.1:0",
-                           install_signal_handlers=False)
-    assert config.metrics_how() == "derived from --upstream; pass --triton-metrics URL"
+                           install_signal_handlers=False, front="python")
+    assert config.metrics_how() == "derived from --url; pass --metrics-url URL"
     config.triton_metrics_url = f"http://127.0.0.1:{free_port()}/metrics"
     with caplog.at_level(logging.WARNING), SidecarThread(config):
         pass
     logged = " ".join(r.getMessage() for r in caplog.records)
-    assert f"Triton's HTTP endpoint at http://{upstream}/v2/health/ready (--upstream) does not answer yet" in logged
-    assert f"cannot reach Triton's metrics endpoint at {config.triton_metrics_url} (--triton-metrics)" in logged
+    assert f"Triton's HTTP endpoint at http://{upstream}/v2/health/ready (--url) does not answer yet" in logged
+    assert f"cannot reach Triton's metrics endpoint at {config.triton_metrics_url} (--metrics-url)" in logged

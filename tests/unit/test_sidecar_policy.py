@@ -359,7 +359,7 @@ def test_cli_refuses_a_bad_policy_with_exit_2(tmp_path: Path) -> None:
     doc = base()
     doc["concurrency"]["min"] = 0
     bad.write_text(json.dumps(doc))
-    result = cli("sidecar", "--policy", str(bad), "--upstream", "127.0.0.1:1")
+    result = cli("sidecar", "--policy", str(bad), "--url", "127.0.0.1:1")
     assert result.returncode == 2, result.stderr
     assert "problem in the sidecar policy" in result.stderr and "concurrency.min" in result.stderr
     assert "Traceback" not in result.stderr
@@ -368,11 +368,11 @@ def test_cli_refuses_a_bad_policy_with_exit_2(tmp_path: Path) -> None:
     good.write_text(json.dumps(base()))
     short = tmp_path / "token"
     short.write_text("abc")
-    result = cli("sidecar", "--policy", str(good), "--upstream", "127.0.0.1:1", "--token-file", str(short))
+    result = cli("sidecar", "--policy", str(good), "--url", "127.0.0.1:1", "--token-file", str(short))
     assert result.returncode == 2 and "at least 16 characters" in result.stderr
-    result = cli("sidecar", "--policy", str(good), "--upstream", "127.0.0.1:1", "--listen", "127.0.0.1:http")
+    result = cli("sidecar", "--policy", str(good), "--url", "127.0.0.1:1", "--listen", "127.0.0.1:http")
     assert result.returncode == 2 and "--listen" in result.stderr
-    result = cli("sidecar", "--upstream", "127.0.0.1:1")
+    result = cli("sidecar", "--url", "127.0.0.1:1")
     assert result.returncode == 2 and "--policy" in result.stderr
 
 
@@ -565,6 +565,6 @@ def test_the_sidecar_refuses_to_start_on_a_policy_nothing_could_pass(tmp_path: P
     doc["headroom"]["safety_pad_bytes"] = doc["devices"][0]["memory_bytes"] * 2
     path = tmp_path / POLICY_FILE
     path.write_text(json.dumps(doc))
-    result = cli("sidecar", "--policy", str(path), "--upstream", "127.0.0.1:1")
+    result = cli("sidecar", "--policy", str(path), "--url", "127.0.0.1:1")
     message = result.stdout + result.stderr
     assert result.returncode == 2 and "no request could ever be admitted" in message and "Traceback" not in message

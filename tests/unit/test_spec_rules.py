@@ -92,5 +92,5 @@ def test_model_missing_and_unknown_model(tmp_path: Path) -> None:
 
 
 def test_committed_example_repository_passes_check_with_spec() -> None:
-    result = cli("check", "model_repository", "--spec", "examples/deployment.yaml", "--profiles", "examples/profiles")
+    result = cli("check", "examples/deployment.yaml", "model_repository", "--profiles", "examples/profiles")
     assert result.returncode == 0, result.stdout + result.stderr

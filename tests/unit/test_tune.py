@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -141,12 +143,17 @@ def test_baseline_reads_the_plan() -> None:
 
 def test_tune_cli_end_to_end(tmp_path) -> None:
     out = tmp_path / "repo"
+    report = tmp_path / "tune.json"
     result = cli(
         "tune", str(EXAMPLES / "deployment.yaml"), "--profiles", str(EXAMPLES / "profiles"),
         "--traffic", str(EXAMPLES / "traffic" / "poisson.yaml"), "--requests", "600", "--model", "ranker", "-o", str(out),
+        "--json", "--report", str(report),
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "winner" in result.stdout and "runner-up" in result.stdout
+    # --json: stdout is the JSON document alone (the one --report writes); the tables go to stderr
+    assert json.loads(result.stdout) == json.loads(report.read_text())
+    assert json.loads(result.stdout)["models"]["ranker"]["feasible"] is True
+    assert "winner" in result.stderr and "runner-up" in result.stderr
     text = (out / "ranker" / "config.pbtxt").read_text()
     assert "tuned by `tritongen tune`" in text
     parse_model_config(text)

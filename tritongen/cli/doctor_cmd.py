@@ -1,11 +1,12 @@
-"""`tritongen doctor --url HOST:PORT [--url ...] [--window S] [--targets SPEC]`: diagnose live servers.
+"""`tritongen doctor [SPEC] --url HOST:PORT [--url ...] [--window S] [--json]`: diagnose live servers.
 
 Reads two scrapes of each server's /metrics `--window` seconds apart plus every ready model's
 config, and names the classic failures with the fix for each (see tritongen/core/diagnosis.py);
 LLM engines are judged from their own metrics and the sidecar's (tritongen/core/llm_diagnosis.py),
 and a decoupled model doctor cannot see inside is named as such, never called healthy. Several
 --url are replicas of one deployment: their configs must agree. Exit codes: 0 nothing found, 1
-problems found (or a server could not be read), 2 bad flags.
+problems found (or a server could not be read), 2 bad flags. The spec is the first positional and
+`--json` the machine output, as on every command; `--targets` and `--format` are the old spellings.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tritongen.cli.app import app
+from tritongen.cli.shared import output_from_format, renamed
 from tritongen.core.diagnosis import (
     CODES,
     ServerSnapshot,
@@ -36,6 +38,8 @@ from tritongen.doctor import TritonReader, endpoints, snapshot, targets_from_spe
 
 
 class DoctorFormat(str, Enum):
+    """The values of the deprecated `--format` (now `--json`, or nothing for text)."""
+
     text = "text"
     json = "json"
 
@@ -137,6 +141,10 @@ def finding_lines(finding: Finding) -> list[str]:
 
 @app.command("doctor")
 def doctor(
+    spec: Optional[Path] = typer.Argument(
+        None, show_default=False,
+        help="Deployment spec: each model's latency budget (class P99) and memory watermark (default: --budget-ms).",
+    ),
     url: list[str] = typer.Option(..., "--url", help="Triton HTTP HOST:PORT; repeat for replicas of one deployment."),
     metrics_url: Optional[list[str]] = typer.Option(
         None, "--metrics-url", help="Metrics URL per --url, in order (default http://HOST:8002/metrics)."
@@ -148,18 +156,21 @@ def doctor(
     sample_every: float = typer.Option(
         1.0, "--sample-every", min=0.1, help="Seconds between scrapes inside the window (the engines' gauges)."
     ),
-    targets: Optional[Path] = typer.Option(
-        None, "--targets", help="Deployment spec: each model's latency budget (class P99) and memory watermark."
-    ),
     budget_ms: float = typer.Option(1000.0, "--budget-ms", min=0.001, help="Latency budget of models the spec does not name."),
-    output_format: DoctorFormat = typer.Option(DoctorFormat.text, "--format", "-f", help="text or json."),
+    as_json: bool = typer.Option(False, "--json", help="Print the findings and the servers' figures as one JSON object."),
+    targets: Optional[Path] = typer.Option(None, "--targets", hidden=True, help="Deprecated: SPEC, the first positional."),
+    output_format: Optional[DoctorFormat] = typer.Option(
+        None, "--format", "-f", hidden=True, help="Deprecated: --json, or nothing for text."
+    ),
 ) -> None:
     """Diagnose live Triton servers from their metrics and configs; exit 1 when problems are found."""
+    spec = renamed(spec, targets, "SPEC", "--targets")
+    as_json = output_from_format(None if output_format is None else output_format.value, {"json": as_json}) == "json"
     servers = endpoints(url, metrics_url or [], sidecar_metrics_url or [])
-    goals = targets_from_spec(targets, budget_ms)
+    goals = targets_from_spec(spec, budget_ms)
     console = Console(highlight=False, soft_wrap=True)
     with httpx.Client(timeout=10.0) as client:
-        if output_format is DoctorFormat.text:
+        if not as_json:
             with Console(stderr=True).status(f"watching {len(servers)} server(s) for {window:g} s ..."):
                 snaps = snapshot(servers, window, TritonReader(client, servers), every_s=sample_every)
         else:
@@ -167,7 +178,7 @@ def doctor(
     findings = diagnose(snaps, goals)
     idle = idle_models(snaps)
     blind = [spot for snap in snaps for spot in blind_spots(snap)]
-    if output_format is DoctorFormat.json:
+    if as_json:
         typer.echo(json.dumps({
             "findings": [f.to_dict() for f in findings],
             "idle": idle,

@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from tritongen.cli.app import app
+from tritongen.core.fmt import fmt_ms
 from tritongen.core.profile_types import Profile
 from tritongen.errors import BadInput, RunFailed, TritongenError
 from tritongen.profiler.report import write_report
@@ -64,10 +65,6 @@ class RichReporter:
             self.task = None
 
 
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1f}"
-
-
 def results_tables(profiles: list[Profile]) -> list[Table]:
     tables = []
     classic = [p for p in profiles if p.kind == "classic"]
@@ -82,9 +79,9 @@ def results_tables(profiles: list[Profile]) -> list[Table]:
                     p.model,
                     f"{lv.concurrency}{knee}",
                     f"{lv.throughput_per_s:,.0f}",
-                    _ms(lv.p50_ms),
-                    _ms(lv.p90_ms),
-                    _ms(lv.p99_ms),
+                    fmt_ms(lv.p50_ms),
+                    fmt_ms(lv.p90_ms),
+                    fmt_ms(lv.p99_ms),
                     "-" if lv.mean_batch_size is None else f"{lv.mean_batch_size:.1f}",
                     str(lv.errors),
                     f"{lv.windows}{'' if lv.converged else '*'}",
@@ -98,8 +95,8 @@ def results_tables(profiles: list[Profile]) -> list[Table]:
         for p in streaming:
             for lv in p.streaming.levels:  # type: ignore[union-attr]
                 t.add_row(
-                    p.model, str(lv.concurrency), f"{lv.tokens_per_s:,.0f}", _ms(lv.ttft_p50_ms), _ms(lv.ttft_p99_ms),
-                    _ms(lv.itl_p50_ms), _ms(lv.itl_p99_ms), str(lv.errors),
+                    p.model, str(lv.concurrency), f"{lv.tokens_per_s:,.0f}", fmt_ms(lv.ttft_p50_ms), fmt_ms(lv.ttft_p99_ms),
+                    fmt_ms(lv.itl_p50_ms), fmt_ms(lv.itl_p99_ms), str(lv.errors),
                 )
         tables.append(t)
     engines = [p for p in profiles if p.engine is not None]

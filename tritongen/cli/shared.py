@@ -1,11 +1,17 @@
-"""What more than one command prints the same way. Imports no command module: commands import
-this, `app` and the library, never each other."""
+"""What more than one command prints or accepts the same way. Imports no command module: commands
+import this, `app` and the library, never each other."""
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+import typer
 from rich.console import Console
 
 from tritongen.core.simulator import ServiceCurve
+from tritongen.errors import BadInput
+
+T = TypeVar("T")
 
 
 def say_calibration(out: Console, overheads_used: str, device_curve: ServiceCurve | None, note: str | None, prefix: str = "") -> None:
@@ -16,3 +22,41 @@ def say_calibration(out: Console, overheads_used: str, device_curve: ServiceCurv
                   "each execution is taken in turns by the instances of a device (the profile's instance scaling)[/]")
     if note:
         out.print(f"[yellow]note:[/] {prefix}{note}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Old spellings (tritongen/cli/vocabulary.py lists them): accepted for one release, said once.
+
+
+def say_deprecated(old: str, new: str) -> None:
+    """The one stderr line an old spelling costs. On stderr so that `--json` output and scripts
+    reading stdout are unchanged; one line so that a CI log shows it without burying anything."""
+    typer.echo(f"tritongen: {old} is deprecated, use {new} (it will be removed in the next release)", err=True)
+
+
+def renamed(new_value: T | None, old_value: T | None, new: str, old: str) -> T | None:
+    """The value of something spelled `new` now and `old` before (an option, or an option that
+    became a positional): the new spelling's, else the old one's with the deprecation line. Both
+    given and different is BadInput naming both, rather than one silently winning."""
+    if old_value is None:
+        return new_value
+    say_deprecated(old, new)
+    if new_value is not None and new_value != old_value:
+        raise BadInput(f"{new} {new_value} and {old} {old_value} disagree; give {new} only ({old} is its old spelling)")
+    return old_value
+
+
+def output_from_format(old_format: str | None, flags: dict[str, bool], default: str = "text") -> str:
+    """The output chosen by a command's output flags (`flags`: format name -> whether `--NAME` was
+    given, e.g. {"json": as_json}) or by its old `--format NAME`, which says it is deprecated. Two
+    flags, or a `--format` that contradicts a flag, are BadInput: neither may silently win."""
+    given = [name for name, on in flags.items() if on]
+    if len(given) > 1:
+        raise BadInput(f"{' and '.join('--' + name for name in given)} are different outputs; give one")
+    if old_format is None:
+        return given[0] if given else default
+    say_deprecated(f"--format {old_format}", f"--{old_format}" if old_format in flags else
+                   f"no output flag ({default} is the default)")
+    if given and given[0] != old_format:
+        raise BadInput(f"--{given[0]} and --format {old_format} disagree; give --{given[0]} only (--format is its old spelling)")
+    return old_format

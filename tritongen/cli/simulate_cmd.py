@@ -1,9 +1,11 @@
-"""`tritongen simulate --profile P --config C [--config C2 ...] --traffic T`: predict, side by side.
+"""`tritongen simulate --profiles DIR|--profile P --config C [--config C2 ...] --traffic T`: predict, side by side.
 
-Each config.pbtxt is simulated under the same arrivals (same seed) with the service curve of the
-profile, and the figures print in one table, one column per config: per-class P50/P90/P99 (time
-to first token for streaming models), throughput, queue time, rejections and OOM kills, and the
-model's utilisation and mean batch. Milliseconds of CPU per config, not minutes of server time.
+Each config.pbtxt is simulated under the same arrivals (same seed) with the service curve of its
+model's profile (`--profiles DIR`, read as every command reads profiles; the one named like the
+config's model) or of the one file `--profile` names (a profile, or a hand-written curve), and
+the figures print in one table, one column per config: per-class P50/P90/P99 (time to first
+token for streaming models), throughput, queue time, rejections and OOM kills, and the model's
+utilisation and mean batch. Milliseconds of CPU per config, not minutes of server time.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from rich.table import Table
 from tritongen.cli.app import app
 from tritongen.cli.shared import say_calibration
 from tritongen.core.engine import EngineModel
+from tritongen.core.profile_types import Profile, read_profile
+from tritongen.core.fmt import fmt_ms
 from tritongen.core.spec import EngineSection
 from tritongen.core.served_overheads import choose_overheads, profile_device_curve
 from tritongen.core.simulator import (
@@ -37,6 +41,7 @@ from tritongen.core.simulator import (
 from tritongen.engine_files import as_served, engine_for
 from tritongen.errors import BadInput
 from tritongen.pbtxt import parse_model_config
+from tritongen.profiles import read_profiles
 from tritongen.server_flags import flags_near, read_flags_file
 from tritongen.specio import format_loc
 from tritongen.traffic_files import arrivals_from, read_traffic
@@ -89,20 +94,11 @@ def read_service(path: Path) -> Service:
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         raise BadInput(f"{path}: not valid JSON/YAML: {err}") from None
     if isinstance(data, dict) and "schema_version" in data:
-        from tritongen.core.profile_types import read_profile
-
         try:
             profile = read_profile(text)
         except ValidationError as err:
             raise BadInput(f"{path}: not a profile this version reads: {err.errors()[0]['msg']}") from None
-        if profile.kind == "streaming":
-            if profile.engine is None:
-                raise BadInput(f"{path}: this streaming profile has no engine section (profile the model again)")
-            return Service(profile=profile)
-        try:
-            return Service(curve=ServiceCurve.from_profile(profile), profile=profile)
-        except ValueError as err:
-            raise BadInput(f"{path}: {err}") from None
+        return service_of(profile, str(path))
     try:
         cf = CurveFile.model_validate(data)
     except ValidationError as err:
@@ -111,6 +107,41 @@ def read_service(path: Path) -> Service:
     if cf.curve is None and cf.engine is None:
         raise BadInput(f"{path}: a curve file needs `curve:` (fixed_ms, per_item_ms) or `engine:`")
     return Service(curve=cf.curve, engine=cf.engine, overheads=cf.overheads)
+
+
+def service_of(profile: Profile, where: str) -> Service:
+    """A measured profile as a service: a streaming one's engine section, a classic one's curve."""
+    if profile.kind == "streaming":
+        if profile.engine is None:
+            raise BadInput(f"{where}: this streaming profile has no engine section (profile the model again)")
+        return Service(profile=profile)
+    try:
+        return Service(curve=ServiceCurve.from_profile(profile), profile=profile)
+    except ValueError as err:
+        raise BadInput(f"{where}: {err}") from None
+
+
+def services_by_config(profile: Optional[Path], profiles: Optional[Path], configs: list[Path]) -> list[Service]:
+    """Each config's service: the one `--profile` file for all of them, or from `--profiles DIR` the
+    profile of the config's model (its `name:`, else its directory's name, as Triton names it)."""
+    if (profile is None) == (profiles is None):
+        raise BadInput("give --profiles DIR (each config's model's profile) or --profile FILE (one profile or curve "
+                       "file for every config), one of the two")
+    if profile is not None:
+        service = read_service(profile)
+        return [service] * len(configs)
+    assert profiles is not None
+    measured = read_profiles(profiles)
+    services: list[Service] = []
+    for path in configs:
+        if not path.is_file():
+            raise BadInput(f"--config {path}: no such file")
+        name = parse_model_config(path.read_text(), str(path)).name or path.parent.name
+        found = measured.get(name)
+        if found is None:
+            raise BadInput(f"--profiles {profiles}: no profile of model {name!r} (of {path}); it has {sorted(measured)}")
+        services.append(service_of(found, f"the profile of {name} in {profiles}"))
+    return services
 
 
 def parse_engine_option(text: str | None) -> EngineSection | None:
@@ -134,10 +165,6 @@ def parse_engine_option(text: str | None) -> EngineSection | None:
 # Printing
 
 
-def _ms(v: float | None) -> str:
-    return "-" if v is None else (f"{v:.0f}" if v >= 100 else f"{v:.1f}")
-
-
 def results_table(title: str, labels: list[str], results: list[SimResult], streaming: bool) -> Table:
     table = Table(title=title, show_lines=False)
     table.add_column("", style="bold")
@@ -146,11 +173,11 @@ def results_table(title: str, labels: list[str], results: list[SimResult], strea
     names = [c.name for c in results[0].classes]
     for name in names:
         cs = [r.klass(name) for r in results]
-        table.add_row(f"[cyan]{name}[/] P50 / P90 / P99 ms", *[f"{_ms(c.p50_ms)} / {_ms(c.p90_ms)} / {_ms(c.p99_ms)}" for c in cs])
+        table.add_row(f"[cyan]{name}[/] P50 / P90 / P99 ms", *[f"{fmt_ms(c.p50_ms)} / {fmt_ms(c.p90_ms)} / {fmt_ms(c.p99_ms)}" for c in cs])
         if streaming:
-            table.add_row("  TTFT P50 / P99 ms", *[f"{_ms(c.ttft_p50_ms)} / {_ms(c.ttft_p99_ms)}" for c in cs])
+            table.add_row("  TTFT P50 / P99 ms", *[f"{fmt_ms(c.ttft_p50_ms)} / {fmt_ms(c.ttft_p99_ms)}" for c in cs])
         table.add_row("  throughput /s", *[f"{c.throughput_per_s:.1f}" for c in cs])
-        table.add_row("  queue P99 ms", *[_ms(c.queue_p99_ms) for c in cs])
+        table.add_row("  queue P99 ms", *[fmt_ms(c.queue_p99_ms) for c in cs])
         table.add_row("  rejected (full / timeout)", *[f"{c.rejected_queue_full} / {c.rejected_timeout}" for c in cs])
         if streaming:
             table.add_row("  OOM killed", *[str(c.oom_killed) for c in cs])
@@ -166,7 +193,12 @@ def results_table(title: str, labels: list[str], results: list[SimResult], strea
 
 @app.command("simulate")
 def simulate_cmd(
-    profile: Path = typer.Option(..., "--profile", help="A profile JSON from `tritongen profile`, or a curve file (curve:/llm:)."),
+    profiles: Optional[Path] = typer.Option(
+        None, "--profiles", help="Directory of profiles from `tritongen profile`: each config gets its model's."
+    ),
+    profile: Optional[Path] = typer.Option(
+        None, "--profile", help="Instead of --profiles: one profile JSON, or a curve file (curve:/engine:), for every config."
+    ),
     config: list[Path] = typer.Option(..., "--config", help="config.pbtxt to simulate; repeat to compare several."),
     traffic: Path = typer.Option(..., "--traffic", help="Traffic file (examples/traffic/*.yaml)."),
     requests: Optional[int] = typer.Option(None, "--requests", min=1, help="Simulate this many requests (default: the traffic's duration)."),
@@ -187,22 +219,24 @@ def simulate_cmd(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON instead of a table."),
 ) -> None:
-    """Predict tail latency, throughput and utilisation of configs from a profile, in milliseconds."""
+    """Predict tail latency, throughput and utilisation of configs from their profiles, in milliseconds."""
     stated = parse_engine_option(engine)
-    service = read_service(profile)
-    ov, overheads_used = choose_overheads(overheads, service.profile, service.overheads)
-    device_curve, share_note = profile_device_curve(service.profile)
+    services = services_by_config(profile, profiles, config)
     spec, trace_text = read_traffic(traffic)
     arrivals = arrivals_from(spec, trace_text, seed, requests, str(traffic))
     # One model per run: every class goes to the config under test.
     arrivals.class_model = [None] * len(arrivals.class_names)
     results: list[SimResult] = []
     labels: list[str] = []
+    calibrations: list[tuple[str, ServiceCurve | None, str | None]] = []  # per config: what say_calibration says
     streaming = False
     started = time.perf_counter()
-    for path in config:
+    for path, service in zip(config, services):
         if not path.is_file():
             raise BadInput(f"--config {path}: no such file")
+        ov, overheads_used = choose_overheads(overheads, service.profile, service.overheads)
+        device_curve, share_note = profile_device_curve(service.profile)
+        calibrations.append((overheads_used, device_curve, share_note))
         parsed = as_served(parse_model_config(path.read_text(), str(path)), path.parent)
         try:
             model = model_sim_from_config(parsed, curve=service.curve, engine=service.engine_for(parsed, path, stated), device_curve=device_curve)
@@ -232,4 +266,8 @@ def simulate_cmd(
     )
     console.print(results_table(title, labels, results, streaming))
     console.print(f"[dim]figures over the window after the {spec.warmup_s:g} s warm-up[/]")
-    say_calibration(console, overheads_used, device_curve, share_note)
+    if all(c == calibrations[0] for c in calibrations):
+        say_calibration(console, *calibrations[0])
+    else:  # the configs' profiles differ (--profiles): each column's calibration
+        for label, calibration in zip(labels, calibrations):
+            say_calibration(console, *calibration, prefix=f"{label}: ")

@@ -1,14 +1,19 @@
-"""`tritongen tune SPEC --profiles DIR --traffic T [--verify] [-o DIR]`.
+"""`tritongen tune SPEC --profiles DIR --traffic T [--verify [--repo DIR]] [-o DIR] [--json]`.
 
 Searches max batch size, preferred sizes, queue window, instance count and priority policy of
 every model with the simulator (`tritongen.core.tune`), optionally confirms the best few on the
 embedded server under the same traffic (`tritongen.tuner.verify`), and renders the winner. The
 output explains itself: chosen values against the plan's, predicted (and measured) figures, and
 the runner-up. Exit 0 when every model has a config that meets its targets, 1 otherwise.
+
+Machine output as on every command: `--json` prints the results as one JSON document on stdout
+(the tables then go to stderr); `--report FILE` writes the same document to FILE (atomically) with
+the tables on stdout. `--repository` is the old spelling of `--repo`.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -20,10 +25,11 @@ from rich.console import Console
 from rich.table import Table
 
 from tritongen.cli.app import app
-from tritongen.cli.shared import say_calibration
+from tritongen.cli.shared import renamed, say_calibration
 from tritongen.core.plan import DeploymentPlan, ModelEntryPlan
 from tritongen.core.sidecar_policy import build_sidecar_policy
 from tritongen.core.engine import EngineModel
+from tritongen.core.fmt import fmt_ms
 from tritongen.engine_files import entry_engine, entry_interface
 from tritongen.core.served_overheads import choose_overheads, profile_device_curve
 from tritongen.core.simulator import ServiceCurve, rate_limit_from_flags
@@ -42,6 +48,7 @@ from tritongen.core.tune import (
     memory_budget,
     tune_model,
 )
+from tritongen.dashboard import write_text_atomic
 from tritongen.errors import BadInput
 from tritongen.profiles import measured_pads_mb, read_profiles
 from tritongen.render import model_dir_tokenizers, render_entry_config, render_plan, write_repository
@@ -50,10 +57,6 @@ from tritongen.specio import load_spec
 from tritongen.traffic_files import arrivals_from, read_traffic
 
 console = Console()
-
-
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1f}"
 
 
 def entry_arrivals(arrivals: Arrivals, plan: DeploymentPlan, entry: ModelEntryPlan, spec) -> Arrivals:
@@ -98,7 +101,7 @@ def explain(result: TuneResult, baseline: Evaluation | None, measured: dict[str,
     if any(e is not None and e.params.max_num_seqs for e in cols):
         rows.append(("max_num_seqs", lambda e: str(e.params.max_num_seqs)))
     for name in w.p99_ms:
-        rows.append((f"{name} P99 ms (pred.)", lambda e, n=name: _ms(e.p99_ms.get(n))))
+        rows.append((f"{name} P99 ms (pred.)", lambda e, n=name: fmt_ms(e.p99_ms.get(n))))
     rows += [
         ("throughput /s (pred.)", lambda e: f"{e.throughput_per_s:.1f}"),
         ("capacity within targets", lambda e: "-" if e.capacity_factor is None else f"x{e.capacity_factor:.2f} = {e.capacity_factor * e.offered_per_s:.0f}/s"),
@@ -122,8 +125,8 @@ def tune(
     traffic: Path = typer.Option(..., "--traffic", help="Traffic file (examples/traffic/*.yaml); classes named as in the spec."),
     verify: bool = typer.Option(False, "--verify", help="Run the best candidates on the embedded server and keep the measured winner."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Write the tuned repository here (default: print only)."),
-    repository: Optional[Path] = typer.Option(
-        None, "--repository", help="Where the models' code is, for --verify (default: -o DIR, else ./model_repository)."
+    repo: Optional[Path] = typer.Option(
+        None, "--repo", help="Where the models' code is, for --verify (default: -o DIR, else ./model_repository)."
     ),
     requests: int = typer.Option(4000, "--requests", min=200, help="Requests per simulation during the search."),
     verify_requests: int = typer.Option(2000, "--verify-requests", min=100, help="Requests per live run with --verify."),
@@ -139,11 +142,22 @@ def tune(
         help="'targets': the best config that meets every target at the traffic's rate (then the most capacity); "
         "'capacity': the config that carries the highest rate of this traffic's mix within every target.",
     ),
-    report: Optional[Path] = typer.Option(None, "--report", help="Also write the results as JSON to this file."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the results as one JSON document on stdout; the tables go to stderr."
+    ),
+    report: Optional[Path] = typer.Option(
+        None, "--report", metavar="FILE",
+        help="Also write the JSON --json prints to FILE (atomically), the tables staying on stdout.",
+    ),
     max_error: float = typer.Option(0.01, "--max-error", min=0.0, max=1.0, help="Largest share of a class that may be rejected or killed."),
-    only: Optional[list[str]] = typer.Option(None, "--model", help="Tune only these model entries (repeat); the rest keep the plan."),
+    only: Optional[list[str]] = typer.Option(None, "--model", "-m", help="Tune only these model entries (repeat); the rest keep the plan."),
+    repository: Optional[Path] = typer.Option(None, "--repository", hidden=True, help="Deprecated: --repo."),
 ) -> None:
     """Find each model's best config for the traffic with the simulator; optionally confirm it live."""
+    repo = renamed(repo, repository, "--repo", "--repository")
+    # With --json stdout carries the JSON document alone: this module's console (tables, notes, the
+    # spinner) writes to stderr for this run, where a human still sees it and a pipe does not.
+    console.stderr = as_json
     loaded = load_spec(spec)
     profs = read_profiles(profiles)
     plan = plan_deployment(loaded.spec, loaded.architectures, measured_pads_mb(profs))
@@ -217,12 +231,12 @@ def tune(
     if verify and objective == "capacity":
         choices, measured_rows, measured_capacity = _verify_capacity(
             loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed, verify_requests, verify_top,
-            repository or out or Path("model_repository"), spec.name,
+            repo or out or Path("model_repository"), spec.name,
         )
     elif verify:
         choices, measured_rows = _verify(
             loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed, verify_requests, verify_top,
-            repository or out or Path("model_repository"), spec.name,
+            repo or out or Path("model_repository"), spec.name,
         )
     verify_s = time.perf_counter() - verify_started if verify else 0.0
     for name, result in results.items():
@@ -236,8 +250,11 @@ def tune(
     policy = build_sidecar_policy(loaded.spec, tuned, profs, model_dir_tokenizers(loaded, tuned))
     rendered = render_plan(tuned, spec.name, sidecar_policy=policy)
     console.print(f"[dim]search: {sum(r.candidates for r in results.values())} simulations in {search_s:.1f} s[/]")
+    doc = report_doc(results, choices, measured_capacity, inputs_by, search_s, verify_s)
     if report is not None:
-        _write_report(report, results, choices, measured_capacity, inputs_by, search_s, verify_s)
+        write_text_atomic(report, json.dumps(doc, indent=2) + "\n")  # a reader never sees half a report
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
     if out is not None:
         changed = write_repository(rendered, out)
         console.print(f"{len(changed)} file(s) written to {out}" + (": " + ", ".join(changed) if changed else " (already up to date)"))
@@ -250,11 +267,8 @@ def tune(
         raise typer.Exit(code=1)
 
 
-def _write_report(path: Path, results, choices, measured_capacity, inputs_by, search_s: float, verify_s: float) -> None:
-    """The results as JSON (written beside, then renamed over `path`), for scripts and benches."""
-    import json
-    import os
-
+def report_doc(results, choices, measured_capacity, inputs_by, search_s: float, verify_s: float) -> dict[str, object]:
+    """The results for scripts and benches: what --json prints and --report writes."""
     doc: dict[str, object] = {"search_s": round(search_s, 3), "verify_s": round(verify_s, 3), "models": {}}
     for name, result in results.items():
         rate = inputs_by[name].arrivals.mean_rate
@@ -275,9 +289,7 @@ def _write_report(path: Path, results, choices, measured_capacity, inputs_by, se
             "candidates": result.candidates,
             "notes": result.notes,
         }
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, path)
+    return doc
 
 
 def live_verdict(run, inputs: TuneInputs, streaming: bool) -> tuple[bool, float, float]:
@@ -332,7 +344,7 @@ def _live_load(loaded, plan, entry: ModelEntryPlan, arrivals_all):
 def _live_arrivals(loaded, tspec, trace_text, seed: int, n: int, repository: Path):
     """The live runs' traffic (another seed than the search's), once the models' code is found."""
     if not repository.is_dir():
-        raise BadInput(f"--verify needs the models' code: {repository} is not a directory (use --repository DIR)")
+        raise BadInput(f"--verify needs the models' code: {repository} is not a directory (use --repo DIR)")
     arrivals = arrivals_from(tspec, trace_text, seed + 1, n if tspec.shape != "trace" else None, "traffic")
     return arrivals.with_priorities({c.name: c.priority for c in loaded.spec.traffic_classes})
 

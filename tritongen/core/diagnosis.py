@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 
 from tritongen.core.engine_window import EngineWindow, Histogram, Samples, SidecarWindow, histogram_delta, select
 from tritongen.core.findings import Finding
+from tritongen.core.fmt import fmt_ms
 from tritongen.core.llm_diagnosis import LLM_CODES, llm_findings
 
 
@@ -276,10 +277,6 @@ def batching(config: Mapping[str, Any]) -> Mapping[str, Any]:
     return config.get("dynamic_batching") or {}
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f} ms"
-
-
 def busy_fraction(window: ModelWindow, config: Mapping[str, Any], window_s: float) -> float:
     """Share of the window the model's instances spent computing (1.0: every instance always busy)."""
     if window_s <= 0:
@@ -338,7 +335,7 @@ def rule_queueing(snap: ServerSnapshot, model: str, w: ModelWindow, config: Mapp
     batch = w.mean_batch or 0.0
     per_exec = w.compute_per_exec_ms or 0.0
     evidence = (
-        f"requests waited {queue_ms:.1f} ms on average in Triton's queue (P99 queue {_ms(w.p99_queue_us / 1000 if w.p99_queue_us else None)}), "
+        f"requests waited {queue_ms:.1f} ms on average in Triton's queue (P99 queue {fmt_ms(w.p99_queue_us / 1000 if w.p99_queue_us else None, ' ms')}), "
         f"over half of its {budget:g} ms latency budget ({0.5 * budget:g} ms); mean batch {batch:.1f} of "
         f"max_batch_size {mbs}, {per_exec:.1f} ms per execution, instances busy {busy:.0%}"
     )

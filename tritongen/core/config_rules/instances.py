@@ -48,9 +48,9 @@ def check_gpu_ids(config: ModelConfig, gpu_count: int | None, source: str, out: 
         out.warning(
             "TG114", "instance_group.gpus",
             f"instance groups list GPU ids {dims_text(sorted(set(unchecked)))}, but the number of GPUs on the "
-            "serving host is not known here (no NVML, no --gpus or --spec), so the ids were not checked "
+            "serving host is not known here (no NVML, no --gpus, no spec), so the ids were not checked "
             "against it",
-            "pass --gpus N (the serving host's GPU count) or --spec, or run check on the serving host",
+            "pass --gpus N (the serving host's GPU count) or the spec (`check SPEC DIR`), or run check on the serving host",
         )
 
 
