@@ -77,6 +77,8 @@ def write_tiny_llama(out: Path, shape: LlamaShape = LlamaShape()) -> Path:
     marker = out / "tritongen-shape.json"
     if marker.is_file() and json.loads(marker.read_text()) == asdict(shape):
         return out
+    # Trained in this process: its thread pool would warn at every later fork (the demo's subprocesses).
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     out.parent.mkdir(parents=True, exist_ok=True)

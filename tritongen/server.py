@@ -177,6 +177,23 @@ def repository_python_backends(repository: Path) -> dict[str, Path]:
     return {}
 
 
+START_TIMEOUT_S = 60.0
+"""How long a server of classic models may take to become ready (the embedded server: a few seconds)."""
+ENGINE_START_TIMEOUT_S = 900.0
+"""... and one that hosts an LLM engine (Triton's vLLM backend): the engine loads its weights and sizes
+its KV cache before the model is ready, 25-65 s for a 6M-parameter model on this 2-core host and
+minutes for a large model's weights. A server that fails is still told at once: the process exiting
+or "failed to load" in its log ends the wait."""
+
+
+def start_timeout(opts: "ServerOptions") -> float:
+    """The options' start timeout, else one for what the repository serves (after its Python-based
+    backends were resolved)."""
+    if opts.start_timeout_s is not None:
+        return opts.start_timeout_s
+    return ENGINE_START_TIMEOUT_S if "vllm" in opts.python_backends else START_TIMEOUT_S
+
+
 @dataclass
 class ServerOptions:
     """What the launcher passes to tritonserver; ports of 0 are picked free at start."""
@@ -190,7 +207,9 @@ class ServerOptions:
     extra_args: Sequence[str] = ()
     log_verbose: int = 0
     exit_timeout_s: int = 3
-    start_timeout_s: float = 60.0
+    # None: by what the repository serves (`start_timeout`): an LLM engine loads its weights and sizes
+    # its KV cache before the model is ready, which takes far longer than a classic model.
+    start_timeout_s: float | None = None
     # Python-based backends: backend name -> directory holding its model.py (see
     # TritonInstall.backend_dir); empty serves only the plain Python backend.
     python_backends: Mapping[str, Path] = field(default_factory=dict)
@@ -299,7 +318,7 @@ class TritonServer:
             preexec_fn=self._preexec,
         )
         try:
-            self.wait_ready(opts.start_timeout_s)
+            self.wait_ready(start_timeout(opts))
         except BaseException:
             self.stop()
             raise

@@ -68,6 +68,11 @@ class ModelRun:
         return int((self.result.status == OOM).sum())
 
     @property
+    def served(self) -> int:
+        """Requests answered in full, whenever they finished (req/s counts only the window's)."""
+        return int((self.result.status == OK).sum())
+
+    @property
     def rejected(self) -> int:
         ok_or_oom = (self.result.status == OK) | (self.result.status == OOM)
         return int((~ok_or_oom).sum())

@@ -93,10 +93,12 @@ def run_vllm_showcase(
 
     say(f"1/4 [real vLLM] profile {model} served by the hand-written {naive_template.name} (upstream metrics only) "
         f"-> {profiles}")
-    tritongen_cmd("profile", str(spec), "--repo", str(before), "-o", str(profiles), "--quick")
-    measured = read_profiles(profiles).get(model)
+    profiled = tritongen_cmd("profile", str(spec), "--repo", str(before), "-o", str(profiles), "--quick")
+    measured = read_profiles(profiles).get(model) if profiles.is_dir() else None
     if measured is None or measured.engine is None:
-        raise RunFailed(f"`tritongen profile` wrote no engine profile of {model} into {profiles}")
+        said = (profiled.stderr.strip() or profiled.stdout.strip())[-2000:]
+        raise RunFailed(f"`tritongen profile` wrote no engine profile of {model} into {profiles} "
+                        f"(exit {profiled.returncode}):\n{said}")
     show.lap("profile")
 
     shape, _trace = read_traffic(traffic)

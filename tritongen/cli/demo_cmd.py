@@ -144,14 +144,15 @@ def before_after(
 
 def results_table(runs: list[ModelRun]) -> Table:
     table = Table(title="before (hand-written, direct) vs after (tuned + sidecar), same bursty traffic")
-    for column in ("model", "setup", "req/s", "good/s", "P99 interactive ms", "P99 batch ms", "utilisation", "OOM kills",
-                   "rejected (429/503)"):
+    for column in ("model", "setup", "served", "req/s", "good/s", "P99 interactive ms", "P99 batch ms", "utilisation",
+                   "OOM kills", "rejected (429/503)"):
         table.add_column(column, justify="right" if column not in ("model", "setup") else "left")
     fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
     for run in runs:
         p99 = {c.name: (c.ttft_p99_ms if run.streaming and c.ttft_p99_ms else c.p99_ms) for c in run.stats()}
         table.add_row(
-            run.model, run.setup, f"{run.throughput:.1f}", f"{run.goodput:.1f}", fmt(p99.get("interactive")),
+            run.model, run.setup, f"{run.served}/{len(run.result.status)}", f"{run.throughput:.1f}", f"{run.goodput:.1f}",
+            fmt(p99.get("interactive")),
             fmt(p99.get("batch")), "-" if run.utilisation is None else f"{run.utilisation:.0%}", str(run.oom),
             str(run.rejected),
         )
