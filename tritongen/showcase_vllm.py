@@ -48,10 +48,11 @@ def vllm_model(spec: Path) -> str:
     return names[0]
 
 
-def write_traffic(spec: TrafficSpec, path: Path, **changes) -> Path:
-    data = spec.model_copy(update=changes).model_dump(mode="json", exclude_none=True)
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+def write_traffic(spec: TrafficSpec, path: Path, **changes) -> TrafficSpec:
+    """`spec` with `changes`, validated as a traffic file is, written to `path` for the commands."""
+    changed = TrafficSpec.model_validate(spec.model_copy(update=changes).model_dump(mode="json", exclude_none=True))
+    path.write_text(yaml.safe_dump(changed.model_dump(mode="json", exclude_none=True), sort_keys=False))
+    return changed
 
 
 def simulated_throughput(profile: Path, config: Path, traffic: Path) -> float:
@@ -65,12 +66,13 @@ def simulated_throughput(profile: Path, config: Path, traffic: Path) -> float:
 def predicted_capacity(profile: Path, config: Path, shape: TrafficSpec, workdir: Path) -> float:
     """Completions per second the simulator predicts for the rendered engine past its capacity."""
     poisson = dict(shape="poisson", bursty=None, daily=None, trace=None, warmup_s=0.0)
-    flood = write_traffic(shape, workdir / "flood.yaml", rate_per_s=1000.0, duration_s=FLOOD_REQUESTS / 1000.0, **poisson)
+    flood = workdir / "flood.yaml"
+    write_traffic(shape, flood, rate_per_s=1000.0, duration_s=FLOOD_REQUESTS / 1000.0, **poisson)
     first = simulated_throughput(profile, config, flood)
     if first <= 0:
         raise RunFailed(f"the simulator predicts no completions for {config}: the profile {profile} cannot serve")
-    saturated = write_traffic(shape, workdir / "saturated.yaml", rate_per_s=SATURATION_FACTOR * first,
-                              duration_s=SATURATION_S, **poisson)
+    saturated = workdir / "saturated.yaml"
+    write_traffic(shape, saturated, rate_per_s=SATURATION_FACTOR * first, duration_s=SATURATION_S, **poisson)
     return simulated_throughput(profile, config, saturated)
 
 
@@ -105,7 +107,8 @@ def run_vllm_showcase(
     tritongen_cmd("render", str(spec), "--profiles", str(profiles), "-o", str(rendered))
     capacity = predicted_capacity(profiles / f"{model}.json", rendered / model / "config.pbtxt", shape, workdir)
     rate = load_factor * capacity
-    demo_traffic = write_traffic(shape, home / "traffic.yaml", rate_per_s=rate, duration_s=seconds)
+    demo_traffic = home / "traffic.yaml"
+    demo_shape = write_traffic(shape, demo_traffic, rate_per_s=rate, duration_s=seconds)
     say(f"2/4 [real vLLM] the simulator predicts {capacity:.1f} req/s at saturation for the spec's engine; tune for "
         f"{traffic.name}'s shape at {rate:.1f} req/s ({demo_traffic}), render the winner -> {after}")
     tuned = tritongen_cmd("tune", str(spec), "--profiles", str(profiles), "--traffic", str(demo_traffic), "-o", str(after))
@@ -114,7 +117,7 @@ def run_vllm_showcase(
         raise RunFailed(f"`tritongen tune -o {after}` wrote no {SIDECAR_POLICY_FILE}:\n{tuned.stdout[-1500:]}")
     show.lap("tune + render")
 
-    arrivals = generate_arrivals(TrafficSpec.model_validate(yaml.safe_load(demo_traffic.read_text())), seed=3)
+    arrivals = generate_arrivals(demo_shape, seed=3)
     load = {model: Workload(arrivals, streaming=True, bytes_per_token=measured.engine.bytes_per_token)}
     targets = class_targets_ms(spec)
     kept = os.sched_getaffinity(0)
@@ -122,15 +125,13 @@ def run_vllm_showcase(
         os.sched_setaffinity(0, cpus)  # the load generator beside Triton, off the engine's core
     try:
         say(f"3/4 [real vLLM] before: {len(arrivals)} requests straight to Triton, the hand-written model.json")
-        show.runs += load_phase("vllm-before", before, load, say, workdir, behind_sidecar=False, llm_protocol=llm_protocol,
+        show.runs += load_phase("before", before, load, say, workdir, behind_sidecar=False, llm_protocol=llm_protocol,
                                 targets_ms=targets, options=served(before))
         show.lap("load before")
         say("4/4 [real vLLM] after: the tuned model.json behind the sidecar, the same requests")
-        show.runs += load_phase("vllm-after", after, load, say, workdir, behind_sidecar=True, llm_protocol=llm_protocol,
+        show.runs += load_phase("after", after, load, say, workdir, behind_sidecar=True, llm_protocol=llm_protocol,
                                 targets_ms=targets, options=served(after))
         show.lap("load after")
     finally:
         os.sched_setaffinity(0, kept)
-    for run in show.runs:
-        run.setup = run.setup.removeprefix("vllm-")
     return show
