@@ -286,7 +286,7 @@ def test_vllm_request_puts_max_tokens_in_sampling_parameters_and_excludes_the_pr
     assert list(sent) == ["text_input", "sampling_parameters", "stream", "exclude_input_in_output"]
     assert sent["text_input"] == RequestTensor(name="text_input", datatype="BYTES", shape=[1], value="Hello")
     assert sent["sampling_parameters"].datatype == "BYTES" and sent["sampling_parameters"].shape == [1]
-    assert json.loads(sent["sampling_parameters"].value) == {"max_tokens": 32}
+    assert json.loads(sent["sampling_parameters"].value) == {"max_tokens": 32, "ignore_eos": True}
     assert sent["stream"].value is True and sent["stream"].datatype == "BOOL"
     assert sent["exclude_input_in_output"].value is True
     assert iface.request_parameters(32) == {}

@@ -205,7 +205,12 @@ class LLMInterface(_Strict):
         if self.max_tokens_input is not None:
             fields.append((self.max_tokens_input, self.max_tokens_datatype or "INT32", max_tokens))
         if self.sampling_parameters_input is not None:
-            fields.append((self.sampling_parameters_input, "BYTES", json.dumps({"max_tokens": max_tokens})))
+            # ignore_eos: tritongen's requests measure and load an engine at N output tokens; a model
+            # that says end-of-sequence sooner (a real one on a short prompt, one with random weights at
+            # random) would end the stream early and starve the measurement (seen on the real vLLM:
+            # "no stream finished with 3 or more tokens").
+            fields.append((self.sampling_parameters_input, "BYTES",
+                           json.dumps({"max_tokens": max_tokens, "ignore_eos": True})))
         if self.stream_input is not None:
             # stream=true on a model that is not decoupled is refused or misbehaves: TensorRT-LLM's
             # decoupled_mode "Must be set to true for requests setting the stream tensor to true"
