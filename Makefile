@@ -51,48 +51,48 @@ TRITON_SERVER_REPO ?= /tmp/triton-server
 bench: bench-simulator bench-profile bench-fidelity bench-llm-fidelity bench-vllm-fidelity bench-llm-guard bench-sidecar bench-fixed-vs-tuned bench-check-conformance bench-vs-model-analyzer bench-instance-scaling bench-admission
 
 bench-fidelity: $(STAMP)
-	$(PY) bench/bench_sim_fidelity.py
+	$(PY) -m bench.bench_sim_fidelity
 
 bench-sidecar: $(STAMP)
-	$(PY) bench/bench_sidecar.py
-	$(PY) bench/bench_sidecar.py --pinned --models identity
+	$(PY) -m bench.bench_sidecar
+	$(PY) -m bench.bench_sidecar --pinned --models identity
 
 bench-check-conformance: $(STAMP)
-	$(PY) bench/bench_check_conformance.py --server-repo $(TRITON_SERVER_REPO)
+	$(PY) -m bench.bench_check_conformance --server-repo $(TRITON_SERVER_REPO)
 
 bench-profile: $(STAMP)
-	$(PY) bench/bench_profile.py
+	$(PY) -m bench.bench_profile
 
 bench-simulator: $(STAMP)
-	$(PY) bench/bench_simulator_speed.py
+	$(PY) -m bench.bench_simulator_speed
 
 bench-fixed-vs-tuned: $(STAMP)
-	$(PY) bench/bench_fixed_vs_tuned.py
+	$(PY) -m bench.bench_fixed_vs_tuned
 
 bench-llm-fidelity: $(STAMP)
-	$(PY) bench/bench_llm_fidelity.py
+	$(PY) -m bench.bench_llm_fidelity
 
 bench-vllm-fidelity: $(STAMP)
-	$(PY) bench/bench_vllm_fidelity.py
+	$(PY) -m bench.bench_vllm_fidelity
 
 bench-instance-scaling: $(STAMP)
-	$(PY) bench/bench_instance_scaling.py
+	$(PY) -m bench.bench_instance_scaling
 
 bench-llm-guard: $(STAMP)
-	$(PY) bench/bench_llm_guard.py $(BENCH_ARGS)
+	$(PY) -m bench.bench_llm_guard $(BENCH_ARGS)
 
 bench-admission: $(STAMP)
-	$(PY) bench/bench_admission.py
+	$(PY) -m bench.bench_admission
 
 # Evidence for a design question (a native data path): admission in nginx's Lua next to nginx and the
 # sidecar. Needs nginx-light and libnginx-mod-http-lua from Debian; without them it says so. ~4 min.
 bench-native-admission: $(STAMP)
-	$(PY) bench/bench_native_admission.py
+	$(PY) -m bench.bench_native_admission
 
 # Installs triton-model-analyzer (numpy pinned; else bench/.ma-venv) and perf_analyzer (bench/.perf-analyzer)
 # when missing; without them it says why and takes no figures. ~33 min; BENCH_ARGS=--quick for a smoke run.
 bench-vs-model-analyzer: $(STAMP)
-	$(PY) bench/bench_vs_model_analyzer.py $(BENCH_ARGS)
+	$(PY) -m bench.bench_vs_model_analyzer $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

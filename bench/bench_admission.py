@@ -1,6 +1,6 @@
 """What one admission decision costs the sidecar, against the length of its queue.
 
-    .venv/bin/python bench/bench_admission.py [--policy PATH] [--repeat R]
+    .venv/bin/python -m bench.bench_admission [--policy PATH] [--repeat R]
 
 Under overload the sidecar's queue holds hundreds of requests, and every arrival (submit), every
 ticker pass (tick, every 20 ms while anything waits) and every finished request (release, which
@@ -27,18 +27,17 @@ import argparse
 import heapq
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.report import saved_report, shown  # noqa: E402
-import sidecar.admission as admission  # noqa: E402
-from sidecar.admission import Action, AdmissionState, Cost, Request  # noqa: E402
-from sidecar.cost import LLMFacts, cost_for  # noqa: E402
-from sidecar.policy import load_policy, parse_policy  # noqa: E402
+from bench.rig import ROOT
+from bench.report import saved_report, shown
+from sidecar.admission import AdmissionState
+from sidecar.admission_types import Action, Cost, Request
+from sidecar.cost import LLMFacts, cost_for
+from tritongen.core.admission_tuning import WAIT_Z
+from tritongen.core.sidecar_policy.schema import parse_policy
+from tritongen.shared.policy_file import load_policy
 
 CALLS = 400
 
@@ -96,7 +95,7 @@ OVERLOAD_CLASSES = (("interactive", 1, 0.2, 200), ("normal", 2, 0.5, 1000), ("ba
 SEQUENCES, SERVICE_S = 32, (0.8, 1.5)
 
 
-def overload_policy():
+def overload_policy(wait_z: float):
     classes = [{"name": n, "kind": n, "priority": pr, "p99_ms": ms, "max_queue_wait_ms": ms, "queue_cap": None,
                 "budget_fraction": 1.0} for n, pr, _, ms in OVERLOAD_CLASSES]
     return parse_policy({
@@ -108,15 +107,15 @@ def overload_policy():
                            "max_context": 4096, "kv_policy": "grow_preempt", "engine_pool_bytes": 10**9}}],
         "concurrency": {"min": SEQUENCES, "max": SEQUENCES, "queue_delay_high_ms": 50, "queue_delay_low_ms": 20,
                         "adjust_interval_ms": 1000, "increase_hold_ms": 3000},
-        "headroom": {"sources": ["static"], "safety_pad_bytes": 0},
+        "headroom": {"sources": ["static"], "safety_pad_bytes": 0}, "admission": {"wait_z": wait_z},
     })
 
 
-def overload_run(load: float, seed: int, seconds: float = 60.0) -> dict[str, float]:
+def overload_run(load: float, seed: int, wait_z: float, seconds: float = 60.0) -> dict[str, float]:
     """One event simulation (see the module docstring); counts per class and refusal delays."""
     rng = random.Random(seed)
     clock = [0.0]
-    state = AdmissionState(overload_policy(), lambda: clock[0])
+    state = AdmissionState(overload_policy(wait_z), lambda: clock[0])
     rate = load * SEQUENCES / (sum(SERVICE_S) / 2)
     events: list[tuple[float, int, str, int]] = []
     order = iter(range(10**9))
@@ -175,15 +174,12 @@ def overload_table(seeds: int) -> None:
     print(f"Refusals under overload (event simulation, real AdmissionState, {seeds} seeds; medians):")
     print("| load | lower classes queued on | served | interactive served | refused | told late | refusal P99 ms |")
     print("|---|---|---|---|---|---|---|")
-    default = admission.WAIT_Z
     for load in (0.9, 1.5, 3.0):
-        for label, z in (("the mean (WAIT_Z 0)", 0.0), (f"the 98th percentile (WAIT_Z {default:g})", default)):
-            admission.WAIT_Z = z
-            runs = [overload_run(load, seed) for seed in range(1, seeds + 1)]
+        for label, z in (("the mean (WAIT_Z 0)", 0.0), (f"the 98th percentile (WAIT_Z {WAIT_Z:g})", WAIT_Z)):
+            runs = [overload_run(load, seed, z) for seed in range(1, seeds + 1)]
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             print(f"| {load:g}x | {label} | {med['served']:.0f} | {med['interactive']:.0f} | {med['refused']:.0f} | "
                   f"{med['late']:.0f} | {med['p99_ms']:.0f} |")
-    admission.WAIT_Z = default
 
 
 def main() -> None:

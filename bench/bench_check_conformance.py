@@ -7,7 +7,7 @@ per directory, how many refused cases `check` catches with an error (recall) and
 configs it raises an error on (false alarms). The server repository is not vendored; fetch it:
 
     git clone --depth 1 https://github.com/triton-inference-server/server /tmp/triton-server
-    .venv/bin/python bench/bench_check_conformance.py --server-repo /tmp/triton-server
+    .venv/bin/python -m bench.bench_check_conformance --server-repo /tmp/triton-server
 
 Without it the benchmark says so and takes no figures.
 
@@ -37,10 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tritongen.repository import check_repository  # noqa: E402
+from tritongen.repository import check_repository
 
 STUB_FILES = {  # the model file a platform's backend looks for (a stub: check reads names only)
     "onnxruntime_onnx": "model.onnx", "tensorrt_plan": "model.plan", "pytorch_libtorch": "model.pt",

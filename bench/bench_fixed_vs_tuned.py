@@ -1,6 +1,6 @@
 """Fixed large batch versus tuned dynamic batching, under the same bursty two-class traffic.
 
-    .venv/bin/python bench/bench_fixed_vs_tuned.py [--sim-only] [--live-seconds S]
+    .venv/bin/python -m bench.bench_fixed_vs_tuned [--sim-only] [--live-seconds S]
 
 The product's origin story: moving from one fixed large batch to tuned dynamic batching took GPU
 utilisation from 41% to 68% and P99 time-to-first-token from 11.2 s to 3.4 s. This reproduces the
@@ -33,14 +33,12 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tritongen.core.engine import LLMCurve  # noqa: E402
-from tritongen.core.engine_sources import MeasuredEngine  # noqa: E402
-from tritongen.core.plan import plan_deployment  # noqa: E402
-from tritongen.engine_files import entry_engine, entry_interface  # noqa: E402
-from tritongen.core.simulator import (  # noqa: E402
+from bench.rig import ROOT
+from tritongen.core.engine import LLMCurve
+from tritongen.core.engine_sources import MeasuredEngine
+from tritongen.core.plan import plan_deployment
+from tritongen.engine_files import entry_engine, entry_interface
+from tritongen.core.simulator import (
     OK,
     BatcherConfig,
     ModelSim,
@@ -51,9 +49,9 @@ from tritongen.core.simulator import (  # noqa: E402
     measurement_window,
     percentile_ms,
 )
-from tritongen.core.spec import DeploymentSpec  # noqa: E402
-from tritongen.core.traffic import TrafficSpec, generate_arrivals  # noqa: E402
-from tritongen.core.tune import TuneInputs, apply_candidate, apply_results, baseline_params, memory_budget, tune_model  # noqa: E402
+from tritongen.core.spec import DeploymentSpec
+from tritongen.core.traffic import TrafficSpec, generate_arrivals
+from tritongen.core.tune import TuneInputs, apply_candidate, apply_results, baseline_params, memory_budget, tune_model
 
 # ---------------------------------------------------------------------------------------------
 # 1. Simulation, GPU-like

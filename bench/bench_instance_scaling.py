@@ -8,7 +8,7 @@ This bench checks the fit where it was not measured: a config with dynamic batch
 batches grow to the maximum), and 1, 2 and 4 instances. The simulator, given the profile's curve,
 overheads and device part, predicts each throughput; the live server measures it.
 
-    .venv/bin/python bench/bench_instance_scaling.py [--mbs 16] [--requests 3000] [--profile P]
+    .venv/bin/python -m bench.bench_instance_scaling [--mbs 16] [--requests 3000] [--profile P]
 
 Figures, not verdicts: the goal (issue 16) is every count within 10%.
 """
@@ -18,24 +18,21 @@ from __future__ import annotations
 import argparse
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.report import saved_report  # noqa: E402
-from tritongen.client import tensors_from_config  # noqa: E402
-from tritongen.core.profile_types import read_profile  # noqa: E402
-from tritongen.core.served_overheads import choose_overheads, profile_device_curve  # noqa: E402
-from tritongen.core.simulator import BatcherConfig, ModelSim, ServerSim, ServiceCurve, simulate  # noqa: E402
-from tritongen.core.traffic import TrafficSpec, generate_arrivals  # noqa: E402
-from tritongen.loadgen import LoadTarget  # noqa: E402
-from tritongen.server import ServerOptions, TritonServer  # noqa: E402
-from tritongen.tuner.verify import load_config, measure  # noqa: E402
+from bench.rig import ROOT
+from bench.report import saved_report
+from tritongen.client import tensors_from_config
+from tritongen.core.profile_types import read_profile
+from tritongen.core.served_overheads import choose_overheads, profile_device_curve
+from tritongen.core.simulator import BatcherConfig, ModelSim, ServerSim, ServiceCurve, simulate
+from tritongen.core.traffic import TrafficSpec, generate_arrivals
+from tritongen.loadgen import LoadTarget
+from tritongen.server import ServerOptions, TritonServer
+from tritongen.tuner.verify import load_config, measure
 
 REPOSITORY = ROOT / "examples" / "classic_standins" / "repository"
 

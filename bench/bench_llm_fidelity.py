@@ -13,32 +13,29 @@ a hand-written Python backend that reserves prompt + max_tokens and kills what d
 Goals (issue 14): completed/s within 10%, TTFT P50/P99 within 25%, kills and preemptions within
 25% or both zero; step costs within 15% of the configured ones.
 
-    .venv/bin/python bench/bench_llm_fidelity.py [--seconds 20] [--models vllm_standin,reserve_llm]
+    .venv/bin/python -m bench.bench_llm_fidelity [--seconds 20] [--models vllm_standin,reserve_llm]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.report import ms, rel, saved_report  # noqa: E402
-from tritongen.core.llm_interface import interface_from_config  # noqa: E402
-from tritongen.core.engine_sources import measured_from_profile, resolve_engine  # noqa: E402
-from tritongen.core.spec import EngineSection  # noqa: E402
-from tritongen.core.simulator import ModelSim, Overheads, ServerSim, simulate  # noqa: E402
-from tritongen.core.traffic import TrafficSpec, generate_arrivals  # noqa: E402
-from tritongen.engine_files import vllm_engine_args  # noqa: E402
-from tritongen.loadgen import LoadTarget, run_load  # noqa: E402
-from tritongen.core.prometheus import parse_prometheus  # noqa: E402
-from tritongen.profiler.run import Endpoints, Profiler, TritonAdmin, default_settings, resolve_targets  # noqa: E402
-from tritongen.server import ServerOptions, TritonServer  # noqa: E402
+from bench.rig import ROOT
+from bench.report import ms, rel, saved_report
+from tritongen.core.llm_interface_config import interface_from_config
+from tritongen.core.engine_sources import measured_from_profile, resolve_engine
+from tritongen.core.spec import EngineSection
+from tritongen.core.simulator import ModelSim, Overheads, ServerSim, simulate
+from tritongen.core.traffic import TrafficSpec, generate_arrivals
+from tritongen.engine_files import vllm_engine_args
+from tritongen.loadgen import LoadTarget, run_load
+from tritongen.core.prometheus import parse_prometheus
+from tritongen.profiler.run import Endpoints, Profiler, TritonAdmin, default_settings, resolve_targets
+from tritongen.server import ServerOptions, TritonServer
 
 STANDINS = ROOT / "examples" / "llm_standins"
 REPOSITORY = STANDINS / "repository"

@@ -40,7 +40,7 @@ Figures are figures: the sidecar's LLM admission is being rewritten, and today's
 Counts of kills and refusals cover the whole run; completed/s and percentiles the measurement
 window (2 s warm-up left out), TTFT from the scheduled send time (a late client counts).
 
-    .venv/bin/python bench/bench_llm_guard.py [--seconds 15] [--models tiny_llama,vllm_standin,reserve_llm,tinyllm]
+    .venv/bin/python -m bench.bench_llm_guard [--seconds 15] [--models tiny_llama,vllm_standin,reserve_llm,tinyllm]
 """
 
 from __future__ import annotations
@@ -60,25 +60,24 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.report import saved_report, shown  # noqa: E402
-from sidecar.fronts import DEFAULT_FRONT, FRONTS  # noqa: E402
-from tritongen.core.fmt import fmt_ms  # noqa: E402
-from tritongen.core.engine_sources import EngineSourceError, measured_from_profile, resolve_engine  # noqa: E402
-from tritongen.core.llm_interface import interface_from_config  # noqa: E402
-from tritongen.core.profile_types import Profile, read_profile  # noqa: E402
-from tritongen.core.simulator import OK, OOM, QUEUE_FULL, TIMEOUT, ModelSim, Overheads, ServerSim, simulate  # noqa: E402
-from tritongen.core.spec import ModelSpec, TrafficClass  # noqa: E402
-from tritongen.core.traffic import Arrivals, TrafficSpec, generate_arrivals  # noqa: E402
-from tritongen.engine_files import vllm_engine_args  # noqa: E402
-from tritongen.local_llm import split_cores, write_example_spec  # noqa: E402
-from tritongen.loadgen import LoadResult, LoadTarget, run_load  # noqa: E402
-from tritongen.core.prometheus import parse_prometheus  # noqa: E402
-from tritongen.server import ServerOptions, TritonServer  # noqa: E402
-from tritongen.sidecar_process import SidecarProcess  # noqa: E402
-from tritongen.specio import load_spec  # noqa: E402
+from bench.rig import ROOT
+from bench.report import saved_report, shown
+from tritongen.core.fmt import fmt_ms
+from tritongen.core.engine_sources import EngineSourceError, measured_from_profile, resolve_engine
+from tritongen.core.llm_interface_config import interface_from_config
+from tritongen.core.profile_types import Profile, read_profile
+from tritongen.core.simulator import OK, OOM, QUEUE_FULL, TIMEOUT, ModelSim, Overheads, ServerSim, simulate
+from tritongen.core.spec import ModelSpec, TrafficClass
+from tritongen.core.traffic import Arrivals, TrafficSpec, generate_arrivals
+from tritongen.engine_files import vllm_engine_args
+from tritongen.local_llm import split_cores, write_example_spec
+from tritongen.load_result import LoadResult
+from tritongen.loadgen import LoadTarget, run_load
+from tritongen.core.prometheus import parse_prometheus
+from tritongen.server import ServerOptions, TritonServer
+from tritongen.shared.fronts import DEFAULT_FRONT, FRONTS
+from tritongen.sidecar_process import SidecarProcess
+from tritongen.specio import load_spec
 
 STANDINS = ROOT / "examples" / "llm_standins"
 STANDIN_SPEC = STANDINS / "deployment.yaml"

@@ -1,6 +1,6 @@
 """What admission costs when it runs inside the proxy instead of in the sidecar's Python data path.
 
-    .venv/bin/python bench/bench_native_admission.py [--seconds 3] [--levels 1,16,64]
+    .venv/bin/python -m bench.bench_native_admission [--seconds 3] [--levels 1,16,64]
 
 The evidence for a design question, not a feature: issue 15's pass-through goals (the sidecar's
 throughput ratio at least nginx's) are out of reach of a Python data path on this host (see
@@ -31,13 +31,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import bench_sidecar as bs  # noqa: E402
-from tritongen.server import ServerOptions, TritonServer  # noqa: E402
-from tritongen.sidecar_process import SidecarProcess  # noqa: E402
+from bench import bench_sidecar as bs
+from tritongen.server import ServerOptions, TritonServer
+from tritongen.sidecar_process import SidecarProcess
 
 MODULES = (Path("/usr/lib/nginx/modules/ndk_http_module.so"), Path("/usr/lib/nginx/modules/ngx_http_lua_module.so"))
 OPEN = 100_000  # the measured runs' limit: admission runs, never refuses

@@ -3,7 +3,7 @@
 Prints the wall time of the whole command (server start included) and the fitted latency-vs-batch
 curve against Triton's measured per-batch compute times, with the median and max relative error.
 
-    .venv/bin/python bench/bench_profile.py [--repo DIR] [--keep DIR]
+    .venv/bin/python -m bench.bench_profile [--repo DIR] [--keep DIR]
 
 Without --repo it uses model_repository/ when its configs are rendered, else renders
 examples/deployment.yaml into a temp repository with the example models' code.
@@ -23,10 +23,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tritongen.core.profile_types import read_profile  # noqa: E402
+from bench.rig import ROOT
+from tritongen.core.profile_types import read_profile
 
 SPEC = ROOT / "examples" / "deployment.yaml"
 

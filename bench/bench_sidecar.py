@@ -1,6 +1,6 @@
 """What the sidecar costs, next to what nginx costs: Triton direct, through nginx, through the sidecar.
 
-    .venv/bin/python bench/bench_sidecar.py [--seconds 3] [--levels 1,16,64] [--protocols http,grpc]
+    .venv/bin/python -m bench.bench_sidecar [--seconds 3] [--levels 1,16,64] [--protocols http,grpc]
                                             [--models ranker,identity] [--pinned] [--no-nginx]
                                             [--queue-policies] [--json out.json]
 
@@ -58,14 +58,13 @@ from typing import Any
 import aiohttp
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+from bench.rig import ROOT
 from sidecar.nginx_front import find_nginx, process_preamble, temp_paths, upstream_block
 from tritongen.core.plan import plan_deployment
-from tritongen.core.sidecar_policy import build_sidecar_policy
+from tritongen.core.sidecar_policy.build import build_sidecar_policy
 from tritongen.render import render_repository, write_repository
-from tritongen.server import ServerOptions, TritonServer, die_with_parent, free_port, term_with_parent
+from tritongen.server import ServerOptions, TritonServer
+from tritongen.shared.processes import die_with_parent, free_port, term_with_parent
 from tritongen.sidecar_process import SidecarProcess
 from tritongen.specio import load_spec
 
@@ -143,7 +142,7 @@ def write_policy(path: Path, most: int, extra_models: list[dict[str, Any]]) -> l
 
 def pin(root: int, cpus: set[int]) -> None:
     """Every thread of `root` and of its descendants onto `cpus` (sched_setaffinity is per thread)."""
-    from tritongen.tuner.verify import _proc_tree
+    from tritongen.tuner.proc_cpu import proc_tree as _proc_tree
 
     for pid in _proc_tree(root):
         for task in Path(f"/proc/{pid}/task").iterdir():

@@ -3,7 +3,7 @@
 Three configs x three load levels of two-class Poisson traffic (30% interactive at priority 1,
 70% batch at priority 2), each sent open-loop to the real server and simulated with the same
 arrivals. The configs (`plain`, `tuned`, `multi`), their traffic and repository are in
-`tests/integration/fidelity_rig.py`, which `bench/trace_batcher.py` and the suite's smoke check
+`bench/rig/fidelity.py`, which `bench/trace_batcher.py` and the suite's smoke check
 (`tests/integration/test_sim_fidelity.py`) share.
 
 Calibration is on traffic of its own (other seeds, loads between the cells') and on the server
@@ -23,7 +23,7 @@ marked in the table ("host too busy"), its figures not evidence either way. This
 not a test: it prints figures and writes them to bench/results/sim_fidelity.md; the suite keeps a
 wide-margin smoke check and the closed-form cases (tests/unit/test_simulator_closed_form.py).
 
-    .venv/bin/python bench/bench_sim_fidelity.py        # about 6.5 minutes here
+    .venv/bin/python -m bench.bench_sim_fidelity        # about 6.5 minutes here
 """
 
 from __future__ import annotations
@@ -37,12 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.report import saved_report  # noqa: E402
-from tests.integration.fidelity_rig import CONFIGS, CURVE, FLAGS, measure_model, sim_server, traffic, write_repository  # noqa: E402
-from tritongen.core.simulator import (  # noqa: E402
+from bench.report import saved_report
+from bench.rig.fidelity import CONFIGS, CURVE, FLAGS, measure_model, sim_server, traffic, write_repository
+from tritongen.core.simulator import (
     EMBEDDED_CPU_OVERHEADS,
     BatchedRun,
     Handoff,
@@ -50,8 +47,8 @@ from tritongen.core.simulator import (  # noqa: E402
     fit_overheads,
     fit_wake_chances,
 )
-from tritongen.server import ServerOptions, TritonServer  # noqa: E402
-from tritongen.errors import RunFailed  # noqa: E402
+from tritongen.server import ServerOptions, TritonServer
+from tritongen.errors import RunFailed
 
 REQUESTS = int(os.environ.get("TRITONGEN_FIDELITY_REQUESTS", "1000"))  # per run, at least 4 s of traffic
 # The one cell whose P99 is noisy runs six times as long (60 s). The single-instance queue-policy

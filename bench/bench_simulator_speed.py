@@ -1,6 +1,6 @@
 """How fast the simulator is: 100,000 requests through a tritongen-style config, wall time.
 
-    .venv/bin/python bench/bench_simulator_speed.py [--requests N] [--repeat R]
+    .venv/bin/python -m bench.bench_simulator_speed [--requests N] [--repeat R]
 
 Two scenarios: the classic dynamic batcher (ranker-like curve, two priority levels with queue
 policies, a rate-limiter resource, Poisson at ~70% of capacity) and a streaming LLM engine
@@ -14,9 +14,6 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tritongen.core.engine import EngineModel, LLMCurve
 from tritongen.core.simulator import (

@@ -14,7 +14,7 @@ metrics Triton's upstream vLLM backend reports.
    zero (the live count from a copy of the model served with REPORT_ENGINE_GAUGES, as the truth).
    Each live level runs `--repeats` times; the table shows each run, so the spread is visible.
 
-    .venv/bin/python bench/bench_vllm_fidelity.py [--seconds 20] [--repeats 2]
+    .venv/bin/python -m bench.bench_vllm_fidelity [--seconds 20] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -34,21 +34,20 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.report import ms, rel, saved_report  # noqa: E402
-from tritongen.core.engine_sources import measured_from_profile, resolve_engine  # noqa: E402
-from tritongen.core.llm_interface import interface_from_config, prompt_of  # noqa: E402
-from tritongen.core.prometheus import parse_prometheus  # noqa: E402
-from tritongen.core.simulator import ModelSim, Overheads, ServerSim, simulate  # noqa: E402
-from tritongen.core.traffic import TrafficSpec, generate_arrivals  # noqa: E402
-from tritongen.engine_files import vllm_engine_args  # noqa: E402
-from tritongen.loadgen import LoadTarget, run_load  # noqa: E402
-from tritongen.local_llm import LlamaShape, split_cores, write_example_spec  # noqa: E402
-from tritongen.profiler.engine import EngineProfiler, engine_settings  # noqa: E402
-from tritongen.profiler.run import Endpoints, Profiler, TritonAdmin, default_settings, resolve_targets  # noqa: E402
-from tritongen.server import ServerOptions, TritonServer  # noqa: E402
+from bench.rig import ROOT
+from bench.report import ms, rel, saved_report
+from tritongen.core.engine_sources import measured_from_profile, resolve_engine
+from tritongen.core.llm_interface_config import interface_from_config
+from tritongen.core.prompts import prompt_of
+from tritongen.core.prometheus import parse_prometheus
+from tritongen.core.simulator import ModelSim, Overheads, ServerSim, simulate
+from tritongen.core.traffic import TrafficSpec, generate_arrivals
+from tritongen.engine_files import vllm_engine_args
+from tritongen.loadgen import LoadTarget, run_load
+from tritongen.local_llm import LlamaShape, split_cores, write_example_spec
+from tritongen.profiler.engine import EngineProfiler, engine_settings
+from tritongen.profiler.run import Endpoints, Profiler, TritonAdmin, default_settings, resolve_targets
+from tritongen.server import ServerOptions, TritonServer
 
 MODEL = "tiny_llama"
 TRUTH = "tiny_llama_truth"  # the same engine files, with REPORT_ENGINE_GAUGES: the preemption count

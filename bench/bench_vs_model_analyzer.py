@@ -1,6 +1,6 @@
 """tritongen against Triton Model Analyzer on the classic stand-in `scorer`: time to a config, and its goodput.
 
-    .venv/bin/python bench/bench_vs_model_analyzer.py [--quick] [--keep] [--window-ms 2000]
+    .venv/bin/python -m bench.bench_vs_model_analyzer [--quick] [--keep] [--window-ms 2000]
                                                       [--ma-timeout 3600] [--no-wait]
 
 The model is `scorer` of examples/classic_standins (Python backend, max_batch_size 64, no
@@ -59,12 +59,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tritongen.server_flags import server_flags_from  # noqa: E402
-from tritongen.server import ServerOptions, TritonInstall, TritonServer, free_port  # noqa: E402
-from tritongen.specio import load_spec  # noqa: E402
+from bench.rig import ROOT
+from tritongen.server_flags import server_flags_from
+from tritongen.server import ServerOptions, TritonInstall, TritonServer
+from tritongen.shared.processes import free_port
+from tritongen.specio import load_spec
 
 BENCH = Path(__file__).resolve().parent
 STANDINS = ROOT / "examples" / "classic_standins"

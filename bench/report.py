@@ -18,8 +18,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from bench.rig import ROOT
+
 RESULTS = Path(__file__).resolve().parent / "results"
-ROOT = RESULTS.parents[1]  # the checkout
 
 
 def shown(path: Path, base: Path = ROOT) -> str:

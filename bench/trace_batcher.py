@@ -1,8 +1,8 @@
 """Trace Triton's dynamic batcher hand-offs on the embedded server and compare them with the simulator.
 
-    .venv/bin/python bench/trace_batcher.py [--config tuned] [--rate 100] [--runs 3] [--restarts 2]
-    .venv/bin/python bench/trace_batcher.py --observer-effect [--runs 4] [--requests 2000]
-    .venv/bin/python bench/trace_batcher.py --rate-limiter-effect [--runs 4] [--requests 2000]
+    .venv/bin/python -m bench.trace_batcher [--config tuned] [--rate 100] [--runs 3] [--restarts 2]
+    .venv/bin/python -m bench.trace_batcher --observer-effect [--runs 4] [--requests 2000]
+    .venv/bin/python -m bench.trace_batcher --rate-limiter-effect [--runs 4] [--requests 2000]
 
 Runs one of the fidelity test's `ranker` configs under its Poisson two-class traffic
 with Triton's request tracing on (level TIMESTAMPS, every request), then classifies every batcher
@@ -31,20 +31,16 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.integration import fidelity_rig as fid  # noqa: E402
-from tritongen.core.handoff import HandoffStats, handoff_stats  # noqa: E402
-from tritongen.core.simulator import EMBEDDED_CPU_OVERHEADS, Simulation, TracedRun, fit_handoff  # noqa: E402
-from tritongen.server import ServerOptions, TritonServer  # noqa: E402
-from tritongen.triton_trace import RequestTimes, read_trace, set_trace_level, stop_tracing, trace_flags  # noqa: E402
+from bench.rig import fidelity as fid
+from tritongen.core.handoff import HandoffStats, handoff_stats
+from tritongen.core.simulator import EMBEDDED_CPU_OVERHEADS, Simulation, TracedRun, fit_handoff
+from tritongen.server import ServerOptions, TritonServer
+from tritongen.triton_trace import RequestTimes, read_trace, set_trace_level, stop_tracing, trace_flags
 
 
 def traced_handoffs(mine: RequestTimes, name: str, arrivals, overheads, spec: dict | None = None) -> TracedRun:

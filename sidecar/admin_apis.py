@@ -18,7 +18,7 @@ Endpoint Access"). Which endpoint is in which follows src/http_server.cc and src
   shared-memory     /v2/systemsharedmemory[/region/<r>]/status|register|unregister, the same under
                     /v2/cudasharedmemory; System- and CudaSharedMemoryStatus|Register|Unregister
 
-The last four are admin doors, and the sidecar keeps them shut (`SHUT`): a request in one is
+The last four are admin doors, and the sidecar keeps them shut (`SHUT`, in tritongen/core/admin_categories.py): a request in one is
 served only with the sidecar's admin token (the one `/sidecar/status` takes), unless the policy's
 `admin_apis.open` opens the category to every client. The others always pass.
 
@@ -36,30 +36,23 @@ import hmac
 from typing import Any
 from urllib.parse import unquote
 
-HEALTH = "health"
-METADATA = "metadata"
-INFERENCE = "inference"
-SHARED_MEMORY = "shared-memory"
-MODEL_CONFIG = "model-config"
-MODEL_REPOSITORY = "model-repository"
-STATISTICS = "statistics"
-TRACE = "trace"
-LOGGING = "logging"
-
-# Triton's order (RESTRICTED_CATEGORY_NAMES)
-CATEGORIES = (HEALTH, METADATA, INFERENCE, SHARED_MEMORY, MODEL_CONFIG, MODEL_REPOSITORY, STATISTICS, TRACE, LOGGING)
-# shut unless the admin token comes with the request or the policy opens them (AdminApisPolicy.open)
-SHUT = (MODEL_REPOSITORY, LOGGING, TRACE, SHARED_MEMORY)
+from tritongen.core.admin_categories import (  # the one table of Triton's categories and the shut ones
+    HEALTH,
+    INFERENCE,
+    LOGGING,
+    METADATA,
+    MODEL_CONFIG,
+    MODEL_REPOSITORY,
+    SHARED_MEMORY,
+    SHUT,
+    STATISTICS,
+    TRACE,
+    WHAT,
+)
 
 REASON = "admin_api_restricted"
 TOKEN_HEADER = "x-sidecar-token"  # the sidecar's own token header (HTTP) and metadata key (gRPC)
 
-WHAT = {
-    MODEL_REPOSITORY: "repository index, model load and unload",
-    LOGGING: "log settings",
-    TRACE: "trace settings",
-    SHARED_MEMORY: "system and CUDA shared-memory status, register and unregister",
-}
 
 # -- gRPC ------------------------------------------------------------------------------------------
 

@@ -1,6 +1,9 @@
 """Wiring and lifecycle: the policy, the admission state and its owner, headroom polling, the
 upstream probe, the HTTP and gRPC proxies, the metrics endpoint, and policy reloads (SIGHUP, a
 changed file, or the token-protected reload endpoint).
+One unit (about 590 lines): `Sidecar` owns every task, listener and reload of one sidecar process,
+and the order they start and stop in is its job; not split because the one-nginx data-plane project
+rewrites this wiring around nginx and replaces it.
 
     sidecar = Sidecar(SidecarConfig(policy_path=..., upstream="127.0.0.1:8000"))
     await sidecar.start()      # binds, starts background tasks; raises PolicyError on a bad policy
@@ -35,7 +38,6 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.admission import AdmissionState
 from sidecar.controller import AdmissionController
-from sidecar.fronts import DEFAULT_FRONT, checked_front
 from sidecar.grpc_proxy import GrpcProxy
 from sidecar.headroom import HeadroomChain, HeadroomSource, SourceFailed, SourceInputs, build_sources
 from sidecar.http_front import HttpFront, front_enabled
@@ -44,12 +46,14 @@ from sidecar.lane_control import LaneControl
 from sidecar.loop import new_event_loop
 from sidecar.metrics import SidecarMetrics
 from sidecar.nginx_front import FrontAddresses, NativeFrontUnavailable, NginxFront, NginxInstall, find_nginx
-from sidecar.policy import PolicyError, SidecarPolicy, load_policy
 from sidecar.tokens import load_counters
 from sidecar.upstream import UpstreamHealth
+from tritongen.core.sidecar_policy.schema import PolicyError, SidecarPolicy
 from tritongen.errors import BadInput
-from tritongen.reach import METRICS, derived, unreachable_message
-from tritongen.server import free_port
+from tritongen.shared.fronts import DEFAULT_FRONT, checked_front
+from tritongen.shared.policy_file import load_policy
+from tritongen.shared.processes import free_port
+from tritongen.shared.reach import METRICS, derived, unreachable_message
 
 log = logging.getLogger("tritongen.sidecar")
 
@@ -96,7 +100,7 @@ class SidecarConfig:
     grpc_listen: str = "127.0.0.1:9001"
     metrics_listen: str = "127.0.0.1:9002"
     token: str | None = None
-    front: str = DEFAULT_FRONT  # sidecar/fronts.py: the choices, and why the default lives there
+    front: str = DEFAULT_FRONT  # tritongen/shared/fronts.py: the choices, and why the default lives there
     watch_interval_s: float = 1.0
     health_interval_s: float = 1.0
     install_signal_handlers: bool = True

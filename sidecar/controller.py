@@ -28,7 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.admission import (
+from sidecar.admission import AdmissionState
+from sidecar.admission_types import (
     CLASS_NOT_SERVED,
     EXCEEDS_BUDGET,
     EXCEEDS_CONTEXT,
@@ -36,16 +37,15 @@ from sidecar.admission import (
     QUEUE_WAIT,
     TENANT_CLASS_NOT_ALLOWED,
     Action,
-    AdmissionState,
     Cost,
     Decision,
     Request,
 )
 from sidecar.metrics import SidecarMetrics
-from sidecar.policy import DEFAULT_TENANT
 from sidecar.tasks import BackgroundTask
 from tritongen.core.engine_metrics import is_out_of_memory
 from tritongen.core.engine_window import SIDECAR_OOM_OUTCOME
+from tritongen.core.sidecar_policy.base import DEFAULT_TENANT
 
 log = logging.getLogger("tritongen.sidecar")
 

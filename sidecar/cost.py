@@ -25,8 +25,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sidecar.admission import EXCEEDS_BUDGET, EXCEEDS_CONTEXT, Cost
-from sidecar.policy import KVCost, ModelPolicy, PrefillPoint
+from sidecar.admission_types import EXCEEDS_BUDGET, EXCEEDS_CONTEXT, Cost
+from tritongen.core.sidecar_policy.kv_cost import KVCost, PrefillPoint
+from tritongen.core.sidecar_policy.sections import ModelPolicy
 
 
 TokenCounter = Callable[[bytes], int]  # a prompt's UTF-8 bytes -> its tokens (the model's tokenizer)

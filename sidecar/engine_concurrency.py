@@ -42,7 +42,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sidecar.policy import FIRST_TOKENS_KEPT, QueueingEnginePolicy
+from tritongen.core.sidecar_policy.sections import FIRST_TOKENS_KEPT, QueueingEnginePolicy
 
 KNEE_STEPS = 3  # moves of one request up after the engine showed it full, before fractions again
 

@@ -1,6 +1,7 @@
 """The gRPC side: Triton's `inference.GRPCInferenceService` through admission (grpc.aio).
-One file (over 500 lines): unary and streaming inference share one request path through admission
-and one id mapping.
+One unit (over 500 lines): unary and streaming inference share one request path through admission
+and one id mapping; not split because the one-nginx data-plane project replaces this Python gRPC
+path whole.
 
 `ModelInfer` and `ModelStreamInfer` go through admission; every other method is passed through
 as raw bytes. Client metadata is forwarded; the only change to a request is its `priority`
@@ -51,8 +52,8 @@ from sidecar.controller import (
 )
 from sidecar.cost import cost_for
 from sidecar.metrics import SidecarMetrics
-from sidecar.policy import SidecarPolicy
 from sidecar.upstream import Reconnecting, UpstreamHealth
+from tritongen.core.sidecar_policy.schema import SidecarPolicy
 
 log = logging.getLogger("tritongen.sidecar.grpc")
 

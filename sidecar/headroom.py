@@ -1,7 +1,7 @@
 """Where live memory headroom comes from, behind one interface, and a chain that falls through.
 
 Sources, in the policy's order (default `nvml`, `triton_metrics`, `static`):
-  * `NvmlSource`: NVML through `pynvml` (`tritongen.nvml`): per-GPU total/used memory and
+  * `NvmlSource`: NVML through `pynvml` (`tritongen.shared.nvml`): per-GPU total/used memory and
     utilisation. With no GPU, `nvmlInit` raises `NVMLError_LibraryNotFound`; the source then
     fails cleanly (and retries init rarely).
   * `TritonMetricsSource`: Triton's Prometheus endpoint: `nv_gpu_memory_{total,used}_bytes` per
@@ -26,11 +26,11 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sidecar.admission import HeadroomSnapshot, Reading
-from sidecar.policy import SidecarPolicy
+from sidecar.admission_types import HeadroomSnapshot, Reading
 from tritongen.core.engine_metrics import PROMPT_TOKENS_COUNTER, TRTLLM_BLOCK_TYPE, TRTLLM_KV_BLOCKS, VLLM_USAGE_GAUGES
 from tritongen.core.prometheus import KV_GAUGE_SUFFIXES, Sample, kv_gauges, parse_prometheus
-from tritongen.nvml import Nvml, NvmlUnavailable
+from tritongen.core.sidecar_policy.schema import SidecarPolicy
+from tritongen.shared.nvml import Nvml, NvmlUnavailable
 
 log = logging.getLogger("tritongen.sidecar.headroom")
 
@@ -61,7 +61,7 @@ class HeadroomSource(Protocol):
 
 class NvmlSource:
     """Per-GPU memory and utilisation from NVML. `nvml` is the `pynvml` module (or a fake with the
-    same functions); `tritongen.nvml.Nvml` wraps it."""
+    same functions); `tritongen.shared.nvml.Nvml` wraps it."""
 
     name = "nvml"
 

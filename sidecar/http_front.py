@@ -1,4 +1,7 @@
 """The sidecar's public HTTP listener: a lean HTTP/1.1 server for the hot path, aiohttp for the rest.
+One unit (about 600 lines): one asyncio server whose head parser, hot-path relay, backend pool and
+tunnel share each client connection's state; not split because the one-nginx data-plane project
+rewrites the sidecar's data path and replaces this front whole.
 
 Why: per unary infer, aiohttp's server (request and response objects, routing, header multidicts,
 its handler task) cost the sidecar about as much CPU as the upstream relay and admission together

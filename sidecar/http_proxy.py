@@ -41,9 +41,9 @@ from sidecar.controller import (
 )
 from sidecar.cost import cost_for
 from sidecar.metrics import SidecarMetrics
-from sidecar.policy import SidecarPolicy
 from sidecar.upstream import Reconnecting, UpstreamHealth
 from sidecar.upstream_pool import UpstreamConnectionError, UpstreamPool
+from tritongen.core.sidecar_policy.schema import SidecarPolicy
 
 log = logging.getLogger("tritongen.sidecar.http")
 

@@ -26,12 +26,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sidecar.policy import SidecarPolicy
-
-# Slots kept beyond the lane's in-flight requests while nothing waits: enough that a closed loop
-# ramping up overflows to Python rarely, and at most one sync period's growth.
-SPARE_MIN = 4
-SPARE_FRACTION = 0.5
+from tritongen.core.sidecar_policy.schema import SidecarPolicy
+from tritongen.core.sidecar_policy.tuning import LanePolicy
 
 
 @dataclass(frozen=True)
@@ -66,8 +62,11 @@ def lane_keys(policy: SidecarPolicy) -> set[LaneKey]:
     return out
 
 
-def spare_slots(inflight: int) -> int:
-    return max(SPARE_MIN, math.ceil(inflight * SPARE_FRACTION))
+def spare_slots(wanted: int, cfg: LanePolicy) -> int:
+    """Slots kept beyond what the lane was asked for while nothing waits in the Python queue: a
+    ramp finds them at once instead of overflowing until the next sync (the policy's `lane`;
+    tritongen/core/lane_tuning.py says where the defaults come from)."""
+    return max(cfg.spare_min, math.ceil(wanted * cfg.spare_fraction))
 
 
 def demand(counts: LaneCounts, overflow_since: int) -> int:
@@ -77,13 +76,13 @@ def demand(counts: LaneCounts, overflow_since: int) -> int:
     return max(counts.inflight, counts.peak) + max(0, overflow_since)
 
 
-def target_slots(inflight: int, wanted: int, may_grow: bool, upstream_up: bool) -> int:
+def target_slots(inflight: int, wanted: int, may_grow: bool, upstream_up: bool, cfg: LanePolicy) -> int:
     """Slots the lane should hold: what it was asked for plus spare, or only its in-flight
     requests when something waits for the model in Python (no spare: new ones queue in order), or
     none while Triton is down (the Python path answers 503 at once)."""
     if not upstream_up:
         return 0
-    return max(inflight, wanted) + spare_slots(wanted) if may_grow else inflight
+    return max(inflight, wanted) + spare_slots(wanted, cfg) if may_grow else inflight
 
 
 def parse_counts(text: str) -> dict[LaneKey, LaneCounts]:

@@ -1,14 +1,16 @@
 """The lane's control plane: the asyncio task that hands lane slots to nginx and takes them back.
 
-Each sync (every `period_s` while the lane carries requests or its slots move, at once when a
-request enters the Python queue or takes slots back, and every `idle_s` otherwise) reads nginx's counts, feeds finished lane
-requests to the admission state, moves each (model, class) pair's slots toward
-`lane.target_slots`, and, when they changed, pushes them. Every lane pair gets a cap, 0 while
-idle: nginx then counts the pair's requests that overflow to Python, which is the demand that
-grows its slots at the next sync; a pair unused for `IDLE_AFTER_S` keeps no spare. Slots are reservations in the
-`AdmissionState` (sidecar/lane.py), so nginx never runs more lane requests than the state granted
-at the last push; slots are given back only down to what the lane had in flight at the last
-reading.
+Each sync (every `lane.sync_busy_ms` of the policy while the lane carries requests or its slots
+move, at once when a request enters the Python queue or takes slots back, and every
+`lane.sync_idle_ms` otherwise) reads nginx's counts, feeds finished lane requests to the admission
+state, moves each (model, class) pair's slots toward `lane.target_slots`, and, when they changed,
+pushes them. Every lane pair gets a cap, 0 while idle: nginx then counts the pair's requests that
+overflow to Python, which is the demand that grows its slots at the next sync; a pair unused for
+`lane.idle_after_s` keeps no spare. The policy's figures are read at every sync, so a reload
+applies them (tritongen/core/lane_tuning.py says where the defaults come from). Slots are
+reservations in the `AdmissionState` (sidecar/lane.py), so nginx never runs more lane requests than
+the state granted at the last push; slots are given back only down to what the lane had in flight
+at the last reading.
 
 If nginx stops answering, the slots are kept (nginx may still use them) and the sync is retried;
 if the sidecar stops, nginx goes with it.
@@ -33,7 +35,6 @@ from sidecar.tasks import BackgroundTask
 log = logging.getLogger("tritongen.sidecar")
 
 Slot = tuple[str, int]
-IDLE_AFTER_S = 10.0  # a pair with no lane demand for this long keeps no spare slots
 
 
 class LaneControl:
@@ -44,8 +45,6 @@ class LaneControl:
         metrics: SidecarMetrics,
         upstream_up: Callable[[], bool],
         dispatch: Callable[[], None],
-        period_s: float = 0.02,
-        idle_s: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.front = front
@@ -53,8 +52,6 @@ class LaneControl:
         self.metrics = metrics
         self.upstream_up = upstream_up
         self.dispatch = dispatch
-        self.period_s = period_s
-        self.idle_s = idle_s
         self.keys = lane_keys(state.policy)
         self.slots: dict[LaneKey, list[Slot]] = {}
         self.pushed: dict[LaneKey, int] | None = None
@@ -107,11 +104,12 @@ class LaneControl:
             # Quick while the lane carries requests or its slots move (caps pushed, requests
             # overflowing, requests waiting in Python): bursts must find their slots within a period,
             # or they overflow into the Python path, whose CPU a small host takes from Triton.
-            # Otherwise every idle_s. An idle pair's first requests overflow to Python (its cap is 0)
-            # until a sync grows it.
+            # Otherwise every sync_idle_ms. An idle pair's first requests overflow to Python (its cap
+            # is 0) until a sync grows it.
             busy = self.hot or any(c.inflight for c in self.counts.values())
+            cfg = self.state.policy.lane
             try:
-                await asyncio.wait_for(self._wake.wait(), self.period_s if busy else self.idle_s)
+                await asyncio.wait_for(self._wake.wait(), (cfg.sync_busy_ms if busy else cfg.sync_idle_ms) / 1000)
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
@@ -174,6 +172,7 @@ class LaneControl:
         """Move each pair's slots toward its target and return the caps nginx should use."""
         up = self.upstream_up()
         at = self.clock()
+        cfg = self.state.policy.lane
         caps: dict[LaneKey, int] = {}
         released = False
         grow = {model: self.state.lane_may_grow(model) for model in {k[0] for k in (*self.keys, *self.slots)}}
@@ -186,8 +185,8 @@ class LaneControl:
             if wanted > 0:
                 self._used_at[key] = at
             # Spare slots only for a pair in use: an idle class must not hold its model's room.
-            recent = at - self._used_at.get(key, -IDLE_AFTER_S) < IDLE_AFTER_S
-            want = target_slots(inflight, wanted, grow[model] and recent, up) if key in self.keys else 0
+            recent = at - self._used_at.get(key, -cfg.idle_after_s) < cfg.idle_after_s
+            want = target_slots(inflight, wanted, grow[model] and recent, up, cfg) if key in self.keys else 0
             while len(held) < want:
                 slot = ("lane", next(self._ids))
                 if not self.state.take_lane_slot(slot, model, klass):

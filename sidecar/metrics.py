@@ -6,7 +6,7 @@ Label sets stay bounded whatever clients send: models the policy does not list a
 `sidecar_prompt_tokens` (per model; LLM requests whose prompts the sidecar can read, counted when
 admitted, one observation per sequence) is what `tritongen doctor` reads for rule DR103 (prompt
 lengths spread widely on one queue: split into length lanes); its name and `model` label are the
-ones tritongen/core/diagnosis.py expects (`PROMPT_HISTOGRAM`). The buckets are powers of two: the
+ones tritongen/core/diagnosis_inputs.py expects (`PROMPT_HISTOGRAM`). The buckets are powers of two: the
 doctor interpolates quantiles within a bucket, and with bounds a factor of 2 apart the P95 / P50
 it reads for a narrow distribution stays well under its 4x threshold.
 """

@@ -29,9 +29,9 @@ import logging
 import aiohttp
 
 from sidecar.lane import LaneCounts, LaneKey, caps_body, parse_counts
-from sidecar.policy import SidecarPolicy
+from tritongen.core.sidecar_policy.schema import SidecarPolicy
 from tritongen.errors import BadInput
-from tritongen.server import term_with_parent
+from tritongen.shared.processes import term_with_parent
 
 NGINX = "/usr/sbin/nginx"
 MODULE_DIR = "/usr/lib/nginx/modules"

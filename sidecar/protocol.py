@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.cost import LLMFacts, TokenCounter
-from sidecar.policy import DEFAULT_TENANT, NAME_MAX_LENGTH, NAME_PATTERN, KVCost
+from tritongen.core.sidecar_policy.base import DEFAULT_TENANT, NAME_MAX_LENGTH, NAME_PATTERN
+from tritongen.core.sidecar_policy.kv_cost import KVCost
 
 log = logging.getLogger("tritongen.sidecar.protocol")
 Prompt = bytes | memoryview | None  # a prompt's UTF-8 bytes; None: unreadable here (shared memory)

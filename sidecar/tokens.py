@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 
 from sidecar.cost import TokenCounter
-from sidecar.policy import PolicyError, SidecarPolicy
+from tritongen.core.sidecar_policy.schema import PolicyError, SidecarPolicy
 
 log = logging.getLogger("tritongen.sidecar.tokens")
 

@@ -1,16 +1,22 @@
-"""What several test modules share: paths, the CLI runner, fakes and fixture builders.
+"""What several test modules share: paths, the CLI runners, fakes and fixture builders.
 
-Test modules import shared things from here (or from tests/integration/fidelity_rig.py), never from
+Test modules import shared things from here (or the bench rig bench/rig/fidelity.py), never from
 one another or from conftest.py; tests/unit/test_suite_hygiene.py holds the suite to that.
 """
 
 from __future__ import annotations
 
+import io
+import logging
+import os
 import shutil
+import signal
 import subprocess
 import sys
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from tritongen.core.simulator import Overheads, ServiceCurve
 from tritongen.core.traffic import TrafficSpec, generate_arrivals
@@ -71,7 +77,8 @@ def example_render():
 
 
 def cli(*args: str, cwd: Path | None = None, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run the real console entry point in a subprocess: exit codes and stderr as users see them."""
+    """Run the real console entry point in a subprocess: exit codes and stderr as users see them.
+    For integration tests; unit tests start no process and use `run_cli` (test_suite_hygiene)."""
     return subprocess.run(
         [sys.executable, "-c", "from tritongen.cli.main import run; run()", *args],
         capture_output=True,
@@ -79,6 +86,85 @@ def cli(*args: str, cwd: Path | None = None, timeout_s: float = 120) -> subproce
         cwd=cwd or REPO_ROOT,
         timeout=timeout_s,
     )
+
+
+@dataclass(frozen=True)
+class CliResult:
+    """What `run_cli` returns, named as `cli`'s CompletedProcess names it, so a test reads either."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _exit_status(code: object, stderr: TextIO) -> int:
+    """The status the interpreter makes of `sys.exit(code)`: None is 0, an int is taken modulo 256
+    as the OS takes it, anything else is printed to stderr and is 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=stderr)
+    return 1
+
+
+class _ProcessState:
+    """What a command may change in the process that a subprocess would have taken away with it:
+    cwd, argv, stdin, the environment, the root logger (`sidecar` calls logging.basicConfig) and
+    the SIGINT/SIGTERM handlers (`serve` installs one)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        root = logging.getLogger()
+        self.cwd, self.argv, self.stdin = os.getcwd(), sys.argv, sys.stdin
+        self.environ = dict(os.environ)
+        self.handlers, self.level = list(root.handlers), root.level
+        self.signals = {sig: signal.getsignal(sig) for sig in self.SIGNALS}
+
+    def restore(self) -> None:
+        root = logging.getLogger()
+        for handler in root.handlers:
+            if handler not in self.handlers:
+                handler.close()
+        root.handlers[:], root.level = self.handlers, self.level
+        for sig, handler in self.signals.items():
+            if signal.getsignal(sig) is not handler:
+                signal.signal(sig, handler)
+        os.environ.clear()
+        os.environ.update(self.environ)
+        os.chdir(self.cwd)
+        sys.argv, sys.stdin = self.argv, self.stdin
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> CliResult:
+    """The console entry point run in this process, as `cli` runs it in a subprocess: the same exit
+    code (usage errors 2) and the same text on stdout and stderr, in a fraction of the time.
+
+    Like a fresh process, the command starts with no log handlers (Python's last-resort handler
+    prints warnings to stderr), an empty stdin and the given cwd (REPO_ROOT by default); what it
+    changes there is put back afterwards. An exception `run` lets through (it catches every
+    Exception) propagates here rather than becoming a traceback and exit 1: the test fails either
+    way, and this way with its cause. Anything only a real process shows (signals, a process
+    that outlives its parent) belongs to tests/integration with `cli`."""
+    from tritongen.cli.main import run
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    state = _ProcessState()
+    code = 0
+    try:
+        os.chdir(cwd or REPO_ROOT)
+        sys.argv, sys.stdin = ["tritongen", *args], io.StringIO()
+        logging.getLogger().handlers[:] = []
+        logging.getLogger().setLevel(logging.WARNING)
+        with redirect_stdout(stdout), redirect_stderr(stderr):
+            try:
+                run()
+            except SystemExit as exit_:
+                code = _exit_status(exit_.code, stderr)
+    finally:
+        state.restore()
+    return CliResult(code, stdout.getvalue(), stderr.getvalue())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -287,10 +373,10 @@ def build_sidecar_repository(
     `max_num_seqs` of 32, an operator's override the policy is told about (max_inflight 32): only
     memory admission stands between a burst and an out-of-memory error. Returns (repository,
     policy document, pool blocks)."""
-    from sidecar.policy import parse_policy
+    from tritongen.core.sidecar_policy.schema import parse_policy
     from tritongen.core.architecture import Architecture
     from tritongen.core.plan import plan_deployment
-    from tritongen.core.sidecar_policy import build_sidecar_policy
+    from tritongen.core.sidecar_policy.build import build_sidecar_policy
     from tritongen.core.spec import DeploymentSpec
 
     spec = DeploymentSpec.model_validate(sidecar_spec_doc(memory_quota_mb))
@@ -382,3 +468,19 @@ async def started_http_proxy(upstream_port: int, policy: Any, token: str | None 
                       Admin(token=token, status=dict, reload=no_reload))
     await proxy.start()
     return proxy, state, metrics
+
+
+class ServedIndex:
+    """A server's model index and configs as TritonAdmin answers them, without a server."""
+
+    def __init__(self, configs: dict[str, dict]) -> None:
+        self.configs = configs
+
+    def models(self) -> list[dict]:
+        return [{"name": name, "state": "READY"} for name in self.configs]
+
+    def model_ready(self, name: str) -> bool:
+        return True
+
+    def config(self, name: str) -> dict:
+        return self.configs[name]

@@ -15,7 +15,7 @@ import numpy as np
 
 from tritongen.core.llm_interface import RequestTensor
 from tritongen.core.plan import ModelEntryPlan, TensorView
-from tritongen.reach import GRPC, HTTP, grpc_reason, grpc_unreached, stream_cause, unreachable
+from tritongen.shared.reach import GRPC, HTTP, grpc_reason, grpc_unreached, stream_cause, unreachable
 
 _NUMPY = {
     "TYPE_BOOL": np.bool_, "TYPE_UINT8": np.uint8, "TYPE_UINT16": np.uint16, "TYPE_UINT32": np.uint32,

@@ -19,20 +19,19 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from tritongen.core.diagnosis import (
+from tritongen.core.diagnosis_inputs import (
     ClassTarget,
-    Samples,
     ServerSnapshot,
     Targets,
     devices_from_samples,
     sidecar_headroom,
     window_from_samples,
 )
-from tritongen.core.engine_window import engine_windows, sidecar_windows
+from tritongen.core.engine_window import Samples, engine_windows, sidecar_windows
 from tritongen.core.prometheus import parse_prometheus
 from tritongen.core.spec import entry_names_of
 from tritongen.errors import BadInput, RunFailed
-from tritongen.reach import HTTP, METRICS, derived
+from tritongen.shared.reach import HTTP, METRICS, derived
 from tritongen.triton_admin import Endpoints, TritonAdmin, metrics_page
 
 

@@ -15,6 +15,7 @@ from tritongen.core.engine_sources import (
     resolve_engine,
 )
 from tritongen.core.llm_interface import LLMInterface, UnknownInterface, plan_entry_interface
+from tritongen.core.profile_types import StatedEngine
 from tritongen.core.simulator import Overheads
 from tritongen.core.spec import EngineSection
 from tritongen.errors import BadInput
@@ -60,11 +61,15 @@ def engine_for(
     model_dir: Path | None = None,
     stated: EngineSection | None = None,
     stated_where: str = "--engine",
+    spec: StatedEngine | None = None,
+    max_context: int | None = None,
 ) -> EngineModel:
     """The engine of a decoupled model read from files: its config (a ModelConfig proto), the
-    backend's files in `model_dir`, engine values `stated` elsewhere (the command line), and the
-    streaming profile: its measured costs, and the spec's engine: section when the profile carried
-    one (`Profile.stated_engine`; `stated` wins over it value by value). A plan entry's engine is
+    backend's files in `model_dir`, engine values `stated` elsewhere (the command line), the
+    engine: section of a spec named with the files (`spec`, with the spec model's `max_context`),
+    and the streaming profile: its measured costs, and the spec's engine: section when the profile
+    carried one (`Profile.stated_engine`). Ranked `stated` over `spec` over the carried section,
+    value by value: the later statement is the user's current one. A plan entry's engine is
     `entry_engine`'s."""
     if profile is None or getattr(profile, "engine", None) is None:
         raise BadInput(
@@ -74,9 +79,8 @@ def engine_for(
     backend = config.backend or None
     engine_args = vllm_engine_args(model_dir) if backend == "vllm" and model_dir is not None else None
     carried = getattr(profile, "stated_engine", None)  # profiles written before it have none
-    below = {} if carried is None else dict(
-        carried=carried.section, carried_where=f"the spec's engine: section ({carried.source}), carried by the profile"
-    )
+    below = [(said.section, f"the spec's engine: section ({said.source}){how}")
+             for said, how in ((spec, ""), (carried, ", carried by the profile")) if said is not None]
     try:
         return resolve_engine(
             model=config.name,
@@ -87,7 +91,8 @@ def engine_for(
             spec=stated,
             spec_where=stated_where,
             max_batch_size=int(config.max_batch_size),
-            **below,
+            below=below,
+            max_context=max_context,
         )
     except EngineSourceError as err:
         raise BadInput(str(err)) from None

@@ -109,7 +109,7 @@ def _selfcheck_module():
 
 def measure_cold_start(repo: Path, plan: DeploymentPlan) -> float:
     """Seconds from starting the embedded tritonserver on REPO to every model answering its warm-up request."""
-    from tritongen.k8s import warmup_requests
+    from tritongen.k8s_warmup import warmup_requests
     from tritongen.server import ServerOptions, TritonServer
     from tritongen.server_flags import server_flags_from
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tritongen.core.architecture import Architecture, architecture_from_hf
+from tritongen.core.architecture import Architecture
+from tritongen.core.hf_architecture import architecture_from_hf
 from tritongen.errors import BadInput
 
 _JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}

@@ -1,6 +1,4 @@
 """Kubernetes manifests for a rendered deployment: hot and cold pools of Triton + sidecar pods.
-One file (over 500 lines): every manifest is rendered from one view of the deployment; its sections
-are that view's parts.
 
 What `tritongen deploy` writes, one object per file (`NN-kind-name.yaml`), all from the same render:
 
@@ -54,13 +52,14 @@ import yaml
 
 from tritongen import __version__
 from tritongen.core.capacity import MINUTES_PER_DAY, CapacityPlan, PrewarmStep, fmt_time
-from tritongen.core.plan import DeploymentPlan, ModelEntryPlan
 from tritongen.core.file_names import POLICY_FILE as SIDECAR_POLICY_FILE
 from tritongen.core.file_names import SERVER_FLAGS_FILE
 from tritongen.core.spec import DeploymentSpec
 from tritongen.dashboard import DashboardOptions, dashboard_json, dashboard_uid
 from tritongen.errors import BadInput
-from tritongen.render import RenderedRepository, builtin_templates_dir
+from tritongen.k8s_templates import k8s_template_env, script_text
+from tritongen.k8s_warmup import warmup_requests
+from tritongen.render import RenderedRepository
 
 DEFAULT_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
 VLLM_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-vllm-python-py3"
@@ -155,100 +154,6 @@ def dns_name(text: str, limit: int = 63) -> str:
 def configmap_key(path: str) -> str:
     """A ConfigMap key for a repository path (keys are [-._a-zA-Z0-9]+)."""
     return re.sub(r"[^-._a-zA-Z0-9]", "_", path.replace("/", "__"))
-
-
-def shq(value: object) -> str:
-    """Single-quote for POSIX sh."""
-    return "'" + str(value).replace("'", "'\"'\"'") + "'"
-
-
-def _yaml_filter(value: object, indent: int = 0) -> str:
-    """Block YAML of a value, every line indented by `indent` (multi-line strings as literal blocks)."""
-
-    class _Dumper(yaml.SafeDumper):
-        pass
-
-    def _str(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
-        style = "|" if "\n" in data else None
-        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
-
-    _Dumper.add_representer(str, _str)
-    text = yaml.dump(value, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=4096, allow_unicode=True)
-    pad = " " * indent
-    return "\n".join(pad + line if line else line for line in text.rstrip("\n").split("\n"))
-
-
-def k8s_template_env(user_dir: Path | None = None) -> jinja2.Environment:
-    loaders: list[jinja2.BaseLoader] = []
-    if user_dir is not None:
-        if not Path(user_dir).is_dir():
-            raise BadInput(f"--templates {user_dir}: not a directory")
-        loaders.append(jinja2.FileSystemLoader(str(user_dir)))
-    loaders.append(jinja2.FileSystemLoader(str(builtin_templates_dir() / "k8s")))
-    env = jinja2.Environment(
-        loader=jinja2.ChoiceLoader(loaders), undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-        autoescape=False,
-    )
-    env.filters["q"] = lambda v: json.dumps(v)  # a JSON string is a valid YAML scalar
-    env.filters["yaml"] = _yaml_filter
-    env.filters["shq"] = shq
-    return env
-
-
-def script_text(name: str) -> str:
-    return (builtin_templates_dir() / "k8s" / "scripts" / name).read_text()
-
-
-# ---------------------------------------------------------------------------------------------
-# Warm-up requests: one real inference per model, from the plan's tensors
-
-
-def _sample_value(data_type: str, name: str) -> object:
-    kind = data_type.removeprefix("TYPE_")
-    if kind == "STRING":
-        return '{"max_tokens": 1}' if name == "sampling_parameters" else "warm-up"
-    if kind == "BOOL":
-        return name == "stream"
-    if kind.startswith(("INT", "UINT")):
-        return 1
-    return 0.0
-
-
-def _wire_type(data_type: str) -> str:
-    kind = data_type.removeprefix("TYPE_")
-    return "BYTES" if kind == "STRING" else kind
-
-
-def warmup_request(entry: ModelEntryPlan) -> dict[str, Any]:
-    """The self-check request for one model entry (JSON the selfcheck script sends as is).
-
-    Unary models: /v2/models/M/infer with every required input, batch 1, variable dims as 1.
-    Decoupled models: /v2/models/M/generate_stream with required inputs plus a one-token budget
-    where the model takes one (`max_tokens`, vLLM's `sampling_parameters`).
-    """
-    if entry.decoupled:
-        body: dict[str, Any] = {}
-        for tensor in entry.inputs:
-            if tensor.optional and tensor.name not in ("max_tokens", "sampling_parameters"):
-                continue
-            body[tensor.name] = _sample_value(tensor.data_type, tensor.name)
-        return {"model": entry.name, "path": f"/v2/models/{entry.name}/generate_stream", "body": body, "stream": True}
-    inputs = []
-    for tensor in entry.inputs:
-        if tensor.optional:
-            continue
-        dims = [1 if d == -1 else d for d in tensor.dims]
-        shape = ([1] if entry.max_batch_size > 0 else []) + dims
-        count = math.prod(shape)
-        inputs.append({
-            "name": tensor.name, "datatype": _wire_type(tensor.data_type), "shape": shape,
-            "data": [_sample_value(tensor.data_type, tensor.name)] * count,
-        })
-    return {"model": entry.name, "path": f"/v2/models/{entry.name}/infer", "body": {"inputs": inputs}, "stream": False}
-
-
-def warmup_requests(plan: DeploymentPlan) -> list[dict[str, Any]]:
-    return [warmup_request(entry) for entry in plan.entries]
 
 
 # ---------------------------------------------------------------------------------------------

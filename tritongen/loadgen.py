@@ -3,7 +3,8 @@
 Open loop means each request is sent at its scheduled time whether or not earlier ones came back,
 as real users do (a closed loop, N clients each waiting for its answer, hides queueing: it slows
 down exactly when the server does). The arrival list is the same `Arrivals` the simulator runs,
-so a prediction and a measurement see the same requests.
+so a prediction and a measurement see the same requests. What a run returns is
+`tritongen.load_result.LoadResult`.
 
 * Classic models: HTTP/REST through tritonclient's asyncio client (one event loop, pooled
   connections), each request a `[rows, ...]` tensor of random features, the class's Triton
@@ -33,25 +34,19 @@ import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import aiohttp
 import numpy as np
 
-from tritongen.core.simulator import (
-    OK,
-    OOM,
-    QUEUE_FULL,
-    TIMEOUT,
-    ClassStats,
-    measurement_window,
-    summarize_requests,
-)
+from tritongen.core.simulator import OK, OOM, QUEUE_FULL, TIMEOUT
 from tritongen.client import infer_inputs, numpy_inputs, sample_input
-from tritongen.core.llm_interface import LLMInterface, prompt_of
+from tritongen.core.llm_interface import LLMInterface
+from tritongen.core.prompts import prompt_of
 from tritongen.core.plan import TensorView
 from tritongen.core.traffic import Arrivals
-from tritongen.reach import GRPC, HTTP, grpc_reason, grpc_unreached, unreachable
+from tritongen.load_result import LoadResult
+from tritongen.shared.reach import GRPC, HTTP, grpc_reason, grpc_unreached, unreachable
 
 CLIENT_ERROR = 7  # anything else: transport errors, client drops, client timeouts
 
@@ -92,71 +87,6 @@ class LoadTarget:
     # Streaming models: "grpc" (bidirectional stream per request) or "http" (POST
     # /v2/models/M/generate_stream, server-sent events).
     protocol: str = "grpc"
-
-
-@dataclass
-class LoadResult:
-    """What a run measured, request by request, in the arrivals' order."""
-
-    scheduled_t: np.ndarray
-    send_t: np.ndarray
-    done_t: np.ndarray
-    first_t: np.ndarray
-    status: np.ndarray
-    tokens: np.ndarray
-    cls: np.ndarray
-    class_names: list[str]
-    warmup_s: float
-    errors: list[str] = field(default_factory=list)
-    wall_s: float = 0.0
-    # time.perf_counter() at scheduled time 0: CLOCK_MONOTONIC on Linux, the clock of Triton's trace
-    clock_zero: float = 0.0
-    # Per request: its error message (whitespace folded, at most 300 characters), None when it had
-    # none; tells apart what one status code lumps together (a sidecar refusal and the reason it
-    # names, a model's out-of-memory kill). Empty for results built without it.
-    messages: list[str | None] = field(default_factory=list)
-
-    @property
-    def window(self) -> tuple[float, float]:
-        """The simulator's measurement window over the same send times."""
-        return measurement_window(self.scheduled_t, self.warmup_s)
-
-    def goodput_per_s(self, targets_ms: Mapping[str, float], first_token: bool) -> float:
-        """Requests served within their class's target per second of the measurement window (the
-        first token's time for a stream, the whole request's otherwise): what a client could use,
-        which completed/s alone does not tell, since a run that serves everything seconds late
-        completes as much as one that serves in time. A class without a target counts when served."""
-        lo, hi = self.window
-        targets = np.array([targets_ms.get(name, np.inf) for name in self.class_names])
-        end = self.first_t if first_token else self.done_t
-        inside = (self.scheduled_t >= lo) & (self.scheduled_t < hi)
-        served = (self.status == OK) & np.isfinite(end) & inside
-        good = served & ((end - self.scheduled_t) * 1000.0 <= targets[self.cls.astype(int)])
-        return float(good.sum()) / max(hi - lo, 1e-9)
-
-    def clock_span(self) -> tuple[float, float]:
-        """When the run's requests were due, on the perf_counter clock (CLOCK_MONOTONIC, which Triton's
-        trace also uses): the first one's time, and 0.1 s after the last one's."""
-        if not len(self.scheduled_t):
-            return (self.clock_zero, self.clock_zero)
-        return (self.clock_zero + float(self.scheduled_t[0]) - 0.001, self.clock_zero + float(self.scheduled_t[-1]) + 0.1)
-
-    def send_lag_ms(self, q: float = 99) -> float:
-        """How late the client sent (percentile, ms): a big lag means the client, not the server, was slow."""
-        sent = np.isfinite(self.send_t)
-        if not sent.any():
-            return 0.0
-        return float(np.percentile((self.send_t[sent] - self.scheduled_t[sent]) * 1000.0, q))
-
-    def summary(self) -> tuple[list[ClassStats], float]:
-        """Per-class figures with the simulator's own definitions (`summarize_requests`).
-
-        Latency counts from the *scheduled* send time, so a late client shows as latency rather
-        than hiding it; the window is the arrivals' (warm-up left out)."""
-        first = self.first_t if np.isfinite(self.first_t).any() else None
-        return summarize_requests(
-            self.scheduled_t, self.done_t, self.status, self.cls, self.class_names, self.window, first_t=first
-        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,7 +133,7 @@ class _Runner:
         self.messages: list[str | None] = [None] * n
         self.in_flight = 0
         self.rng = np.random.default_rng(seed)
-        # Each LLM request's prompt starts uniquely (core.llm_interface.salted), from a random base so
+        # Each LLM request's prompt starts uniquely (core.prompts.salted), from a random base so
         # that a second run against the same server meets no prompt of the first in a prefix cache.
         self.salt0 = secrets.randbelow(1000) * 10**7
         self._tensor_cache: dict[tuple[str, int], np.ndarray] = {}

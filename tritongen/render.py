@@ -18,11 +18,11 @@ from pathlib import Path
 
 import jinja2
 
-from sidecar.policy import parse_policy
 from tritongen.core.plan import DeploymentPlan, plan_deployment
 from tritongen.core.profile_types import Profile
 from tritongen.core.file_names import POLICY_FILE
-from tritongen.core.sidecar_policy import build_sidecar_policy
+from tritongen.core.sidecar_policy.build import build_sidecar_policy
+from tritongen.core.sidecar_policy.schema import parse_policy
 from tritongen.errors import BadInput, TritongenError
 from tritongen.pbtxt import ConfigSyntaxError, parse_model_config
 from tritongen.server_flags import SERVER_FLAGS_FILE

@@ -33,8 +33,8 @@ from tritonclient.grpc.model_config_pb2 import ModelConfig
 from tritongen.core.config_rules import RULES, check_cross_model, check_model_config, is_ensemble
 from tritongen.core.findings import Finding, count_errors, count_warnings, sort_findings
 from tritongen.errors import BadInput
-from tritongen.nvml import gpu_count
 from tritongen.pbtxt import ConfigSyntaxError, field_line, parse_model_config
+from tritongen.shared.nvml import gpu_count
 
 CONFIG_NAME = "config.pbtxt"
 PYTHON_DEFAULT_MODEL_FILE = "model.py"

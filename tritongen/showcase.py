@@ -27,9 +27,10 @@ from tritongen.server_flags import server_flags_from
 from tritongen.core.simulator import OK, OOM
 from tritongen.core.traffic import Arrivals, generate_arrivals, scale_rate
 from tritongen.errors import RunFailed
-from tritongen.core.llm_interface import interface_from_config
+from tritongen.core.llm_interface_config import interface_from_config
 from tritongen.client import tensors_from_config
-from tritongen.loadgen import LoadResult, LoadTarget, run_load
+from tritongen.load_result import LoadResult
+from tritongen.loadgen import LoadTarget, run_load
 from tritongen.profiler.report import PALETTE, Chart, Series, svg_chart
 from tritongen.render import SIDECAR_POLICY_FILE
 from tritongen.server import ServerOptions, TritonServer

@@ -13,9 +13,9 @@ from typing import Protocol
 
 import httpx
 
-from sidecar.fronts import DEFAULT_FRONT
 from tritongen.errors import RunFailed
-from tritongen.server import die_with_parent, free_port
+from tritongen.shared.fronts import DEFAULT_FRONT
+from tritongen.shared.processes import die_with_parent, free_port
 
 
 class Upstream(Protocol):

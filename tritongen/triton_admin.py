@@ -1,7 +1,7 @@
 """Triton's HTTP admin API as the profiler and doctor use it: where the server's HTTP, gRPC and
 metrics endpoints are (`endpoints_from_url`), and the calls besides inference (metadata, the model
 index, configs, statistics, loads, the metrics page), each failure one `RunFailed` that names the
-address and the option that set it (`tritongen.reach`)."""
+address and the option that set it (`tritongen.shared.reach`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from tritongen.errors import BadInput, RunFailed
-from tritongen.reach import HTTP, METRICS, unreachable
+from tritongen.shared.reach import HTTP, METRICS, unreachable
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from tests.helpers import REPO_ROOT, cli
-from tritongen.core.llm_interface import interface_from_config
+from tritongen.core.llm_interface_config import interface_from_config
 from tritongen.core.traffic import TrafficSpec, generate_arrivals
 from tritongen.errors import TritongenError
 from tritongen.loadgen import LoadTarget, run_load

@@ -25,7 +25,8 @@ from tritongen.core.profile_types import Profile, read_profile
 from tritongen.core.prometheus import kv_gauges, parse_prometheus
 from tritongen.profiler.memory import NvmlProbe, PeakSampler, ProcFS, StubRssProbe, find_stubs
 from tritongen.render import render_repository, write_repository
-from tritongen.server import ServerOptions, TritonServer, free_port
+from tritongen.server import ServerOptions, TritonServer
+from tritongen.shared.processes import free_port
 from tritongen.specio import load_spec
 from tritongen.triton_admin import endpoints_from_url
 

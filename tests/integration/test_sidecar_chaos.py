@@ -29,12 +29,13 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
 import tritongen.server as server_module
-from sidecar.admission import Cost, Request
+from sidecar.admission_types import Cost, Request
 from sidecar.app import SidecarConfig, SidecarThread
 from sidecar.headroom import StaticSource, TritonMetricsSource
-from sidecar.policy import SidecarPolicy
+from tritongen.core.sidecar_policy.schema import SidecarPolicy
 from tests.helpers import build_sidecar_repository
-from tritongen.server import ServerOptions, TritonServer, free_port
+from tritongen.server import ServerOptions, TritonServer
+from tritongen.shared.processes import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -89,7 +89,7 @@ def test_plain_requests_take_the_lane_and_the_rest_the_python_path(native: Sidec
     grpc_url = f"127.0.0.1:{native.sidecar.grpc_port}"
     assert lane_status(native)["kind"] == "native"
     with httpx.Client(timeout=10) as client:
-        # A lane idle since an earlier test holds no spare slots (lane_control.IDLE_AFTER_S): its first
+        # A lane idle since an earlier test holds no spare slots (the policy's lane.idle_after_s): its first
         # requests overflow to Python until the next sync grows them. Wake it before counting.
         assert all(client.post(f"{base}/v2/models/ranker/infer", content=BODY).status_code == 200 for _ in range(5))
     time.sleep(0.3)
@@ -280,7 +280,7 @@ def test_nginx_accepts_the_configuration_rendered_from_unusual_policies(tmp_path
     """Header names, a class parameter with quotes and backslashes, small limits: whatever a valid
     policy holds, nginx takes the configuration rendered from it (`nginx -t`)."""
     from sidecar.nginx_front import FrontAddresses, render_config
-    from sidecar.policy import parse_policy
+    from tritongen.core.sidecar_policy.schema import parse_policy
 
     install, why = find_nginx()
     assert install is not None, why

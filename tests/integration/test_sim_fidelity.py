@@ -21,7 +21,7 @@ import statistics
 import numpy as np
 import pytest
 
-from tests.integration.fidelity_rig import CONFIGS, CURVE, FLAGS, measure_model, sim_server, traffic, write_repository
+from bench.rig.fidelity import CONFIGS, CURVE, FLAGS, measure_model, sim_server, traffic, write_repository
 from tritongen.core.simulator import EMBEDDED_CPU_OVERHEADS, Simulation, fit_overheads
 from tritongen.server import ServerOptions, TritonServer
 

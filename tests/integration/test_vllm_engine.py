@@ -145,7 +145,7 @@ def test_profile_with_only_the_upstream_metrics(server: TritonServer, repository
     assert engine.kv_capacity_tokens == BLOCKS * BLOCK_SIZE and engine.kv_block_tokens == BLOCK_SIZE
     # bytes per token from the engine's own counts, against the tokenizer's on the same kind of text
     tokenizer = AutoTokenizer.from_pretrained(str(llama))
-    from tritongen.core.llm_interface import prompt_of
+    from tritongen.core.prompts import prompt_of
 
     text = prompt_of(512, 1.0)
     truth = len(text.encode()) / len(tokenizer(text)["input_ids"])
@@ -212,7 +212,7 @@ def sidecar_policy(tmp_path: Path, max_inflight: int, tokenizer: Path | None = N
 def limit_under_load(server: TritonServer, tmp_path: Path, start: int, streams: int, seconds: float) -> list[int]:
     """The sidecar's in-flight limit for the model, once a second, while `streams` closed-loop gRPC
     streams of 16 + 32-token requests go through it."""
-    from tritongen.core.llm_interface import interface_from_config
+    from tritongen.core.llm_interface_config import interface_from_config
     from tritongen.profiler.engine import stream_inputs
     from tritongen.profiler.load import StreamLoad
     from tritongen.sidecar_process import SidecarProcess
@@ -256,7 +256,7 @@ def test_the_sidecar_counts_prompts_as_the_engine_does(server: TritonServer, lla
     vllm:prompt_tokens_total, which is all Triton's vLLM backend reports."""
     from tokenizers import Tokenizer
 
-    from tritongen.core.llm_interface import prompt_of
+    from tritongen.core.prompts import prompt_of
     from tritongen.sidecar_process import SidecarProcess
 
     token = tmp_path / "token"
@@ -292,7 +292,7 @@ def test_doctor_diagnoses_an_overloaded_engine_from_the_upstream_metrics_alone(s
     latency histograms, and says so; what it could not see (KV usage, preemptions) it lists."""
     import threading
 
-    from tritongen.core.llm_interface import interface_from_config
+    from tritongen.core.llm_interface_config import interface_from_config
     from tritongen.core.traffic import TrafficSpec, generate_arrivals
     from tritongen.loadgen import LoadTarget, run_load
 

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 
 from sidecar import protocol
-from sidecar.admission import (
+from sidecar.admission import AdmissionState
+from sidecar.admission_limits import AdaptiveLimit
+from sidecar.admission_types import (
     CLASS_NOT_SERVED,
     EXCEEDS_BUDGET,
     QUEUE_FULL,
@@ -19,8 +21,6 @@ from sidecar.admission import (
     QUEUE_WAIT,
     TENANT_CLASS_NOT_ALLOWED,
     Action,
-    AdaptiveLimit,
-    AdmissionState,
     Cost,
     HeadroomSnapshot,
     Reading,
@@ -36,15 +36,10 @@ from sidecar.cost import (
     prefill_peak_bytes,
     sequence_tokens,
 )
-from sidecar.policy import (
-    CappedKV,
-    ConcurrencyPolicy,
-    KVCost,
-    PrefillPoint,
-    SidecarPolicy,
-    parse_policy,
-)
 from tests.helpers import FakeClock, policy_doc
+from tritongen.core.sidecar_policy.kv_cost import CappedKV, KVCost, PrefillPoint
+from tritongen.core.sidecar_policy.schema import SidecarPolicy, parse_policy
+from tritongen.core.sidecar_policy.sections import ConcurrencyPolicy
 
 
 def make(**over: Any) -> tuple[AdmissionState, FakeClock]:
@@ -791,7 +786,7 @@ def test_tenant_counts_return_to_zero_and_unlisted_names_are_forgotten() -> None
     clock.advance(0.2)
     state.tick()
     assert state.tenant_usage()["other"] == (0, 0)
-    assert state._inflight_tenant == {} and state._reserved_tenant == {}  # no entry per name sent
+    assert state.ledger.inflight_by_tenant == {} and state.ledger.reserved_by_tenant == {}  # no entry per name sent
 
 
 def test_tenant_queue_refusals_name_the_tenant_limit() -> None:

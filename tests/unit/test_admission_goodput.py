@@ -11,19 +11,14 @@ from typing import Any
 
 import pytest
 
-from sidecar.admission import (
-    EXCEEDS_BUDGET,
-    EXCEEDS_CONTEXT,
-    QUEUE_WAIT,
-    SHARE_MIN,
-    Action,
-    AdmissionState,
-    LowerShare,
-    Request,
-)
+from sidecar.admission import AdmissionState
+from sidecar.admission_limits import LowerShare
+from sidecar.admission_types import EXCEEDS_BUDGET, EXCEEDS_CONTEXT, QUEUE_WAIT, Action, Request
 from sidecar.cost import LLMFacts, cost_for
-from sidecar.policy import PolicyError, parse_policy
 from tests.helpers import FakeClock, policy_doc
+from tritongen.core.admission_tuning import SHARE_MIN
+from tritongen.core.sidecar_policy.schema import PolicyError, parse_policy
+from tritongen.core.sidecar_policy.tuning import LowerSharePolicy
 
 _ids = iter(range(1, 10**9))
 
@@ -116,7 +111,7 @@ def test_classic_models_without_a_bound_never_wait_in_the_sidecar() -> None:
 
 
 def test_lower_share_shrinks_while_the_top_class_is_late_and_grows_back() -> None:
-    share = LowerShare()
+    share = LowerShare(LowerSharePolicy())
     for t in range(5):
         share.observe(t * 0.1, 0.22)  # 220 ms first tokens against a 250 ms target: over 80 %
     assert share.update(1.0, 0.25) == "down" and share.value == pytest.approx(0.7)
@@ -208,16 +203,16 @@ def test_the_wait_a_lower_class_is_told_counts_the_urgent_requests_that_will_pas
     second nothing is left for it: it would wait for ever."""
     clock = FakeClock()
     state = AdmissionState(parse_policy(engine_doc(pool_tokens=1000)), clock)
-    state._service_s["llm"] = 1.0  # noqa: SLF001 - a measured service time of 1 s ...
-    state._inflight_model["llm"] = 10  # noqa: SLF001 - ... with 10 in flight: 10 drain a second
+    state.estimates.service_s["llm"] = 1.0  # a measured service time of 1 s ...
+    state.ledger.inflight_by_model["llm"] = 10  # ... with 10 in flight: 10 drain a second
     for i in range(40):  # 8 interactive a second over 5 s
-        state._note_arrival("llm", 1, i * 0.125)  # noqa: SLF001
+        state.estimates.note_arrival("llm", 1, i * 0.125)
     clock.t = 5.0
     assert state.expected_wait_s("llm", 5, 5.0) == pytest.approx(0.5)  # no class: position / drain
     assert state.expected_wait_s("llm", 5, 5.0, priority=1) == pytest.approx(0.5)  # nobody passes the top
     assert state.expected_wait_s("llm", 5, 5.0, priority=3) == pytest.approx(5 / (10 - 8), rel=0.05)
     for i in range(10):
-        state._note_arrival("llm", 1, 4.0 + i * 0.1)  # noqa: SLF001 - now 10 a second
+        state.estimates.note_arrival("llm", 1, 4.0 + i * 0.1)  # now 10 a second
     assert state.expected_wait_s("llm", 5, 5.0, priority=3) == math.inf
 
 
@@ -247,7 +242,7 @@ def test_the_queueing_engines_limit_grows_while_requests_wait_and_the_engine_sta
             request = llm_request(state, 10, 10)
             if state.submit(request).action is Action.QUEUE:
                 waiting[request.id] = request
-        started = [r for r in state._reservations.values()]
+        started = list(state.ledger.reservations.values())
         clock.advance(0.01)
         for r in started:
             state.end_prefill(r.request.id)

@@ -14,8 +14,8 @@ from tritongen.core.architecture import (
     GatedDeltaNetState,
     Mamba1State,
     Mamba2State,
-    architecture_from_hf,
 )
+from tritongen.core.hf_architecture import architecture_from_hf
 from tritongen.errors import BadInput
 
 BASE: dict[str, Any] = dict(

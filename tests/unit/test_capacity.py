@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import EXAMPLES, RANKER, TINYLLM, cli
+from tests.helpers import EXAMPLES, RANKER, TINYLLM, run_cli
 from tritongen.core.capacity import (
     DailyCurve,
     ModelDemand,
@@ -73,7 +73,7 @@ def test_throughput_at_target_takes_the_best_level_within_target_without_errors(
 
 
 def test_plan_reproduces_the_hand_calculation(profiles: Path) -> None:
-    result = cli("plan", str(SPEC), "--profiles", str(profiles), "--peak-qps", "ranker=2600",
+    result = run_cli("plan", str(SPEC), "--profiles", str(profiles), "--peak-qps", "ranker=2600",
                  "--peak-qps", "tinyllm=40", "--daily-curve", str(CURVE))
     assert result.returncode == 0, result.stderr
     out = result.stdout
@@ -104,7 +104,7 @@ def test_plan_reproduces_the_hand_calculation(profiles: Path) -> None:
 
 
 def test_plan_json_carries_the_same_numbers(profiles: Path) -> None:
-    result = cli("plan", str(SPEC), "--profiles", str(profiles), "--peak-qps", "ranker=2600",
+    result = run_cli("plan", str(SPEC), "--profiles", str(profiles), "--peak-qps", "ranker=2600",
                  "--peak-qps", "tinyllm=40", "--daily-curve", str(CURVE), "--json")
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
@@ -116,16 +116,16 @@ def test_plan_json_carries_the_same_numbers(profiles: Path) -> None:
 
 
 def test_one_peak_for_every_model_and_refusals(profiles: Path) -> None:
-    result = cli("plan", str(SPEC), "--profiles", str(profiles), "--peak-qps", "40", "--json")
+    result = run_cli("plan", str(SPEC), "--profiles", str(profiles), "--peak-qps", "40", "--json")
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert {m["model"]: m["pods"] for m in plan["models"]} == {"ranker": 1, "tinyllm": 5}
-    bad = cli("plan", str(SPEC), "--profiles", str(profiles), "--peak-qps", "40", "--safety-factor", "0.95")
+    bad = run_cli("plan", str(SPEC), "--profiles", str(profiles), "--peak-qps", "40", "--safety-factor", "0.95")
     assert bad.returncode == 2 and "outside 0.7-0.85" in bad.stderr
-    unknown = cli("plan", str(SPEC), "--profiles", str(profiles), "--peak-qps", "nosuch=3")
+    unknown = run_cli("plan", str(SPEC), "--profiles", str(profiles), "--peak-qps", "nosuch=3")
     assert unknown.returncode == 2 and "not models of the spec" in unknown.stderr
     (profiles / "tinyllm.json").unlink()
-    missing = cli("plan", str(SPEC), "--profiles", str(profiles), "--peak-qps", "40")
+    missing = run_cli("plan", str(SPEC), "--profiles", str(profiles), "--peak-qps", "40")
     assert missing.returncode == 2 and "no profile for model entries ['tinyllm']" in missing.stderr
     assert "Traceback" not in missing.stderr
 

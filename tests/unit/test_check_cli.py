@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from tests.helpers import run_cli
 import tritongen.cli.check_cmd as check_cmd
 from tritongen.cli.main import app
 from tritongen.core.findings import Finding
@@ -364,23 +363,16 @@ def test_good_repository_exit_zero(good_repo: Path) -> None:
 # ---------------------------------------------------------------- exit codes via the console script
 
 
-def tritongen(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from tritongen.cli.main import run; run()", *args],
-        capture_output=True, text=True, timeout=120,
-    )
-
-
 def test_console_script_exit_codes(good_repo: Path, broken_repo: Path, tmp_path: Path) -> None:
-    ok = tritongen("check", str(good_repo))
+    ok = run_cli("check", str(good_repo))
     assert ok.returncode == 0, ok.stderr
-    bad = tritongen("check", str(broken_repo), "--json")
+    bad = run_cli("check", str(broken_repo), "--json")
     assert json.loads(bad.stdout)["summary"]["errors"] == 2
     assert bad.returncode == 1, "error findings must exit 1 (cli/main.run must pass typer.Exit's code on)"
-    missing = tritongen("check", str(tmp_path / "nope"))
+    missing = run_cli("check", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr and "Traceback" not in missing.stderr
     (tmp_path / "file.txt").write_text("x")
-    not_dir = tritongen("check", str(tmp_path / "file.txt"))
+    not_dir = run_cli("check", str(tmp_path / "file.txt"))
     assert not_dir.returncode == 2 and "not a directory" in not_dir.stderr
-    usage = tritongen("check", str(good_repo), "--format", "xml")
+    usage = run_cli("check", str(good_repo), "--format", "xml")
     assert usage.returncode == 2

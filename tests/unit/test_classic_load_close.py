@@ -17,7 +17,7 @@ import logging
 import numpy as np
 import pytest
 
-from tritongen.profiler.load import ClassicLoad
+from tritongen.profiler.classic_load import ClassicLoad
 
 
 def _close_after_a_task_ends_with(exc_type: type[BaseException], tracked: bool) -> None:
@@ -77,7 +77,7 @@ def test_ctrl_c_during_a_level_cancels_the_level_instead_of_raising_inside_it() 
     library's code) and the caller raises KeyboardInterrupt once the loop has stopped."""
     import signal
 
-    from tritongen.profiler.load import _sigint_cancels
+    from tritongen.profiler.classic_load import _sigint_cancels
 
     loop = asyncio.new_event_loop()
     seen: list[str] = []

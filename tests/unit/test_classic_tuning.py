@@ -171,7 +171,7 @@ def test_the_live_capacity_search_brackets_the_rate_that_passes() -> None:
 
 
 def test_the_search_skips_instances_a_shared_device_cannot_use() -> None:
-    from tritongen.core.tune import coarse_candidates, useful_instances
+    from tritongen.core.tune.candidates import coarse_candidates, useful_instances
 
     # 4 + 0.25 x 8 = 6 ms executions (+0.5 ms batch overhead), 5 ms of them on the device at 8 rows:
     # two instances keep it busy, a third may wait on the host side, a fourth adds nothing.

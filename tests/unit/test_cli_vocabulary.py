@@ -18,12 +18,12 @@ from typer.main import get_command
 from typer.testing import CliRunner
 
 from sidecar.app import SidecarConfig
-from sidecar.fronts import DEFAULT_FRONT, FRONTS
 from tests.helpers import REPO_ROOT
 from tritongen.cli.main import app
 from tritongen.cli.vocabulary import OLD_SPELLINGS, SHARED_FLAGS, SPEC, SharedFlag
 from tritongen.core.fmt import fmt_ms
 from tritongen.errors import BadInput
+from tritongen.shared.fronts import DEFAULT_FRONT, FRONTS
 
 EXAMPLES = REPO_ROOT / "examples"
 COMMANDS: dict[str, click.Command] = get_command(app).commands  # type: ignore[attr-defined]

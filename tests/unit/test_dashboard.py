@@ -12,9 +12,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar import admission
+from sidecar import admission_types as admission
 from sidecar.metrics import SidecarMetrics
-from tests.helpers import EXAMPLES, cli
+from tests.helpers import EXAMPLES, run_cli
 from tritongen.dashboard import (
     GRID_WIDTH,
     SIDECAR_METRICS,
@@ -136,7 +136,7 @@ def test_metric_name_tables_are_valid_prometheus_names() -> None:
 
 def test_cli_writes_the_dashboard_atomically(tmp_path: Path) -> None:
     out = tmp_path / "dash.json"
-    result = cli("dashboard", str(EXAMPLES / "deployment.yaml"), "-o", str(out),
+    result = run_cli("dashboard", str(EXAMPLES / "deployment.yaml"), "-o", str(out),
                  "--sidecar-metric", "rejected=my_rejections_total")
     assert result.returncode == 0, result.stderr
     model = json.loads(out.read_text())
@@ -144,7 +144,7 @@ def test_cli_writes_the_dashboard_atomically(tmp_path: Path) -> None:
     rejections = next(p for p in model["panels"] if p["title"] == "Rejections")
     assert "my_rejections_total" in rejections["targets"][0]["expr"]
     assert not list(tmp_path.glob(".*.tmp"))
-    bad = cli("dashboard", "-o", str(out), "--sidecar-metric", "nope=x")
+    bad = run_cli("dashboard", "-o", str(out), "--sidecar-metric", "nope=x")
     assert bad.returncode == 2 and "--sidecar-metric" in bad.stderr
 
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helpers import cli
+from tests.helpers import run_cli
 from tritongen.core.plan import plan_deployment
-from tritongen.core.sidecar_policy import build_sidecar_policy
+from tritongen.core.sidecar_policy.build import build_sidecar_policy
 from tritongen.core.spec import MIB, DeploymentSpec
 from tritongen.errors import Infeasible
 from tritongen.render import render_repository
@@ -179,7 +179,7 @@ def test_render_of_a_classic_only_spec_without_quotas(tmp_path: Path) -> None:
     assert json.loads(rendered.files["sidecar_policy.json"])["headroom"]["safety_pad_bytes"] == 0
 
     out = tmp_path / "repo"
-    result = cli("render", str(spec_path), "-o", str(out))
+    result = run_cli("render", str(spec_path), "-o", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     said = " ".join(result.stdout.split())  # rich wraps long lines
     assert "memory quota of scorer: 108.8 MiB, default: weights 0.0 MiB + framework reserve 108.8 MiB" in said

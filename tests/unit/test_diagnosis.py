@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from tritongen.core.diagnosis import (
+from tritongen.core.diagnosis import busy_fraction, diagnose, instance_count, rule_drift
+from tritongen.core.diagnosis_inputs import (
     Device,
     Headroom,
     ModelWindow,
     ServerSnapshot,
     Targets,
-    busy_fraction,
     devices_from_samples,
-    diagnose,
-    instance_count,
-    rule_drift,
     sidecar_headroom,
     window_from_samples,
 )

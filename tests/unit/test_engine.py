@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from tritongen.core.engine import DONE, FIRST, KILLED, REFUSED, EngineModel, EngineState, LLMCurve
-from tests.helpers import write_hybrid_spec
+from tests.helpers import ServedIndex, write_hybrid_spec
 from tritongen.core.engine_sources import (
     EngineSourceError,
     MeasuredEngine,
@@ -281,7 +281,7 @@ def test_an_unknown_policy_or_pool_is_an_error_that_says_what_to_set() -> None:
 
 
 def test_gap_growth_reads_the_prefill_off_the_running_stream() -> None:
-    from tritongen.profiler.engine import gap_growth
+    from tritongen.profiler.engine_fits import gap_growth
     from tritongen.profiler.load import StreamRecord
 
     # a stream with 10 ms gaps; one gap of 17 ms holds the single request's first token
@@ -294,7 +294,7 @@ def test_gap_growth_reads_the_prefill_off_the_running_stream() -> None:
 
 
 def test_decode_step_is_net_of_newcomers_prefills() -> None:
-    from tritongen.profiler.engine import decode_step_ms, decode_steps_ms, fit_line
+    from tritongen.profiler.engine_fits import decode_step_ms, decode_steps_ms, fit_line
     from tritongen.profiler.load import StreamRecord
 
     # a stream of 5 tokens 10 ms apart, except one 14 ms gap that held another stream's 4 ms prefill
@@ -360,25 +360,10 @@ def test_the_sidecar_reads_max_tokens_sent_as_a_numeric_string() -> None:
     assert _param_max_tokens({"max_tokens": True}) is None
 
 
-class ServedIndex:
-    """A server's model index and configs as TritonAdmin answers them, without a server."""
-
-    def __init__(self, configs: dict[str, dict]) -> None:
-        self.configs = configs
-
-    def models(self) -> list[dict]:
-        return [{"name": name, "state": "READY"} for name in self.configs]
-
-    def model_ready(self, name: str) -> bool:
-        return True
-
-    def config(self, name: str) -> dict:
-        return self.configs[name]
-
-
 def test_a_profile_carries_the_engine_section_its_spec_states() -> None:
     from tests.helpers import EXAMPLES
-    from tritongen.profiler.run import _Builder, default_settings
+    from tritongen.profiler.profile_builder import ProfileBuilder
+    from tritongen.profiler.run import default_settings
     from tritongen.profiler.targets import resolve_targets
     from tritongen.specio import load_spec
 
@@ -389,7 +374,7 @@ def test_a_profile_carries_the_engine_section_its_spec_states() -> None:
     batched = {"max_batch_size": 32, "input": [{"name": "FEATURES", "dims": [32]}], "output": [{"name": "SCORES", "dims": [1]}]}
     targets = {t.name: t for t in resolve_targets(ServedIndex({"ranker": batched, "tinyllm": streamed}), [], loaded)}  # type: ignore[arg-type]
     assert targets["ranker"].stated_engine is None  # a classic model states no engine
-    profile = _Builder(targets["tinyllm"], default_settings(quick=True), "2.51.0", "http://x").build(True, None)
+    profile = ProfileBuilder(targets["tinyllm"], default_settings(quick=True), "2.51.0", "http://x").build(True, None)
     assert profile.stated_engine is not None and profile.stated_engine.section.kv_policy == "grow_kill"
     assert profile.stated_engine.source == f"{loaded.path}, model 'tinyllm'"
 

@@ -12,7 +12,7 @@ from collections import deque
 import pytest
 
 from sidecar.engine_concurrency import EngineConcurrency
-from sidecar.policy import QueueingEnginePolicy
+from tritongen.core.sidecar_policy.sections import QueueingEnginePolicy
 
 
 class QueueingEngine:

@@ -10,7 +10,8 @@ from typing import Any
 import pynvml
 import pytest
 
-from sidecar.admission import AdmissionState, Reading
+from sidecar.admission import AdmissionState
+from sidecar.admission_types import Reading
 from sidecar.headroom import (
     PoolModel,
     HeadroomChain,
@@ -20,7 +21,7 @@ from sidecar.headroom import (
     StaticSource,
     TritonMetricsSource,
 )
-from sidecar.policy import parse_policy
+from tritongen.core.sidecar_policy.schema import parse_policy
 from tests.helpers import FakeClock, policy_doc
 
 

@@ -2,15 +2,13 @@
 lifecycle holds together (start-up self-check before readiness, preStop drain inside the grace period,
 hot and cold pools identical but for the pool label).
 
-The last test is an integration test: the pod's own scripts (assemble.sh, selfcheck.py, drain.py)
-run against a real tritonserver.
+The pod's own scripts (assemble.sh, selfcheck.py, drain.py) run against a real tritonserver in
+tests/integration/test_k8s_pod_scripts.py.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import jsonschema
@@ -18,7 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.helpers import EXAMPLES, MODEL_REPOSITORY, RANKER, TINYLLM, cli
+from tests.helpers import EXAMPLES, RANKER, TINYLLM, run_cli
 from tritongen.core.capacity import PrewarmStep
 from tritongen.errors import BadInput
 from tritongen.k8s import (
@@ -27,8 +25,8 @@ from tritongen.k8s import (
     dns_name,
     floor_changes,
     render_manifests,
-    warmup_request,
 )
+from tritongen.k8s_warmup import warmup_request
 from tritongen.render import builtin_templates_dir, render_repository
 from tritongen.specio import load_spec
 
@@ -326,7 +324,7 @@ def test_deploy_cli_sizes_pools_from_the_plan_and_writes_atomically(tmp_path: Pa
     args = ["deploy", str(EXAMPLES / "deployment.yaml"), "-o", str(out), "--profiles", str(profiles),
             "--peak-qps", "ranker=2600", "--peak-qps", "tinyllm=40",
             "--daily-curve", str(EXAMPLES / "traffic" / "daily-curve.yaml")]
-    result = cli(*args)
+    result = run_cli(*args)
     assert result.returncode == 0, result.stderr
     objects = [yaml.safe_load(p.read_text()) for p in sorted(out.glob("*.yaml"))]
     for obj in objects:
@@ -335,58 +333,12 @@ def test_deploy_cli_sizes_pools_from_the_plan_and_writes_atomically(tmp_path: Pa
     assert by_kind(objects, "HorizontalPodAutoscaler")[0]["spec"]["maxReplicas"] == 2
     assert sorted(j["spec"]["schedule"] for j in by_kind(objects, "CronJob")) == ["0 12 * * *", "56 8 * * *"]
     (out / "notes.yaml").write_text("# mine\nkind: Note\n")  # not generated: must survive
-    keda = cli(*args, "--autoscaler", "keda")
+    keda = run_cli(*args, "--autoscaler", "keda")
     assert keda.returncode == 0, keda.stderr
     names = sorted(p.name for p in out.glob("*.yaml"))
     assert not [n for n in names if "hpa" in n or "cronjob" in n], names
     assert any("scaledobject" in n for n in names) and "notes.yaml" in names
     assert not list(out.glob(".*.tmp"))
-    bad = cli("deploy", str(EXAMPLES / "deployment.yaml"), "-o", str(out), "--profiles", str(profiles))
+    bad = run_cli("deploy", str(EXAMPLES / "deployment.yaml"), "-o", str(out), "--profiles", str(profiles))
     assert bad.returncode == 2 and "go together" in bad.stderr
 
-
-@pytest.mark.integration
-def test_pod_scripts_assemble_selfcheck_and_drain_on_a_real_server(tmp_path: Path) -> None:
-    """assemble.sh builds a loadable repository from the ConfigMap files and the model store; the
-    self-check passes on it (both models, the streaming one included) and fails for a missing model;
-    the drain returns once the idle server has nothing pending."""
-    from tritongen.server import ServerOptions, TritonServer
-
-    _, rendered, result = manifests()
-    configmap = by_kind(result.objects, "ConfigMap")[0]
-    src, dst, scripts = tmp_path / "configmap", tmp_path / "models", tmp_path / "scripts"
-    for path in rendered.files:
-        (src / path).parent.mkdir(parents=True, exist_ok=True)
-        (src / path).write_text(configmap["data"][configmap_key(path)])
-    scripts.mkdir()
-    for name in ("assemble.sh", "selfcheck.py", "drain.py", "warmup.json"):
-        (scripts / name).write_text(configmap["data"][name])
-    env = {"SRC": str(src), "DST": str(dst), "STORE": str(MODEL_REPOSITORY), "PATH": "/usr/bin:/bin"}
-    assembled = subprocess.run(["sh", str(scripts / "assemble.sh")], env=env, capture_output=True, text=True)
-    assert assembled.returncode == 0, assembled.stderr
-    assert (dst / "ranker" / "1").is_symlink() and (dst / "ranker" / "config.pbtxt").is_file()
-    flags = [ln for ln in (dst / "server_flags.txt").read_text().splitlines() if ln and not ln.startswith("#")]
-    with TritonServer(ServerOptions(repository=dst, extra_args=flags)) as server:
-        ok = subprocess.run([sys.executable, str(scripts / "selfcheck.py"), "--url", server.http_url,
-                             "--requests", str(scripts / "warmup.json")], capture_output=True, text=True, timeout=120)
-        assert ok.returncode == 0, ok.stderr
-        assert "ranker answered" in ok.stdout and "tinyllm answered" in ok.stdout
-        bogus = tmp_path / "bogus.json"
-        bogus.write_text(json.dumps([{"model": "nosuch", "path": "/v2/models/nosuch/infer", "body": {"inputs": []}}]))
-        failed = subprocess.run([sys.executable, str(scripts / "selfcheck.py"), "--url", server.http_url,
-                                 "--requests", str(bogus)], capture_output=True, text=True, timeout=60)
-        assert failed.returncode == 1 and "nosuch: HTTP" in failed.stderr
-        drained = subprocess.run([sys.executable, str(scripts / "drain.py"), "--delay", "0", "--timeout", "20",
-                                  "--interval", "0.2", "--metrics", server.metrics_url],
-                                 capture_output=True, text=True, timeout=60)
-        assert drained.returncode == 0 and "drain: done" in drained.stderr
-    # No server at all: the self-check says not ready.
-    down = subprocess.run([sys.executable, str(scripts / "selfcheck.py"), "--url", "127.0.0.1:1",
-                           "--requests", str(scripts / "warmup.json"), "--timeout", "2"], capture_output=True, text=True)
-    assert down.returncode == 1 and "not ready" in down.stderr
-    # A model missing from the store: the init container fails with the reason.
-    empty = tmp_path / "empty-store"
-    empty.mkdir()
-    missing = subprocess.run(["sh", str(scripts / "assemble.sh")], env={**env, "STORE": str(empty), "DST": str(tmp_path / "m2")},
-                             capture_output=True, text=True)
-    assert missing.returncode == 1 and "no version folder for model 'ranker'" in missing.stderr

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import typer
 from typer.testing import CliRunner
 
+from tests.helpers import run_cli
 from tritongen.core.architecture import Architecture
 from tritongen.core.kv import (
     KVShape,
@@ -592,18 +591,10 @@ def test_cli_rejects_unknown_kv_dtype() -> None:
     assert result.exit_code == 2
 
 
-def _console(*args: str) -> subprocess.CompletedProcess[str]:
-    """The real console entry point (all command modules registered), as users run it."""
-    return subprocess.run(
-        [sys.executable, "-c", "from tritongen.cli.main import run; run()", *args],
-        capture_output=True, text=True, timeout=60, cwd=REPO_ROOT,
-    )
-
-
 def test_console_bad_file_exits_2_without_traceback(tmp_path: Path) -> None:
     p = tmp_path / "config.json"
     p.write_text("{ not json")
-    proc = _console("kv", str(p), "--json")
+    proc = run_cli("kv", str(p), "--json")
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert f"{p}:1:3: not valid JSON" in proc.stderr and proc.stdout == ""
@@ -614,7 +605,7 @@ def test_console_unreadable_layer_pattern_exits_2(tmp_path: Path) -> None:
     config = json.loads((ARCH_DIR / "gpt-oss-20b.json").read_text())
     config["layer_types"] = config["layer_types"][:-1]  # 23 kinds for 24 layers
     p.write_text(json.dumps(config))
-    proc = _console("kv", str(p), "--json")
+    proc = run_cli("kv", str(p), "--json")
     assert proc.returncode == 2 and proc.stdout == ""
     assert "Traceback" not in proc.stderr
     assert "`layer_types` lists 23 layers but `num_hidden_layers` is 24" in proc.stderr
@@ -622,6 +613,6 @@ def test_console_unreadable_layer_pattern_exits_2(tmp_path: Path) -> None:
 
 
 def test_console_bad_kv_dtype_is_usage_error() -> None:
-    proc = _console("kv", str(ARCH_DIR / "tinyllm.json"), "--kv-dtype", "fp4")
+    proc = run_cli("kv", str(ARCH_DIR / "tinyllm.json"), "--kv-dtype", "fp4")
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and "fp4" in proc.stderr

@@ -11,7 +11,8 @@ import pytest
 
 from sidecar.controller import upstream_outcome
 from sidecar.metrics import SidecarMetrics
-from tritongen.core.diagnosis import ClassTarget, Headroom, ModelWindow, ServerSnapshot, Targets, diagnose
+from tritongen.core.diagnosis import diagnose
+from tritongen.core.diagnosis_inputs import ClassTarget, Headroom, ModelWindow, ServerSnapshot, Targets
 from tritongen.core.engine_window import (
     SIDECAR_ADMITTED,
     SIDECAR_FINISHED,

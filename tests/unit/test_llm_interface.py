@@ -26,9 +26,9 @@ from tritongen.core.llm_interface import (
     TokenIdModel,
     UnknownInterface,
     detect_interface,
-    interface_from_config,
-    max_tokens_of,
 )
+from tritongen.core.llm_interface_config import interface_from_config
+from tritongen.core.llm_max_tokens import max_tokens_of
 from tritongen.pbtxt import parse_model_config
 
 # ------------------------------------------------------------------------------------------------

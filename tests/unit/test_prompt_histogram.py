@@ -15,9 +15,10 @@ from sidecar.admission import AdmissionState
 from sidecar.controller import AdmissionController
 from sidecar.cost import cost_for
 from sidecar.metrics import PROMPT_TOKEN_BUCKETS, PROMPT_TOKENS_METRIC, SidecarMetrics
-from sidecar.policy import parse_policy
+from tritongen.core.sidecar_policy.schema import parse_policy
 from tests.helpers import FakeClock, policy_doc
-from tritongen.core.diagnosis import PROMPT_HISTOGRAM, Targets, diagnose
+from tritongen.core.diagnosis import diagnose
+from tritongen.core.diagnosis_inputs import PROMPT_HISTOGRAM, Targets
 from tritongen.doctor import Endpoint, parse_metrics, snapshot
 
 TRITON_METRICS = "http://triton:8002/metrics"

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
-from sidecar.admission import AdmissionState, HeadroomSnapshot, Request
+from sidecar.admission import AdmissionState
+from sidecar.admission_types import HeadroomSnapshot, Request
 from sidecar.cost import LLMFacts, cost_for
 from sidecar.headroom import TritonMetricsSource
-from sidecar.policy import parse_policy
+from tritongen.core.sidecar_policy.schema import parse_policy
 from sidecar.prompt_ratio import MIN_TOKENS, LearnedRatio
 from tests.helpers import FakeClock, policy_doc
 

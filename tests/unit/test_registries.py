@@ -8,7 +8,8 @@ import typing
 import pytest
 
 from sidecar.headroom import HEADROOM_SOURCES, SourceInputs, build_sources
-from sidecar.policy import HeadroomPolicy, parse_policy
+from tritongen.core.sidecar_policy.schema import parse_policy
+from tritongen.core.sidecar_policy.sections import HeadroomPolicy
 from tests.helpers import policy_doc
 from tritongen.core.traffic import ARRIVAL_PROCESSES, TrafficSpec, arrival_process
 

@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from tests.helpers import EXAMPLES, MODEL_REPOSITORY, cli, example_render, write_hybrid_spec
+from tests.helpers import EXAMPLES, MODEL_REPOSITORY, example_render, run_cli, write_hybrid_spec
 from tritongen.core.engine_sources import entry_sources, resolve_engine_limits
 from tritongen.core.plan import plan_deployment
 from tritongen.errors import BadInput
@@ -137,7 +137,7 @@ def test_failed_render_leaves_the_repository_untouched(tmp_path: Path) -> None:
     shutil.copytree(builtin_templates_dir(), templates)
     broken = (templates / "config.pbtxt.j2").read_text().replace("max_batch_size:", "max_bach_size:")
     (templates / "config.pbtxt.j2").write_text(broken)
-    result = cli("render", str(EXAMPLES / "deployment.yaml"), "-o", str(out), "--templates", str(templates))
+    result = run_cli("render", str(EXAMPLES / "deployment.yaml"), "-o", str(out), "--templates", str(templates))
     assert result.returncode == 2
     assert "max_bach_size" in result.stderr and "Traceback" not in result.stderr
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
@@ -157,12 +157,12 @@ def test_template_override_and_strict_undefined(tmp_path: Path) -> None:
 
 def test_check_flag_catches_a_hand_edit(tmp_path: Path) -> None:
     spec = str(EXAMPLES / "deployment.yaml")
-    assert cli("render", spec, "-o", str(tmp_path)).returncode == 0
-    clean = cli("render", spec, "-o", str(tmp_path), "--check")
+    assert run_cli("render", spec, "-o", str(tmp_path)).returncode == 0
+    clean = run_cli("render", spec, "-o", str(tmp_path), "--check")
     assert clean.returncode == 0, clean.stdout + clean.stderr
     config = tmp_path / "ranker" / "config.pbtxt"
     config.write_text(config.read_text().replace("max_batch_size: 32", "max_batch_size: 16"))
-    edited = cli("render", spec, "-o", str(tmp_path), "--check")
+    edited = run_cli("render", spec, "-o", str(tmp_path), "--check")
     assert edited.returncode == 1
     assert "-max_batch_size: 16" in edited.stdout and "+max_batch_size: 32" in edited.stdout
     assert config.read_text().count("max_batch_size: 16") == 1  # --check writes nothing

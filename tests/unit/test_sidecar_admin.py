@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import typing
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -21,8 +20,10 @@ from tritonclient.grpc import service_pb2 as pb
 from sidecar import admin_apis
 from sidecar.grpc_proxy import GrpcProxy
 from sidecar.metrics import SidecarMetrics
-from sidecar.policy import AdminApisPolicy, PolicyError, SidecarPolicy, parse_policy
 from tests.helpers import admission_parts, policy_doc, started_http_proxy
+from tritongen.core import admin_categories
+from tritongen.core.sidecar_policy.schema import PolicyError, SidecarPolicy, parse_policy
+from tritongen.core.sidecar_policy.sections import AdminApisPolicy
 
 TOKEN = "admin-token-0123456789"
 SERVICE = "/inference.GRPCInferenceService/"
@@ -89,8 +90,8 @@ GRPC_METHODS = {
 
 
 def test_categories_are_tritons() -> None:
-    assert admin_apis.CATEGORIES == ("health", "metadata", "inference", "shared-memory", "model-config",
-                                     "model-repository", "statistics", "trace", "logging")
+    assert admin_categories.CATEGORIES == ("health", "metadata", "inference", "shared-memory", "model-config",
+                                           "model-repository", "statistics", "trace", "logging")
     assert set(admin_apis.SHUT) == {"model-repository", "logging", "trace", "shared-memory"}
     assert set(admin_apis.WHAT) == set(admin_apis.SHUT)
 
@@ -187,9 +188,14 @@ def test_policy_without_admin_apis_keeps_everything_shut() -> None:
     assert policy.admin_apis == AdminApisPolicy() and policy.admin_apis.open == []
 
 
-def test_policy_literal_agrees_with_the_module() -> None:
-    (item,) = typing.get_args(AdminApisPolicy.model_fields["open"].annotation)
-    assert set(typing.get_args(item)) == set(admin_apis.SHUT)
+def test_the_policy_and_the_classifier_read_one_category_table() -> None:
+    assert admin_apis.SHUT is admin_categories.SHUT
+    for name in admin_categories.CATEGORIES:
+        doc = policy_doc(admin_apis={"open": [name]})
+        if name in admin_categories.SHUT:
+            assert parse_policy(doc).admin_apis.open == [name]
+        else:
+            assert f"{name!r} is never shut by the sidecar" in refused(doc)
 
 
 def test_policy_opens_categories() -> None:

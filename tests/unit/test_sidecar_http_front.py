@@ -19,7 +19,7 @@ from aiohttp import web
 from sidecar.admission import AdmissionState
 from sidecar.http_front import HttpFront, _Head
 from sidecar.upstream_pool import ResponseFraming as _Framing
-from sidecar.policy import SidecarPolicy, parse_policy
+from tritongen.core.sidecar_policy.schema import SidecarPolicy, parse_policy
 from tests.helpers import policy_doc, started_http_proxy
 
 INFER = b'{"inputs":[{"name":"X","datatype":"FP32","shape":[1],"data":[1.0]}]}'

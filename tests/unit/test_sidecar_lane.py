@@ -7,13 +7,15 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from sidecar.admission import Action, AdmissionState, Cost, Request
+from sidecar.admission import AdmissionState
+from sidecar.admission_types import Action, Cost, Request
 from sidecar.lane import LaneCounts, caps_body, demand, lane_keys, parse_counts, spare_slots, target_slots
 from sidecar.lane_control import LaneControl
 from sidecar.metrics import SidecarMetrics
 from sidecar.nginx_front import FrontAddresses, NginxInstall, render_config
-from sidecar.policy import parse_policy
 from tests.helpers import FakeClock, policy_doc
+from tritongen.core.sidecar_policy.schema import parse_policy
+from tritongen.core.sidecar_policy.tuning import LanePolicy
 
 
 def state_of(**over: Any) -> tuple[AdmissionState, FakeClock]:
@@ -41,10 +43,13 @@ def test_lane_carries_classic_models_in_the_classes_that_need_no_priority_writte
 # -- the arithmetic --------------------------------------------------------------------------------
 
 def test_targets_grow_with_demand_shrink_to_in_flight_when_something_waits_and_close_when_down() -> None:
-    assert spare_slots(0) == 4 and spare_slots(40) == 20
-    assert target_slots(inflight=3, wanted=10, may_grow=True, upstream_up=True) == 15
-    assert target_slots(inflight=3, wanted=10, may_grow=False, upstream_up=True) == 3
-    assert target_slots(inflight=3, wanted=10, may_grow=True, upstream_up=False) == 0
+    lane = LanePolicy()  # the defaults: at least 4 spare, or half the demand
+    assert spare_slots(0, lane) == 4 and spare_slots(40, lane) == 20
+    assert target_slots(inflight=3, wanted=10, may_grow=True, upstream_up=True, cfg=lane) == 15
+    assert target_slots(inflight=3, wanted=10, may_grow=False, upstream_up=True, cfg=lane) == 3
+    assert target_slots(inflight=3, wanted=10, may_grow=True, upstream_up=False, cfg=lane) == 0
+    wider = LanePolicy(spare_min=1, spare_fraction=1.0)  # the policy's `lane` moves them
+    assert spare_slots(0, wider) == 1 and spare_slots(40, wider) == 40
     # a closed loop read between a completion and its next send reads low; its peak and overflow do not
     assert demand(LaneCounts(inflight=10, peak=16), overflow_since=0) == 16
     assert demand(LaneCounts(inflight=10, peak=12), overflow_since=5) == 17

@@ -10,21 +10,17 @@ from typing import Any
 
 import pytest
 
-from sidecar.policy import (
-    POLICY_FILE,
-    PolicyError,
-    load_policy,
-    parse_policy,
-    parse_policy_text,
-)
 from sidecar.cost import kv_bytes_for
-from tests.helpers import EXAMPLES, cli, write_hybrid_spec
-from tritongen.core import sidecar_policy as core_policy
+from tests.helpers import EXAMPLES, run_cli, write_hybrid_spec
+from tests.import_closure import import_closure, project_modules
+from tritongen.core.file_names import POLICY_FILE
 from tritongen.core.plan import plan_deployment
 from tritongen.core.profile_types import Profile
-from tritongen.core.sidecar_policy import build_sidecar_policy
+from tritongen.core.sidecar_policy.build import build_sidecar_policy
+from tritongen.core.sidecar_policy.schema import POLICY_VERSION, PolicyError, parse_policy, parse_policy_text
 from tritongen.core.spec import MIB
 from tritongen.errors import BadInput
+from tritongen.shared.policy_file import load_policy
 from tritongen.specio import load_spec
 
 
@@ -42,9 +38,10 @@ def model(doc: dict[str, Any], name: str) -> dict[str, Any]:
     return next(m for m in doc["models"] if m["name"] == name)
 
 
-def test_file_name_agrees() -> None:
-    assert core_policy.POLICY_FILE == POLICY_FILE == "sidecar_policy.json"
-    assert core_policy.POLICY_VERSION == 1
+def test_file_name_and_version_are_stated_once() -> None:
+    assert POLICY_FILE == "sidecar_policy.json"
+    spec, plan = cpu()
+    assert build_sidecar_policy(spec, plan)["version"] == POLICY_VERSION == 1
 
 
 def test_cpu_example_by_hand() -> None:
@@ -323,31 +320,24 @@ def test_round_trip_through_a_file(tmp_path: Path) -> None:
 # layering
 
 
-def _imported_by(statement: str) -> list[str]:
-    import subprocess
-    import sys
-
-    code = f"import sys; {statement}; print('\\n'.join(sorted(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return out.stdout.split()
+PROJECT = project_modules("tritongen", "sidecar")
 
 
 def test_the_sidecar_never_imports_the_cli() -> None:
-    modules = _imported_by("import sidecar.app")
-    assert not [m for m in modules if m.startswith("tritongen.cli")]
+    assert not [m for m in import_closure(["sidecar.app"], PROJECT).ours if m.startswith("tritongen.cli")]
 
 
 def test_the_admission_state_is_pure() -> None:
-    modules = set(_imported_by("import sidecar.admission, sidecar.cost, sidecar.protocol"))
-    # what the typing libraries bring on their own (typing_extensions 4.15 imports asyncio) is theirs
-    baseline = set(_imported_by("import pydantic, typing_extensions"))
-    assert not {"asyncio", "aiohttp", "grpc", "httpx", "prometheus_client"} & (modules - baseline)
+    """Read from the source (tests/import_closure.py): what a library imports on its own
+    (typing_extensions 4.15 imports asyncio) is the library's, not ours, and is not followed."""
+    closure = import_closure(["sidecar.admission", "sidecar.cost", "sidecar.protocol"], PROJECT)
+    assert not {"asyncio", "aiohttp", "grpc", "httpx", "prometheus_client"} & closure.outside
 
 
 def test_the_policy_builder_is_core() -> None:
-    modules = _imported_by("import tritongen.core.sidecar_policy")
-    assert not [m for m in modules if m.split(".")[0] in ("sidecar", "aiohttp", "grpc", "httpx", "jinja2")]
-    assert not [m for m in modules if m.startswith("tritongen.cli")]
+    closure = import_closure(["tritongen.core.sidecar_policy.build", "tritongen.core.sidecar_policy.schema"], PROJECT)
+    assert not [m for m in closure.ours if m.split(".")[0] == "sidecar" or m.startswith("tritongen.cli")]
+    assert not {"aiohttp", "grpc", "httpx", "jinja2"} & closure.outside
 
 
 # ------------------------------------------------------------------------------------------------
@@ -359,7 +349,7 @@ def test_cli_refuses_a_bad_policy_with_exit_2(tmp_path: Path) -> None:
     doc = base()
     doc["concurrency"]["min"] = 0
     bad.write_text(json.dumps(doc))
-    result = cli("sidecar", "--policy", str(bad), "--url", "127.0.0.1:1")
+    result = run_cli("sidecar", "--policy", str(bad), "--url", "127.0.0.1:1")
     assert result.returncode == 2, result.stderr
     assert "problem in the sidecar policy" in result.stderr and "concurrency.min" in result.stderr
     assert "Traceback" not in result.stderr
@@ -368,11 +358,11 @@ def test_cli_refuses_a_bad_policy_with_exit_2(tmp_path: Path) -> None:
     good.write_text(json.dumps(base()))
     short = tmp_path / "token"
     short.write_text("abc")
-    result = cli("sidecar", "--policy", str(good), "--url", "127.0.0.1:1", "--token-file", str(short))
+    result = run_cli("sidecar", "--policy", str(good), "--url", "127.0.0.1:1", "--token-file", str(short))
     assert result.returncode == 2 and "at least 16 characters" in result.stderr
-    result = cli("sidecar", "--policy", str(good), "--url", "127.0.0.1:1", "--listen", "127.0.0.1:http")
+    result = run_cli("sidecar", "--policy", str(good), "--url", "127.0.0.1:1", "--listen", "127.0.0.1:http")
     assert result.returncode == 2 and "--listen" in result.stderr
-    result = cli("sidecar", "--url", "127.0.0.1:1")
+    result = run_cli("sidecar", "--url", "127.0.0.1:1")
     assert result.returncode == 2 and "--policy" in result.stderr
 
 
@@ -553,7 +543,7 @@ def test_render_refuses_a_policy_nothing_could_pass(tmp_path: Path) -> None:
         doc["policy"]["kv_safety_pad_mb"] = 2048
 
     out = tmp_path / "out"
-    result = cli("render", str(spec_variant(tmp_path, impossible)), "-o", str(out))
+    result = run_cli("render", str(spec_variant(tmp_path, impossible)), "-o", str(out))
     assert result.returncode == 2, result.stdout + result.stderr
     message = result.stdout + result.stderr
     assert "safety_pad_bytes" in message and "kv_safety_pad_mb" in message and "Traceback" not in message
@@ -565,6 +555,6 @@ def test_the_sidecar_refuses_to_start_on_a_policy_nothing_could_pass(tmp_path: P
     doc["headroom"]["safety_pad_bytes"] = doc["devices"][0]["memory_bytes"] * 2
     path = tmp_path / POLICY_FILE
     path.write_text(json.dumps(doc))
-    result = cli("sidecar", "--policy", str(path), "--url", "127.0.0.1:1")
+    result = run_cli("sidecar", "--policy", str(path), "--url", "127.0.0.1:1")
     message = result.stdout + result.stderr
     assert result.returncode == 2 and "no request could ever be admitted" in message and "Traceback" not in message

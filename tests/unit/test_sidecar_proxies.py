@@ -21,7 +21,7 @@ from tritonclient.grpc import service_pb2 as pb
 from sidecar.admission import AdmissionState
 from sidecar.grpc_proxy import MODEL_INFER, MODEL_STREAM_INFER, SERVICE, GrpcProxy
 from sidecar.metrics import SidecarMetrics
-from sidecar.policy import SidecarPolicy, parse_policy
+from tritongen.core.sidecar_policy.schema import SidecarPolicy, parse_policy
 from tests.helpers import admission_parts, policy_doc, started_http_proxy
 
 SERVER_METADATA = SERVICE + "ServerMetadata"

@@ -12,9 +12,10 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from sidecar import protocol
 from sidecar.cost import llm_cost
-from sidecar.policy import KVCost, PolicyError, parse_policy
+from tritongen.core.sidecar_policy.kv_cost import KVCost
+from tritongen.core.sidecar_policy.schema import PolicyError, parse_policy
 from sidecar.tokens import load_counters
-from tests.helpers import EXAMPLES, cli, policy_doc
+from tests.helpers import EXAMPLES, policy_doc, run_cli
 
 
 def word_tokenizer(path: Path) -> Path:
@@ -56,7 +57,7 @@ def test_render_writes_the_specs_tokenizer_into_the_policy(tmp_path: Path) -> No
     next(m for m in doc["models"] if m["name"] == "tinyllm")["tokenizer"] = "tok.json"
     (tmp_path / "architectures").symlink_to(EXAMPLES / "architectures")
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
-    result = cli("render", str(tmp_path / "spec.yaml"), "-o", str(tmp_path / "out"))
+    result = run_cli("render", str(tmp_path / "spec.yaml"), "-o", str(tmp_path / "out"))
     assert result.returncode == 0, result.stdout + result.stderr
     policy = json.loads((tmp_path / "out" / "sidecar_policy.json").read_text())
     tiny = next(m for m in policy["models"] if m["name"] == "tinyllm")
@@ -65,5 +66,5 @@ def test_render_writes_the_specs_tokenizer_into_the_policy(tmp_path: Path) -> No
     # a tokenizer path that is not a file is the spec's error, with its line
     next(m for m in doc["models"] if m["name"] == "tinyllm")["tokenizer"] = "nope.json"
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
-    result = cli("render", str(tmp_path / "spec.yaml"), "-o", str(tmp_path / "out2"))
+    result = run_cli("render", str(tmp_path / "spec.yaml"), "-o", str(tmp_path / "out2"))
     assert result.returncode == 2 and "models[1].tokenizer" in result.stdout + result.stderr

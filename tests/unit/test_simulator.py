@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tritongen.core.engine import EngineModel
+from tritongen.core.engine import EngineModel, LLMCurve
 from tritongen.core.simulator import (
     OK,
     OOM,
@@ -19,7 +19,6 @@ from tritongen.core.simulator import (
     TOO_LARGE,
     BatcherConfig,
     LiveObservation,
-    LLMCurve,
     ModelSim,
     Overheads,
     QueuePolicy,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import EXAMPLES, cli
+from tests.helpers import EXAMPLES, run_cli
 from tritongen.errors import BadInput
 from tritongen.specio import load_spec, parse_spec_text
 
@@ -141,7 +141,7 @@ def test_bad_architecture_config_names_the_spec_field(tmp_path: Path) -> None:
 def test_cli_bad_spec_exit_2_no_traceback(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(BASE.replace("kind: classic", "kind: clasic"))
-    result = cli("render", str(bad), "-o", str(tmp_path / "out"))
+    result = run_cli("render", str(bad), "-o", str(tmp_path / "out"))
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     assert "models[0].kind" in result.stderr and "'clasic'" in result.stderr
@@ -149,7 +149,7 @@ def test_cli_bad_spec_exit_2_no_traceback(tmp_path: Path) -> None:
 
 
 def test_schema_command_prints_json_schema() -> None:
-    result = cli("schema")
+    result = run_cli("schema")
     assert result.returncode == 0, result.stderr
     schema = json.loads(result.stdout)
     assert schema["additionalProperties"] is False

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.helpers import EXAMPLES, cli
+from tests.helpers import EXAMPLES, run_cli
 from tritongen.render import render_repository, write_repository
 from tritongen.repository import check_repository
 from tritongen.spec_rules import rules_for_spec
@@ -92,5 +92,5 @@ def test_model_missing_and_unknown_model(tmp_path: Path) -> None:
 
 
 def test_committed_example_repository_passes_check_with_spec() -> None:
-    result = cli("check", "examples/deployment.yaml", "model_repository", "--profiles", "examples/profiles")
+    result = run_cli("check", "examples/deployment.yaml", "model_repository", "--profiles", "examples/profiles")
     assert result.returncode == 0, result.stdout + result.stderr

@@ -46,7 +46,7 @@ def test_each_request_gets_a_prompt_of_the_same_size_that_no_other_request_share
     # hide the prefill a profile measures; every request's prompt must start differently.
     import numpy as np
 
-    from tritongen.core.llm_interface import prompt_of
+    from tritongen.core.prompts import prompt_of
     from tritongen.profiler.load import unique_prompt
 
     text = prompt_of(96, 4.0)
@@ -59,7 +59,7 @@ def test_each_request_gets_a_prompt_of_the_same_size_that_no_other_request_share
 
 
 def test_a_salted_prompt_keeps_its_length_and_its_salt_even_when_tiny() -> None:
-    from tritongen.core.llm_interface import prompt_of
+    from tritongen.core.prompts import prompt_of
 
     assert len(prompt_of(2, 1.0, salt=123456)) == 2
     assert prompt_of(40, 4.0, salt=7) != prompt_of(40, 4.0, salt=8)

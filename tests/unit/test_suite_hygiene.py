@@ -10,6 +10,14 @@ Over every tests/**/*.py (AST, no imports):
     (a `raise` or `pytest.fail(...)` statement directly in its body): a broad fallback turns a
     regression into a pass. Catch the specific exception instead.
 
+Over tests/unit/*.py (issue 33: unit tests need no process, port or subprocess; the rest is
+integration's):
+
+(d) no import of `subprocess`, `socket` or `multiprocessing`, nor of a process starter (tritongen's
+    `TritonServer`, `SidecarProcess`, or tritongen/shared/processes.py's preexec helpers and
+    `free_port`), and no use of `tests.helpers.cli`, the subprocess runner: `run_cli` runs the same
+    entry point in the process.
+
 Each finding names its file and line. The checkers are tested on small snippets too, so a checker
 that stopped finding anything would fail here rather than pass the whole suite.
 """
@@ -27,6 +35,9 @@ from tests.helpers import REPO_ROOT
 TESTS = REPO_ROOT / "tests"
 SKIPPERS = {"skip", "importorskip"}
 BROAD = {"Exception", "BaseException"}
+PROCESS_MODULES = {"subprocess", "socket", "multiprocessing"}
+PROCESS_HELPERS = "tritongen.shared.processes"
+PROCESS_STARTERS = {"TritonServer", "SidecarProcess"}
 
 
 def _suite_files() -> list[Path]:
@@ -133,7 +144,36 @@ def swallowing_handlers(path: Path, tree: ast.Module) -> list[str]:
     return found
 
 
-CHECKS = [imports_of_test_modules, skips, swallowing_handlers]
+def _is_helpers_cli(node: ast.AST) -> bool:
+    """`helpers.cli` or `tests.helpers.cli`, however it is then called."""
+    if not (isinstance(node, ast.Attribute) and node.attr == "cli"):
+        return False
+    owner = node.value
+    return (isinstance(owner, ast.Name) and owner.id == "helpers") or (
+        isinstance(owner, ast.Attribute) and owner.attr == "helpers")
+
+
+def processes_in_unit_tests(path: Path, tree: ast.Module) -> list[str]:
+    if path.parent != TESTS / "unit":
+        return []
+    found = []
+    for node, module in _imported_modules(path, tree):
+        if module.split(".")[0] in PROCESS_MODULES or module.split(".")[-1] in PROCESS_STARTERS or (
+                module == PROCESS_HELPERS or module.startswith(PROCESS_HELPERS + ".")):
+            found.append(f"{_where(path, node)}: imports {module}: a unit test starts no process and opens no "
+                         "port; move the test to tests/integration/")
+        elif module == "tests.helpers.cli":
+            found.append(f"{_where(path, node)}: imports tests.helpers.cli (a subprocess): use run_cli")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in PROCESS_STARTERS:
+            found.append(f"{_where(path, node)}: uses {node.attr}, which starts a process: move the test to "
+                         "tests/integration/")
+        elif _is_helpers_cli(node):
+            found.append(f"{_where(path, node)}: calls helpers.cli (a subprocess): use run_cli")
+    return list(dict.fromkeys(found))  # one finding per statement, however many names it imports
+
+
+CHECKS = [imports_of_test_modules, skips, swallowing_handlers, processes_in_unit_tests]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
@@ -170,6 +210,20 @@ BAD = {
         "try:\n    f()\nexcept (ValueError, BaseException) as err:\n    log(err)",
         "def t():\n    try:\n        f()\n    except Exception:\n        if cond:\n            raise\n        return None",
     ],
+    processes_in_unit_tests: [
+        "import subprocess",
+        "def t():\n    import subprocess\n    subprocess.run(['ls'])",
+        "from socket import socket",
+        "import multiprocessing.pool",
+        "from tritongen.server import ServerOptions, TritonServer",
+        "import tritongen.server\nwith tritongen.server.TritonServer(opts):\n    pass",
+        "from tritongen.sidecar_process import SidecarProcess",
+        "from tritongen.shared.processes import free_port",
+        "from tritongen.shared import processes",
+        "from tests.helpers import EXAMPLES, cli",
+        "from tests import helpers\nhelpers.cli('plan')",
+        "import tests.helpers\ntests.helpers.cli('plan')",
+    ],
 }
 GOOD = {
     imports_of_test_modules: [
@@ -185,6 +239,13 @@ GOOD = {
         "try:\n    f()\nexcept Exception as err:\n    raise AssertionError('broke') from err",
         "import pytest\ntry:\n    f()\nexcept BaseException as err:\n    pytest.fail(str(err))",
     ],
+    processes_in_unit_tests: [
+        "from tritongen.server import ServerOptions, start_timeout",
+        "from tests.helpers import EXAMPLES, run_cli\nrun_cli('plan').stdout",
+        "from tritongen.shared.reach import stream_cause",
+        "import asyncio\nasyncio.run(main())",
+        "cli = typer.testing.CliRunner()\nresult = cli.invoke(app, [])",
+    ],
 }
 
 
@@ -198,3 +259,41 @@ def test_each_checker_finds_its_defect_with_file_and_line(check, source: str) ->
 @pytest.mark.parametrize(("check", "source"), [(c, s) for c, ss in GOOD.items() for s in ss])
 def test_each_checker_passes_what_is_allowed(check, source: str) -> None:
     assert check(SNIPPET, ast.parse(source)) == []
+
+
+@pytest.mark.parametrize("source", BAD[processes_in_unit_tests])
+def test_integration_tests_may_start_processes(source: str) -> None:
+    for place in (TESTS / "integration" / "test_snippet.py", TESTS / "helpers.py"):
+        assert processes_in_unit_tests(place, ast.parse(source)) == []
+
+
+# ------------------------------------------------------------------------------------------------
+# benchmarks stand on their own (issue 33): they run as modules from the checkout (`python -m
+# bench.NAME`) and share through bench/rig/, so a changed test helper or a path hack cannot break one
+
+
+def test_benches_import_no_tests_and_leave_sys_path_alone() -> None:
+    bench = REPO_ROOT / "bench"
+
+    def findings(path: Path, tree: ast.Module) -> list[str]:
+        imports = list(_imported_modules(path, tree))
+        tests = [node for node, module in imports if module.split(".")[0] == "tests"]
+        paths = [node for node, module in imports if module == "sys.path"] + [
+            node for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr == "path"
+            and isinstance(node.value, ast.Name) and node.value.id == "sys"]
+        found = [f"{_where(path, node)}: imports tests: benches take shared things from bench/rig/" for node in tests]
+        found += [f"{_where(path, node)}: touches sys.path: run the bench as a module (python -m bench.NAME)"
+                  for node in paths]
+        return list(dict.fromkeys(found))  # one finding per statement, however many names it imports
+
+    snippet = bench / "bench_snippet.py"
+    for source in ("from tests.helpers import cli", "import tests.integration", "from ..tests import helpers",
+                   "import sys\nsys.path.insert(0, '.')", "from sys import path"):
+        assert findings(snippet, ast.parse(source)), source
+    assert findings(snippet, ast.parse("import sys\nfrom bench.rig import ROOT\nsys.exit(0)")) == []
+
+    files = sorted(p for p in bench.rglob("*.py")  # not the tool venvs a bench installs under bench/.NAME
+                   if not any(part.startswith(".") or part == "__pycache__" for part in p.relative_to(bench).parts))
+    assert bench / "rig" / "fidelity.py" in files
+    found = [finding for path in files for finding in findings(path, _parse(path))]
+    assert not found, "\n".join(found)

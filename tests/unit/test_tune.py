@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.helpers import EXAMPLES, cli, ranker_inputs
+from tests.helpers import EXAMPLES, ranker_inputs, run_cli
 from tests.helpers import TUNE_CLASSES as CLASSES
 from tests.helpers import TUNE_PLAN as PLAN
 from tests.helpers import TUNE_SPEC as SPEC
@@ -23,14 +23,12 @@ from tritongen.core.tune import (
     apply_results,
     baseline_params,
     capacity_factor,
-    delay_options,
     evaluate,
     memory_budget,
-    powers_of_two,
-    preferred_options,
     queue_policies,
     tune_model,
 )
+from tritongen.core.tune.candidates import delay_options, powers_of_two, preferred_options
 from tritongen.pbtxt import parse_model_config
 from tritongen.render import render_plan
 from tritongen.specio import load_spec
@@ -144,7 +142,7 @@ def test_baseline_reads_the_plan() -> None:
 def test_tune_cli_end_to_end(tmp_path) -> None:
     out = tmp_path / "repo"
     report = tmp_path / "tune.json"
-    result = cli(
+    result = run_cli(
         "tune", str(EXAMPLES / "deployment.yaml"), "--profiles", str(EXAMPLES / "profiles"),
         "--traffic", str(EXAMPLES / "traffic" / "poisson.yaml"), "--requests", "600", "--model", "ranker", "-o", str(out),
         "--json", "--report", str(report),
@@ -163,14 +161,14 @@ def test_simulate_cli_compares_configs_and_refuses_bad_input(tmp_path) -> None:
     cfg = EXAMPLES.parent / "model_repository" / "ranker" / "config.pbtxt"
     other = tmp_path / "ranker-1ms.pbtxt"
     other.write_text(cfg.read_text().replace("max_queue_delay_microseconds: 8000", "max_queue_delay_microseconds: 1000"))
-    ok = cli("simulate", "--profile", str(EXAMPLES / "profiles" / "ranker.json"), "--config", str(cfg), "--config", str(other),
+    ok = run_cli("simulate", "--profile", str(EXAMPLES / "profiles" / "ranker.json"), "--config", str(cfg), "--config", str(other),
              "--traffic", str(EXAMPLES / "traffic" / "bursty.yaml"), "--requests", "2000")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "ranker-1ms" in ok.stdout and "P50 / P90 / P99" in ok.stdout
-    bad = cli("simulate", "--profile", str(EXAMPLES / "profiles" / "ranker.json"), "--config", str(cfg),
+    bad = run_cli("simulate", "--profile", str(EXAMPLES / "profiles" / "ranker.json"), "--config", str(cfg),
               "--traffic", str(EXAMPLES / "traffic" / "daily-curve.yaml"))
     assert bad.returncode == 2 and "not a traffic shape" in bad.stderr
-    missing = cli("simulate", "--profile", str(tmp_path / "nope.json"), "--config", str(cfg), "--traffic", str(EXAMPLES / "traffic" / "poisson.yaml"))
+    missing = run_cli("simulate", "--profile", str(tmp_path / "nope.json"), "--config", str(cfg), "--traffic", str(EXAMPLES / "traffic" / "poisson.yaml"))
     assert missing.returncode == 2 and "no such file" in missing.stderr
 
 

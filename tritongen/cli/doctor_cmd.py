@@ -24,13 +24,8 @@ from rich.table import Table
 
 from tritongen.cli.app import app
 from tritongen.cli.shared import output_from_format, renamed
-from tritongen.core.diagnosis import (
-    CODES,
-    ServerSnapshot,
-    busy_fraction,
-    diagnose,
-    idle_models,
-)
+from tritongen.core.diagnosis import CODES, busy_fraction, diagnose, idle_models
+from tritongen.core.diagnosis_inputs import ServerSnapshot
 from tritongen.core.engine_window import EngineWindow, Gauge, SidecarWindow
 from tritongen.core.findings import Finding
 from tritongen.core.llm_diagnosis import BlindSpot, blind_spots, kills_seen

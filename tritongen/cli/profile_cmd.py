@@ -23,11 +23,11 @@ from tritongen.core.fmt import fmt_ms
 from tritongen.core.profile_types import Profile
 from tritongen.errors import BadInput, RunFailed, TritongenError
 from tritongen.profiler.report import write_report
-from tritongen.reach import check_grpc, derived, metrics_problem
 from tritongen.profiler.run import Profiler, default_probe_factory, default_settings
 from tritongen.profiler.targets import Target, resolve_targets, spec_entries
 from tritongen.server import ServerOptions, TritonServer
 from tritongen.server_flags import server_flags_from
+from tritongen.shared.reach import check_grpc, derived, metrics_problem
 from tritongen.specio import load_spec
 from tritongen.triton_admin import Endpoints, TritonAdmin, endpoints_from_url
 

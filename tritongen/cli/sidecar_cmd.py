@@ -13,10 +13,10 @@ from typing import Optional
 
 import typer
 
-from sidecar.fronts import DEFAULT_FRONT
 from tritongen.cli.app import app
 from tritongen.cli.shared import renamed
 from tritongen.errors import BadInput, RunFailed
+from tritongen.shared.fronts import DEFAULT_FRONT
 
 
 @app.command("sidecar")
@@ -50,7 +50,7 @@ def sidecar(
     """
     from sidecar.app import SidecarConfig, serve, split_address
     from sidecar.loop import run as run_loop
-    from sidecar.policy import load_policy
+    from tritongen.shared.policy_file import load_policy
 
     url = renamed(url, upstream, "--url", "--upstream")
     grpc_url = renamed(grpc_url, grpc_upstream, "--grpc-url", "--grpc-upstream")
@@ -84,7 +84,7 @@ def sidecar(
         grpc_listen=grpc_listen,
         metrics_listen=metrics_listen,
         token=token,
-        front=front,  # checked here (sidecar/fronts.py), before anything binds: a bad choice exits 2
+        front=front,  # checked here (tritongen/shared/fronts.py), before anything binds: a bad choice exits 2
     )
     load_policy(policy)  # a bad policy is a usage error (exit 2) before anything binds
     try:

@@ -1,4 +1,4 @@
-"""`tritongen simulate --profiles DIR|--profile P --config C [--config C2 ...] --traffic T`: predict, side by side.
+"""`tritongen simulate [SPEC] --profiles DIR|--profile P --config C [--config C2 ...] --traffic T`: predict, side by side.
 
 Each config.pbtxt is simulated under the same arrivals (same seed) with the service curve of its
 model's profile (`--profiles DIR`, read as every command reads profiles; the one named like the
@@ -6,6 +6,13 @@ config's model) or of the one file `--profile` names (a profile, or a hand-writt
 the figures print in one table, one column per config: per-class P50/P90/P99 (time to first
 token for streaming models), throughput, queue time, rejections and OOM kills, and the model's
 utilisation and mean batch. Milliseconds of CPU per config, not minutes of server time.
+
+SPEC, as on profile, render and tune, is the deployment spec the configs' models come from: what
+it states travels here instead of being typed again. A streaming model's engine: section and
+max_context apply (under `--engine`, over the section the profile carried from the spec it was
+profiled with, and over the defaults), and each class's P99 is reported against the spec's target
+for it. Without SPEC the engine comes from the backend's files, the profile and `--engine`, and
+no target is shown.
 """
 
 from __future__ import annotations
@@ -24,10 +31,11 @@ from rich.table import Table
 
 from tritongen.cli.app import app
 from tritongen.cli.shared import say_calibration
+from tritongen.core.class_targets import TargetCheck, check_targets
 from tritongen.core.engine import EngineModel
-from tritongen.core.profile_types import Profile, read_profile
+from tritongen.core.profile_types import Profile, StatedEngine, read_profile
 from tritongen.core.fmt import fmt_ms
-from tritongen.core.spec import EngineSection
+from tritongen.core.spec import EngineSection, ModelSpec, entry_names_of
 from tritongen.core.served_overheads import choose_overheads, profile_device_curve
 from tritongen.core.simulator import (
     Overheads,
@@ -43,7 +51,7 @@ from tritongen.errors import BadInput
 from tritongen.pbtxt import parse_model_config
 from tritongen.profiles import read_profiles
 from tritongen.server_flags import flags_near, read_flags_file
-from tritongen.specio import format_loc
+from tritongen.specio import LoadedSpec, format_loc, load_spec
 from tritongen.traffic_files import arrivals_from, read_traffic
 
 console = Console()
@@ -72,15 +80,21 @@ class Service:
     engine: EngineModel | None = None
     overheads: Overheads | None = None
 
-    def engine_for(self, config, config_path: Path | None = None, stated: EngineSection | None = None) -> EngineModel | None:
+    def engine_for(self, config, config_path: Path | None = None, stated: EngineSection | None = None,
+                   spec_model: ModelSpec | None = None, spec_path: Path | None = None) -> EngineModel | None:
         """The engine of a decoupled config: the curve file's, or resolved from the backend's files,
-        the spec and the profile; None for a classic config."""
+        `--engine` (`stated`), the spec's model `spec_model` (of SPEC at `spec_path`) and the
+        profile; None for a classic config."""
         if not (config.HasField("model_transaction_policy") and config.model_transaction_policy.decoupled):
             return None
         if self.engine is not None:
             return self.engine
         streaming = self.profile if getattr(self.profile, "kind", None) == "streaming" else None
-        return engine_for(config, streaming, model_dir=config_path.parent if config_path else None, stated=stated)
+        return engine_for(
+            config, streaming, model_dir=config_path.parent if config_path else None, stated=stated,
+            spec=StatedEngine.of(spec_model, spec_path) if spec_model is not None else None,
+            max_context=spec_model.max_context if spec_model is not None else None,
+        )
 
 
 def read_service(path: Path) -> Service:
@@ -144,6 +158,17 @@ def services_by_config(profile: Optional[Path], profiles: Optional[Path], config
     return services
 
 
+def spec_model_of(loaded: LoadedSpec, name: str, config: Path) -> ModelSpec:
+    """The spec model a config serves: the one whose Triton entries (its lanes') include its name.
+    A config the spec does not know is an error rather than a silent run without the spec's facts."""
+    for model in loaded.spec.models:
+        if name in entry_names_of(model):
+            return model
+    entries = [n for m in loaded.spec.models for n in entry_names_of(m)]
+    raise BadInput(f"--config {config}: model {name!r} is not a model entry of {loaded.path} ({entries}); "
+                   "name it as the spec does, or leave SPEC out")
+
+
 def parse_engine_option(text: str | None) -> EngineSection | None:
     """`--engine key=value,...` as the spec's `engine:` section (EngineSection) would state it."""
     if text is None:
@@ -165,7 +190,15 @@ def parse_engine_option(text: str | None) -> EngineSection | None:
 # Printing
 
 
-def results_table(title: str, labels: list[str], results: list[SimResult], streaming: bool) -> Table:
+def target_cell(check: TargetCheck | None) -> str:
+    if check is None:
+        return "-"
+    return f"{'met' if check.met else '[red]missed[/]'} ({check.target_ms:g})"
+
+
+def results_table(title: str, labels: list[str], results: list[SimResult], streaming: bool,
+                  targets: list[dict[str, TargetCheck]] | None = None) -> Table:
+    """The configs side by side; with `targets` (simulate SPEC), each class's P99 against the spec's."""
     table = Table(title=title, show_lines=False)
     table.add_column("", style="bold")
     for label in labels:
@@ -176,6 +209,9 @@ def results_table(title: str, labels: list[str], results: list[SimResult], strea
         table.add_row(f"[cyan]{name}[/] P50 / P90 / P99 ms", *[f"{fmt_ms(c.p50_ms)} / {fmt_ms(c.p90_ms)} / {fmt_ms(c.p99_ms)}" for c in cs])
         if streaming:
             table.add_row("  TTFT P50 / P99 ms", *[f"{fmt_ms(c.ttft_p50_ms)} / {fmt_ms(c.ttft_p99_ms)}" for c in cs])
+        if targets is not None:
+            table.add_row(f"  P99{' (TTFT)' if streaming else ''} target ms",
+                          *[target_cell(t.get(name)) for t in targets])
         table.add_row("  throughput /s", *[f"{c.throughput_per_s:.1f}" for c in cs])
         table.add_row("  queue P99 ms", *[fmt_ms(c.queue_p99_ms) for c in cs])
         table.add_row("  rejected (full / timeout)", *[f"{c.rejected_queue_full} / {c.rejected_timeout}" for c in cs])
@@ -193,6 +229,10 @@ def results_table(title: str, labels: list[str], results: list[SimResult], strea
 
 @app.command("simulate")
 def simulate_cmd(
+    spec: Optional[Path] = typer.Argument(
+        None,
+        help="Deployment spec the configs' models come from: its engine: sections and class targets apply.",
+    ),
     profiles: Optional[Path] = typer.Option(
         None, "--profiles", help="Directory of profiles from `tritongen profile`: each config gets its model's."
     ),
@@ -214,21 +254,24 @@ def simulate_cmd(
     engine: Optional[str] = typer.Option(
         None, "--engine",
         help="Streaming LLMs whose backend files do not say: kv_policy=..,max_num_seqs=..,kv_block_tokens=..,"
-        "kv_pool_tokens=..,max_batched_tokens=.. (the spec's engine: section). A profile made from a spec carries that "
-        "section; a value given here replaces the profile's. A value that contradicts the files is an error.",
+        "kv_pool_tokens=..,max_batched_tokens=.. (the spec's engine: section). SPEC's section applies, and a profile "
+        "made from a spec carries that section; a value given here replaces both. A value that contradicts the "
+        "files is an error.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON instead of a table."),
 ) -> None:
     """Predict tail latency, throughput and utilisation of configs from their profiles, in milliseconds."""
     stated = parse_engine_option(engine)
+    loaded = load_spec(spec) if spec is not None else None
     services = services_by_config(profile, profiles, config)
-    spec, trace_text = read_traffic(traffic)
-    arrivals = arrivals_from(spec, trace_text, seed, requests, str(traffic))
+    tspec, trace_text = read_traffic(traffic)
+    arrivals = arrivals_from(tspec, trace_text, seed, requests, str(traffic))
     # One model per run: every class goes to the config under test.
     arrivals.class_model = [None] * len(arrivals.class_names)
     results: list[SimResult] = []
     labels: list[str] = []
     calibrations: list[tuple[str, ServiceCurve | None, str | None]] = []  # per config: what say_calibration says
+    targets: list[dict[str, TargetCheck]] = []  # per config, with SPEC: its classes against the spec's targets
     streaming = False
     started = time.perf_counter()
     for path, service in zip(config, services):
@@ -238,8 +281,10 @@ def simulate_cmd(
         device_curve, share_note = profile_device_curve(service.profile)
         calibrations.append((overheads_used, device_curve, share_note))
         parsed = as_served(parse_model_config(path.read_text(), str(path)), path.parent)
+        spec_model = spec_model_of(loaded, parsed.name, path) if loaded is not None else None
         try:
-            model = model_sim_from_config(parsed, curve=service.curve, engine=service.engine_for(parsed, path, stated), device_curve=device_curve)
+            served = service.engine_for(parsed, path, stated, spec_model, spec)
+            model = model_sim_from_config(parsed, curve=service.curve, engine=served, device_curve=device_curve)
         except ValueError as err:
             raise BadInput(f"{path}: {err}") from None
         streaming = streaming or model.llm is not None
@@ -250,6 +295,8 @@ def simulate_cmd(
             results.append(simulate(server, arrivals, seed=seed))
         except ValueError as err:
             raise BadInput(f"{path}: {err}") from None
+        if loaded is not None and spec_model is not None:
+            targets.append(check_targets(results[-1], loaded.spec.classes_of(spec_model), model.llm is not None))
         label = path.parent.name if path.name == "config.pbtxt" else path.stem
         if label in labels and path.name == "config.pbtxt":
             label = f"{path.resolve().parent.parent.name}/{path.parent.name}"
@@ -258,14 +305,17 @@ def simulate_cmd(
         labels.append(label)
     elapsed = time.perf_counter() - started
     if as_json:
-        print(json.dumps({lab: r.model_dump() for lab, r in zip(labels, results)}, indent=2))
+        docs = [r.model_dump() for r in results]
+        for doc, checks in zip(docs, targets):  # with SPEC only: without it the document is unchanged
+            doc["targets"] = {name: check.model_dump() for name, check in checks.items()}
+        print(json.dumps(dict(zip(labels, docs)), indent=2))
         return
     title = (
-        f"{len(arrivals)} requests, {spec.shape} at {arrivals.mean_rate:.0f}/s (seed {seed}), "
+        f"{len(arrivals)} requests, {tspec.shape} at {arrivals.mean_rate:.0f}/s (seed {seed}), "
         f"{len(config)} config(s) simulated in {elapsed * 1000:.0f} ms"
     )
-    console.print(results_table(title, labels, results, streaming))
-    console.print(f"[dim]figures over the window after the {spec.warmup_s:g} s warm-up[/]")
+    console.print(results_table(title, labels, results, streaming, targets if loaded is not None else None))
+    console.print(f"[dim]figures over the window after the {tspec.warmup_s:g} s warm-up[/]")
     if all(c == calibrations[0] for c in calibrations):
         say_calibration(console, *calibrations[0])
     else:  # the configs' profiles differ (--profiles): each column's calibration

@@ -14,7 +14,6 @@ the tables on stdout. `--repository` is the old spelling of `--repo`.
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Optional
@@ -27,9 +26,10 @@ from rich.table import Table
 from tritongen.cli.app import app
 from tritongen.cli.shared import renamed, say_calibration
 from tritongen.core.plan import DeploymentPlan, ModelEntryPlan
-from tritongen.core.sidecar_policy import build_sidecar_policy
+from tritongen.core.sidecar_policy.build import build_sidecar_policy
 from tritongen.core.engine import EngineModel
 from tritongen.core.fmt import fmt_ms
+from tritongen.core.live_verdict import capacity_rank, keeps_up, live_verdict, throughput_rank
 from tritongen.engine_files import entry_engine, entry_interface
 from tritongen.core.served_overheads import choose_overheads, profile_device_curve
 from tritongen.core.simulator import ServiceCurve, rate_limit_from_flags
@@ -292,20 +292,6 @@ def report_doc(results, choices, measured_capacity, inputs_by, search_s: float, 
     return doc
 
 
-def live_verdict(run, inputs: TuneInputs, streaming: bool) -> tuple[bool, float, float]:
-    """(meets every target, worst P99 / target, largest share of a class lost) of a live run."""
-    worst = 0.0
-    lost = 0.0
-    for c in run.classes:
-        target_ms = next((k.p99_ms for k in inputs.classes if k.name == c.name), None)
-        if target_ms is None or not c.sent:
-            continue
-        value = c.ttft_p99_ms if streaming else c.p99_ms
-        worst = max(worst, (value or float("inf")) / target_ms)
-        lost = max(lost, (c.sent - c.completed) / c.sent)
-    return worst <= 1.0 and lost <= inputs.max_error_fraction, worst, lost
-
-
 def _picks(result: TuneResult, top: int) -> list[Evaluation]:
     """The winner, the runner-up and the next best, distinct, up to `top` (feasible ones first)."""
     picks: list[Evaluation] = []
@@ -379,9 +365,9 @@ def _verify_capacity(loaded, plan, results, baselines, inputs_by, tspec, trace_t
         arr, streaming, targets_for, warm = _live_load(loaded, plan, entry, arrivals_all)
 
         def passes(run, factor, _inputs=inputs, _s=streaming, _rate=arr.mean_rate):
-            ok, worst, lost = live_verdict(run, _inputs, _s)
+            ok, worst, lost = live_verdict(run.classes, _inputs.classes, _inputs.max_error_fraction, _s)
             offered = _rate * factor
-            ok = ok and run.throughput_per_s >= 0.95 * offered
+            ok = ok and keeps_up(run.throughput_per_s, offered)
             return ok, f"{run.throughput_per_s:.0f}/s of {offered:.0f}/s, worst P99/target {worst:.2f}, lost {lost:.1%}"
 
         with console.status(f"measuring the capacity of {len(cands)} candidates of {name} on the embedded server..."):
@@ -390,8 +376,8 @@ def _verify_capacity(loaded, plan, results, baselines, inputs_by, tspec, trace_t
                 server_flags=plan.server_flags, warmup=warm, seed=seed,
             )
         measured[name] = {e.params: m.factor for e, m in zip(picks, found)}
-        # The highest measured capacity wins; within 3% (noise of open-loop runs) the simulator's order.
-        scored = [(-(m.factor or 0.0) // 0.03, i, e.params) for i, (e, m) in enumerate(zip(picks, found))]
+        # The highest measured capacity wins; within a band (live_verdict.CAPACITY_BAND) the simulator's order.
+        scored = [(capacity_rank(m.factor), i, e.params) for i, (e, m) in enumerate(zip(picks, found))]
         choices[name] = min(scored)[2] if any(m.factor for m in found) else result.winner.params
         rate = inputs.arrivals.mean_rate  # the search's: measured and predicted multiples on one scale
         cols = [baselines.get(name), result.winner, result.runner_up]
@@ -433,11 +419,10 @@ def _verify(loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed
             if v.run is None:
                 measured_by_params[e.params] = f"failed: {v.error}"
                 continue
-            ok, worst, _lost = live_verdict(v.run, inputs, streaming)
-            # Meeting the targets live comes first; then throughput, in steps of 2% of the offered
-            # rate (smaller differences are noise under open-loop load); then the simulator's order.
-            step = max(1e-9, 0.02 * arr.mean_rate)
-            key = (0 if ok else 1, -math.floor(v.run.throughput_per_s / step), picks.index(e))
+            ok, worst, _lost = live_verdict(v.run.classes, inputs.classes, inputs.max_error_fraction, streaming)
+            # Meeting the targets live comes first; then throughput, in steps of the offered rate
+            # (live_verdict.THROUGHPUT_STEP); then the simulator's order.
+            key = (0 if ok else 1, throughput_rank(v.run.throughput_per_s, arr.mean_rate), picks.index(e))
             if best is None or key < best[0]:
                 best = (key, e.params)
             measured_by_params[e.params] = (

@@ -37,7 +37,7 @@ class OldSpelling:
 
 SHARED_FLAGS: tuple[SharedFlag, ...] = (
     SharedFlag(SPEC, "the deployment spec (YAML), first positional; optional where the command works without one",
-               ("check", "dashboard", "demo", "deploy", "doctor", "plan", "profile", "render", "tune")),
+               ("check", "dashboard", "demo", "deploy", "doctor", "plan", "profile", "render", "simulate", "tune")),
     SharedFlag("--url", "Triton's HTTP endpoint HOST:PORT (doctor: repeat for replicas)", ("doctor", "profile", "sidecar")),
     SharedFlag("--grpc-url", "Triton's gRPC endpoint HOST:PORT (default: port 8001 on the --url host)", ("profile", "sidecar")),
     SharedFlag("--metrics-url", "Triton's metrics URL (default: http://<--url host>:8002/metrics)",

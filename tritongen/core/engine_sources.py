@@ -26,7 +26,7 @@ bytes per token), which is what a block of an engine that pages attention tokens
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from tritongen.core.engine import KV_POLICIES, EngineModel, LLMCurve
@@ -145,12 +145,12 @@ def _from_parameters(claims: _Claims, parameters: Mapping[str, str]) -> None:
 _SECTION_VALUES = ("kv_policy", "max_num_seqs", "kv_block_tokens", "kv_pool_tokens", "max_batched_tokens")
 
 
-def _unstated_in(section: EngineSection, above: EngineSection | None) -> EngineSection:
-    """`section` less the values `above` states: a source ranked above it replaces those values
-    (the command line over what a profile carried), where two files would contradict each other."""
-    if above is None:
-        return section
-    return section.model_copy(update={name: None for name in _SECTION_VALUES if getattr(above, name) is not None})
+def _unstated_in(section: EngineSection, above: Sequence[EngineSection]) -> EngineSection:
+    """`section` less the values a section in `above` states: a source ranked above it replaces
+    those values (the command line over the spec, the spec over what a profile carried), where two
+    files would contradict each other."""
+    return section.model_copy(update={name: None for name in _SECTION_VALUES
+                                      if any(getattr(a, name) is not None for a in above)})
 
 
 def _from_section(claims: _Claims, section: EngineSection, where: str, backend: str | None) -> None:
@@ -242,8 +242,7 @@ def resolve_engine_limits(
     engine_args: Mapping[str, object] | None = None,
     spec: EngineSection | None = None,
     spec_where: str = "the spec's engine: section",
-    carried: EngineSection | None = None,
-    carried_where: str = "the spec's engine: section, carried by the profile",
+    below: Sequence[tuple[EngineSection, str]] = (),
     max_context: int | None = None,
     max_batch_size: int = 0,
     planned_pool_tokens: int | None = None,
@@ -251,12 +250,15 @@ def resolve_engine_limits(
     planned_pool_bytes: int | None = None,
 ) -> EngineLimits:
     """The KV policy, pool and sequence limits of one decoupled LLM, each labelled with its source;
-    `measured` (optional here) adds what the profile saw of the pool. `carried` is an engine:
-    section ranked below `spec`: what a profile carried from the spec (`StatedEngine`), which the
-    command line's `spec` overrides value by value instead of contradicting. With a `footprint`
-    that is not uniform the pool is in bytes too (module docstring). `planned_pool_tokens` is the
-    KV plan's pool in tokens (its blocks x its block tokens), re-blocked here at the engine's block
-    size: a block count is only meaningful with the block size it was counted in."""
+    `measured` (optional here) adds what the profile saw of the pool. `below` holds engine:
+    sections ranked under `spec`, highest first, each with where it was stated (the spec named on
+    the command line, then what a profile carried from its spec, `StatedEngine`): a section above
+    overrides one below value by value instead of contradicting it, since the user restating a
+    value is a change, not a conflict (a value that contradicts the backend's files is still an
+    error). With a `footprint` that is not uniform the pool is in bytes too (module docstring).
+    `planned_pool_tokens` is the KV plan's pool in tokens (its blocks x its block tokens),
+    re-blocked here at the engine's block size: a block count is only meaningful with the block
+    size it was counted in."""
     claims = _Claims(model)
     if backend == "vllm":
         _from_vllm(claims, engine_args or {})
@@ -264,10 +266,11 @@ def resolve_engine_limits(
         _from_trtllm(claims, parameters)
     else:
         _from_parameters(claims, parameters)
-    if spec is not None:
-        _from_section(claims, spec, spec_where, backend)
-    if carried is not None:
-        _from_section(claims, _unstated_in(carried, spec), carried_where, backend)
+    above: list[EngineSection] = []
+    for section, where in ((spec, spec_where), *below):
+        if section is not None:
+            _from_section(claims, _unstated_in(section, above), where, backend)
+            above.append(section)
     claims.add("max_context", max_context, "the spec's max_context")
     if measured is not None and measured.kv_block_tokens is not None and claims.get("kv_block_tokens") is None:
         claims.add("kv_block_tokens", measured.kv_block_tokens, f"the profile ({measured.kv_capacity_source})")

@@ -29,13 +29,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from tritongen.core.diagnosis_inputs import ModelWindow, ServerSnapshot, Targets
 from tritongen.core.engine_window import MIN_OBSERVATIONS, EngineWindow, Histogram, SidecarWindow
 from tritongen.core.findings import Finding
-
-if TYPE_CHECKING:
-    from tritongen.core.diagnosis import ModelWindow, ServerSnapshot, Targets
 
 KV_NEAR_FULL = 0.90  # peak KV usage in the window from which new sequences wait for blocks (the mean
 # swings with every sequence that finishes: vLLM's stand-in at 1.7x its capacity read 77% mean, 95% peak)

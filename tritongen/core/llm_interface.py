@@ -1,6 +1,4 @@
 """Which LLM interface a Triton model speaks, and the request that asks it for N tokens.
-One file (over 600 lines): detection, request building and reading a request back are three views
-of the same interface table.
 
 tritongen sends LLM requests from its profiler, load generator, demo and sidecar. Real LLM models on
 Triton do not share one set of inputs: the vLLM backend takes max_tokens inside a JSON string,
@@ -8,8 +6,9 @@ TensorRT-LLM's ensemble wants a batch dimension and a required max_tokens tensor
 backend may have no stream switch at all. A request built for the wrong interface is refused, or
 worse, accepted: a model that was never asked to stream answers with one whole response, and a
 profiler counting responses then counts one token. So the interface is read from the model's
-config (`detect_interface`, `interface_from_config`) and requests are built from what was found
-(`LLMInterface.request`, `.generate_body`), never from tritongen's own model's names.
+config (`detect_interface`; `llm_interface_config.interface_from_config` for a config as Triton serves
+it) and requests are built from what was found (`LLMInterface.request`, `.generate_body`), never from
+tritongen's own model's names. Reading a request back is `llm_max_tokens`; test prompts are `prompts`.
 
 Three interfaces are recognised:
 
@@ -140,6 +139,23 @@ def wire_datatype(data_type: str) -> str:
     """TYPE_INT32 -> INT32, TYPE_STRING -> BYTES: the inference protocol's name for a config type."""
     name = data_type.removeprefix("TYPE_")
     return "BYTES" if name == "STRING" else name
+
+
+def int_or_none(value: Any) -> int | None:
+    """An integer from an int, an integral float or a numeric string (vLLM's own sample client sends
+    "max_tokens": "100" and the backend casts it with int()); None for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, (str, bytes)):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return None
+    return None
 
 
 class LLMInterface(_Strict):
@@ -427,7 +443,7 @@ def detect_interface(
             kind="generic", label="generic", text=_pick(by_name, GENERIC_TEXT_INPUTS, _STRING),
             max_tokens=_pick(by_name, GENERIC_MAX_TOKENS_INPUTS, _INTEGER_TYPES), sampling=None,
             stream=_pick(by_name, GENERIC_STREAM_INPUTS, _BOOL), exclude=None,
-            decoupled=decoupled, default_max_tokens=_int_or_none((parameters or {}).get("default_max_tokens")),
+            decoupled=decoupled, default_max_tokens=int_or_none((parameters or {}).get("default_max_tokens")),
         )
 
     text = roles["text"]
@@ -464,7 +480,7 @@ def detect_interface(
 
 
 # ------------------------------------------------------------------------------------------------
-# configs as Triton and protobuf give them
+# a plan entry's interface
 
 
 def plan_entry_interface(entry: Any) -> LLMInterface:
@@ -477,159 +493,3 @@ def plan_entry_interface(entry: Any) -> LLMInterface:
         outputs=[info(t) for t in entry.outputs], max_batch_size=entry.max_batch_size, decoupled=entry.decoupled,
         parameters=entry.parameters,
     )
-
-
-def _get(mapping: Mapping[str, Any], snake: str, camel: str, default: Any = None) -> Any:
-    return mapping[snake] if snake in mapping else mapping.get(camel, default)
-
-
-def _tensors(entries: Any) -> list[TensorInfo]:
-    out = []
-    for entry in entries or []:
-        out.append(TensorInfo(
-            name=str(entry["name"]),
-            data_type=str(_get(entry, "data_type", "dataType", "TYPE_INVALID")),
-            dims=[int(d) for d in entry.get("dims", [])],  # MessageToDict writes int64 dims as strings
-            optional=bool(entry.get("optional", False)),
-        ))
-    return out
-
-
-def _string_parameters(parameters: Any) -> dict[str, str]:
-    out = {}
-    for key, value in (parameters or {}).items():
-        text = _get(value, "string_value", "stringValue") if isinstance(value, Mapping) else value
-        if isinstance(text, str):
-            out[str(key)] = text
-    return out
-
-
-def interface_from_config(config: Mapping[str, Any], *, model: str | None = None) -> LLMInterface:
-    """`detect_interface` on a model config as Triton's GET /v2/models/<model>/config returns it
-    (snake_case JSON), or as `google.protobuf.json_format.MessageToDict(ModelConfig)` writes it
-    (camelCase, int64 dims as strings, defaults left out), or tritonclient.grpc's
-    `get_model_config(as_json=True)` (the same, wrapped in {"config": ...}).
-
-    `model`: the name to report, where the config has none (a config.pbtxt may leave it to the
-    directory name)."""
-    if "config" in config and isinstance(config["config"], Mapping):
-        config = config["config"]
-    policy = _get(config, "model_transaction_policy", "modelTransactionPolicy", {}) or {}
-    return detect_interface(
-        model=model or str(config.get("name") or "<unnamed>"),
-        backend=config.get("backend") or None,
-        platform=config.get("platform") or None,
-        inputs=_tensors(config.get("input")),
-        outputs=_tensors(config.get("output")),
-        max_batch_size=int(_get(config, "max_batch_size", "maxBatchSize", 0) or 0),
-        decoupled=bool(policy.get("decoupled", False)),
-        parameters=_string_parameters(config.get("parameters")),
-    )
-
-
-# ------------------------------------------------------------------------------------------------
-# reading max_tokens back from a request
-
-
-def _int_or_none(value: Any) -> int | None:
-    """An integer from an int, an integral float or a numeric string (vLLM's own sample client sends
-    "max_tokens": "100" and the backend casts it with int()); None for anything else."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, (str, bytes)):
-        try:
-            return int(value.strip())
-        except ValueError:
-            return None
-    return None
-
-
-def _elements(value: Any) -> list[Any]:
-    """The elements of a tensor value: a numpy array (anything with tolist()), a nested list, a scalar."""
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    if isinstance(value, (list, tuple)):
-        out: list[Any] = []
-        for v in value:
-            out.extend(_elements(v))
-        return out
-    return [value]
-
-
-def _parameter_value(value: Any) -> Any:
-    """A request parameter's value: plain (HTTP JSON), or gRPC's InferParameter as a dict
-    ({'int64_param': 5}, or MessageToDict's {'int64Param': '5'})."""
-    if isinstance(value, Mapping) and len(value) == 1:
-        (key, inner), = value.items()
-        if str(key).endswith(("_param", "Param")):
-            return inner
-    return value
-
-
-def _require_int(value: Any, where: str) -> int:
-    found = _int_or_none(value)
-    if found is None:
-        raise ValueError(f"{where} must be an integer, got {value!r}")
-    return found
-
-
-def max_tokens_of(interface: LLMInterface, tensors: Mapping[str, Any], parameters: Mapping[str, Any] | None) -> int | None:
-    """The max_tokens a request asks of `interface`'s model, read where that backend reads it; for a
-    cost estimate before the request is sent.
-
-    `tensors`: input name -> value (numpy array, nested list or scalar; BYTES as bytes or str).
-    `parameters`: the request parameters. Where the backend reads it: the max_tokens tensor; for
-    vLLM the `sampling_parameters` JSON when that tensor is sent (the request parameters are then
-    ignored, as the backend does), else the request parameters. Several batch rows: the largest.
-    Not sent: the backend's default (`interface.default_max_tokens`, None when unknown). A value
-    that is there but not an integer, or sampling_parameters that are not a JSON object, raise
-    ValueError."""
-    if interface.max_tokens_input is not None and interface.max_tokens_input in tensors:
-        values = _elements(tensors[interface.max_tokens_input])
-        if values:
-            return max(_require_int(v, f"input {interface.max_tokens_input!r}") for v in values)
-    if interface.sampling_parameters_input is not None and interface.sampling_parameters_input in tensors:
-        values = _elements(tensors[interface.sampling_parameters_input])
-        if values:
-            text = values[0].decode("utf-8", "replace") if isinstance(values[0], bytes) else values[0]
-            try:
-                doc = json.loads(text) if isinstance(text, str) else None
-            except ValueError:
-                doc = None
-            if not isinstance(doc, dict):
-                raise ValueError(f"input {interface.sampling_parameters_input!r} is not a JSON object: {values[0]!r}")
-            if "max_tokens" in doc and doc["max_tokens"] is not None:
-                return _require_int(doc["max_tokens"], f"{interface.sampling_parameters_input}.max_tokens")
-            return interface.default_max_tokens
-    if interface.max_tokens_input is None and parameters and parameters.get("max_tokens") is not None:
-        return _require_int(_parameter_value(parameters["max_tokens"]), "request parameter 'max_tokens'")
-    return interface.default_max_tokens
-
-
-_FILLER = "Triton serves models; tritongen measures them before it configures them. "
-
-
-_SALT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-
-
-def prompt_of(tokens: int, bytes_per_token: float, salt: int | None = None) -> str:
-    """An ASCII prompt of about `tokens` tokens for a tokenizer of `bytes_per_token` bytes per token;
-    with `salt`, its start is unique (see `salted`)."""
-    size = max(1, int(round(tokens * bytes_per_token)))
-    text = (_FILLER * (size // len(_FILLER) + 1))[:size]
-    return text if salt is None else salted(text, salt)
-
-
-def salted(text: str, salt: int) -> str:
-    """`text` with its start replaced by `salt` spelled in English words, same length.
-
-    Engines with a prefix cache (vLLM's is on by default) serve the blocks of a prompt they have
-    seen from memory: a measurement or a load that repeats one prompt would see almost no prefill,
-    where real users' prompts differ. Words, not digits, so the salt tokenizes at about the rate of
-    the text it replaces and the prompt keeps its size in tokens."""
-    head = " ".join(_SALT_WORDS[int(d)] for d in str(abs(int(salt)))) + ": "
-    return (head + text)[: len(text)] if len(text) > len(head) else head[: len(text)]

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tritongen.core.spec import EngineSection
+from tritongen.core.spec import EngineSection, ModelSpec
 
 SCHEMA_VERSION = 1
 
@@ -254,6 +254,12 @@ class StatedEngine(_Model):
 
     section: EngineSection = Field(description="The spec model's `engine:` section as stated.")
     source: str = Field(description="Where it was stated: the spec file and its model.")
+
+    @classmethod
+    def of(cls, model: ModelSpec, spec_path: object) -> StatedEngine | None:
+        """What spec model `model` (of the spec file at `spec_path`) states of its engine, if anything:
+        one label for the section wherever it travels (a profile, simulate SPEC)."""
+        return None if model.engine is None else cls(section=model.engine, source=f"{spec_path}, model {model.name!r}")
 
 
 class ScalingLevel(_Model):

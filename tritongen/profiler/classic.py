@@ -49,7 +49,8 @@ from tritongen.core.profile_types import (
 )
 from tritongen.core.simulator import LiveObservation, Overheads, ServiceCurve, fit_overheads
 from tritongen.errors import RunFailed, TritongenError
-from tritongen.profiler.load import ClassicLoad, RequestRecord, Window
+from tritongen.profiler.classic_load import ClassicLoad
+from tritongen.profiler.load import RequestRecord, Window
 
 SCALING_INSTANCES = (1, 2, 4)
 SCALING_EXECUTIONS_PER_WINDOW = 8  # one instance's executions a scaling window holds at least

@@ -19,16 +19,14 @@ token count (vLLM's `num_input_tokens`), else 4 (labelled "assumed").
 
 from __future__ import annotations
 
-import bisect
 import statistics
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from tritongen.client import infer_inputs, numpy_inputs
+from tritongen.client import numpy_inputs
 from tritongen.core.engine_inference import (
     ProbeRun,
     bytes_per_token_from_counts,
@@ -44,14 +42,23 @@ from tritongen.core.engine_metrics import (
     is_out_of_memory,
 )
 from tritongen.core.engine_sources import VLLM_DEFAULT_BLOCK_SIZE, EngineSourceError, vllm_stated
-from tritongen.core.llm_interface import LLMInterface, UnknownInterface, interface_from_config, prompt_of
+from tritongen.core.llm_interface import LLMInterface, UnknownInterface
+from tritongen.core.llm_interface_config import interface_from_config
+from tritongen.core.prompts import prompt_of
 from tritongen.core.prometheus import kv_gauges, parse_prometheus
 from tritongen.core.profile_types import DecodeSample, EngineMeasurement, PrefillSample
 from tritongen.errors import BadInput, RunFailed
+from tritongen.profiler.engine_fits import (
+    decode_step_ms,
+    decode_steps_ms,
+    fit_line,
+    gap_growth,
+    mean_gap_ms,
+    nearest_token_ms,
+    prefill_runs_in_step,
+)
+from tritongen.profiler.first_output import first_output_int
 from tritongen.profiler.load import ModelFailed, StreamLoad, StreamRecord, first_error
-from tritongen.reach import GRPC, grpc_reason, grpc_unreached, unreachable_message
-
-PROFILE_GRPC = "--grpc-url; by default port 8001 on the --url host"  # how the profile's gRPC address is set
 
 ASSUMED_BYTES_PER_TOKEN = 4.0
 VLLM_CACHE_INFO = "vllm:cache_config_info"  # vLLM's own server: labels num_gpu_blocks and block_size
@@ -71,76 +78,7 @@ def stream_inputs(interface: LLMInterface, prompt_tokens: int, max_tokens: int, 
 
 
 # ---------------------------------------------------------------------------------------------
-# Fits (pure)
-
-
-def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
-    """(intercept, slope) of a least-squares line, both clamped at 0 (costs are never negative)."""
-    if len(set(xs)) < 2:
-        return max(0.0, float(np.mean(ys))), 0.0
-    slope, intercept = np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)
-    slope = max(0.0, float(slope))
-    if intercept < 0:
-        # refit through the origin with the slope alone
-        slope = float(np.dot(xs, ys) / max(1e-12, np.dot(xs, xs)))
-        intercept = 0.0
-    return float(intercept), slope
-
-
-def _decoded(records: Sequence[StreamRecord], start: float, end: float) -> list[StreamRecord]:
-    """Streams that finished inside the measured windows with three or more tokens."""
-    return [r for r in records if r.error is None and r.end is not None and start <= r.end < end and len(r.token_times) >= 3]
-
-
-def mean_gap_ms(records: Sequence[StreamRecord], start: float, end: float) -> tuple[float | None, int]:
-    """Median over finished streams of their mean token gap, and how many streams gave one."""
-    gaps = []
-    for r in _decoded(records, start, end):
-        span = r.token_times[-1] - r.token_times[0]
-        if span > 0:
-            gaps.append(span / (len(r.token_times) - 1) * 1000.0)
-    return (statistics.median(gaps) if gaps else None), len(gaps)
-
-
-def gap_growth(runs: Sequence[Sequence[float]], single: StreamRecord) -> tuple[float, float] | None:
-    """(growth, usual gap) in ms: how much longer than usual the long stream's gap that holds
-    `single`'s first token is (the engine time `single`'s prefill took), and its usual gap.
-    `runs`: the long stream's requests, token times each. None when no run spans it with a few
-    tokens on both sides."""
-    if single.ttft_s is None:
-        return None
-    first = single.token_times[0]
-    for times in runs:
-        if len(times) < 8 or not (times[0] < first <= times[-1]):
-            continue
-        after = next(i for i, t in enumerate(times) if t >= first)
-        if after < 3 or after > len(times) - 3:
-            return None
-        gaps = [b - a for a, b in zip(times, times[1:])]
-        usual = statistics.median(g for i, g in enumerate(gaps) if abs(i - (after - 1)) > 1)
-        return max(0.0, (gaps[after - 1] - usual) * 1000.0), usual * 1000.0
-    return None
-
-
-def nearest_token_ms(runs: Sequence[Sequence[float]], single: StreamRecord) -> float | None:
-    """ms from `single`'s first token to the nearest token of the long stream that ran meanwhile.
-    Tokens of one forward pass leave together, in either order, so about 0 when the engine
-    prefilled it inside the decode step; a prefill run before the decode lands its first token
-    that prefill's time after the stream's last token and the decode's time before its next."""
-    if not single.token_times:
-        return None
-    first = single.token_times[0]
-    for times in runs:
-        if times and times[0] < first <= times[-1]:
-            return min(abs(t - first) for t in times) * 1000.0
-    return None
-
-
-def prefill_runs_in_step(lag_steps: Sequence[float | None]) -> bool:
-    """First tokens that land with the running stream's token (within a quarter of its usual gap,
-    the jitter of two responses of one step) came out of the decode step itself."""
-    seen = [x for x in lag_steps if x is not None]
-    return bool(seen) and statistics.median(seen) < 0.25
+# The live part
 
 
 def _decoding(worker) -> StreamRecord | None:
@@ -154,32 +92,6 @@ def _decoding(worker) -> StreamRecord | None:
             raise ModelFailed(f"the long stream failed: {worker.fatal}")
         time.sleep(0.005)
     return None
-
-
-def decode_steps_ms(records: Sequence[StreamRecord], start: float, end: float, prefill_ms: float) -> float | None:
-    """Median over finished streams of their decode step: each stream's span from first to last
-    token, less the prefills that landed inside it (the other streams' first tokens in that span:
-    each newcomer's prefill ran in one of this stream's steps), over its gaps."""
-    firsts = sorted(r.token_times[0] for r in records if r.token_times)
-    steps = []
-    for r in _decoded(records, start, end):
-        a, b = r.token_times[0], r.token_times[-1]
-        inside = bisect.bisect_right(firsts, b) - bisect.bisect_right(firsts, a)
-        span_ms = (b - a) * 1000.0 - inside * prefill_ms
-        if span_ms > 0:
-            steps.append(span_ms / (len(r.token_times) - 1))
-    return statistics.median(steps) if steps else None
-
-
-def decode_step_ms(gap_ms: float, concurrency: int, output_tokens: int, prefill_ms: float) -> float:
-    """The decode step under `concurrency` streams of `output_tokens`: each other stream starts a
-    newcomer about once per `output_tokens` steps, and its prefill runs inside one of our steps."""
-    extra = (concurrency - 1) / max(1, output_tokens) * prefill_ms
-    return max(0.0, gap_ms - extra)
-
-
-# ---------------------------------------------------------------------------------------------
-# The live part
 
 
 @dataclass
@@ -250,7 +162,7 @@ class EngineProfiler:
             prompt_bytes = len(prompt_of(sent, 1.0))
             tensors = stream_inputs(self.interface, sent, 1, 1.0, count_input_tokens=bool(output))
             before = self._counter(PROMPT_TOKENS_COUNTER)
-            count = _first_output_int(self.grpc_url, self.model, tensors, output or self.interface.text_output,
+            count = first_output_int(self.grpc_url, self.model, tensors, output or self.interface.text_output,
                                       want_int=bool(output))
             after = self._wait_counter(PROMPT_TOKENS_COUNTER, before)
             if output and count:
@@ -574,48 +486,3 @@ class EngineProfiler:
             preemptions_seen=int(self._preemptions() - preempt0),
             notes=self.notes,
         )
-
-
-def _first_output_int(url: str, model: str, inputs: dict[str, np.ndarray], output: str, timeout_s: float = 30.0,
-                      want_int: bool = True) -> int | None:
-    """Send one streaming request and return the first integer value of `output` it carries
-    (`want_int` False: wait for the request to finish and return None). The model's own error is
-    raised verbatim."""
-    import tritonclient.grpc as grpcclient
-
-    found: list[int] = []
-    errors: list[BaseException] = []
-    done = threading.Event()
-
-    def callback(result, error) -> None:
-        if error is not None:
-            errors.append(error)
-            done.set()
-            return
-        value = result.as_numpy(output) if want_int else None
-        if value is not None and value.size and not found:
-            found.append(int(value.reshape(-1)[0]))
-        final = result.get_response().parameters.get("triton_final_response")
-        if final is not None and final.bool_param:
-            done.set()
-
-    from tritonclient.utils import InferenceServerException
-
-    client = grpcclient.InferenceServerClient(url)
-    try:
-        client.start_stream(callback=callback)
-        client.async_stream_infer(model, infer_inputs(grpcclient, inputs), enable_empty_final_response=True)
-        done.wait(timeout_s)
-        client.stop_stream(cancel_requests=True)
-    except InferenceServerException as err:  # the stream broke: the callback holds the cause
-        cause = errors[0] if errors else err
-        raise RunFailed(f"model {model!r}: {unreachable_message(GRPC, url, PROFILE_GRPC, grpc_reason(cause))}") from None
-    finally:
-        client.close()
-    if not found and errors:
-        if grpc_unreached(errors[0]):
-            raise RunFailed(f"model {model!r}: {unreachable_message(GRPC, url, PROFILE_GRPC, grpc_reason(errors[0]))}")
-        said = errors[0].message() if hasattr(errors[0], "message") else str(errors[0])
-        raise ModelFailed(f"model {model!r} answered with an error: {said}")
-    return found[0] if found else None
-

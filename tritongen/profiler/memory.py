@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from tritongen.nvml import Nvml, NvmlUnavailable
+from tritongen.shared.nvml import Nvml, NvmlUnavailable
 
 STUB_NAME = "triton_python_backend_stub"
 

@@ -26,20 +26,17 @@ Streaming (decoupled) models, in this order so each memory reading starts from a
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
-from tritongen import __version__
 from tritongen.core import profile_math as pm
-from tritongen.core.profile_types import EngineMeasurement, LoadLevel, MemorySection, Profile, ProfileSettings, StreamingSection
+from tritongen.core.profile_types import LoadLevel, MemorySection, Profile, ProfileSettings
 from tritongen.errors import RunFailed, TritongenError
-from tritongen.profiler.classic import SCALING_INSTANCES, ClassicProfiler, ClassicResult, batch_scan_rows
+from tritongen.profiler.classic import SCALING_INSTANCES, ClassicProfiler, batch_scan_rows
 from tritongen.profiler.load import RequestRecord, Window, distinct_errors
 from tritongen.profiler.memory import MemoryProbe, NullProbe, NvmlProbe, ProcFS, StubRssProbe, steady_value, stub_parents
+from tritongen.profiler.profile_builder import ProfileBuilder
 from tritongen.profiler.streaming_steps import StreamingSteps
 from tritongen.profiler.targets import Target, resolve_targets, spec_entries  # noqa: F401  (the run's entry points)
 from tritongen.triton_admin import Endpoints, TritonAdmin, endpoints_from_url  # noqa: F401
@@ -79,38 +76,6 @@ def default_settings(quick: bool = False, seed: int = 0) -> ProfileSettings:
         kv_probe_mb=32.0,
         seed=seed,
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# Talking to Triton
-
-
-
-
-
-
-
-
-
-
-# ---------------------------------------------------------------------------------------------
-# What to profile
-
-
-
-
-
-
-
-
-
-
-
-
-# ---------------------------------------------------------------------------------------------
-# Inputs
-
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,56 +146,6 @@ def default_probe_factory(endpoints: Endpoints, server_pid: int | None, proc: Pr
 # The run
 
 
-@dataclass
-class _Builder:
-    """What has been measured so far for one model; `build` makes a (possibly partial) Profile."""
-
-    target: Target
-    settings: ProfileSettings
-    server_version: str
-    server_url: str
-    started: float = field(default_factory=time.monotonic)
-    created_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
-    memory: MemorySection | None = None
-    streaming: StreamingSection | None = None
-    engine: EngineMeasurement | None = None
-    classic: ClassicResult = field(default_factory=ClassicResult)
-
-    def build(self, complete: bool, error: str | None) -> Profile:
-        c = self.classic
-        knee = (
-            pm.find_knee([(lv.concurrency, lv.throughput_per_s, lv.p99_ms) for lv in c.levels])
-            if len(c.levels) >= 2
-            else None
-        )
-        return Profile(
-            model=self.target.name,
-            kind=self.target.kind,  # type: ignore[arg-type]
-            spec_model=self.target.spec_model,
-            server_version=self.server_version,
-            server_url=self.server_url,
-            created_at=self.created_at,
-            tritongen_version=__version__,
-            complete=complete,
-            error=error,
-            duration_s=round(time.monotonic() - self.started, 3),
-            max_batch_size=self.target.max_batch_size,
-            settings=self.settings,
-            curve=c.curve,
-            fit=c.fit,
-            load_levels=c.levels,
-            knee=knee,
-            memory=self.memory,
-            streaming=self.streaming,
-            engine=self.engine,
-            stated_engine=self.target.stated_engine,
-            overheads=c.overheads,
-            scaling=c.scaling,
-            variant=c.variant,
-            notes=c.notes,
-        )
-
-
 def write_profile(profile: Profile, out_dir: Path) -> Path:
     """Atomic: written beside, then renamed over `<out>/<model>.json`."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -280,7 +195,7 @@ class Profiler(StreamingSteps):
         return self.profiles
 
     def profile(self, target: Target) -> Profile:
-        builder = _Builder(target, self._settings_for(target), self.server_version, f"http://{self.endpoints.http}")
+        builder = ProfileBuilder(target, self._settings_for(target), self.server_version, f"http://{self.endpoints.http}")
         steps = len(self.settings.concurrency_levels) + 3
         if target.kind == "streaming":
             steps = len(self.settings.stream_concurrency_levels) + 3
@@ -347,7 +262,7 @@ class Profiler(StreamingSteps):
 
     # -- classic ---------------------------------------------------------------------------------
 
-    def _classic(self, target: Target, builder: _Builder) -> None:
+    def _classic(self, target: Target, builder: ProfileBuilder) -> None:
         probe, notes = self.probe_factory(target)
         memory = MemorySection(probe=probe.name, notes=notes, weights_bytes_analytic=target.weights_bytes_analytic)
         memory.instances = probe.refresh() or None

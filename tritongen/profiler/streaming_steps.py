@@ -13,7 +13,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tritongen.core import profile_math as pm
 from tritongen.core.profile_types import KVMeasurement, MemorySection, PrefillPoint, ProfileSettings, StreamingSection, StreamLevel
@@ -22,10 +21,8 @@ from tritongen.errors import RunFailed, TritongenError
 from tritongen.profiler.engine import EngineProfiler, engine_settings, interface_of
 from tritongen.profiler.load import ModelFailed, StreamLoad, StreamRecord, Window, distinct_errors
 from tritongen.profiler.memory import MemoryProbe, PeakSampler, steady_value
+from tritongen.profiler.profile_builder import ProfileBuilder
 from tritongen.profiler.targets import Target, stream_inputs
-
-if TYPE_CHECKING:
-    from tritongen.profiler.run import _Builder
 
 _QUEUE_REJECTIONS = ("Request timeout expired", "Exceeds maximum queue size")
 
@@ -59,7 +56,7 @@ class StreamingSteps:
         count = 4 if self.settings.quick else 6
         return pm.prefill_lengths(longest, count=count)
 
-    def _streaming(self, target: Target, builder: _Builder) -> None:
+    def _streaming(self, target: Target, builder: ProfileBuilder) -> None:
         s = builder.settings
         interface = interface_of(target.name, target.config)
         target = replace(target, interface=interface)

@@ -135,8 +135,7 @@ def resolve_targets(admin: TritonAdmin, names: Sequence[str], loaded: LoadedSpec
                 output_tokens=model.typical_output_tokens,
                 max_prompt_tokens=entry.prompt_tokens_max,
                 bytes_per_token=model.bytes_per_token,
-                stated_engine=StatedEngine(section=model.engine, source=f"{loaded.path}, model {model.name!r}")
-                if model.engine is not None else None,
+                stated_engine=StatedEngine.of(model, loaded.path),
             )
         )
     return targets

@@ -1,6 +1,4 @@
 """Measure configs on a live Triton under the same traffic the simulator predicted for.
-One file (over 500 lines): the live runs, the candidate servers and the capacity search share one
-measurement (LiveRun) and one server life cycle.
 
 `LiveRun` is one measurement: the open-loop load's per-request records (`tritongen.loadgen`) and
 Triton's own statistics over the same stretch (executions, batch sizes, compute and queue time),
@@ -18,7 +16,6 @@ stub processes over the window (tinyllm computes on the CPU), read from /proc.
 from __future__ import annotations
 
 import math
-import os
 import shutil
 import tempfile
 import time
@@ -32,100 +29,11 @@ import numpy as np
 from tritongen.core.simulator import ClassStats, LiveObservation, percentile_ms
 from tritongen.core.traffic import Arrivals, scale_rate
 from tritongen.errors import RunFailed
-from tritongen.loadgen import LoadResult, LoadTarget, run_load
+from tritongen.load_result import LoadResult
+from tritongen.loadgen import LoadTarget, run_load
 from tritongen.pbtxt import config_to_json, parse_model_config
-
-# ---------------------------------------------------------------------------------------------
-# Triton's statistics
-
-
-@dataclass(frozen=True)
-class StatsSnapshot:
-    model: str
-    raw: dict
-
-    @property
-    def executions(self) -> int:
-        return int(self.raw.get("execution_count", 0))
-
-    @property
-    def inferences(self) -> int:
-        return int(self.raw.get("inference_count", 0))
-
-    def stat(self, name: str) -> tuple[int, int]:
-        entry = (self.raw.get("inference_stats") or {}).get(name) or {}
-        return int(entry.get("count", 0)), int(entry.get("ns", 0))
-
-    def batches(self) -> dict[int, tuple[int, int]]:
-        """batch size -> (executions, ns of compute_input + compute_infer + compute_output)."""
-        out = {}
-        for item in self.raw.get("batch_stats") or []:
-            count = int((item.get("compute_infer") or {}).get("count", 0))
-            ns = sum(int((item.get(k) or {}).get("ns", 0)) for k in ("compute_input", "compute_infer", "compute_output"))
-            out[int(item["batch_size"])] = (count, ns)
-        return out
-
-
-@dataclass(frozen=True)
-class StatsDelta:
-    """What Triton counted between two snapshots."""
-
-    model: str
-    executions: int
-    inferences: int
-    success: int
-    success_mean_ms: float | None
-    queue_mean_ms: float | None
-    batches: dict[int, tuple[int, float]]  # rows -> (executions, mean instance ms per execution)
-    busy_ms: float  # instance time summed over executions
-
-    @property
-    def mean_batch_rows(self) -> float | None:
-        return self.inferences / self.executions if self.executions else None
-
-
-def fetch_stats(http_url: str, model: str, client: httpx.Client | None = None) -> StatsSnapshot:
-    url = f"http://{http_url}/v2/models/{model}/stats"
-    try:
-        response = (client or httpx).get(url, timeout=10.0)
-    except httpx.HTTPError as err:
-        raise RunFailed(f"cannot read statistics of {model!r} from {http_url}: {err}") from None
-    if response.status_code != 200:
-        raise RunFailed(f"statistics of {model!r}: HTTP {response.status_code}: {response.text[:200]}")
-    stats = response.json().get("model_stats") or []
-    if not stats:
-        raise RunFailed(f"statistics of {model!r}: the server reported none")
-    return StatsSnapshot(model=model, raw=stats[0])
-
-
-def stats_delta(before: StatsSnapshot, after: StatsSnapshot) -> StatsDelta:
-    def mean(name: str) -> tuple[int, float | None]:
-        c0, n0 = before.stat(name)
-        c1, n1 = after.stat(name)
-        count = c1 - c0
-        return count, ((n1 - n0) / count / 1e6 if count > 0 else None)
-
-    success, success_ms = mean("success")
-    _, queue_ms = mean("queue")
-    b0 = before.batches()
-    batches: dict[int, tuple[int, float]] = {}
-    busy_ns = 0
-    for rows, (count, ns) in after.batches().items():
-        c0, n0 = b0.get(rows, (0, 0))
-        if count - c0 > 0:
-            batches[rows] = (count - c0, (ns - n0) / (count - c0) / 1e6)
-            busy_ns += ns - n0
-    return StatsDelta(
-        model=after.model,
-        executions=after.executions - before.executions,
-        inferences=after.inferences - before.inferences,
-        success=success,
-        success_mean_ms=success_ms,
-        queue_mean_ms=queue_ms,
-        batches=dict(sorted(batches.items())),
-        busy_ms=busy_ns / 1e6,
-    )
-
+from tritongen.tuner.proc_cpu import ForeignLoad, cpu_seconds, stub_pids
+from tritongen.tuner.triton_stats import StatsDelta, fetch_stats, stats_delta
 
 # ---------------------------------------------------------------------------------------------
 # One measured run
@@ -176,97 +84,6 @@ class LiveRun:
         return percentile_ms(self.window_latencies_s(), q)
 
 
-def _proc_tree(root: int) -> list[int]:
-    """`root` and every process whose parent chain leads to it (the server and its stubs)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            parents[int(entry.name)] = int(fields[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    out = {root}
-    changed = True
-    while changed:
-        changed = False
-        for pid, ppid in parents.items():
-            if ppid in out and pid not in out:
-                out.add(pid)
-                changed = True
-    return sorted(out)
-
-
-def _host_busy_seconds() -> float:
-    """CPU time the whole host has been busy (all cores), from /proc/stat."""
-    try:
-        parts = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-        values = [int(v) for v in parts[:8]]
-    except (OSError, ValueError, IndexError):
-        return 0.0
-    idle = values[3] + values[4]
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    return (sum(values) - idle) / tick
-
-
-class ForeignLoad:
-    """How much CPU *other* processes used while a measurement ran, in cores.
-
-    On a shared host another job's burst shows up as tail latency that no model of the server can
-    predict; callers use this to discard and repeat such runs. Own = this process + the server's
-    process tree (Triton and its Python stubs).
-    """
-
-    def __init__(self, server_pid: int | None) -> None:
-        self.server_pid = server_pid
-
-    def _own(self) -> float:
-        pids = [os.getpid()] + (_proc_tree(self.server_pid) if self.server_pid else [])
-        return _cpu_seconds(pids)
-
-    def __enter__(self) -> "ForeignLoad":
-        self.t0 = time.perf_counter()
-        self.host0 = _host_busy_seconds()
-        self.own0 = self._own()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        wall = max(1e-9, time.perf_counter() - self.t0)
-        host = _host_busy_seconds() - self.host0
-        own = self._own() - self.own0
-        self.cores = max(0.0, (host - own) / wall)
-
-
-def _stub_pids(model: str) -> list[int]:
-    """PIDs of the Python-backend stub processes serving `model` (Linux /proc)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if cmd and cmd[0].endswith(b"triton_python_backend_stub") and any(
-            arg.decode(errors="replace").startswith(f"{model}_") for arg in cmd
-        ):
-            out.append(int(entry.name))
-    return out
-
-
-def _cpu_seconds(pids: Sequence[int]) -> float:
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime + stime
-        except (OSError, IndexError, ValueError):
-            continue
-    return total / tick
-
-
 def measure(
     http_url: str,
     arrivals: Arrivals,
@@ -288,11 +105,11 @@ def measure(
         run_load(warmup, targets, http_url=http_url, grpc_url=grpc_url, seed=seed + 1)
     with httpx.Client() as client:
         before = {m: fetch_stats(http_url, m, client) for m in models}
-        pids = {m: _stub_pids(m) for m in streaming_models}
-        cpu0 = {m: _cpu_seconds(p) for m, p in pids.items()}
+        pids = {m: stub_pids(m) for m in streaming_models}
+        cpu0 = {m: cpu_seconds(p) for m, p in pids.items()}
         with ForeignLoad(server_pid) as foreign:
             load = run_load(arrivals, targets, http_url=http_url, grpc_url=grpc_url, seed=seed)
-        cpu1 = {m: _cpu_seconds(p) for m, p in pids.items()}
+        cpu1 = {m: cpu_seconds(p) for m, p in pids.items()}
         after = {m: fetch_stats(http_url, m, client) for m in models}
     deltas = {m: stats_delta(before[m], after[m]) for m in models}
     run = LiveRun(load=load, stats=deltas, instances=dict(instances), foreign_cores=foreign.cores if server_pid else None)

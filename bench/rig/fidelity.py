@@ -1,5 +1,6 @@
-"""The ranker setup the simulator-fidelity test and `bench/trace_batcher.py` share: three configs,
-their two-class Poisson traffic, the repository that serves them and the simulated server.
+"""The ranker setup that `bench/bench_sim_fidelity.py`, `bench/trace_batcher.py` and the suite's smoke
+check (tests/integration/test_sim_fidelity.py) share: three configs, their two-class Poisson
+traffic, the repository that serves them and the simulated server.
 
   plain   max_batch_size 8, a 2 ms window, no queue policy (Triton prefetches batches)
   tuned   the shape `render` writes: preferred 4/8/16, a 4 ms window, two priority levels with
@@ -16,6 +17,7 @@ import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from bench.rig import ROOT
 from tritongen.core.simulator import ServerSim, ServiceCurve, model_sim_from_config
 from tritongen.core.traffic import TrafficSpec, generate_arrivals
 from tritongen.loadgen import LoadTarget
@@ -23,7 +25,6 @@ from tritongen.pbtxt import parse_model_config
 from tritongen.server import TritonServer
 from tritongen.tuner.verify import LiveRun, measure
 
-ROOT = Path(__file__).resolve().parents[2]
 RANKER_CODE = ROOT / "model_repository" / "ranker" / "1"
 OVERHEAD_MS, PER_ITEM_MS = 10.0, 1.5
 CURVE = ServiceCurve(fixed_ms=OVERHEAD_MS, per_item_ms=PER_ITEM_MS)

@@ -5,7 +5,8 @@ Its own module, importing nothing heavy, because three places need these facts a
 disagree: the CLI's option (whose module is imported on every `tritongen` start, so it cannot pull
 in aiohttp), `SidecarConfig` (the sidecar's API, which tests and embedders build directly), and
 `tritongen.sidecar_process` (the demo's and the benches' child sidecar). A default kept in each
-once drifted: the CLI said "auto" while `SidecarConfig` said "python".
+once drifted: the CLI said "auto" while `SidecarConfig` said "python". In the shared layer, not in
+sidecar/, because tritongen outside its CLI may not import the sidecar.
 """
 
 from __future__ import annotations

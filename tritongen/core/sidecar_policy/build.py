@@ -1,7 +1,7 @@
 """The sidecar's policy, derived from the spec, its plan and (optionally) measured profiles. Pure.
 
 `build_sidecar_policy(spec, plan, profiles)` returns the JSON document `tritongen render` writes
-as `sidecar_policy.json` beside the models; `sidecar/policy.py` is its schema (version 1). Every
+as `sidecar_policy.json` beside the models; `schema.py` beside it is its schema. Every
 number comes from the same arithmetic the configs were rendered from:
 
 * LLM cost: KV bytes per token measured by the profile (`memory.kv_bytes_per_token_measured`)
@@ -47,15 +47,13 @@ from tritongen.core.engine_sources import (
     measured_from_profile,
     resolve_engine_limits,
 )
-from tritongen.core.file_names import POLICY_FILE  # noqa: F401  (re-exported: its home is file_names)
 from tritongen.core.kv import KVFootprint, weight_bytes
 from tritongen.core.llm_interface import LLMInterface, UnknownInterface, plan_entry_interface
 from tritongen.core.plan import DeploymentPlan, ModelEntryPlan, default_class
 from tritongen.core.profile_types import Profile
+from tritongen.core.sidecar_policy.schema import POLICY_VERSION
 from tritongen.core.spec import MIB, DeploymentSpec, ModelSpec, TensorSpec, TrafficClass
 from tritongen.errors import BadInput
-
-POLICY_VERSION = 1
 
 BUDGET_FRACTION = {"interactive": 1.0, "normal": 0.9, "batch": 0.8}
 TENANT_HEADER = "x-tenant"
@@ -276,7 +274,7 @@ def _llm_entry(
 
 
 def _footprint_fields(footprint: KVFootprint | None) -> dict[str, Any]:
-    """The policy's per-sequence description of a model that is not uniform (sidecar/policy.py
+    """The policy's per-sequence description of a model that is not uniform (kv_cost.py
     KVCost.capped, state_bytes); nothing for a classic one, whose policy stays as it was."""
     if footprint is None:
         return {}
@@ -360,7 +358,7 @@ def build_sidecar_policy(
     spec: DeploymentSpec, plan: DeploymentPlan, profiles: Mapping[str, Profile] | None = None,
     model_tokenizers: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The policy document (version 1) for `sidecar_policy.json`; profiles are keyed by model entry
+    """The policy document (POLICY_VERSION) for `sidecar_policy.json`; profiles are keyed by model entry
     name (or spec model name) and are optional. `model_tokenizers` (model entry name -> path) are
     the tokenizer.json files the caller found in the models' own directories (this module reads no
     files: tritongen.render.model_dir_tokenizers); a spec's `tokenizer` wins over them."""

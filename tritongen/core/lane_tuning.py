@@ -1,0 +1,39 @@
+"""The constants of the sidecar's native lane (sidecar/lane.py, sidecar/lane_control.py), each with
+where its value comes from. All of them are policy fields (`lane` in the policy,
+`tritongen.core.sidecar_policy.tuning.LanePolicy`) with these defaults: they trade the control
+plane's CPU against requests overflowing into the Python path, and both depend on the host.
+
+Provenance words as in `tritongen.core.admission_tuning`.
+"""
+
+from __future__ import annotations
+
+SPARE_MIN = 4
+"""Lane slots kept beyond what the lane was asked for while nothing waits in the Python queue for
+the model, at least. Policy field `lane.spare_min`. Value: a judgement (commit b548e12), enough
+that a closed loop ramping up rarely overflows to Python; no sweep was run. Higher: fewer
+overflows, more of the model's room held idle by the lane."""
+
+SPARE_FRACTION = 0.5
+"""...and at least this fraction of what the lane was asked for. Policy field
+`lane.spare_fraction`. Value: a judgement (commit b548e12): about one sync period's growth of a
+ramp."""
+
+IDLE_AFTER_S = 10.0
+"""A (model, class) pair with no lane demand for this long keeps no spare slots, so an idle class
+does not hold its model's room. Policy field `lane.idle_after_s`. Value: a judgement (commit
+484e19c)."""
+
+SYNC_BUSY_MS = 20.0
+"""The lane's control plane syncs with nginx this often while the lane carries requests or its
+slots move. Policy field `lane.sync_busy_ms`. Value: checked on one run, on one host: commit
+0463fa9 synced this often only while slots moved (CPU per request at c=1 fell from about 24 to
+11-17 us); commit 6a76d92 went back to this cadence while the lane carries requests, after one demo
+run saw 74 tinyllm refusals from bursts overflowing into the Python path. Lower: bursts find their
+slots sooner, at more CPU for nginx and the sidecar."""
+
+SYNC_IDLE_MS = 100.0
+"""The sync cadence otherwise (an idle pair's first requests overflow to Python until a sync grows
+its slots). Policy field `lane.sync_idle_ms`. Value: a judgement (commit b548e12), checked on one
+run on one host with SYNC_BUSY_MS (commits 0463fa9 and 6a76d92). Higher: less CPU while idle, and
+an idle pair's first burst overflows to Python for longer."""

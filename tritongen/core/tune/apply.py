@@ -1,0 +1,94 @@
+"""From a search's choice back to a plan: the plan entry with a candidate's settings, what a plan
+already holds as a candidate, and the memory a plan leaves an entry's instances."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from tritongen.core.plan import DeploymentPlan, DynamicBatchingView, InstanceGroupView, ModelEntryPlan
+from tritongen.core.spec import DeploymentSpec, TrafficClass
+from tritongen.core.tune.inputs import Params, PolicyName
+from tritongen.core.tune.simulated import queue_policies
+
+
+def apply_candidate(entry: ModelEntryPlan, params: Params, classes: Sequence[TrafficClass], spec: DeploymentSpec) -> ModelEntryPlan:
+    """The plan entry with the candidate's settings, ready for the config template."""
+    _, per_level, default_view, levels, default_level = queue_policies(params, classes, spec)
+    batching = DynamicBatchingView(
+        preferred_batch_sizes=list(params.preferred),
+        max_queue_delay_us=params.delay_us,
+        priority_levels=levels,
+        default_priority_level=default_level,
+        default_queue_policy=default_view,
+        priority_queue_policies=per_level,
+    )
+    groups = [
+        InstanceGroupView(kind=g.kind, count=params.instances if i == 0 else g.count, gpus=g.gpus, compute_units=g.compute_units)
+        for i, g in enumerate(entry.instance_groups)
+    ]
+    parameters = dict(entry.parameters)
+    notes = list(entry.notes)
+    engine_args = dict(entry.engine_args) if entry.engine_args is not None else None
+    if params.max_num_seqs is not None and "max_num_seqs" in parameters:
+        parameters["max_num_seqs"] = str(params.max_num_seqs)
+    if params.max_num_seqs is not None and engine_args is not None:
+        engine_args["max_num_seqs"] = params.max_num_seqs
+    notes.append(f"tuned by `tritongen tune`: {params.label()}")
+    return entry.model_copy(
+        update={
+            "engine_args": engine_args,
+            "max_batch_size": params.max_batch_size,
+            "dynamic_batching": batching,
+            "instance_groups": groups,
+            "parameters": parameters,
+            "notes": notes,
+        }
+    )
+
+
+def apply_results(plan: DeploymentPlan, choices: Mapping[str, ModelEntryPlan]) -> DeploymentPlan:
+    return plan.model_copy(update={"entries": [choices.get(e.name, e) for e in plan.entries]})
+
+
+def baseline_params(entry: ModelEntryPlan) -> Params:
+    """What the plan (or a hand-written config) already holds, as a candidate."""
+    db = entry.dynamic_batching
+    group = entry.instance_groups[0]
+    seqs = entry.kv.max_sequences if entry.kind == "llm" and entry.kv is not None else None
+    if db is None:
+        return Params(max_batch_size=entry.max_batch_size, preferred=(), delay_us=0, instances=group.count, policy="single", max_num_seqs=seqs)
+    policy: PolicyName = "strict" if db.priority_levels else "single"
+    return Params(
+        max_batch_size=entry.max_batch_size,
+        preferred=tuple(db.preferred_batch_sizes),
+        delay_us=db.max_queue_delay_us,
+        instances=group.count,
+        policy=policy,
+        max_num_seqs=seqs,
+    )
+
+
+def memory_budget(plan: DeploymentPlan, entry: ModelEntryPlan) -> tuple[int | None, int]:
+    """(bytes the entry's instances may use, bytes one instance needs) from the plan's placement.
+
+    One instance needs its model's quota (weights + framework reserve for a classic model; the
+    whole KV budget for an LLM engine). What the instances may use is the device memory under the
+    utilisation cap minus every other model's quota on the same devices.
+    """
+    placements = {p.model: p for p in plan.placements}
+    own = placements.get(entry.spec_model)
+    if own is None:
+        return None, 0
+    lanes = sum(1 for e in plan.entries if e.spec_model == entry.spec_model)
+    per_instance = own.quota_bytes // max(1, lanes)
+    devices = own.gpus or [0]
+    free = []
+    for d in devices:
+        if d >= len(plan.device_bytes):
+            continue
+        capacity = int(plan.device_bytes[d] * plan.utilization_cap)
+        others = sum(p.quota_bytes for p in plan.placements if p.model != entry.spec_model and (d in (p.gpus or [0])))
+        free.append(capacity - others)
+    if not free:
+        return None, per_instance
+    return max(0, min(free)) // max(1, lanes), per_instance

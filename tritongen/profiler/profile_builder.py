@@ -1,0 +1,69 @@
+"""What has been measured so far of one model's profile, and the (possibly partial) `Profile` made
+from it at any moment: a run that fails or is interrupted half-way still writes what it measured.
+
+Its own module because both halves of the profiler fill it: `Profiler` (profiler/run.py) makes one
+per model and the classic steps fill it, the streaming steps (profiler/streaming_steps.py) fill its
+memory, streaming and engine sections; held by either, the two would import each other.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from tritongen import __version__
+from tritongen.core import profile_math as pm
+from tritongen.core.profile_types import EngineMeasurement, MemorySection, Profile, ProfileSettings, StreamingSection
+from tritongen.profiler.classic import ClassicResult
+from tritongen.profiler.targets import Target
+
+
+@dataclass
+class ProfileBuilder:
+    """What has been measured so far for one model; `build` makes a (possibly partial) Profile."""
+
+    target: Target
+    settings: ProfileSettings
+    server_version: str
+    server_url: str
+    started: float = field(default_factory=time.monotonic)
+    created_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    memory: MemorySection | None = None
+    streaming: StreamingSection | None = None
+    engine: EngineMeasurement | None = None
+    classic: ClassicResult = field(default_factory=ClassicResult)
+
+    def build(self, complete: bool, error: str | None) -> Profile:
+        c = self.classic
+        knee = (
+            pm.find_knee([(lv.concurrency, lv.throughput_per_s, lv.p99_ms) for lv in c.levels])
+            if len(c.levels) >= 2
+            else None
+        )
+        return Profile(
+            model=self.target.name,
+            kind=self.target.kind,  # type: ignore[arg-type]
+            spec_model=self.target.spec_model,
+            server_version=self.server_version,
+            server_url=self.server_url,
+            created_at=self.created_at,
+            tritongen_version=__version__,
+            complete=complete,
+            error=error,
+            duration_s=round(time.monotonic() - self.started, 3),
+            max_batch_size=self.target.max_batch_size,
+            settings=self.settings,
+            curve=c.curve,
+            fit=c.fit,
+            load_levels=c.levels,
+            knee=knee,
+            memory=self.memory,
+            streaming=self.streaming,
+            engine=self.engine,
+            stated_engine=self.target.stated_engine,
+            overheads=c.overheads,
+            scaling=c.scaling,
+            variant=c.variant,
+            notes=c.notes,
+        )
