@@ -1,4 +1,7 @@
 """Direct versus through the policy sidecar, on streaming LLMs tritongen did not write (issue 15).
+One unit (about 620 lines): per model, one run of the user's path (serve, profile, render, sidecar)
+whose phases share the served models, the rendered policy and the capacity found, and end in one
+table; nothing here serves another bench, so it stays here, not in bench/rig/.
 
 The user's path, end to end, with tritongen's own commands (subprocesses, as a user runs them):
 

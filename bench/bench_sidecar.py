@@ -1,4 +1,7 @@
 """What the sidecar costs, next to what nginx costs: Triton direct, through nginx, through the sidecar.
+One unit (about 660 lines): one measurement in which the same load generator drives every path in
+rotated rounds and the goals compare the paths with each other; the nginx setup, the clients and
+the tables serve only this bench, so they stay here, not in bench/rig/.
 
     .venv/bin/python -m bench.bench_sidecar [--seconds 3] [--levels 1,16,64] [--protocols http,grpc]
                                             [--models ranker,identity] [--pinned] [--no-nginx]
@@ -142,9 +145,9 @@ def write_policy(path: Path, most: int, extra_models: list[dict[str, Any]]) -> l
 
 def pin(root: int, cpus: set[int]) -> None:
     """Every thread of `root` and of its descendants onto `cpus` (sched_setaffinity is per thread)."""
-    from tritongen.tuner.proc_cpu import proc_tree as _proc_tree
+    from tritongen.tuner.proc_cpu import proc_tree
 
-    for pid in _proc_tree(root):
+    for pid in proc_tree(root):
         for task in Path(f"/proc/{pid}/task").iterdir():
             try:
                 os.sched_setaffinity(int(task.name), cpus)

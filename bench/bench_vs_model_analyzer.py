@@ -1,4 +1,7 @@
 """tritongen against Triton Model Analyzer on the classic stand-in `scorer`: time to a config, and its goodput.
+One unit (about 800 lines): one comparison run whose three steps (Model Analyzer, tritongen, the
+goodput of each winner) share its work directory, the perf_analyzer it finds or installs and the
+latency budget, and end in one table; what no other bench uses stays here, not in bench/rig/.
 
     .venv/bin/python -m bench.bench_vs_model_analyzer [--quick] [--keep] [--window-ms 2000]
                                                       [--ma-timeout 3600] [--no-wait]

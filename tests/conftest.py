@@ -1,6 +1,7 @@
 """Shared fixtures. Integration tests share ONE real tritonserver per session on the example repository.
 
-Fixtures only: what test modules import (paths, `cli`, fakes, builders) lives in tests/helpers.py."""
+Fixtures only: what test modules import (paths, `cli`, fakes, builders) lives in tests/helpers.py,
+and what only the sidecar's tests read in tests/sidecar_rigs.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """What several test modules share: paths, the CLI runners, fakes and fixture builders.
 
-Test modules import shared things from here (or the bench rig bench/rig/fidelity.py), never from
-one another or from conftest.py; tests/unit/test_suite_hygiene.py holds the suite to that.
+Test modules import shared things from here, from tests/sidecar_rigs.py (what only the sidecar's
+tests read) or from the bench rig bench/rig/fidelity.py, never from one another or from
+conftest.py; tests/unit/test_suite_hygiene.py holds the suite to that.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO_ROOT / "examples"
 MODEL_REPOSITORY = REPO_ROOT / "model_repository"
 EXAMPLE_PROFILES = EXAMPLES / "profiles"
+ARCHITECTURES = EXAMPLES / "architectures"  # Hugging Face config.json files of known models
 
 
 HYBRID_SPEC = """\
@@ -60,7 +62,7 @@ def write_hybrid_spec(folder: Path) -> Path:
     """A one-GPU spec serving Nemotron-H 8B (4 attention, 24 Mamba2, 24 MLP layers) on vLLM at 8192
     tokens in a 40000 MiB quota: 22721814528 B of KV budget (see test_render's hybrid test)."""
     path = folder / "hybrid.yaml"
-    path.write_text(HYBRID_SPEC.format(config=EXAMPLES / "architectures" / "nemotron-h-8b-base-8k.json"))
+    path.write_text(HYBRID_SPEC.format(config=ARCHITECTURES / "nemotron-h-8b-base-8k.json"))
     return path
 
 
@@ -165,50 +167,6 @@ def run_cli(*args: str, cwd: Path | None = None) -> CliResult:
     finally:
         state.restore()
     return CliResult(code, stdout.getvalue(), stderr.getvalue())
-
-
-# ------------------------------------------------------------------------------------------------
-# The sidecar's admission: a clock the test moves, and a small policy document
-
-
-class FakeClock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
-
-
-def policy_doc(**over: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "version": 1,
-        "deployment": "t",
-        "default_class": "normal",
-        "starvation_guard_ms": 200,
-        "classes": [
-            {"name": "interactive", "kind": "interactive", "priority": 1, "p99_ms": 250, "max_queue_wait_ms": 125,
-             "queue_cap": 4, "budget_fraction": 1.0},
-            {"name": "normal", "kind": "normal", "priority": 2, "p99_ms": 1000, "max_queue_wait_ms": 500,
-             "queue_cap": 4, "budget_fraction": 0.9},
-            {"name": "batch", "kind": "batch", "priority": 3, "p99_ms": 5000, "max_queue_wait_ms": 2500,
-             "queue_cap": 4, "budget_fraction": 0.8},
-        ],
-        "devices": [{"id": "gpu0", "memory_bytes": 100_000, "utilization_cap": 1.0, "static_used_bytes": 0}],
-        "models": [
-            {"name": "llm", "kind": "llm", "devices": ["gpu0"], "memory_quota_bytes": 1000, "max_inflight": 10,
-             "release_grace_ms": 300,
-             "kv": {"bytes_per_token": 10, "bytes_per_token_source": "analytic", "block_tokens": 1, "max_context": 100}},
-            {"name": "cls", "kind": "classic", "devices": ["gpu0"], "request_bytes": 100, "max_inflight": 5},
-        ],
-        "concurrency": {"min": 2, "max": 8, "queue_delay_high_ms": 50, "queue_delay_low_ms": 20,
-                        "adjust_interval_ms": 1000, "increase_hold_ms": 3000},
-        "headroom": {"sources": ["static"], "safety_pad_bytes": 0},
-    }
-    doc.update(over)
-    return doc
 
 
 # ------------------------------------------------------------------------------------------------
@@ -429,47 +387,6 @@ def ranker_inputs(rate: float = 200.0, curve=None, **kw) -> TuneInputs:
     )
 
 
-
-
-async def admission_parts(policy: Any) -> tuple[Any, Any, Any, Any]:
-    """What a proxy under test needs beside its upstream: (state, metrics, controller, health), on the
-    running loop's clock, with a health probe that always answers up. The sidecar's unit rigs
-    (HTTP and gRPC) share it."""
-    import asyncio
-
-    from sidecar.admission import AdmissionState
-    from sidecar.controller import AdmissionController
-    from sidecar.metrics import SidecarMetrics
-    from sidecar.upstream import UpstreamHealth
-
-    async def up() -> bool:
-        return True
-
-    loop = asyncio.get_running_loop()
-    state = AdmissionState(policy, loop.time)
-    metrics = SidecarMetrics()
-    controller = AdmissionController(state, metrics, loop.time)
-    health = UpstreamHealth(up)
-    await health.check()
-    return state, metrics, controller, health
-
-
-async def started_http_proxy(upstream_port: int, policy: Any, token: str | None = None) -> tuple[Any, Any, Any]:
-    """An `HttpProxy` (started) before an in-process upstream on `upstream_port`, with its own
-    admission state and metrics (`admission_parts`): (proxy, state, metrics). The unit rigs of the
-    sidecar's HTTP side share it; the caller closes the proxy."""
-    from sidecar.http_proxy import Admin, HttpProxy
-
-    async def no_reload(why: str) -> tuple[bool, str]:
-        return False, why
-
-    state, metrics, controller, health = await admission_parts(policy)
-    proxy = HttpProxy(f"127.0.0.1:{upstream_port}", controller, health, metrics, lambda: policy,
-                      Admin(token=token, status=dict, reload=no_reload))
-    await proxy.start()
-    return proxy, state, metrics
-
-
 class ServedIndex:
     """A server's model index and configs as TritonAdmin answers them, without a server."""
 
@@ -484,3 +401,4 @@ class ServedIndex:
 
     def config(self, name: str) -> dict:
         return self.configs[name]
+

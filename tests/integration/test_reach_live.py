@@ -20,13 +20,14 @@ import numpy as np
 import pytest
 
 from sidecar.app import SidecarConfig, SidecarThread
-from tests.helpers import cli, policy_doc
+from tests.helpers import cli
+from tests.sidecar_rigs import policy_doc
 from tritongen.cli.profile_cmd import _check_endpoints
 from tritongen.client import infer_http, stream_grpc
 from tritongen.core.traffic import Arrivals
 from tritongen.errors import RunFailed
 from tritongen.loadgen import LoadTarget, run_load
-from tritongen.profiler.first_output import first_output_int as _first_output_int
+from tritongen.profiler.first_output import first_output_int
 from tritongen.profiler.load import StreamLoad
 from tritongen.profiler.targets import Target
 from tritongen.shared.processes import free_port
@@ -186,7 +187,7 @@ def test_single_requests_name_the_address() -> None:
     with pytest.raises(RunFailed, match=rf"^cannot reach Triton's gRPC endpoint at {url}: .*{REFUSED}"):
         stream_grpc(url, "m", TEXT, "text_output", timeout_s=5)
     with pytest.raises(RunFailed, match=rf"^model 'm': cannot reach Triton's gRPC endpoint at {url} \(--grpc-url; "):
-        _first_output_int(url, "m", TEXT, "n", timeout_s=5)
+        first_output_int(url, "m", TEXT, "n", timeout_s=5)
 
 
 def test_a_broken_stream_reports_its_cause_not_tritonclients_invalid_state() -> None:

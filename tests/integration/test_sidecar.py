@@ -1,5 +1,8 @@
 """The sidecar in front of a real tritonserver: out-of-memory kills versus friendly 429s, and the
 HTTP and gRPC pass-through.
+One unit (about 770 lines): every test runs against the one tritonserver (three Python models) and
+sidecar process this module starts once (the `deployment` fixture); split, each file would start
+its own pair, or share it through a conftest fixture that ties the files together anyway.
 
 One server and one sidecar (started through `tritongen sidecar`, as a user would) for the module.
 The repository is built by `build_sidecar_repository` (tests/helpers.py): `tinyllm` gets the KV

@@ -25,7 +25,7 @@ from tritonclient.utils import InferenceServerException
 
 from sidecar import admin_apis
 from sidecar.app import SidecarConfig, SidecarThread
-from tests.helpers import policy_doc
+from tests.sidecar_rigs import policy_doc
 
 pytestmark = pytest.mark.integration
 

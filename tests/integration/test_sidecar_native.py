@@ -31,7 +31,8 @@ from tritonclient.grpc import service_pb2_grpc as pbg
 
 from sidecar.app import SidecarConfig, SidecarThread
 from sidecar.nginx_front import find_nginx
-from tests.helpers import cli, policy_doc
+from tests.helpers import cli
+from tests.sidecar_rigs import policy_doc
 
 pytestmark = pytest.mark.integration
 

@@ -188,7 +188,7 @@ def sidecar_policy(tmp_path: Path, max_inflight: int, tokenizer: Path | None = N
     """A policy for the hand-written model as `render` shapes one for vLLM (grow_preempt, no KV
     reservation), its in-flight limit `max_inflight` where the engine runs up to 32; the engine's
     metrics polled (its prompt-token counter)."""
-    from tests.helpers import policy_doc
+    from tests.sidecar_rigs import policy_doc
 
     doc = policy_doc()
     doc["devices"] = [{"id": "cpu", "memory_bytes": 8 << 30, "utilization_cap": 1.0, "static_used_bytes": 0}]

@@ -15,7 +15,7 @@ from sidecar.admission import AdmissionState
 from sidecar.admission_limits import LowerShare
 from sidecar.admission_types import EXCEEDS_BUDGET, EXCEEDS_CONTEXT, QUEUE_WAIT, Action, Request
 from sidecar.cost import LLMFacts, cost_for
-from tests.helpers import FakeClock, policy_doc
+from tests.sidecar_rigs import FakeClock, policy_doc
 from tritongen.core.admission_tuning import SHARE_MIN
 from tritongen.core.sidecar_policy.schema import PolicyError, parse_policy
 from tritongen.core.sidecar_policy.tuning import LowerSharePolicy

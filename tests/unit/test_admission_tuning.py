@@ -16,7 +16,7 @@ from sidecar.admission_types import QUEUE_WAIT, Action, Cost, Request
 from sidecar.lane import LaneCounts
 from sidecar.lane_control import LaneControl
 from sidecar.metrics import SidecarMetrics
-from tests.helpers import FakeClock, policy_doc
+from tests.sidecar_rigs import FakeClock, policy_doc
 from tritongen.core import admission_tuning, lane_tuning
 from tritongen.core.live_verdict import capacity_rank, keeps_up, live_verdict, throughput_rank
 from tritongen.core.sidecar_policy.schema import PolicyError, parse_policy

@@ -22,7 +22,7 @@ from sidecar.headroom import (
     TritonMetricsSource,
 )
 from tritongen.core.sidecar_policy.schema import parse_policy
-from tests.helpers import FakeClock, policy_doc
+from tests.sidecar_rigs import FakeClock, policy_doc
 
 
 def run(coro: Any) -> Any:

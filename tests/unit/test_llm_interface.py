@@ -1,6 +1,9 @@
 """tritongen/core/llm_interface.py on the configs real LLM models have: which interface each speaks,
 the request built for it (names, datatypes, shapes, values), generate bodies, reading max_tokens
 back, and the refusals.
+One unit (about 530 lines): nearly half of it is the served configs below, and detection, refusals
+and max_tokens all read the same ones; split, those tables would move to a shared module that only
+this topic reads.
 
 The configs are written out as Triton serves them (GET /v2/models/M/config), copied from the
 backends' own files: the vLLM backend's sample config.pbtxt (no inputs) and its auto-completed

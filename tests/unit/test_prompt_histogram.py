@@ -16,7 +16,7 @@ from sidecar.controller import AdmissionController
 from sidecar.cost import cost_for
 from sidecar.metrics import PROMPT_TOKEN_BUCKETS, PROMPT_TOKENS_METRIC, SidecarMetrics
 from tritongen.core.sidecar_policy.schema import parse_policy
-from tests.helpers import FakeClock, policy_doc
+from tests.sidecar_rigs import FakeClock, policy_doc
 from tritongen.core.diagnosis import diagnose
 from tritongen.core.diagnosis_inputs import PROMPT_HISTOGRAM, Targets
 from tritongen.doctor import Endpoint, parse_metrics, snapshot

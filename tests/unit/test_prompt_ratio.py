@@ -11,7 +11,7 @@ from sidecar.cost import LLMFacts, cost_for
 from sidecar.headroom import TritonMetricsSource
 from tritongen.core.sidecar_policy.schema import parse_policy
 from sidecar.prompt_ratio import MIN_TOKENS, LearnedRatio
-from tests.helpers import FakeClock, policy_doc
+from tests.sidecar_rigs import FakeClock, policy_doc
 
 
 def test_the_ratio_is_the_bytes_sent_over_the_tokens_the_engine_counted_once_enough_passed() -> None:

@@ -10,7 +10,7 @@ import pytest
 from sidecar.headroom import HEADROOM_SOURCES, SourceInputs, build_sources
 from tritongen.core.sidecar_policy.schema import parse_policy
 from tritongen.core.sidecar_policy.sections import HeadroomPolicy
-from tests.helpers import policy_doc
+from tests.sidecar_rigs import policy_doc
 from tritongen.core.traffic import ARRIVAL_PROCESSES, TrafficSpec, arrival_process
 
 

@@ -1,88 +1,20 @@
 """Triton's admin APIs behind the sidecar (sidecar/admin_apis.py): every HTTP path and gRPC method
-in its category, the refusals, the policy's allow-list, and both proxies in front of a fake Triton
-that records what reaches it (the token header must not)."""
+in its category, the refusals and the policy's allow-list. Both proxies in front of a fake Triton
+are tested in tests/integration/test_sidecar_admin_loopback.py (they listen on loopback ports)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-import grpc
 import pytest
-from aiohttp import web
 from tritonclient.grpc import service_pb2 as pb
 
 from sidecar import admin_apis
-from sidecar.grpc_proxy import GrpcProxy
-from sidecar.metrics import SidecarMetrics
-from tests.helpers import admission_parts, policy_doc, started_http_proxy
+from tests.sidecar_rigs import ADMIN_TOKEN, TRITON_GRPC_METHODS, TRITON_GRPC_SERVICE, TRITON_HTTP_PATHS, policy_doc
 from tritongen.core import admin_categories
-from tritongen.core.sidecar_policy.schema import PolicyError, SidecarPolicy, parse_policy
+from tritongen.core.sidecar_policy.schema import PolicyError, parse_policy
 from tritongen.core.sidecar_policy.sections import AdminApisPolicy
-
-TOKEN = "admin-token-0123456789"
-SERVICE = "/inference.GRPCInferenceService/"
-
-# every endpoint of Triton's HTTP server (src/http_server.cc) and its category
-HTTP_PATHS = [
-    ("/v2", "metadata"),
-    ("/v2/health/live", "health"),
-    ("/v2/health/ready", "health"),
-    ("/v2/models/ranker", "metadata"),
-    ("/v2/models/ranker/versions/1", "metadata"),
-    ("/v2/models/ranker/ready", "health"),
-    ("/v2/models/ranker/versions/1/ready", "health"),
-    ("/v2/models/ranker/infer", "inference"),
-    ("/v2/models/ranker/versions/1/infer", "inference"),
-    ("/v2/models/tinyllm/generate", "inference"),
-    ("/v2/models/tinyllm/generate_stream", "inference"),
-    ("/v2/models/tinyllm/versions/3/generate_stream", "inference"),
-    ("/v2/models/ranker/config", "model-config"),
-    ("/v2/models/ranker/versions/1/config", "model-config"),
-    ("/v2/models/stats", "statistics"),
-    ("/v2/models/ranker/stats", "statistics"),
-    ("/v2/models/ranker/versions/1/stats", "statistics"),
-    ("/v2/repository/index", "model-repository"),
-    ("/v2/repository/models/ranker/load", "model-repository"),
-    ("/v2/repository/models/ranker/unload", "model-repository"),
-    ("/v2/repository/other-repo/index", "model-repository"),
-    ("/v2/repository/other-repo/models/ranker/load", "model-repository"),
-    ("/v2/logging", "logging"),
-    ("/v2/trace/setting", "trace"),
-    ("/v2/models/ranker/trace/setting", "trace"),
-    ("/v2/models/ranker/versions/1/trace/setting", "trace"),
-    ("/v2/systemsharedmemory/status", "shared-memory"),
-    ("/v2/systemsharedmemory/register", "shared-memory"),
-    ("/v2/systemsharedmemory/unregister", "shared-memory"),
-    ("/v2/systemsharedmemory/region/r0/status", "shared-memory"),
-    ("/v2/systemsharedmemory/region/r0/register", "shared-memory"),
-    ("/v2/systemsharedmemory/region/r0/unregister", "shared-memory"),
-    ("/v2/cudasharedmemory/status", "shared-memory"),
-    ("/v2/cudasharedmemory/register", "shared-memory"),
-    ("/v2/cudasharedmemory/unregister", "shared-memory"),
-    ("/v2/cudasharedmemory/region/r0/status", "shared-memory"),
-    ("/v2/cudasharedmemory/region/r0/register", "shared-memory"),
-    ("/v2/cudasharedmemory/region/r0/unregister", "shared-memory"),
-]
-
-GRPC_METHODS = {
-    "ServerLive": "health", "ServerReady": "health", "ModelReady": "health",
-    "ServerMetadata": "metadata", "ModelMetadata": "metadata",
-    "ModelInfer": "inference", "ModelStreamInfer": "inference",
-    "ModelConfig": "model-config", "ModelStatistics": "statistics",
-    "RepositoryIndex": "model-repository", "RepositoryModelLoad": "model-repository",
-    "RepositoryModelUnload": "model-repository",
-    "SystemSharedMemoryStatus": "shared-memory", "SystemSharedMemoryRegister": "shared-memory",
-    "SystemSharedMemoryUnregister": "shared-memory",
-    "CudaSharedMemoryStatus": "shared-memory", "CudaSharedMemoryRegister": "shared-memory",
-    "CudaSharedMemoryUnregister": "shared-memory",
-    "TraceSetting": "trace", "LogSettings": "logging",
-}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -96,7 +28,7 @@ def test_categories_are_tritons() -> None:
     assert set(admin_apis.WHAT) == set(admin_apis.SHUT)
 
 
-@pytest.mark.parametrize(("path", "category"), HTTP_PATHS)
+@pytest.mark.parametrize(("path", "category"), TRITON_HTTP_PATHS)
 def test_http_path_category(path: str, category: str) -> None:
     assert admin_apis.http_category(path) == category
     assert admin_apis.http_admin_category(path) == (category if category in admin_apis.SHUT else None)
@@ -136,13 +68,13 @@ def test_http_admin_paths_in_any_spelling(path: str, category: str) -> None:
 
 def test_every_grpc_method_has_its_category() -> None:
     service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-    assert {m.name for m in service.methods} == set(GRPC_METHODS)  # the proto and this table agree
-    for name, category in GRPC_METHODS.items():
-        method = SERVICE + name
+    assert {m.name for m in service.methods} == set(TRITON_GRPC_METHODS)  # the proto and this table agree
+    for name, category in TRITON_GRPC_METHODS.items():
+        method = TRITON_GRPC_SERVICE + name
         assert admin_apis.grpc_category(method) == category, name
         assert admin_apis.grpc_admin_category(method) == (category if category in admin_apis.SHUT else None), name
     assert admin_apis.grpc_category("/grpc.health.v1.Health/Check") == "health"
-    assert admin_apis.grpc_category(SERVICE + "NoSuchMethod") is None
+    assert admin_apis.grpc_category(TRITON_GRPC_SERVICE + "NoSuchMethod") is None
     assert admin_apis.grpc_admin_category("/other.Service/LogSettings") is None
 
 
@@ -151,13 +83,13 @@ def test_every_grpc_method_has_its_category() -> None:
 
 
 def test_token_matching() -> None:
-    assert admin_apis.token_matches(TOKEN, TOKEN)
-    assert not admin_apis.token_matches("wrong", TOKEN)
-    assert not admin_apis.token_matches("", TOKEN) and not admin_apis.token_matches(None, TOKEN)
+    assert admin_apis.token_matches(ADMIN_TOKEN, ADMIN_TOKEN)
+    assert not admin_apis.token_matches("wrong", ADMIN_TOKEN)
+    assert not admin_apis.token_matches("", ADMIN_TOKEN) and not admin_apis.token_matches(None, ADMIN_TOKEN)
     assert not admin_apis.token_matches("", None) and not admin_apis.token_matches("x", None)
     assert not admin_apis.token_matches("", "")
-    assert admin_apis.bearer(f"Bearer {TOKEN}") == admin_apis.bearer(f"bearer  {TOKEN} ") == TOKEN
-    assert admin_apis.bearer(f"Basic {TOKEN}") is None and admin_apis.bearer(None) is None
+    assert admin_apis.bearer(f"Bearer {ADMIN_TOKEN}") == admin_apis.bearer(f"bearer  {ADMIN_TOKEN} ") == ADMIN_TOKEN
+    assert admin_apis.bearer(f"Basic {ADMIN_TOKEN}") is None and admin_apis.bearer(None) is None
 
 
 @pytest.mark.parametrize("category", admin_apis.SHUT)
@@ -219,242 +151,3 @@ def test_policy_opens_categories() -> None:
 ])
 def test_policy_refuses_bad_allow_lists(admin: Any, message: str) -> None:
     assert message in refused(policy_doc(admin_apis=admin))
-
-
-# ------------------------------------------------------------------------------------------------
-# the proxies in front of a fake Triton
-
-
-
-@dataclass
-class Seen:
-    """What reached the fake Triton: (method or path, headers or metadata) per request."""
-
-    requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-
-
-@asynccontextmanager
-async def http_rig(policy: SidecarPolicy, token: str | None) -> AsyncIterator[tuple[str, Seen, SidecarMetrics]]:
-    seen = Seen()
-
-    async def upstream(request: web.Request) -> web.Response:
-        seen.requests.append((request.raw_path, {k.lower(): v for k, v in request.headers.items()}))
-        return web.json_response({"from": "triton", "path": request.raw_path})
-
-    up_app = web.Application()
-    up_app.router.add_route("*", "/{tail:.*}", upstream)
-    runners = [web.AppRunner(up_app)]
-    await runners[0].setup()
-    await web.TCPSite(runners[0], "127.0.0.1", 0).start()
-    upstream_port = runners[0].addresses[0][1]
-    proxy, state, metrics = await started_http_proxy(upstream_port, policy, token=token)
-    runners.append(web.AppRunner(proxy.application()))
-    await runners[1].setup()
-    await web.TCPSite(runners[1], "127.0.0.1", 0).start()
-    try:
-        yield f"http://127.0.0.1:{runners[1].addresses[0][1]}", seen, metrics
-    finally:
-        await proxy.close()
-        for runner in reversed(runners):
-            await runner.cleanup()
-
-
-def refused_count(metrics: SidecarMetrics, category: str, protocol: str) -> float:
-    value = metrics.registry.get_sample_value("sidecar_admin_refused_total",
-                                              {"category": category, "protocol": protocol})
-    return value or 0.0
-
-
-async def _get(session: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
-    async with session.get(url, headers=headers or {}) as resp:
-        return resp.status, await resp.json()
-
-
-def test_http_without_a_configured_token_refuses_with_403() -> None:
-    async def main() -> None:
-        async with http_rig(parse_policy(policy_doc()), None) as (base, seen, metrics), \
-                aiohttp.ClientSession() as session:
-            for path, category in HTTP_PATHS:
-                if category not in admin_apis.SHUT:
-                    continue
-                status, body = await _get(session, base + path, {"Authorization": "Bearer anything"})
-                assert status == 403, path
-                assert body == admin_apis.refusal(category, "http", token_configured=False)[1]
-            assert seen.requests == []  # none reached Triton
-            assert refused_count(metrics, "shared-memory", "http") == 12
-            assert refused_count(metrics, "model-repository", "http") == 5
-            status, body = await _get(session, base + "/v2/models/ranker/config")  # not an admin API: passes
-            assert status == 200 and body["from"] == "triton"
-
-    asyncio.run(main())
-
-
-def test_http_token_opens_and_is_not_forwarded() -> None:
-    async def main() -> None:
-        async with http_rig(parse_policy(policy_doc()), TOKEN) as (base, seen, metrics), \
-                aiohttp.ClientSession() as session:
-            url = base + "/v2/logging"
-            for headers in ({}, {"Authorization": "Bearer wrong"}, {"X-Sidecar-Token": "wrong"}):
-                async with session.get(url, headers=headers) as resp:
-                    assert resp.status == 401 and resp.headers["WWW-Authenticate"] == "Bearer"
-                    body = await resp.json()
-                assert body["reason"] == "admin_api_restricted" and body["category"] == "logging"
-            assert seen.requests == [] and refused_count(metrics, "logging", "http") == 3
-            sent = {"Authorization": f"Bearer {TOKEN}", "X-Request-Id": "r-1"}
-            assert await _get(session, url, sent) == (200, {"from": "triton", "path": "/v2/logging"})
-            path, headers = seen.requests[-1]
-            assert "authorization" not in headers and headers["x-request-id"] == "r-1"
-            sent = {"X-Sidecar-Token": TOKEN, "Authorization": "Basic for-triton"}
-            assert (await _get(session, base + "/v2/repository/index", sent))[0] == 200
-            path, headers = seen.requests[-1]
-            assert path == "/v2/repository/index"
-            assert "x-sidecar-token" not in headers and headers["authorization"] == "Basic for-triton"
-            assert refused_count(metrics, "logging", "http") == 3
-
-    asyncio.run(main())
-
-
-def test_http_dot_segments_do_not_slip_past() -> None:
-    """`/v2/models/x/../../logging` would reach Triton as `/v2/logging` (the client session resolves
-    dot segments): it is refused as logging."""
-
-    async def main() -> None:
-        async with http_rig(parse_policy(policy_doc()), TOKEN) as (base, seen, _):
-            host, port = base.removeprefix("http://").split(":")
-            for raw in ("/v2/models/x/../../logging", "/v2/models/x/%2e%2e/%2e%2e/repository/index",
-                        "/v2/models/m/../trace/setting"):
-                reader, writer = await asyncio.open_connection(host, int(port))
-                writer.write(f"GET {raw} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
-                await writer.drain()
-                reply = await reader.read()
-                writer.close()
-                assert reply.startswith(b"HTTP/1.1 401"), (raw, reply)
-                assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["reason"] == "admin_api_restricted"
-            assert seen.requests == []
-
-    asyncio.run(main())
-
-
-def test_http_policy_opens_a_category_for_everyone() -> None:
-    async def main() -> None:
-        policy = parse_policy(policy_doc(admin_apis={"open": ["trace"]}))
-        async with http_rig(policy, TOKEN) as (base, seen, metrics), aiohttp.ClientSession() as session:
-            assert (await _get(session, base + "/v2/trace/setting"))[0] == 200
-            assert (await _get(session, base + "/v2/models/ranker/trace/setting"))[0] == 200
-            status, body = await _get(session, base + "/v2/logging")
-            assert status == 401 and body["category"] == "logging"
-            assert [p for p, _ in seen.requests] == ["/v2/trace/setting", "/v2/models/ranker/trace/setting"]
-            assert refused_count(metrics, "trace", "http") == 0
-
-    asyncio.run(main())
-
-
-@asynccontextmanager
-async def grpc_rig(
-    policy: SidecarPolicy, token: str | None
-) -> AsyncIterator[tuple[grpc.aio.Channel, Seen, SidecarMetrics]]:
-    seen = Seen()
-
-    class _Upstream(grpc.GenericRpcHandler):
-        def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-            method = details.method
-
-            async def answer(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-                metadata = dict(context.invocation_metadata() or ())
-                seen.requests.append((method, metadata))
-                if "x-answer-unavailable" in metadata:  # as Triton answers a load with polling on
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, "explicit model load / unload is not allowed")
-                return b""  # an empty message of any response type
-
-            return grpc.unary_unary_rpc_method_handler(answer)
-
-    upstream = grpc.aio.server()
-    upstream.add_generic_rpc_handlers((_Upstream(),))
-    upstream_port = upstream.add_insecure_port("127.0.0.1:0")
-    await upstream.start()
-    _, metrics, controller, health = await admission_parts(policy)
-    proxy = GrpcProxy(f"127.0.0.1:{upstream_port}", controller, health, metrics, lambda: policy, token=token)
-    await proxy.start()
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((proxy.handler(),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        yield channel, seen, metrics
-    finally:
-        await channel.close()
-        await server.stop(grace=None)
-        await proxy.close()
-        await upstream.stop(grace=None)
-
-
-async def _call(channel: grpc.aio.Channel, name: str, metadata: tuple[tuple[str, str], ...] = ()) -> bytes:
-    return await channel.unary_unary(SERVICE + name)(b"", metadata=metadata, timeout=10)
-
-
-def test_grpc_admin_methods_are_refused_then_served_with_the_token() -> None:
-    admin_methods = [m for m, c in GRPC_METHODS.items() if c in admin_apis.SHUT]
-    assert len(admin_methods) == 11
-
-    async def main() -> None:
-        async with grpc_rig(parse_policy(policy_doc()), TOKEN) as (channel, seen, metrics):
-            for name in admin_methods:
-                with pytest.raises(grpc.aio.AioRpcError) as err:
-                    await _call(channel, name, (("authorization", "Bearer wrong"),))
-                assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, name
-                body = json.loads(err.value.details() or "")
-                assert body == admin_apis.refusal(GRPC_METHODS[name], "grpc", token_configured=True)[1]
-            assert seen.requests == []
-            assert refused_count(metrics, "shared-memory", "grpc") == 6
-            for name in admin_methods:
-                await _call(channel, name, (("authorization", f"Bearer {TOKEN}"), ("x-request-id", name)))
-                method, metadata = seen.requests[-1]
-                assert method == SERVICE + name and metadata["x-request-id"] == name
-                assert "authorization" not in metadata
-            await _call(channel, "LogSettings", (("x-sidecar-token", TOKEN), ("authorization", "Basic for-triton")))
-            _, metadata = seen.requests[-1]
-            assert "x-sidecar-token" not in metadata and metadata["authorization"] == "Basic for-triton"
-            await _call(channel, "ServerMetadata")  # not an admin method: passes without a token
-            assert seen.requests[-1][0] == SERVICE + "ServerMetadata"
-
-    asyncio.run(main())
-
-
-def test_grpc_without_a_configured_token_and_with_the_allow_list() -> None:
-    async def main() -> None:
-        policy = parse_policy(policy_doc(admin_apis={"open": ["model-repository"]}))
-        async with grpc_rig(policy, None) as (channel, seen, metrics):
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await _call(channel, "TraceSetting", (("authorization", "Bearer anything"),))
-            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
-            assert json.loads(err.value.details() or "")["category"] == "trace"
-            assert "--token-file" in json.loads(err.value.details() or "")["error"]
-            await _call(channel, "RepositoryIndex")
-            await _call(channel, "RepositoryModelLoad")
-            assert [m for m, _ in seen.requests] == [SERVICE + "RepositoryIndex", SERVICE + "RepositoryModelLoad"]
-            assert refused_count(metrics, "trace", "grpc") == 1
-            assert refused_count(metrics, "model-repository", "grpc") == 0
-
-    asyncio.run(main())
-
-
-def test_grpc_unavailable_answered_by_triton_is_not_an_outage() -> None:
-    """Triton answers RepositoryModelLoad UNAVAILABLE when model control is not explicit: the client
-    gets that answer, and the sidecar does not take Triton for down (the connection is fine)."""
-
-    async def main() -> None:
-        async with grpc_rig(parse_policy(policy_doc()), TOKEN) as (channel, seen, metrics):
-            auth = (("authorization", f"Bearer {TOKEN}"),)
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await _call(channel, "RepositoryModelLoad", (*auth, ("x-answer-unavailable", "1")))
-            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert err.value.details() == "explicit model load / unload is not allowed"
-            await _call(channel, "RepositoryIndex", auth)  # still served: reaches Triton
-            await _call(channel, "ServerMetadata")
-            assert [m for m, _ in seen.requests] == [SERVICE + m for m in
-                                                     ("RepositoryModelLoad", "RepositoryIndex", "ServerMetadata")]
-            assert metrics.registry.get_sample_value("sidecar_requests_upstream_unavailable_total",
-                                                     {"protocol": "grpc"}) in (None, 0.0)
-
-    asyncio.run(main())

@@ -13,7 +13,7 @@ from sidecar.lane import LaneCounts, caps_body, demand, lane_keys, parse_counts,
 from sidecar.lane_control import LaneControl
 from sidecar.metrics import SidecarMetrics
 from sidecar.nginx_front import FrontAddresses, NginxInstall, render_config
-from tests.helpers import FakeClock, policy_doc
+from tests.sidecar_rigs import FakeClock, policy_doc
 from tritongen.core.sidecar_policy.schema import parse_policy
 from tritongen.core.sidecar_policy.tuning import LanePolicy
 

@@ -15,7 +15,8 @@ from sidecar.cost import llm_cost
 from tritongen.core.sidecar_policy.kv_cost import KVCost
 from tritongen.core.sidecar_policy.schema import PolicyError, parse_policy
 from sidecar.tokens import load_counters
-from tests.helpers import EXAMPLES, policy_doc, run_cli
+from tests.helpers import EXAMPLES, run_cli
+from tests.sidecar_rigs import policy_doc
 
 
 def word_tokenizer(path: Path) -> Path:

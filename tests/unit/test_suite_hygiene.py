@@ -3,7 +3,8 @@
 Over every tests/**/*.py (AST, no imports):
 
 (a) no module imports from a test module (`tests/**/test_*.py`) or from a conftest.py: shared
-    things live in tests/helpers.py (or the rig tests/integration/fidelity_rig.py);
+    things live in the shared modules beside them (tests/helpers.py, and tests/sidecar_rigs.py for
+    what only the sidecar's tests read) or in the bench rig bench/rig/fidelity.py;
 (b) no `pytest.importorskip` and no `pytest.skip`: a dependency the project declares is imported
     plainly, and a test that cannot run fails rather than skips;
 (c) no `except Exception` / `except BaseException` / bare `except:` handler that does not re-raise
@@ -16,7 +17,11 @@ integration's):
 (d) no import of `subprocess`, `socket` or `multiprocessing`, nor of a process starter (tritongen's
     `TritonServer`, `SidecarProcess`, or tritongen/shared/processes.py's preexec helpers and
     `free_port`), and no use of `tests.helpers.cli`, the subprocess runner: `run_cli` runs the same
-    entry point in the process.
+    entry point in the process;
+(e) no listener, even in the process on loopback: no `asyncio.start_server` (or the loop's
+    `create_server`), no `grpc.server` / `grpc.aio.server`, no aiohttp runner or site (`AppRunner`,
+    `TCPSite`, ...) nor `aiohttp.test_utils`, no `http.server` / `socketserver`, no `.bind(`. A test
+    that needs a server on a port is a loopback test in tests/integration/.
 
 Each finding names its file and line. The checkers are tested on small snippets too, so a checker
 that stopped finding anything would fail here rather than pass the whole suite.
@@ -38,6 +43,11 @@ BROAD = {"Exception", "BaseException"}
 PROCESS_MODULES = {"subprocess", "socket", "multiprocessing"}
 PROCESS_HELPERS = "tritongen.shared.processes"
 PROCESS_STARTERS = {"TritonServer", "SidecarProcess"}
+PORT_MODULES = {"http.server", "socketserver", "aiohttp.test_utils"}
+# what listens on a port or socket, by the name it is called or imported by
+LISTENERS = {"start_server", "start_unix_server", "create_server", "create_unix_server", "AppRunner", "ServerRunner",
+             "TCPSite", "UnixSite", "SockSite", "NamedPipeSite", "run_app", "bind"}
+GRPC_SERVERS = {"grpc.server", "grpc.aio.server"}
 
 
 def _suite_files() -> list[Path]:
@@ -93,7 +103,7 @@ def imports_of_test_modules(path: Path, tree: ast.Module) -> list[str]:
         file = _module_file(module)
         if file is not None and _is_test_module(file):
             found.append(f"{_where(path, node)}: imports {module} ({file.relative_to(REPO_ROOT)}); "
-                         "move what is shared into tests/helpers.py")
+                         "move what is shared into tests/helpers.py or tests/sidecar_rigs.py")
     return found
 
 
@@ -153,21 +163,40 @@ def _is_helpers_cli(node: ast.AST) -> bool:
         isinstance(owner, ast.Attribute) and owner.attr == "helpers")
 
 
+def _within(module: str, packages: set[str]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def _is_grpc_server(node: ast.AST) -> bool:
+    """`grpc.server`, `grpc.aio.server` or `aio.server`, however it is then called."""
+    if not (isinstance(node, ast.Attribute) and node.attr == "server"):
+        return False
+    owner = node.value
+    return (isinstance(owner, ast.Name) and owner.id in {"grpc", "aio"}) or (
+        isinstance(owner, ast.Attribute) and owner.attr == "aio")
+
+
 def processes_in_unit_tests(path: Path, tree: ast.Module) -> list[str]:
     if path.parent != TESTS / "unit":
         return []
     found = []
     for node, module in _imported_modules(path, tree):
         if module.split(".")[0] in PROCESS_MODULES or module.split(".")[-1] in PROCESS_STARTERS or (
-                module == PROCESS_HELPERS or module.startswith(PROCESS_HELPERS + ".")):
+                _within(module, {PROCESS_HELPERS})):
             found.append(f"{_where(path, node)}: imports {module}: a unit test starts no process and opens no "
                          "port; move the test to tests/integration/")
+        elif _within(module, PORT_MODULES) or module in GRPC_SERVERS or module.split(".")[-1] in LISTENERS:
+            found.append(f"{_where(path, node)}: imports {module}, which listens on a port or socket: move the "
+                         "test to a loopback test in tests/integration/")
         elif module == "tests.helpers.cli":
             found.append(f"{_where(path, node)}: imports tests.helpers.cli (a subprocess): use run_cli")
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr in PROCESS_STARTERS:
             found.append(f"{_where(path, node)}: uses {node.attr}, which starts a process: move the test to "
                          "tests/integration/")
+        elif (isinstance(node, ast.Attribute) and node.attr in LISTENERS) or _is_grpc_server(node):
+            found.append(f"{_where(path, node)}: uses {ast.unparse(node)}, which listens on a port or socket: "
+                         "move the test to a loopback test in tests/integration/")
         elif _is_helpers_cli(node):
             found.append(f"{_where(path, node)}: calls helpers.cli (a subprocess): use run_cli")
     return list(dict.fromkeys(found))  # one finding per statement, however many names it imports
@@ -223,13 +252,31 @@ BAD = {
         "from tests.helpers import EXAMPLES, cli",
         "from tests import helpers\nhelpers.cli('plan')",
         "import tests.helpers\ntests.helpers.cli('plan')",
+        "import asyncio\nasync def t():\n    server = await asyncio.start_server(serve, '127.0.0.1', 0)",
+        "from asyncio import start_server",
+        "import asyncio\nasync def t():\n    await asyncio.get_running_loop().create_server(Proto, port=0)",
+        "import grpc\nserver = grpc.aio.server()",
+        "import grpc\nserver = grpc.server(pool)",
+        "from grpc import aio\nserver = aio.server()",
+        "from grpc.aio import server",
+        "from aiohttp import web\nrunner = web.AppRunner(app)",
+        "from aiohttp import web\nawait web.TCPSite(runner, '127.0.0.1', 0).start()",
+        "from aiohttp.web import UnixSite",
+        "from aiohttp.test_utils import TestServer",
+        "import aiohttp.test_utils",
+        "sock.bind(('127.0.0.1', 0))",
+        "import http.server",
+        "from http.server import HTTPServer",
+        "import socketserver",
     ],
 }
 GOOD = {
     imports_of_test_modules: [
         "from tests.helpers import cli, RANKER",
-        "from tests.integration.fidelity_rig import traffic",
-        "from tests.integration import fidelity_rig",
+        "from tests.sidecar_rigs import FakeClock, policy_doc",
+        "from tests import sidecar_rigs",
+        "from bench.rig.fidelity import traffic",
+        "from bench.rig import fidelity",
         "from tritongen.render import write_repository",
     ],
     skips: ["import pytest\npytest.mark.integration", "import pytest\npytest.fail('no')"],
@@ -245,6 +292,12 @@ GOOD = {
         "from tritongen.shared.reach import stream_cause",
         "import asyncio\nasyncio.run(main())",
         "cli = typer.testing.CliRunner()\nresult = cli.invoke(app, [])",
+        "from aiohttp import web\nresponse = web.json_response({})",
+        "import grpc\nchannel = grpc.aio.insecure_channel(target)\ncode = grpc.StatusCode.OK",
+        "import http\nstatus = http.HTTPStatus.OK",
+        "from http.client import responses",
+        "from sidecar.upstream_pool import _parse_head\n_parse_head(b'HTTP/1.1 200 OK')",
+        "server = {'url': 'x'}['url']\nbinding = policy.binding",
     ],
 }
 
@@ -263,7 +316,7 @@ def test_each_checker_passes_what_is_allowed(check, source: str) -> None:
 
 @pytest.mark.parametrize("source", BAD[processes_in_unit_tests])
 def test_integration_tests_may_start_processes(source: str) -> None:
-    for place in (TESTS / "integration" / "test_snippet.py", TESTS / "helpers.py"):
+    for place in (TESTS / "integration" / "test_snippet.py", TESTS / "helpers.py", TESTS / "sidecar_rigs.py"):
         assert processes_in_unit_tests(place, ast.parse(source)) == []
 
 

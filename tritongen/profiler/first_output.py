@@ -56,3 +56,4 @@ def first_output_int(url: str, model: str, inputs: dict[str, np.ndarray], output
             raise RunFailed(f"model {model!r}: {unreachable_message(GRPC, url, PROFILE_GRPC, grpc_reason(errors[0]))}")
         said = errors[0].message() if hasattr(errors[0], "message") else str(errors[0])
         raise ModelFailed(f"model {model!r} answered with an error: {said}")
+    return found[0] if found else None

@@ -1,7 +1,8 @@
 """The proxies in front of a fake Triton (in-process gRPC and HTTP servers that record what they
 receive and answer with metadata of their own): gRPC metadata goes both ways untouched, request ids
 come back, and the tenant header reaches admission on both protocols, with refusals naming the
-tenant limit and nothing left reserved afterwards."""
+tenant limit and nothing left reserved afterwards. In-process servers on loopback ports, so here
+rather than in tests/unit (issue 33)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from sidecar.admission import AdmissionState
 from sidecar.grpc_proxy import MODEL_INFER, MODEL_STREAM_INFER, SERVICE, GrpcProxy
 from sidecar.metrics import SidecarMetrics
 from tritongen.core.sidecar_policy.schema import SidecarPolicy, parse_policy
-from tests.helpers import admission_parts, policy_doc, started_http_proxy
+from tests.sidecar_rigs import admission_parts, policy_doc, started_http_proxy
+
+pytestmark = pytest.mark.integration
 
 SERVER_METADATA = SERVICE + "ServerMetadata"
 TENANTS = {"tenants": [{"name": "acme", "max_inflight": 1, "classes": ["interactive", "normal"]}]}

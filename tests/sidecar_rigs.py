@@ -1,0 +1,195 @@
+"""What the sidecar's tests share, unit and loopback alike: a clock the test moves, a small policy
+document and the admission state on it, the admission parts and started HTTP proxy that the
+loopback tests (tests/integration/*_loopback.py) put in front of their fake upstreams, and
+Triton's APIs by category.
+
+Kept apart from tests/helpers.py (paths, CLI runners, fixture builders for every test) so that
+what only the sidecar's tests read is found in one place. The repository a real tritonserver
+serves behind the sidecar (`build_sidecar_repository`) stays in tests/helpers.py with the other
+repository builders.
+"""
+
+from __future__ import annotations
+
+from itertools import count
+from typing import Any
+
+from sidecar.admission import AdmissionState
+from sidecar.admission_types import Cost, Request
+from tritongen.core.sidecar_policy.schema import parse_policy
+
+# ------------------------------------------------------------------------------------------------
+# The sidecar's admission: a clock the test moves, a small policy document and the state on it
+
+
+class FakeClock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def policy_doc(**over: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "version": 1,
+        "deployment": "t",
+        "default_class": "normal",
+        "starvation_guard_ms": 200,
+        "classes": [
+            {"name": "interactive", "kind": "interactive", "priority": 1, "p99_ms": 250, "max_queue_wait_ms": 125,
+             "queue_cap": 4, "budget_fraction": 1.0},
+            {"name": "normal", "kind": "normal", "priority": 2, "p99_ms": 1000, "max_queue_wait_ms": 500,
+             "queue_cap": 4, "budget_fraction": 0.9},
+            {"name": "batch", "kind": "batch", "priority": 3, "p99_ms": 5000, "max_queue_wait_ms": 2500,
+             "queue_cap": 4, "budget_fraction": 0.8},
+        ],
+        "devices": [{"id": "gpu0", "memory_bytes": 100_000, "utilization_cap": 1.0, "static_used_bytes": 0}],
+        "models": [
+            {"name": "llm", "kind": "llm", "devices": ["gpu0"], "memory_quota_bytes": 1000, "max_inflight": 10,
+             "release_grace_ms": 300,
+             "kv": {"bytes_per_token": 10, "bytes_per_token_source": "analytic", "block_tokens": 1, "max_context": 100}},
+            {"name": "cls", "kind": "classic", "devices": ["gpu0"], "request_bytes": 100, "max_inflight": 5},
+        ],
+        "concurrency": {"min": 2, "max": 8, "queue_delay_high_ms": 50, "queue_delay_low_ms": 20,
+                        "adjust_interval_ms": 1000, "increase_hold_ms": 3000},
+        "headroom": {"sources": ["static"], "safety_pad_bytes": 0},
+    }
+    doc.update(over)
+    return doc
+
+
+def admission_state(**over: Any) -> tuple[AdmissionState, FakeClock]:
+    """The pure admission state on `policy_doc(**over)`, and the fake clock it reads."""
+    clock = FakeClock()
+    return AdmissionState(parse_policy(policy_doc(**over)), clock), clock
+
+
+_request_ids = count(1)
+
+
+def admission_request(model: str = "llm", klass: str = "normal", kv: int = 0, prefill: int = 0, request: int = 0,
+                      tokens: int = 0, rid: Any = None, tenant: str = "default") -> Request:
+    """A request with its cost stated in bytes and tokens; a fresh id unless `rid` names one."""
+    return Request(rid if rid is not None else next(_request_ids), model, klass,
+                   Cost(kv_bytes=kv, prefill_bytes=prefill, request_bytes=request, tokens=tokens), tenant)
+
+
+def granted_ids(state: AdmissionState) -> list[Any]:
+    """The ids granted from the queue since the last look (the events are taken)."""
+    return [d.request_id for d in state.take_events().granted]
+
+
+def tenant_usage(state: AdmissionState, tenant: str) -> tuple[int, int]:
+    """(requests in flight, bytes reserved) of one tenant."""
+    return state.inflight_of_tenant(tenant), state.reserved_of_tenant(tenant)
+
+
+# ------------------------------------------------------------------------------------------------
+# The proxies before an upstream of the test's own (the loopback tests in tests/integration/)
+
+
+async def admission_parts(policy: Any) -> tuple[Any, Any, Any, Any]:
+    """What a proxy under test needs beside its upstream: (state, metrics, controller, health), on the
+    running loop's clock, with a health probe that always answers up. The loopback tests of both
+    proxies (HTTP and gRPC) share it."""
+    import asyncio
+
+    from sidecar.controller import AdmissionController
+    from sidecar.metrics import SidecarMetrics
+    from sidecar.upstream import UpstreamHealth
+
+    async def up() -> bool:
+        return True
+
+    loop = asyncio.get_running_loop()
+    state = AdmissionState(policy, loop.time)
+    metrics = SidecarMetrics()
+    controller = AdmissionController(state, metrics, loop.time)
+    health = UpstreamHealth(up)
+    await health.check()
+    return state, metrics, controller, health
+
+
+async def started_http_proxy(upstream_port: int, policy: Any, token: str | None = None) -> tuple[Any, Any, Any]:
+    """An `HttpProxy` (started) before an in-process upstream on `upstream_port`, with its own
+    admission state and metrics (`admission_parts`): (proxy, state, metrics). The loopback tests of
+    the sidecar's HTTP side share it; the caller closes the proxy."""
+    from sidecar.http_proxy import Admin, HttpProxy
+
+    async def no_reload(why: str) -> tuple[bool, str]:
+        return False, why
+
+    state, metrics, controller, health = await admission_parts(policy)
+    proxy = HttpProxy(f"127.0.0.1:{upstream_port}", controller, health, metrics, lambda: policy,
+                      Admin(token=token, status=dict, reload=no_reload))
+    await proxy.start()
+    return proxy, state, metrics
+
+
+# ------------------------------------------------------------------------------------------------
+# Triton's APIs by category (sidecar/admin_apis.py): the classifier's unit tests and the proxies'
+# loopback tests (tests/integration/test_sidecar_admin_loopback.py) read the same tables
+
+ADMIN_TOKEN = "admin-token-0123456789"
+TRITON_GRPC_SERVICE = "/inference.GRPCInferenceService/"
+
+# every endpoint of Triton's HTTP server (src/http_server.cc) and its category
+TRITON_HTTP_PATHS = [
+    ("/v2", "metadata"),
+    ("/v2/health/live", "health"),
+    ("/v2/health/ready", "health"),
+    ("/v2/models/ranker", "metadata"),
+    ("/v2/models/ranker/versions/1", "metadata"),
+    ("/v2/models/ranker/ready", "health"),
+    ("/v2/models/ranker/versions/1/ready", "health"),
+    ("/v2/models/ranker/infer", "inference"),
+    ("/v2/models/ranker/versions/1/infer", "inference"),
+    ("/v2/models/tinyllm/generate", "inference"),
+    ("/v2/models/tinyllm/generate_stream", "inference"),
+    ("/v2/models/tinyllm/versions/3/generate_stream", "inference"),
+    ("/v2/models/ranker/config", "model-config"),
+    ("/v2/models/ranker/versions/1/config", "model-config"),
+    ("/v2/models/stats", "statistics"),
+    ("/v2/models/ranker/stats", "statistics"),
+    ("/v2/models/ranker/versions/1/stats", "statistics"),
+    ("/v2/repository/index", "model-repository"),
+    ("/v2/repository/models/ranker/load", "model-repository"),
+    ("/v2/repository/models/ranker/unload", "model-repository"),
+    ("/v2/repository/other-repo/index", "model-repository"),
+    ("/v2/repository/other-repo/models/ranker/load", "model-repository"),
+    ("/v2/logging", "logging"),
+    ("/v2/trace/setting", "trace"),
+    ("/v2/models/ranker/trace/setting", "trace"),
+    ("/v2/models/ranker/versions/1/trace/setting", "trace"),
+    ("/v2/systemsharedmemory/status", "shared-memory"),
+    ("/v2/systemsharedmemory/register", "shared-memory"),
+    ("/v2/systemsharedmemory/unregister", "shared-memory"),
+    ("/v2/systemsharedmemory/region/r0/status", "shared-memory"),
+    ("/v2/systemsharedmemory/region/r0/register", "shared-memory"),
+    ("/v2/systemsharedmemory/region/r0/unregister", "shared-memory"),
+    ("/v2/cudasharedmemory/status", "shared-memory"),
+    ("/v2/cudasharedmemory/register", "shared-memory"),
+    ("/v2/cudasharedmemory/unregister", "shared-memory"),
+    ("/v2/cudasharedmemory/region/r0/status", "shared-memory"),
+    ("/v2/cudasharedmemory/region/r0/register", "shared-memory"),
+    ("/v2/cudasharedmemory/region/r0/unregister", "shared-memory"),
+]
+
+# every method of Triton's gRPC service (grpc_service.proto) and its category
+TRITON_GRPC_METHODS = {
+    "ServerLive": "health", "ServerReady": "health", "ModelReady": "health",
+    "ServerMetadata": "metadata", "ModelMetadata": "metadata",
+    "ModelInfer": "inference", "ModelStreamInfer": "inference",
+    "ModelConfig": "model-config", "ModelStatistics": "statistics",
+    "RepositoryIndex": "model-repository", "RepositoryModelLoad": "model-repository",
+    "RepositoryModelUnload": "model-repository",
+    "SystemSharedMemoryStatus": "shared-memory", "SystemSharedMemoryRegister": "shared-memory",
+    "SystemSharedMemoryUnregister": "shared-memory",
+    "CudaSharedMemoryStatus": "shared-memory", "CudaSharedMemoryRegister": "shared-memory",
+    "CudaSharedMemoryUnregister": "shared-memory",
+    "TraceSetting": "trace", "LogSettings": "logging",
+}
