@@ -195,9 +195,11 @@ def load_phase(
 
 def run_showcase(
     spec: Path, code: Path, naive: Path, traffic: Path, out_dir: Path, workdir: Path, say: Say,
-    requests: int = 1200, ranker_rate_factor: float = 8.0, llm_rate_factor: float = 4.0, tune_requests: int = 4000,
-    llm_protocol: str = "http",
+    requests: int = 1200, classic_rate_factor: float = 8.0, llm_rate_factor: float = 4.0, tune_requests: int = 4000,
+    llm_protocol: str = "http", measured_profiles: Path | None = None,
 ) -> Showcase:
+    """`measured_profiles`: profiles from `tritongen profile` to tune with instead of profiling here
+    (copied to the report's folder); None: step 1 profiles the hand-written configs."""
     show = Showcase()
     before, after, profiles = workdir / "before", workdir / "after", out_dir / "profiles"
     copy_model_code(code, before)
@@ -205,8 +207,12 @@ def run_showcase(
     for model_dir in naive.iterdir():
         if (model_dir / "config.pbtxt").is_file():
             shutil.copy(model_dir / "config.pbtxt", before / model_dir.name / "config.pbtxt")
-    say(f"1/4 profile the models ({naive.name} configs, embedded server) -> {profiles}")
-    tritongen_cmd("profile", str(spec), "--repo", str(before), "-o", str(profiles), "--quick")
+    if measured_profiles is None:
+        say(f"1/4 profile the models ({naive.name} configs, embedded server) -> {profiles}")
+        tritongen_cmd("profile", str(spec), "--repo", str(before), "-o", str(profiles), "--quick")
+    else:
+        say(f"1/4 profiles from {measured_profiles} (--profiles: not measured here) -> {profiles}")
+        shutil.copytree(measured_profiles, profiles, dirs_exist_ok=True)
     show.lap("profile")
     say(f"2/4 tune against {traffic.name} with the simulator, render the winner -> {after}")
     tuned = tritongen_cmd("tune", str(spec), "--profiles", str(profiles), "--traffic", str(traffic), "-o", str(after),
@@ -219,12 +225,15 @@ def run_showcase(
     traffic_spec, trace = read_traffic(traffic)
     # The traffic file's shape and class mix, scaled so that each model's bursts exceed its capacity.
     llm_arrivals = scale_rate(generate_arrivals(traffic_spec, seed=1, trace_text=trace, requests=requests), llm_rate_factor)
-    ranker_arrivals = scale_rate(generate_arrivals(traffic_spec, seed=2, trace_text=trace, requests=requests), ranker_rate_factor)
-    workloads = {"ranker": Workload(ranker_arrivals, False), "tinyllm": Workload(llm_arrivals, True)}
+    classic_arrivals = scale_rate(generate_arrivals(traffic_spec, seed=2, trace_text=trace, requests=requests), classic_rate_factor)
+    streaming = {m.name: bool(m.streaming) for m in load_spec(spec).spec.models}
+    workloads = {name: Workload(llm_arrivals if streams else classic_arrivals, streams) for name, streams in streaming.items()}
+    streamed = ", ".join(name for name, streams in streaming.items() if streams) or "none"
+    classic = ", ".join(name for name, streams in streaming.items() if not streams) or "none"
     targets = class_targets_ms(spec)
     say("3/4 before: the same bursty two-class load against the hand-written configs "
-        f"({traffic.name}'s shape at {ranker_rate_factor:g}x its rate for ranker and {llm_rate_factor:g}x for tinyllm; "
-        f"tune simulated it at 1x; tinyllm streams over {'HTTP generate_stream' if llm_protocol == 'http' else 'gRPC'})")
+        f"({traffic.name}'s shape at {classic_rate_factor:g}x its rate for {classic} and {llm_rate_factor:g}x for {streamed}; "
+        f"tune simulated it at 1x; {streamed} stream over {'HTTP generate_stream' if llm_protocol == 'http' else 'gRPC'})")
     show.runs += load_phase("before", before, workloads, say, workdir, behind_sidecar=False, llm_protocol=llm_protocol,
                             targets_ms=targets)
     show.lap("load before")

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.helpers import MODEL_REPOSITORY, cli, example_render
+from tests.helpers import EXAMPLE_PROFILES, MODEL_REPOSITORY, cli, example_render
 from tritongen.client import infer_http, sample_inputs, stream_grpc
 
 pytestmark = pytest.mark.integration
@@ -85,10 +85,13 @@ def demo_rows(stdout: str) -> dict[tuple[str, str], list[str]]:
 
 
 def test_demo_before_after(tmp_path: Path) -> None:
-    """The whole product on the embedded server: profile, tune, render, sidecar, same load twice."""
+    """The whole product on the embedded server: tune, render, sidecar, the same load twice. Tuned from
+    the committed example profiles (`--profiles`): profiling the same spec's models on the embedded
+    server is test_profile.py's (34 s of this test's 65 when the demo measured them again)."""
     out = tmp_path / "demo-out"
     # Shorter than `make demo` (1200 requests, 4000 per tuning simulation): the same steps, half the time.
-    result = cli("demo", "--only", "classic", "--requests", "100", "--tune-requests", "500", "-o", str(out))
+    result = cli("demo", "--only", "classic", "--requests", "100", "--tune-requests", "500",
+                 "--profiles", str(EXAMPLE_PROFILES), "-o", str(out))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = demo_rows(result.stdout)
     for model in ("ranker", "tinyllm"):

