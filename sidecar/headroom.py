@@ -6,7 +6,8 @@ Sources, in the policy's order (default `nvml`, `triton_metrics`, `static`):
     fails cleanly (and retries init rarely).
   * `TritonMetricsSource`: Triton's Prometheus endpoint: `nv_gpu_memory_{total,used}_bytes` per
     GPU, a model's own KV-pool gauges (`<prefix>_kv_blocks_used/_total`, `_kv_bytes_per_token`,
-    `_kv_block_tokens`, labelled `model=<name>`, as `tinyllm` exports them), else the engine's
+    `_kv_block_tokens`, labelled `model=<name>`: tritongen's `llm_engine_*` convention, any prefix;
+    see tritongen.core.engine_metrics), else the engine's
     (TensorRT-LLM's block gauges, vLLM's usage fraction of the policy's pool) and, from the
     `nv_inference_queue_duration_us` counters, the queueing delay Triton measured per model.
   * `StaticSource`: the plan's arithmetic from the policy; it always answers.

@@ -12,10 +12,11 @@ panel grid, the PromQL and the metric names checkable by tests. Panels, top to b
 Sources: Triton's own metrics (`nv_*`, port 8002; P99 needs `--metrics-config
 summary_latencies=true`, which `tritongen deploy` sets) and the sidecar's (`sidecar_*`):
 the sidecar sees what Triton cannot (requests it rejected before Triton, time to first token of
-streams, live memory headroom). The LLM engines' own metrics (vLLM's, TensorRT-LLM's, tinyllm's;
-names in tritongen.core.engine_metrics) show what a decoupled model's Triton counters cannot: the
-engine's queue, its KV cache and its preemptions, the signals `tritongen doctor` diagnoses
-(DR108-DR112). The `model` variable filters every per-model panel.
+streams, live memory headroom). The LLM engines' own metrics (vLLM's, TensorRT-LLM's, and a
+Python backend's under tritongen's `llm_engine_*` convention; names in tritongen.core.engine_metrics)
+show what a decoupled model's Triton counters cannot: the engine's queue, its KV cache and its
+preemptions, the signals `tritongen doctor` diagnoses (DR108-DR112). The `model` variable filters
+every per-model panel.
 """
 
 from __future__ import annotations
@@ -180,8 +181,8 @@ def build_dashboard(options: DashboardOptions = DashboardOptions()) -> dict[str,
             _target("C", f'sum by (model, {engine.TRTLLM_REQUEST_TYPE}) ({engine.TRTLLM_REQUESTS}'
                          f'{{{_SEL},{engine.TRTLLM_REQUEST_TYPE}=~"active|waiting"}})',
                     f"{{{{model}}}} TensorRT-LLM {{{{{engine.TRTLLM_REQUEST_TYPE}}}}}"),
-            _target("D", f"sum by (model) ({engine.TINYLLM_PREFIX}running_sequences{{{_SEL}}})", "{{model}} running"),
-            _target("E", f"sum by (model) ({engine.TINYLLM_PREFIX}waiting_sequences{{{_SEL}}})", "{{model}} waiting"),
+            _target("D", f"sum by (model) ({engine.PY_RUNNING}{{{_SEL}}})", "{{model}} running"),
+            _target("E", f"sum by (model) ({engine.PY_WAITING}{{{_SEL}}})", "{{model}} waiting"),
         ], (0, 3 * h, w, h)),
         _panel(11, "LLM engine: KV-cache usage", "Fraction of the engine's KV cache in use; with requests waiting "
                f"above {KV_NEAR_FULL:.0%}, new sequences wait for blocks (doctor DR108).", "percentunit", [
@@ -190,13 +191,13 @@ def build_dashboard(options: DashboardOptions = DashboardOptions()) -> dict[str,
             _target("B", f'sum by (model) ({engine.TRTLLM_KV_BLOCKS}{{{_SEL},{engine.TRTLLM_BLOCK_TYPE}="used"}}) / '
                          f'sum by (model) ({engine.TRTLLM_KV_BLOCKS}{{{_SEL},{engine.TRTLLM_BLOCK_TYPE}="max"}})',
                     "{{model}} TensorRT-LLM"),
-            _target("C", f"sum by (model) ({engine.TINYLLM_PREFIX}kv_blocks_used{{{_SEL}}}) / "
-                         f"sum by (model) ({engine.TINYLLM_PREFIX}kv_blocks_total{{{_SEL}}})", "{{model}}"),
+            _target("C", f"sum by (model) ({engine.PY_KV_BLOCKS_USED}{{{_SEL}}}) / "
+                         f"sum by (model) ({engine.PY_KV_BLOCKS_TOTAL}{{{_SEL}}})", "{{model}}"),
         ], (w, 3 * h, w, h), _thresholds(red_above=KV_NEAR_FULL)),
         _panel(12, "Preemptions and out-of-memory kills", "Per second: the engine's preemptions (vLLM recomputes "
                "them), the kills it counts itself, and the kills the sidecar saw in the engine's answers.", "ops", [
             _target("A", f"sum by (model) (rate({engine.VLLM_PREEMPTIONS[0]}{{{_SEL}}}[{_RATE}]))", "{{model}} preemptions"),
-            _target("B", f"sum by (model) (rate({engine.TINYLLM_PREFIX}oom_errors_total{{{_SEL}}}[{_RATE}]))",
+            _target("B", f"sum by (model) (rate({engine.PY_OOM_ERRORS}{{{_SEL}}}[{_RATE}]))",
                     "{{model}} killed (engine)"),
             _target("C", f'sum by (model) (rate({SIDECAR_FINISHED}{{{_SEL},outcome="{SIDECAR_OOM_OUTCOME}"}}[{_RATE}]))',
                     "{{model}} killed (sidecar)"),

@@ -169,27 +169,37 @@ def drive(
 def load_phase(
     setup: str, repo: Path, workloads: Mapping[str, Workload], say: Say, workdir: Path,
     behind_sidecar: bool, llm_protocol: str = "http", targets_ms: Mapping[str, float] | None = None,
-    options: ServerOptions | None = None,
+    options: ServerOptions | None = None, running: TritonServer | None = None,
 ) -> list[ModelRun]:
     """Serve `repo` (with `options`, else the repository's own server flags), optionally behind the
-    sidecar its policy file configures, and drive each workload in turn."""
+    sidecar its policy file configures, and drive each workload in turn. `running`: a server already
+    serving `repo` (the one the profile measured), used as it is instead of a fresh start."""
+    if running is not None:
+        return _drive_workloads(setup, repo, running, workloads, say, workdir, behind_sidecar, llm_protocol, targets_ms)
     options = options or ServerOptions(repository=repo, extra_args=server_flags_from(repo))
-    runs: list[ModelRun] = []
     with TritonServer(options, log_path=workdir / f"triton-{setup}.log") as server:
         say(f"{setup}: tritonserver ready on {server.http_url}")
-        if behind_sidecar:
-            with SidecarProcess(repo / SIDECAR_POLICY_FILE, server, workdir / f"sidecar-{setup}.log",
-                                grpc_upstream=server.grpc_url) as sidecar:
-                say(f"{setup}: sidecar on {sidecar.http_url} (gRPC {sidecar.grpc_url}) in front of Triton")
-                for model, load in workloads.items():
-                    say(f"{setup}: {len(load.arrivals)} bursty requests to {model} through the sidecar")
-                    runs.append(drive(model, setup, load.arrivals, server, load.streaming, sidecar, "traffic_class",
-                                      llm_protocol, load.bytes_per_token, targets_ms))
-        else:
+        return _drive_workloads(setup, repo, server, workloads, say, workdir, behind_sidecar, llm_protocol, targets_ms)
+
+
+def _drive_workloads(
+    setup: str, repo: Path, server: TritonServer, workloads: Mapping[str, Workload], say: Say, workdir: Path,
+    behind_sidecar: bool, llm_protocol: str, targets_ms: Mapping[str, float] | None,
+) -> list[ModelRun]:
+    runs: list[ModelRun] = []
+    if behind_sidecar:
+        with SidecarProcess(repo / SIDECAR_POLICY_FILE, server, workdir / f"sidecar-{setup}.log",
+                            grpc_upstream=server.grpc_url) as sidecar:
+            say(f"{setup}: sidecar on {sidecar.http_url} (gRPC {sidecar.grpc_url}) in front of Triton")
             for model, load in workloads.items():
-                say(f"{setup}: {len(load.arrivals)} bursty requests to {model}, straight to Triton")
-                runs.append(drive(model, setup, load.arrivals, server, load.streaming, None, None, llm_protocol,
-                                  load.bytes_per_token, targets_ms))
+                say(f"{setup}: {len(load.arrivals)} bursty requests to {model} through the sidecar")
+                runs.append(drive(model, setup, load.arrivals, server, load.streaming, sidecar, "traffic_class",
+                                  llm_protocol, load.bytes_per_token, targets_ms))
+    else:
+        for model, load in workloads.items():
+            say(f"{setup}: {len(load.arrivals)} bursty requests to {model}, straight to Triton")
+            runs.append(drive(model, setup, load.arrivals, server, load.streaming, None, None, llm_protocol,
+                              load.bytes_per_token, targets_ms))
     return runs
 
 

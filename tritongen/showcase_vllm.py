@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -28,7 +30,7 @@ from tritongen.errors import RunFailed
 from tritongen.local_llm import split_cores, write_example_repository, write_example_spec
 from tritongen.profiles import read_profiles
 from tritongen.render import SIDECAR_POLICY_FILE
-from tritongen.server import ServerOptions
+from tritongen.server import ServerOptions, TritonServer
 from tritongen.showcase import Say, Showcase, Workload, class_targets_ms, load_phase, tritongen_cmd
 from tritongen.specio import load_spec
 from tritongen.traffic_files import read_traffic
@@ -76,6 +78,18 @@ def predicted_capacity(profile: Path, config: Path, shape: TrafficSpec, workdir:
     return simulated_throughput(profile, config, saturated)
 
 
+@contextmanager
+def beside_triton(cpus) -> Iterator[None]:
+    """This process (the load generator) on Triton's cores, off the engine's, for the phase."""
+    kept = os.sched_getaffinity(0)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, kept)
+
+
 def run_vllm_showcase(
     spec_template: Path, naive_template: Path, traffic: Path, out_dir: Path, workdir: Path, say: Say,
     seconds: float = 40.0, llm_protocol: str = "http", load_factor: float = 1.0,
@@ -93,45 +107,45 @@ def run_vllm_showcase(
     def served(repo: Path) -> ServerOptions:
         return ServerOptions(repository=repo, start_timeout_s=START_TIMEOUT_S, cpus=cpus, engine_cpus=engine_cpus)
 
-    say(f"1/4 [real vLLM] profile {model} served by the hand-written {naive_template.name} (upstream metrics only) "
-        f"-> {profiles}")
-    profiled = tritongen_cmd("profile", str(spec), "--repo", str(before), "-o", str(profiles), "--quick")
-    measured = read_profiles(profiles).get(model) if profiles.is_dir() else None
-    if measured is None or measured.engine is None:
-        said = (profiled.stderr.strip() or profiled.stdout.strip())[-2000:]
-        raise RunFailed(f"`tritongen profile` wrote no engine profile of {model} into {profiles} "
-                        f"(exit {profiled.returncode}):\n{said}")
-    show.lap("profile")
+    # One start of the hand-written server for the profile and the "before" load: a vLLM engine takes
+    # tens of seconds to start, and the profile measures the server as it is (--url), as a user's would be.
+    with TritonServer(served(before), log_path=workdir / "triton-before.log") as naive:
+        say(f"1/4 [real vLLM] profile {model} served by the hand-written {naive_template.name} (upstream metrics only) "
+            f"-> {profiles}")
+        profiled = tritongen_cmd("profile", str(spec), "--url", naive.http_url, "--grpc-url", naive.grpc_url,
+                                 "--metrics-url", naive.metrics_url, "--repo", str(before), "-o", str(profiles), "--quick")
+        measured = read_profiles(profiles).get(model) if profiles.is_dir() else None
+        if measured is None or measured.engine is None:
+            said = (profiled.stderr.strip() or profiled.stdout.strip())[-2000:]
+            raise RunFailed(f"`tritongen profile` wrote no engine profile of {model} into {profiles} "
+                            f"(exit {profiled.returncode}):\n{said}")
+        show.lap("profile")
 
-    shape, _trace = read_traffic(traffic)
-    tritongen_cmd("render", str(spec), "--profiles", str(profiles), "-o", str(rendered))
-    capacity = predicted_capacity(profiles / f"{model}.json", rendered / model / "config.pbtxt", shape, workdir)
-    rate = load_factor * capacity
-    demo_traffic = home / "traffic.yaml"
-    demo_shape = write_traffic(shape, demo_traffic, rate_per_s=rate, duration_s=seconds)
-    say(f"2/4 [real vLLM] the simulator predicts {capacity:.1f} req/s at saturation for the spec's engine; tune for "
-        f"{traffic.name}'s shape at {rate:.1f} req/s ({demo_traffic}), render the winner -> {after}")
-    tuned = tritongen_cmd("tune", str(spec), "--profiles", str(profiles), "--traffic", str(demo_traffic), "-o", str(after))
-    (home / "tune.txt").write_text(tuned.stdout)
-    if not (after / SIDECAR_POLICY_FILE).is_file():
-        raise RunFailed(f"`tritongen tune -o {after}` wrote no {SIDECAR_POLICY_FILE}:\n{tuned.stdout[-1500:]}")
-    show.lap("tune + render")
+        shape, _trace = read_traffic(traffic)
+        tritongen_cmd("render", str(spec), "--profiles", str(profiles), "-o", str(rendered))
+        capacity = predicted_capacity(profiles / f"{model}.json", rendered / model / "config.pbtxt", shape, workdir)
+        rate = load_factor * capacity
+        demo_traffic = home / "traffic.yaml"
+        demo_shape = write_traffic(shape, demo_traffic, rate_per_s=rate, duration_s=seconds)
+        say(f"2/4 [real vLLM] the simulator predicts {capacity:.1f} req/s at saturation for the spec's engine; tune for "
+            f"{traffic.name}'s shape at {rate:.1f} req/s ({demo_traffic}), render the winner -> {after}")
+        tuned = tritongen_cmd("tune", str(spec), "--profiles", str(profiles), "--traffic", str(demo_traffic), "-o", str(after))
+        (home / "tune.txt").write_text(tuned.stdout)
+        if not (after / SIDECAR_POLICY_FILE).is_file():
+            raise RunFailed(f"`tritongen tune -o {after}` wrote no {SIDECAR_POLICY_FILE}:\n{tuned.stdout[-1500:]}")
+        show.lap("tune + render")
 
-    arrivals = generate_arrivals(demo_shape, seed=3)
-    load = {model: Workload(arrivals, streaming=True, bytes_per_token=measured.engine.bytes_per_token)}
-    targets = class_targets_ms(spec)
-    kept = os.sched_getaffinity(0)
-    if cpus:
-        os.sched_setaffinity(0, cpus)  # the load generator beside Triton, off the engine's core
-    try:
-        say(f"3/4 [real vLLM] before: {len(arrivals)} requests straight to Triton, the hand-written model.json")
-        show.runs += load_phase("before", before, load, say, workdir, behind_sidecar=False, llm_protocol=llm_protocol,
-                                targets_ms=targets, options=served(before))
-        show.lap("load before")
+        arrivals = generate_arrivals(demo_shape, seed=3)
+        load = {model: Workload(arrivals, streaming=True, bytes_per_token=measured.engine.bytes_per_token)}
+        targets = class_targets_ms(spec)
+        with beside_triton(cpus):
+            say(f"3/4 [real vLLM] before: {len(arrivals)} requests straight to Triton, the hand-written model.json")
+            show.runs += load_phase("before", before, load, say, workdir, behind_sidecar=False, llm_protocol=llm_protocol,
+                                    targets_ms=targets, running=naive)
+            show.lap("load before")
+    with beside_triton(cpus):
         say("4/4 [real vLLM] after: the tuned model.json behind the sidecar, the same requests")
         show.runs += load_phase("after", after, load, say, workdir, behind_sidecar=True, llm_protocol=llm_protocol,
                                 targets_ms=targets, options=served(after))
         show.lap("load after")
-    finally:
-        os.sched_setaffinity(0, kept)
     return show

@@ -363,7 +363,7 @@ def test_tinyllm_concurrent_streams_equal_sequential(server, net):
     def counters() -> tuple[float, float]:
         return tuple(  # type: ignore[return-value]
             sum(v for labels, v in metric_samples(server.metrics_url, name) if labels.get("model") == "tinyllm")
-            for name in ("tinyllm_generated_tokens_total", "tinyllm_decode_steps_total")
+            for name in ("llm_engine_generated_tokens_total", "llm_engine_decode_steps_total")
         )
 
     sessions = [StreamSession(server.grpc_url) for _ in PROMPTS]  # connect first, then send together
@@ -411,19 +411,19 @@ def test_tinyllm_small_pool_out_of_memory_then_recovers(server, net):
         pieces, error = stream_generate(url, "tinyllm_small", "ok", 6, batched=True)
         assert error is None
         assert "".join(pieces) == expected
-    wait_for_metric(server.metrics_url, "tinyllm_kv_blocks_used", "tinyllm_small", lambda v: sum(v) == 0)
-    wait_for_metric(server.metrics_url, "tinyllm_oom_errors_total", "tinyllm_small", lambda v: sum(v) >= 2)
+    wait_for_metric(server.metrics_url, "llm_engine_kv_blocks_used", "tinyllm_small", lambda v: sum(v) == 0)
+    wait_for_metric(server.metrics_url, "llm_engine_oom_errors_total", "tinyllm_small", lambda v: sum(v) >= 2)
 
 
 def test_tinyllm_custom_metrics_on_metrics_endpoint(server):
     stream_generate(server.grpc_url, "tinyllm", "count me", 5)
     url = server.metrics_url
-    assert wait_for_metric(url, "tinyllm_kv_bytes_per_token", "tinyllm", lambda v: v == [512.0])
-    assert wait_for_metric(url, "tinyllm_kv_block_tokens", "tinyllm", lambda v: v == [16.0])
-    assert wait_for_metric(url, "tinyllm_kv_blocks_total", "tinyllm", lambda v: v == [64.0])
-    assert wait_for_metric(url, "tinyllm_kv_blocks_total", "tinyllm_small", lambda v: v == [4.0, 4.0])
-    wait_for_metric(url, "tinyllm_generated_tokens_total", "tinyllm", lambda v: v[0] >= 5)
-    wait_for_metric(url, "tinyllm_decode_steps_total", "tinyllm", lambda v: v[0] >= 4)
-    for name in ("tinyllm_kv_blocks_used", "tinyllm_running_sequences", "tinyllm_waiting_sequences"):
+    assert wait_for_metric(url, "llm_engine_kv_bytes_per_token", "tinyllm", lambda v: v == [512.0])
+    assert wait_for_metric(url, "llm_engine_kv_block_tokens", "tinyllm", lambda v: v == [16.0])
+    assert wait_for_metric(url, "llm_engine_kv_blocks_total", "tinyllm", lambda v: v == [64.0])
+    assert wait_for_metric(url, "llm_engine_kv_blocks_total", "tinyllm_small", lambda v: v == [4.0, 4.0])
+    wait_for_metric(url, "llm_engine_generated_tokens_total", "tinyllm", lambda v: v[0] >= 5)
+    wait_for_metric(url, "llm_engine_decode_steps_total", "tinyllm", lambda v: v[0] >= 4)
+    for name in ("llm_engine_kv_blocks_used", "llm_engine_running_sequences", "llm_engine_waiting_sequences"):
         wait_for_metric(url, name, "tinyllm", lambda v: v == [0.0])
-    wait_for_metric(url, "tinyllm_oom_errors_total", "tinyllm", lambda v: len(v) == 1)
+    wait_for_metric(url, "llm_engine_oom_errors_total", "tinyllm", lambda v: len(v) == 1)

@@ -225,7 +225,7 @@ def test_tiny_pool_rejects_with_out_of_memory(server):
     import httpx
 
     metrics = parse_prometheus(httpx.get(server.metrics_url).text)
-    ooms = [s.value for s in metrics if s.name == "tinyllm_oom_errors_total" and s.labels.get("model") == "tinyllm_tiny"]
+    ooms = [s.value for s in metrics if s.name == "llm_engine_oom_errors_total" and s.labels.get("model") == "tinyllm_tiny"]
     assert ooms and sum(ooms) >= 2
 
 
@@ -338,14 +338,14 @@ def test_nvml_probe_with_an_injected_library():
 
 
 def test_metrics_parsing_and_kv_gauges():
-    text = """# HELP tinyllm_kv_blocks_used KV cache blocks held by sequences
-# TYPE tinyllm_kv_blocks_used gauge
-tinyllm_kv_blocks_used{instance="tinyllm_0_0",model="tinyllm",version="1"} 3
-tinyllm_kv_blocks_used{instance="tinyllm_0_1",model="tinyllm",version="1"} 4
-tinyllm_kv_blocks_used{instance="tiny_0_0",model="tiny",version="1"} 9
-tinyllm_kv_bytes_per_token{instance="tinyllm_0_0",model="tinyllm",version="1"} 512
-tinyllm_kv_block_tokens{instance="tinyllm_0_0",model="tinyllm",version="1"} 16
-tinyllm_generated_tokens_total{instance="tinyllm_0_0",model="tinyllm",version="1"} 1.5e3
+    text = """# HELP llm_engine_kv_blocks_used KV cache blocks held by sequences
+# TYPE llm_engine_kv_blocks_used gauge
+llm_engine_kv_blocks_used{instance="tinyllm_0_0",model="tinyllm",version="1"} 3
+llm_engine_kv_blocks_used{instance="tinyllm_0_1",model="tinyllm",version="1"} 4
+llm_engine_kv_blocks_used{instance="tiny_0_0",model="tiny",version="1"} 9
+llm_engine_kv_bytes_per_token{instance="tinyllm_0_0",model="tinyllm",version="1"} 512
+llm_engine_kv_block_tokens{instance="tinyllm_0_0",model="tinyllm",version="1"} 16
+llm_engine_generated_tokens_total{instance="tinyllm_0_0",model="tinyllm",version="1"} 1.5e3
 nv_inference_count{model="tinyllm",version="1"} 7
 """
     gauges = kv_gauges(parse_prometheus(text), "tinyllm")

@@ -138,7 +138,7 @@ def metric_total(text: str, prefix: str) -> float:
 
 
 def triton_oom_count(server: TritonServer) -> float:
-    return metric_total(httpx.get(server.metrics_url, timeout=5).text, "tinyllm_oom_errors_total{")
+    return metric_total(httpx.get(server.metrics_url, timeout=5).text, "llm_engine_oom_errors_total{")
 
 
 async def _one(session: aiohttp.ClientSession, url: str, n: int, klass: str) -> dict[str, Any]:

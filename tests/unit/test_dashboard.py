@@ -35,10 +35,10 @@ REQUIRED_PANELS = {
     "Memory headroom": ["sidecar_headroom_bytes", "nv_gpu_memory_total_bytes", "nv_gpu_memory_used_bytes"],
     # the LLM engines' own metrics: what doctor's DR108-DR112 read (tritongen.core.engine_metrics)
     "LLM engine: running / waiting": ["vllm:num_requests_running", "vllm:num_requests_waiting",
-                                      "nv_trt_llm_request_metrics", "tinyllm_waiting_sequences"],
+                                      "nv_trt_llm_request_metrics", "llm_engine_waiting_sequences"],
     "LLM engine: KV-cache usage": ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
-                                   "nv_trt_llm_kv_cache_block_metrics", "tinyllm_kv_blocks_used"],
-    "Preemptions and out-of-memory kills": ["vllm:num_preemptions_total", "tinyllm_oom_errors_total",
+                                   "nv_trt_llm_kv_cache_block_metrics", "llm_engine_kv_blocks_used"],
+    "Preemptions and out-of-memory kills": ["vllm:num_preemptions_total", "llm_engine_oom_errors_total",
                                             'sidecar_requests_finished_total{model=~"$model",outcome="oom"}'],
 }
 PER_MODEL = {"Time to first token (avg, P99)", "P99 latency", "QPS", "Rejections", "LLM engine: running / waiting",

@@ -15,6 +15,7 @@ from tritongen.core.diagnosis_inputs import (
     sidecar_headroom,
     window_from_samples,
 )
+from tritongen.core.engine_metrics import PY_ENGINE_FAMILY
 from tritongen.core.engine_window import engine_windows
 from tritongen.doctor import endpoints, normalise_http, parse_metrics
 from tritongen.errors import BadInput
@@ -186,8 +187,8 @@ nv_inference_compute_infer_duration_us{model="m",version="1"} 25000
 nv_inference_request_duration_us{model="m",version="1"} 77000
 nv_inference_pending_request_count{model="m",version="1"} 1
 nv_inference_request_summary_us{model="m",version="1",quantile="0.99"} 950
-tinyllm_kv_blocks_used{instance="i0",model="m",version="1"} 30
-tinyllm_kv_blocks_total{instance="i0",model="m",version="1"} 40
+llm_engine_kv_blocks_used{instance="i0",model="m",version="1"} 30
+llm_engine_kv_blocks_total{instance="i0",model="m",version="1"} 40
 sidecar_prompt_tokens_bucket{model="m",le="64"} 15
 sidecar_prompt_tokens_bucket{model="m",le="+Inf"} 30
 nv_gpu_utilization{gpu_uuid="GPU-1"} 0.5
@@ -209,7 +210,7 @@ def test_window_from_two_scrapes() -> None:
     assert (w.pending_start, w.pending_end) == (3, 1)
     assert w.p99_request_us == 950
     engine = engine_windows([parse_metrics(METRICS_BEFORE), parse_metrics(METRICS_AFTER)], 10.0)["m"]
-    assert engine.family == "tinyllm" and engine.kv_used.last == pytest.approx(0.75)
+    assert engine.family == PY_ENGINE_FAMILY and engine.kv_used.last == pytest.approx(0.75)
     assert w.prompt_tokens_buckets == ((64.0, 10.0), (float("inf"), 20.0))
     after = parse_metrics(METRICS_AFTER)
     assert sidecar_headroom(after) == [Headroom("gpu0", 500, None), Headroom("pool:m", 20, 640)]

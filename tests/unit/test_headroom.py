@@ -147,12 +147,12 @@ nv_gpu_memory_used_bytes{gpu_uuid="GPU-a"} 3000
 nv_gpu_memory_total_bytes{gpu_uuid="GPU-b"} 8000
 nv_gpu_memory_used_bytes{gpu_uuid="GPU-b"} 1000
 nv_gpu_utilization{gpu_uuid="GPU-b"} 0.25
-tinyllm_kv_blocks_used{instance="tinyllm_0_0",model="tinyllm",version="1"} 3
-tinyllm_kv_blocks_used{instance="tinyllm_0_1",model="tinyllm",version="1"} 2
-tinyllm_kv_blocks_total{instance="tinyllm_0_0",model="tinyllm",version="1"} 10
-tinyllm_kv_blocks_total{instance="tinyllm_0_1",model="tinyllm",version="1"} 10
-tinyllm_kv_bytes_per_token{instance="tinyllm_0_0",model="tinyllm",version="1"} 512
-tinyllm_kv_block_tokens{instance="tinyllm_0_0",model="tinyllm",version="1"} 16
+llm_engine_kv_blocks_used{instance="tinyllm_0_0",model="tinyllm",version="1"} 3
+llm_engine_kv_blocks_used{instance="tinyllm_0_1",model="tinyllm",version="1"} 2
+llm_engine_kv_blocks_total{instance="tinyllm_0_0",model="tinyllm",version="1"} 10
+llm_engine_kv_blocks_total{instance="tinyllm_0_1",model="tinyllm",version="1"} 10
+llm_engine_kv_bytes_per_token{instance="tinyllm_0_0",model="tinyllm",version="1"} 512
+llm_engine_kv_block_tokens{instance="tinyllm_0_0",model="tinyllm",version="1"} 16
 other_kv_blocks_used{model="other"} 1
 """
 

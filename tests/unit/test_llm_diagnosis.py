@@ -150,14 +150,14 @@ nv_trt_llm_kv_cache_block_metrics{{kv_cache_block_type="tokens_per",model="tenso
     assert all("parameters.kv_cache_free_gpu_mem_fraction" in f.fix for f in findings)
 
 
-def test_tinyllm_counts_its_own_kills() -> None:
+def test_a_python_backend_counts_its_own_kills() -> None:
     def scrape(kills: float) -> dict:
         return parse_metrics(f"""
-tinyllm_kv_blocks_used{{model="llm",version="1"}} 10
-tinyllm_kv_blocks_total{{model="llm",version="1"}} 40
-tinyllm_running_sequences{{model="llm",version="1"}} 3
-tinyllm_waiting_sequences{{model="llm",version="1"}} 0
-tinyllm_oom_errors_total{{model="llm",version="1"}} {kills}
+llm_engine_kv_blocks_used{{model="llm",version="1"}} 10
+llm_engine_kv_blocks_total{{model="llm",version="1"}} 40
+llm_engine_running_sequences{{model="llm",version="1"}} 3
+llm_engine_waiting_sequences{{model="llm",version="1"}} 0
+llm_engine_oom_errors_total{{model="llm",version="1"}} {kills}
 """)
     snap = snap_of([scrape(2), scrape(9)], config=PY_CONFIG)
     (kill,) = diagnose([snap], TARGETS)

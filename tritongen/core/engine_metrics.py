@@ -16,7 +16,32 @@ to see an engine drowning. Names are the engines' own:
   `nv_trt_llm_kv_cache_block_metrics` with `kv_cache_block_type` = max | free | used | tokens_per |
   fraction, and `nv_trt_llm_request_metrics` with `request_type` = active | max | scheduled |
   context | waiting, labelled `model`.
-- tinyllm (this repository's example engine): `tinyllm_*` gauges and counters.
+- Any other engine, such as a user's own Python backend: tritongen's convention below, the
+  `llm_engine_*` names (`model_repository/tinyllm` is an example that follows it).
+
+tritongen's convention for a Python backend's engine. Export these with
+`pb_utils.MetricFamily` (Triton serves them on its /metrics endpoint), each labelled with
+`model=<the model's name>`; other labels (`version`, `instance`, ...) are free, and readers sum a
+model's series over them. Export what the engine knows; readers use what is there:
+
+    gauges
+    llm_engine_kv_blocks_used        KV cache blocks held by sequences now
+    llm_engine_kv_blocks_total       KV cache blocks in the pool (used / total: the KV usage)
+    llm_engine_kv_bytes_per_token    KV cache bytes one token takes (all layers)
+    llm_engine_kv_block_tokens       tokens one KV cache block holds
+    llm_engine_running_sequences     sequences in the running batch
+    llm_engine_waiting_sequences     requests accepted but waiting for a batch slot
+    counters
+    llm_engine_oom_errors_total      requests the engine failed because its KV pool ran out
+    llm_engine_generated_tokens_total  tokens generated
+    llm_engine_decode_steps_total    batched decode steps run (generated tokens / decode steps:
+                                     the mean decode batch)
+
+`tritongen doctor` reads the running, waiting, KV and out-of-memory ones (DR108-DR112), the
+dashboard draws them, `tritongen profile` measures the KV pool from the `kv_*` gauges and the
+generated tokens, and the sidecar's `triton_metrics` headroom source reads the `kv_*` gauges. The
+profiler and the sidecar match the `kv_*` gauges by suffix (`<prefix>_kv_blocks_used` for any
+prefix); doctor and the dashboard need the `llm_engine_` prefix.
 """
 
 from __future__ import annotations
@@ -38,9 +63,21 @@ TRTLLM_BLOCK_TYPE = "kv_cache_block_type"
 TRTLLM_REQUESTS = "nv_trt_llm_request_metrics"
 TRTLLM_REQUEST_TYPE = "request_type"
 
-TINYLLM_PREFIX = "tinyllm_"
+PY_ENGINE_PREFIX = "llm_engine_"
+PY_ENGINE_FAMILY = f"Python backend ({PY_ENGINE_PREFIX}*)"  # how reports name the family: "<family> engine: ..."
+PY_KV_BLOCKS_USED = f"{PY_ENGINE_PREFIX}kv_blocks_used"
+PY_KV_BLOCKS_TOTAL = f"{PY_ENGINE_PREFIX}kv_blocks_total"
+PY_KV_BYTES_PER_TOKEN = f"{PY_ENGINE_PREFIX}kv_bytes_per_token"
+PY_KV_BLOCK_TOKENS = f"{PY_ENGINE_PREFIX}kv_block_tokens"
+PY_RUNNING = f"{PY_ENGINE_PREFIX}running_sequences"
+PY_WAITING = f"{PY_ENGINE_PREFIX}waiting_sequences"
+PY_OOM_ERRORS = f"{PY_ENGINE_PREFIX}oom_errors_total"
+PY_GENERATED_TOKENS = f"{PY_ENGINE_PREFIX}generated_tokens_total"
+PY_DECODE_STEPS = f"{PY_ENGINE_PREFIX}decode_steps_total"
+PY_ENGINE_METRICS = (PY_KV_BLOCKS_USED, PY_KV_BLOCKS_TOTAL, PY_KV_BYTES_PER_TOKEN, PY_KV_BLOCK_TOKENS, PY_RUNNING,
+                     PY_WAITING, PY_OOM_ERRORS, PY_GENERATED_TOKENS, PY_DECODE_STEPS)
 
-# what an engine that runs out of KV memory says (tinyllm, the stand-ins, PyTorch, vLLM, TRT-LLM)
+# what an engine that runs out of KV memory says (the example tinyllm, the stand-ins, PyTorch, vLLM, TRT-LLM)
 OOM_MARKERS = ("out of memory", "outofmemory", "kv cache is full", "no free blocks", "insufficient kv")
 
 

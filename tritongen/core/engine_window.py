@@ -3,9 +3,10 @@
 A decoupled model's `execute` returns as soon as it has handed the request to its engine, so
 Triton's queue and compute counters end there and say nothing about the engine behind it: a
 vLLM engine can hold requests for seconds while Triton reports 1 ms of compute. What does see
-the engine is what the engine exports (vLLM's, TensorRT-LLM's or tinyllm's gauges, counters and
-histograms on Triton's endpoint; names in `tritongen.core.engine_metrics`) and what the sidecar
-measures in front of it (time to first token per class, queue wait, refusals, outcomes).
+the engine is what the engine exports (vLLM's, TensorRT-LLM's or a Python backend's `llm_engine_*`
+gauges, counters and histograms on Triton's endpoint; names and the convention in
+`tritongen.core.engine_metrics`) and what the sidecar measures in front of it (time to first
+token per class, queue wait, refusals, outcomes).
 
 Pure: doctor's adapter scrapes every `--sample-every` seconds through the window and hands the
 scrapes here. Gauges (running, waiting, KV usage) are summarised over every scrape, since two
@@ -187,7 +188,7 @@ class EngineWindow:
     """One model's engine over the window, as far as its exported metrics tell."""
 
     model: str
-    family: str  # "vLLM", "TensorRT-LLM", "tinyllm"
+    family: str  # "vLLM", "TensorRT-LLM", `engine_metrics.PY_ENGINE_FAMILY`
     metrics: tuple[str, ...]  # the engine metric names found for the model
     running: Gauge | None = None
     waiting: Gauge | None = None
@@ -352,20 +353,20 @@ def _trtllm(model: str, scrapes: Sequence[Samples], found: list[str], window_s: 
     )
 
 
-def _tinyllm(model: str, scrapes: Sequence[Samples], found: list[str], window_s: float) -> EngineWindow:
+def _python_backend(model: str, scrapes: Sequence[Samples], found: list[str], window_s: float) -> EngineWindow:
+    """A Python backend's engine that follows tritongen's `llm_engine_*` convention."""
     me = {"model": model}
-    p = names.TINYLLM_PREFIX
 
     def usage(s: Samples) -> float | None:
-        used, total = _sum(s, f"{p}kv_blocks_used", me), _sum(s, f"{p}kv_blocks_total", me)
+        used, total = _sum(s, names.PY_KV_BLOCKS_USED, me), _sum(s, names.PY_KV_BLOCKS_TOTAL, me)
         return used / total if used is not None and total else None
 
     return EngineWindow(
-        model=model, family="tinyllm", metrics=tuple(found), window_s=window_s,
-        running=_gauge(scrapes, lambda s: _sum(s, f"{p}running_sequences", me)),
-        waiting=_gauge(scrapes, lambda s: _sum(s, f"{p}waiting_sequences", me)),
+        model=model, family=names.PY_ENGINE_FAMILY, metrics=tuple(found), window_s=window_s,
+        running=_gauge(scrapes, lambda s: _sum(s, names.PY_RUNNING, me)),
+        waiting=_gauge(scrapes, lambda s: _sum(s, names.PY_WAITING, me)),
         kv_used=_gauge(scrapes, usage),
-        oom_kills=_delta(scrapes[0], scrapes[-1], f"{p}oom_errors_total", me),
+        oom_kills=_delta(scrapes[0], scrapes[-1], names.PY_OOM_ERRORS, me),
     )
 
 
@@ -374,12 +375,12 @@ def _family_of(name: str) -> str | None:
         return "vllm"
     if name.startswith("nv_trt_llm_"):
         return "trtllm"
-    if name.startswith(names.TINYLLM_PREFIX):
-        return "tinyllm"
+    if name.startswith(names.PY_ENGINE_PREFIX):
+        return "llm_engine"
     return None
 
 
-_READERS = {"vllm": _vllm, "trtllm": _trtllm, "tinyllm": _tinyllm}
+_READERS = {"vllm": _vllm, "trtllm": _trtllm, "llm_engine": _python_backend}
 
 
 def engine_windows(scrapes: Sequence[Samples], window_s: float) -> dict[str, EngineWindow]:

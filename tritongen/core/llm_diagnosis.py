@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tritongen.core.diagnosis_inputs import ModelWindow, ServerSnapshot, Targets
+from tritongen.core.engine_metrics import PY_ENGINE_PREFIX
 from tritongen.core.engine_window import MIN_OBSERVATIONS, EngineWindow, Histogram, SidecarWindow
 from tritongen.core.findings import Finding
 
@@ -367,7 +368,8 @@ NO_ENGINE_METRICS = ("it is decoupled, so Triton's queue and compute times end w
 MAKE_VISIBLE = (
     "export the engine's state on Triton's metrics endpoint (pb_utils.MetricFamily, vLLM's names: "
     "vllm:num_requests_running / _waiting, vllm:kv_cache_usage_perc, vllm:num_preemptions_total, "
-    "vllm:time_to_first_token_seconds), or put `tritongen sidecar` in front and pass --sidecar-metrics-url"
+    f"vllm:time_to_first_token_seconds; or, from a Python backend, tritongen's {PY_ENGINE_PREFIX}* names, listed in "
+    "tritongen/core/engine_metrics.py), or put `tritongen sidecar` in front and pass --sidecar-metrics-url"
 )
 
 

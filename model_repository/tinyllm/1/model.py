@@ -19,11 +19,15 @@ vocab_size 256, max_context 256, seed 11, kv_block_tokens 16, kv_pool_blocks 64,
 default_max_tokens 16, intermediate_size 0 = 4 x hidden_size, head_dim 0 = hidden_size / num_heads).
 Keys it does not know are ignored.
 
-Metrics (on the server's /metrics; labels model, version, instance):
-  gauges   tinyllm_kv_blocks_used, tinyllm_kv_blocks_total, tinyllm_kv_bytes_per_token,
-           tinyllm_kv_block_tokens, tinyllm_running_sequences, tinyllm_waiting_sequences
-  counters tinyllm_oom_errors_total, tinyllm_generated_tokens_total,
-           tinyllm_decode_steps_total (generated tokens / decode steps = mean decode batch)
+Metrics (on the server's /metrics; labels model, version, instance): tritongen's `llm_engine_*`
+convention for a Python backend's engine (meanings in tritongen/core/engine_metrics.py), which
+doctor, the dashboard, the profiler and the sidecar read:
+  gauges   llm_engine_kv_blocks_used, llm_engine_kv_blocks_total, llm_engine_kv_bytes_per_token,
+           llm_engine_kv_block_tokens, llm_engine_running_sequences, llm_engine_waiting_sequences
+  counters llm_engine_oom_errors_total, llm_engine_generated_tokens_total,
+           llm_engine_decode_steps_total (generated tokens / decode steps = mean decode batch)
+The names are spelled out here because the model runs in Triton's Python stub, without tritongen;
+tests/unit/test_engine_metrics_convention.py holds them to tritongen's.
 """
 
 from __future__ import annotations
@@ -41,15 +45,15 @@ from tinyllm_engine import Engine, EngineConfig, EngineStats, TokenSink, encode 
 
 # metric name -> (kind, EngineStats field, description)
 METRICS = {
-    "tinyllm_kv_blocks_used": ("gauge", "kv_blocks_used", "KV cache blocks held by sequences"),
-    "tinyllm_kv_blocks_total": ("gauge", "kv_blocks_total", "KV cache blocks in the pool"),
-    "tinyllm_kv_bytes_per_token": ("gauge", "kv_bytes_per_token", "KV cache bytes per token"),
-    "tinyllm_kv_block_tokens": ("gauge", "kv_block_tokens", "Tokens per KV cache block"),
-    "tinyllm_running_sequences": ("gauge", "running_sequences", "Sequences in the running batch"),
-    "tinyllm_waiting_sequences": ("gauge", "waiting_sequences", "Requests waiting for a batch slot"),
-    "tinyllm_oom_errors_total": ("counter", "oom_errors_total", "Requests failed: KV cache pool exhausted"),
-    "tinyllm_generated_tokens_total": ("counter", "generated_tokens_total", "Tokens generated"),
-    "tinyllm_decode_steps_total": ("counter", "decode_steps_total", "Batched decode steps run"),
+    "llm_engine_kv_blocks_used": ("gauge", "kv_blocks_used", "KV cache blocks held by sequences"),
+    "llm_engine_kv_blocks_total": ("gauge", "kv_blocks_total", "KV cache blocks in the pool"),
+    "llm_engine_kv_bytes_per_token": ("gauge", "kv_bytes_per_token", "KV cache bytes per token"),
+    "llm_engine_kv_block_tokens": ("gauge", "kv_block_tokens", "Tokens per KV cache block"),
+    "llm_engine_running_sequences": ("gauge", "running_sequences", "Sequences in the running batch"),
+    "llm_engine_waiting_sequences": ("gauge", "waiting_sequences", "Requests waiting for a batch slot"),
+    "llm_engine_oom_errors_total": ("counter", "oom_errors_total", "Requests failed: KV cache pool exhausted"),
+    "llm_engine_generated_tokens_total": ("counter", "generated_tokens_total", "Tokens generated"),
+    "llm_engine_decode_steps_total": ("counter", "decode_steps_total", "Batched decode steps run"),
 }
 
 # How often (in generated tokens) a sequence asks the server whether its client cancelled;
