@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -209,9 +210,10 @@ def sidecar_policy(tmp_path: Path, max_inflight: int, tokenizer: Path | None = N
     return path
 
 
-def limit_under_load(server: TritonServer, tmp_path: Path, start: int, streams: int, seconds: float) -> list[int]:
+def limit_under_load(server: TritonServer, tmp_path: Path, start: int, streams: int, seconds: float,
+                     until: Callable[[int], bool]) -> list[int]:
     """The sidecar's in-flight limit for the model, once a second, while `streams` closed-loop gRPC
-    streams of 16 + 32-token requests go through it."""
+    streams of 16 + 32-token requests go through it: for `seconds`, or until a reading satisfies `until`."""
     from tritongen.core.llm_interface_config import interface_from_config
     from tritongen.profiler.engine import stream_inputs
     from tritongen.profiler.load import StreamLoad
@@ -232,6 +234,8 @@ def limit_under_load(server: TritonServer, tmp_path: Path, start: int, streams: 
                 status = httpx.get(f"http://{sidecar.http_url}/sidecar/status",
                                    headers={"x-sidecar-token": token.read_text()}, timeout=5).json()
                 limits.append(status["models"][MODEL]["engine_limit"]["limit"])
+                if until(limits[-1]):
+                    break
                 time.sleep(1.0)
         finally:
             StreamLoad.finish(workers, stop)
@@ -244,9 +248,9 @@ def test_the_sidecar_finds_what_the_engine_runs_from_a_wrong_policy(server: Trit
     """Issue 31: the engine runs up to 32 sequences (max_num_seqs, and its pool at 48 tokens). From
     a policy that says 4, the limit grows while requests wait and the engine starts them at once;
     from one that says 64, it drops to what the engine ran when requests wait inside the engine."""
-    grown = limit_under_load(server, tmp_path, start=4, streams=24, seconds=20.0)
+    grown = limit_under_load(server, tmp_path, start=4, streams=24, seconds=20.0, until=lambda limit: limit >= 12)
     assert max(grown) >= 12, grown  # three times the policy's figure (alone it reaches 16+ in 14 s; in the suite 13)
-    shrunk = limit_under_load(server, tmp_path, start=64, streams=48, seconds=10.0)
+    shrunk = limit_under_load(server, tmp_path, start=64, streams=48, seconds=10.0, until=lambda limit: limit <= 40)
     assert min(shrunk) <= 40, shrunk
 
 
