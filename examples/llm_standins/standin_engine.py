@@ -1,6 +1,10 @@
 """The engine behind the LLM stand-ins (`vllm_standin`, `reserve_llm`): continuous batching whose
 costs are sleeps, so every step's duration is exact and known.
 
+One file over 500 lines on purpose: each stand-in's model folder links this one module beside its
+`model.py` (Triton's Python backend loads the folder as it is), and the step, its admission policies
+and the KV pool below share one state.
+
 Importable without Triton (the tests drive it with a fake clock); the Triton adapters are
 `backends/vllm/model.py` and `repository/reserve_llm/1/model.py`, which read the costs from their
 model's `1/standin.json`. Nothing computes: a "token" is `bytes_per_token` bytes of the prompt's

@@ -1,7 +1,7 @@
 """The house rules of the layout (shared/docs/architecture.md), checked rather than hoped for:
-`tritongen/core` imports no network, RPC or GPU library, and no module of tritongen or the
-sidecar imports itself back through others. Read from the source (tests/import_closure.py): no
-module is imported to check it, and no process is started."""
+`tritongen/core` imports no network, RPC or GPU library, no command imports another, and no file
+runs past 500 lines without saying why (cycles and layers: test_layers.py). Read from the source
+(tests/import_closure.py): no module is imported to check it, and no process is started."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import REPO_ROOT
 from tests.import_closure import import_closure, imports_in, project_modules
 
 # numpy is allowed: the simulator, traffic and tuner compute on arrays.
@@ -78,3 +79,35 @@ def test_commands_import_no_other_command() -> None:
     for name, path in commands.items():
         imported = _imports(name, path, known)
         assert not {m for m in imported if m.endswith("_cmd") or m == "tritongen.cli.main"}, name
+
+
+# ---------------------------------------------------------------------------------------------
+# File size
+
+MAX_LINES = 500
+REASON_WITHIN = 15  # the reason stands in the module docstring's first lines
+REASON_MARKERS = ("one unit", "one file over 500 lines")
+
+
+def _python_files() -> list[Path]:
+    """Every Python file under the folders that hold code (a symlink counts once, at its target;
+    hidden folders such as a bench's tool venv are not ours)."""
+    roots = ("tritongen", "sidecar", "tests", "bench", "examples", "model_repository", "templates")
+    out: list[Path] = []
+    for root in roots:
+        base = REPO_ROOT / root
+        if base.is_dir():
+            out += [p for p in base.rglob("*.py") if not p.is_symlink()
+                    and not any(part.startswith(".") or part == "__pycache__" for part in p.relative_to(REPO_ROOT).parts)]
+    return sorted(out)
+
+
+def test_no_file_over_500_lines_without_a_reason_in_its_first_lines() -> None:
+    """Issue 33: a long file is split by responsibility, or says at its top why it is one unit."""
+    unexplained = []
+    for path in _python_files():
+        lines = path.read_text().splitlines()
+        head = " ".join(lines[:REASON_WITHIN]).lower()
+        if len(lines) > MAX_LINES and not any(marker in head for marker in REASON_MARKERS):
+            unexplained.append(f"{path.relative_to(REPO_ROOT)} ({len(lines)} lines)")
+    assert not unexplained, "split these by responsibility, or say why each is one unit in its first lines: " + ", ".join(unexplained)

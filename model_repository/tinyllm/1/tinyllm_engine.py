@@ -1,5 +1,9 @@
 """tinyllm: a small decoder-only transformer in numpy with an LLM serving engine around it.
 
+One file over 500 lines on purpose: Triton's Python backend loads a model version's folder as it is,
+so the engine travels as this one module beside `model.py` (every deployment, the k8s bundle and the
+demo copy the folder); its pieces below share the pool and the batch state.
+
 Importable without Triton: the Triton model (`model.py` beside this file) only adapts requests and
 responses; tests drive the same engine in-process and compare texts with what the server streams.
 
