@@ -193,3 +193,15 @@ TRITON_GRPC_METHODS = {
     "CudaSharedMemoryUnregister": "shared-memory",
     "TraceSetting": "trace", "LogSettings": "logging",
 }
+
+
+async def started_grpc_server(handler: Any) -> tuple[Any, int]:
+    """A grpc.aio server on a free loopback port serving one generic handler, started: the fake
+    Triton behind a proxy, or the proxy's own listener, in the loopback tests."""
+    import grpc
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, port

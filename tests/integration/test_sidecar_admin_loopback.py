@@ -21,7 +21,7 @@ from sidecar import admin_apis
 from sidecar.grpc_proxy import GrpcProxy
 from sidecar.metrics import SidecarMetrics
 from tests.sidecar_rigs import (ADMIN_TOKEN, TRITON_GRPC_METHODS, TRITON_GRPC_SERVICE, TRITON_HTTP_PATHS, admission_parts,
-                                policy_doc, started_http_proxy)
+                                policy_doc, started_grpc_server, started_http_proxy)
 from tritongen.core.sidecar_policy.schema import SidecarPolicy, parse_policy
 
 pytestmark = pytest.mark.integration
@@ -169,17 +169,11 @@ async def grpc_rig(
 
             return grpc.unary_unary_rpc_method_handler(answer)
 
-    upstream = grpc.aio.server()
-    upstream.add_generic_rpc_handlers((_Upstream(),))
-    upstream_port = upstream.add_insecure_port("127.0.0.1:0")
-    await upstream.start()
+    upstream, upstream_port = await started_grpc_server(_Upstream())
     _, metrics, controller, health = await admission_parts(policy)
     proxy = GrpcProxy(f"127.0.0.1:{upstream_port}", controller, health, metrics, lambda: policy, token=token)
     await proxy.start()
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((proxy.handler(),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    server, port = await started_grpc_server(proxy.handler())
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
         yield channel, seen, metrics

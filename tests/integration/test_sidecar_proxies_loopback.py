@@ -23,7 +23,7 @@ from sidecar.admission import AdmissionState
 from sidecar.grpc_proxy import MODEL_INFER, MODEL_STREAM_INFER, SERVICE, GrpcProxy
 from sidecar.metrics import SidecarMetrics
 from tritongen.core.sidecar_policy.schema import SidecarPolicy, parse_policy
-from tests.sidecar_rigs import admission_parts, policy_doc, started_http_proxy
+from tests.sidecar_rigs import admission_parts, policy_doc, started_grpc_server, started_http_proxy
 
 pytestmark = pytest.mark.integration
 
@@ -127,18 +127,12 @@ class GrpcRig:
 @asynccontextmanager
 async def grpc_rig(policy: SidecarPolicy) -> AsyncIterator[GrpcRig]:
     fake = FakeTriton()
-    upstream = grpc.aio.server()
-    upstream.add_generic_rpc_handlers((fake.handler(),))
-    upstream_port = upstream.add_insecure_port("127.0.0.1:0")
-    await upstream.start()
+    upstream, upstream_port = await started_grpc_server(fake.handler())
     state, metrics, controller, health = await admission_parts(policy)
     controller.start()
     proxy = GrpcProxy(f"127.0.0.1:{upstream_port}", controller, health, metrics, lambda: policy)
     await proxy.start()
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((proxy.handler(),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    server, port = await started_grpc_server(proxy.handler())
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
         yield GrpcRig(fake, state, metrics, channel)
