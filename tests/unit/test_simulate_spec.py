@@ -148,3 +148,30 @@ def test_a_target_holds_ttft_for_a_stream_and_the_end_to_end_p99_otherwise(strea
     checks = check_targets(result, classes, streaming)
     assert set(checks) == {"a"}  # b has no target, idle sent nothing
     assert (checks["a"].p99_ms, checks["a"].met) == (held, held <= 20.0)
+
+
+def test_with_a_spec_the_classes_keep_the_spec_priorities_as_tune_gives_them(tmp_path: Path) -> None:
+    """A traffic file whose priorities disagree with the spec's simulates as tune simulates it: with
+    the spec's (ranker's config has three priority levels, so the order changes who waits)."""
+    doc = yaml.safe_load((EXAMPLES / "traffic" / "poisson.yaml").read_text())
+    doc["rate_per_s"] = 3000  # past capacity, so the levels' order shows in who waits
+    for klass in doc["classes"]:
+        klass["priority"] = 4 - klass["priority"]  # interactive last, batch first
+    reversed_traffic = tmp_path / "reversed.yaml"
+    reversed_traffic.write_text(yaml.safe_dump(doc))
+    doc["classes"] = [{**c, "priority": 4 - c["priority"]} for c in doc["classes"]]
+    as_spec = tmp_path / "as_spec.yaml"
+    as_spec.write_text(yaml.safe_dump(doc))
+
+    def run(*args: str, traffic: Path) -> dict:
+        done = run_cli("simulate", *args, "--profile", str(EXAMPLE_PROFILES / "ranker.json"), "--config",
+                       str(EXAMPLES.parent / "model_repository" / "ranker" / "config.pbtxt"), "--traffic", str(traffic),
+                       "--requests", "2000", "--json")
+        assert done.returncode == 0, done.stderr
+        result = json.loads(done.stdout)["ranker"]
+        result.pop("targets", None)
+        return result
+
+    spec = str(EXAMPLES / "deployment.yaml")
+    assert run(spec, traffic=reversed_traffic) == run(spec, traffic=as_spec)
+    assert run(traffic=reversed_traffic) != run(traffic=as_spec)  # without the spec the file's priorities hold

@@ -266,6 +266,8 @@ def simulate_cmd(
     services = services_by_config(profile, profiles, config)
     tspec, trace_text = read_traffic(traffic)
     arrivals = arrivals_from(tspec, trace_text, seed, requests, str(traffic))
+    if loaded is not None:  # the spec's class priorities, as tune simulates them (a class it names wins)
+        arrivals = arrivals.with_priorities({c.name: c.priority for c in loaded.spec.traffic_classes})
     # One model per run: every class goes to the config under test.
     arrivals.class_model = [None] * len(arrivals.class_names)
     results: list[SimResult] = []
