@@ -120,8 +120,9 @@ SPEC_PLACEHOLDER = "TINY_LLAMA"
 def write_example_spec(template: Path, out: Path, shape: LlamaShape = LlamaShape()) -> Path:
     """A runnable copy of a spec that names the tiny Llama by `SPEC_PLACEHOLDER` (the project's
     examples/vllm/deployment.yaml): the model directory is written under `out` and its path put in
-    place of the placeholder. Returns the spec's path, `out/deployment.yaml`."""
-    llama = write_tiny_llama(Path(out) / "tiny-llama", shape)
+    place of the placeholder, absolute: the spec's paths are read from its own folder, and a relative
+    `out` (the demo's default, demo-out) would be counted twice. Returns the spec's path, `out/deployment.yaml`."""
+    llama = write_tiny_llama(Path(out) / "tiny-llama", shape).resolve()
     spec = Path(out) / "deployment.yaml"
     spec.write_text(Path(template).read_text().replace(SPEC_PLACEHOLDER, str(llama)))
     return spec
@@ -130,10 +131,11 @@ def write_example_spec(template: Path, out: Path, shape: LlamaShape = LlamaShape
 def write_example_repository(template: Path, out: Path, llama: Path) -> Path:
     """A runnable copy of a model repository whose engine files name the tiny Llama by
     `SPEC_PLACEHOLDER` (the demo's hand-written vLLM repository): every file copied, the
-    placeholder in each `model.json` replaced by `llama`'s path. Returns `out`."""
+    placeholder in each `model.json` replaced by `llama`'s absolute path (the engine starts in
+    Triton's working directory, not this one). Returns `out`."""
     shutil.copytree(template, out, ignore=shutil.ignore_patterns("__pycache__"))
     for engine_file in Path(out).rglob("model.json"):
-        engine_file.write_text(engine_file.read_text().replace(SPEC_PLACEHOLDER, str(llama)))
+        engine_file.write_text(engine_file.read_text().replace(SPEC_PLACEHOLDER, str(Path(llama).resolve())))
     return Path(out)
 
 
