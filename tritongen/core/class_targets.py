@@ -9,6 +9,7 @@ targets reads a result the way the spec's field is documented.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from pydantic import BaseModel, Field
 
@@ -24,7 +25,16 @@ class TargetCheck(BaseModel):
     met: bool
 
 
-def held_to_target(stats: ClassStats, streaming: bool) -> float | None:
+class ClassLatencies(Protocol):
+    """A class's P99s as a simulated or a live run gives them (ClassStats)."""
+
+    @property
+    def p99_ms(self) -> float | None: ...
+    @property
+    def ttft_p99_ms(self) -> float | None: ...
+
+
+def held_to_target(stats: ClassLatencies, streaming: bool) -> float | None:
     """The P99 a class's `p99_ms` target is about: time to first token for a streaming LLM."""
     return stats.ttft_p99_ms if streaming else stats.p99_ms
 

@@ -11,6 +11,8 @@ import math
 from collections.abc import Sequence
 from typing import Protocol
 
+from tritongen.core.class_targets import ClassLatencies, held_to_target
+
 OFFERED_FRACTION = 0.95
 """A live capacity probe passes only if the server served at least this fraction of the rate it
 was offered (besides meeting every class's target). Value: a judgement (commit d812484), leaving
@@ -29,7 +31,7 @@ this fraction of the offered rate, and the simulator's order decides within a st
 judgement (commit 7bdbfcb): smaller differences are noise under open-loop load."""
 
 
-class MeasuredClass(Protocol):
+class MeasuredClass(ClassLatencies, Protocol):
     """One traffic class as a live run measured it (core.simulator's ClassStats)."""
 
     @property
@@ -38,10 +40,6 @@ class MeasuredClass(Protocol):
     def sent(self) -> int: ...
     @property
     def completed(self) -> int: ...
-    @property
-    def p99_ms(self) -> float | None: ...
-    @property
-    def ttft_p99_ms(self) -> float | None: ...
 
 
 class Target(Protocol):
@@ -63,7 +61,7 @@ def live_verdict(measured: Sequence[MeasuredClass], targets: Sequence[Target], m
         target_ms = next((k.p99_ms for k in targets if k.name == c.name), None)
         if target_ms is None or not c.sent:
             continue
-        value = c.ttft_p99_ms if streaming else c.p99_ms
+        value = held_to_target(c, streaming)
         worst = max(worst, (value or float("inf")) / target_ms)
         lost = max(lost, (c.sent - c.completed) / c.sent)
     return worst <= 1.0 and lost <= max_error_fraction, worst, lost

@@ -7,6 +7,7 @@ import math
 
 from pydantic import BaseModel, Field
 
+from tritongen.core.class_targets import held_to_target
 from tritongen.core.simulator import SimResult, simulate
 from tritongen.core.spec import MIB
 from tritongen.core.traffic import Arrivals, scale_rate
@@ -49,7 +50,7 @@ def judge(inputs: TuneInputs, params: Params, result: SimResult) -> Evaluation:
     for c in result.classes:
         if c.name not in targets or c.sent == 0:
             continue
-        value = c.ttft_p99_ms if streaming else c.p99_ms
+        value = held_to_target(c, streaming)
         p99[c.name] = value
         ratio = math.inf if value is None else value / targets[c.name]
         worst = max(worst, ratio)
