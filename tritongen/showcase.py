@@ -25,6 +25,7 @@ import numpy as np
 
 from tritongen.server_flags import server_flags_from
 from tritongen.core.simulator import OK, OOM
+from tritongen.core.spec import DeploymentSpec
 from tritongen.core.traffic import Arrivals, generate_arrivals, scale_rate
 from tritongen.errors import RunFailed
 from tritongen.core.llm_interface_config import interface_from_config
@@ -113,9 +114,9 @@ def tritongen_cmd(*args: str, timeout_s: float = 600) -> subprocess.CompletedPro
     return proc
 
 
-def class_targets_ms(spec: Path) -> dict[str, float]:
+def class_targets_ms(spec: DeploymentSpec) -> dict[str, float]:
     """Each traffic class's latency target (the spec's p99_ms): what goodput counts against."""
-    return {c.name: float(c.p99_ms) for c in load_spec(spec).spec.traffic_classes}
+    return {c.name: float(c.p99_ms) for c in spec.traffic_classes}
 
 
 def copy_model_code(source: Path, into: Path) -> None:
@@ -236,11 +237,12 @@ def run_showcase(
     # The traffic file's shape and class mix, scaled so that each model's bursts exceed its capacity.
     llm_arrivals = scale_rate(generate_arrivals(traffic_spec, seed=1, trace_text=trace, requests=requests), llm_rate_factor)
     classic_arrivals = scale_rate(generate_arrivals(traffic_spec, seed=2, trace_text=trace, requests=requests), classic_rate_factor)
-    streaming = {m.name: bool(m.streaming) for m in load_spec(spec).spec.models}
+    loaded = load_spec(spec).spec
+    streaming = {m.name: bool(m.streaming) for m in loaded.models}
     workloads = {name: Workload(llm_arrivals if streams else classic_arrivals, streams) for name, streams in streaming.items()}
     streamed = ", ".join(name for name, streams in streaming.items() if streams) or "none"
     classic = ", ".join(name for name, streams in streaming.items() if not streams) or "none"
-    targets = class_targets_ms(spec)
+    targets = class_targets_ms(loaded)
     say("3/4 before: the same bursty two-class load against the hand-written configs "
         f"({traffic.name}'s shape at {classic_rate_factor:g}x its rate for {classic} and {llm_rate_factor:g}x for {streamed}; "
         f"tune simulated it at 1x; {streamed} stream over {'HTTP generate_stream' if llm_protocol == 'http' else 'gRPC'})")

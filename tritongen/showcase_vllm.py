@@ -25,6 +25,7 @@ from pathlib import Path
 
 import yaml
 
+from tritongen.core.spec import DeploymentSpec
 from tritongen.core.traffic import TrafficSpec, generate_arrivals
 from tritongen.errors import RunFailed
 from tritongen.local_llm import split_cores, write_example_repository, write_example_spec
@@ -43,10 +44,10 @@ SATURATION_S = 60.0  # long enough that the saturated rate is read from hundreds
 START_TIMEOUT_S = 300.0  # a vLLM engine takes tens of seconds to start on a shared CPU host
 
 
-def vllm_model(spec: Path) -> str:
-    names = [m.name for m in load_spec(spec).spec.models if m.backend == "vllm"]
+def vllm_model(spec: DeploymentSpec, path: Path) -> str:
+    names = [m.name for m in spec.models if m.backend == "vllm"]
     if len(names) != 1:
-        raise RunFailed(f"{spec}: the demo's real engine needs exactly one model with backend vllm, found {names}")
+        raise RunFailed(f"{path}: the demo's real engine needs exactly one model with backend vllm, found {names}")
     return names[0]
 
 
@@ -99,7 +100,8 @@ def run_vllm_showcase(
     show = Showcase()
     home = out_dir / "vllm"
     spec = write_example_spec(spec_template, home)
-    model = vllm_model(spec)
+    loaded = load_spec(spec).spec
+    model = vllm_model(loaded, spec)
     before = write_example_repository(naive_template, workdir / "vllm-before", home / "tiny-llama")
     after, rendered, profiles = workdir / "vllm-after", workdir / "vllm-rendered", home / "profiles"
     cpus, engine_cpus = split_cores()
@@ -137,7 +139,7 @@ def run_vllm_showcase(
 
         arrivals = generate_arrivals(demo_shape, seed=3)
         load = {model: Workload(arrivals, streaming=True, bytes_per_token=measured.engine.bytes_per_token)}
-        targets = class_targets_ms(spec)
+        targets = class_targets_ms(loaded)
         with beside_triton(cpus):
             say(f"3/4 [real vLLM] before: {len(arrivals)} requests straight to Triton, the hand-written model.json")
             show.runs += load_phase("before", before, load, say, workdir, behind_sidecar=False, llm_protocol=llm_protocol,
