@@ -212,7 +212,7 @@ def run(server: TritonServer, repo: Path, spec: Path, tmp: Path, args) -> None:
     probe = EngineProfiler(admin, endpoints.grpc, MODEL, httpx.get(f"http://{server.http_url}/v2/models/{MODEL}/config").json(),
                            s, eng.bytes_per_token, None, lambda _w: None)
     t3 = time.monotonic()
-    found = probe._probe(eng.bytes_per_token)
+    found = probe._probe(eng.bytes_per_token, (eng.idle_ttft_fit[0] + eng.idle_ttft_fit[1] * PROMPT) / 1000.0)
     print(f"| timing probe ({time.monotonic() - t3:.0f} s) | {found[0] if found else '-'} | "
           f"{rel(truth_pool, found[0]) if found else '-'} |")
     if found:

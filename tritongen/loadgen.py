@@ -32,6 +32,7 @@ import gc
 import json
 import math
 import secrets
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -114,8 +115,11 @@ class _Runner:
         drain_s: float,
         seed: int,
         prewarm: int = 32,
+        stop: threading.Event | None = None,
     ) -> None:
         self.prewarm = prewarm
+        self.stop = stop
+        self.offered = len(arrivals)  # how many were sent before `stop`, or all
         self.http_url = http_url
         self.grpc_url = grpc_url
         self.arr = arrivals
@@ -325,6 +329,9 @@ class _Runner:
                 delay = float(times[i]) - self._now()
                 if delay > 0.0005:
                     await asyncio.sleep(delay)
+                if self.stop is not None and self.stop.is_set():
+                    self.offered = i
+                    break
                 target = self.route(i)
                 if target is None:
                     self._error(i, "no model for this request", self._now())
@@ -410,10 +417,14 @@ def run_load(
     drain_s: float = 30.0,
     seed: int = 0,
     prewarm_connections: int = 32,
+    stop: threading.Event | None = None,
 ) -> LoadResult:
     """Send `arrivals` open-loop and wait for the answers; blocks until done (bounded).
 
     `targets`: class name -> target, or a function of the request index (lanes route by prompt).
+    `stop`: once set, no more arrivals are sent (those in flight are drained) and the result holds
+    only the ones sent: a load that must last exactly as long as something else runs (a doctor
+    window on a slow host) without padding its schedule with guessed seconds.
     """
     if callable(targets):
         route = targets
@@ -432,23 +443,24 @@ def run_load(
         raise ValueError("streaming targets need a gRPC url")
     if any(t.streaming and t.interface is None for t in known):
         raise ValueError("streaming targets need the model's LLM interface (LoadTarget.interface)")
-    runner = _Runner(http_url, grpc_url, arrivals, route, max_in_flight, request_timeout_s, drain_s, seed, prewarm_connections)
+    runner = _Runner(http_url, grpc_url, arrivals, route, max_in_flight, request_timeout_s, drain_s, seed, prewarm_connections, stop)
     runner.sse_wanted = callable(targets) or any(t.streaming and t.protocol == "http" for t in known)
     start = time.perf_counter()
     with no_gc_pauses():
         asyncio.run(runner.run())
+    sent = slice(0, runner.offered)
     return LoadResult(
-        scheduled_t=arrivals.t.copy(),
-        send_t=runner.send_t,
-        done_t=runner.done_t,
-        first_t=runner.first_t,
-        status=runner.status,
-        tokens=runner.tokens,
-        cls=arrivals.cls.copy(),
+        scheduled_t=arrivals.t[sent].copy(),
+        send_t=runner.send_t[sent],
+        done_t=runner.done_t[sent],
+        first_t=runner.first_t[sent],
+        status=runner.status[sent],
+        tokens=runner.tokens[sent],
+        cls=arrivals.cls[sent].copy(),
         class_names=list(arrivals.class_names),
         warmup_s=arrivals.warmup_s,
         errors=runner.errors,
         wall_s=time.perf_counter() - start,
         clock_zero=runner.t0,
-        messages=runner.messages,
+        messages=runner.messages[sent],
     )

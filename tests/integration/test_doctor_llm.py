@@ -8,8 +8,9 @@
   policy overstates its pool, it names the kills the sidecar saw, and the fix.
 
 Loads are Poisson through the model's own interface; each doctor window starts after a few
-seconds of load. The capacities (vllm_standin about 24 req/s of 64 + 48 tokens, reserve_llm 20
-sequences of 48 + 48) leave wide margins: 40 req/s is far past both, 6 req/s far under.
+seconds of load, and the load lasts until doctor returns. The capacities (vllm_standin about
+24 req/s of 64 + 48 tokens, reserve_llm 20 sequences of 48 + 48) leave wide margins: 40 req/s is
+far past both, 6 req/s far under.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from tritongen.sidecar_process import SidecarProcess
 STANDINS = REPO_ROOT / "examples" / "llm_standins"
 SPEC = STANDINS / "deployment.yaml"
 WARM_S = 3.0
+LONGEST_S = 120.0  # a schedule no doctor run outlasts; the load stops when the block ends
 WINDOW_S = "5"
 
 
@@ -50,8 +52,9 @@ def server() -> Iterator[TritonServer]:
 @contextmanager
 def load(server: TritonServer, rates: dict[str, float], via: SidecarProcess | None = None) -> Iterator[None]:
     """Poisson load on each model at its rate for the whole block (interactive 30%, batch 70%),
-    stopped after it."""
+    stopped when the block ends: doctor's window is under load however long its start takes."""
     errors: list[TritongenError] = []
+    stop = threading.Event()
     grpc_url = via.grpc_url if via is not None else server.grpc_url
 
     def drive(model: str, rate: float) -> None:
@@ -62,11 +65,11 @@ def load(server: TritonServer, rates: dict[str, float], via: SidecarProcess | No
                             class_parameter="traffic_class")
         classes = [{"name": "interactive", "share": 0.3, "priority": 1, "prompt_tokens": prompt, "output_tokens": 48},
                    {"name": "batch", "share": 0.7, "priority": 3, "prompt_tokens": prompt, "output_tokens": 48}]
-        arrivals = generate_arrivals(TrafficSpec(shape="poisson", rate_per_s=rate, duration_s=WARM_S + 7.0,
+        arrivals = generate_arrivals(TrafficSpec(shape="poisson", rate_per_s=rate, duration_s=LONGEST_S,
                                                  warmup_s=0.0, classes=classes), seed=5)
         try:
             run_load(arrivals, {"interactive": target, "batch": target}, http_url=server.http_url, grpc_url=grpc_url,
-                     request_timeout_s=30, drain_s=5.0)
+                     request_timeout_s=30, drain_s=5.0, stop=stop)
         except TritongenError as err:  # a load that could not run: reported by the test below
             errors.append(err)
 
@@ -77,8 +80,10 @@ def load(server: TritonServer, rates: dict[str, float], via: SidecarProcess | No
     try:
         yield
     finally:
+        stop.set()
         for thread in threads:
             thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads), "the load did not stop with its block"
     assert not errors, errors
 
 

@@ -305,15 +305,19 @@ def test_doctor_diagnoses_an_overloaded_engine_from_the_upstream_metrics_alone(s
                         bytes_per_token=1.0, protocol="grpc")
     classes = [{"name": "all", "share": 1.0, "priority": 1, "prompt_tokens": 96, "output_tokens": 32}]
     # ~5x the tiny Llama's rate at 96 + 32 tokens on one core; a GPU engine would need more, not this test.
-    # Nothing is measured after doctor's window: the load stops 2 s after its last arrival, unfinished.
-    arrivals = generate_arrivals(TrafficSpec(shape="poisson", rate_per_s=40.0, duration_s=10.0, classes=classes), seed=7)
+    # The load lasts until doctor returns, however slowly doctor starts on a busy host; nothing is
+    # measured after its window: the load stops 2 s after that, unfinished.
+    arrivals = generate_arrivals(TrafficSpec(shape="poisson", rate_per_s=40.0, duration_s=120.0, classes=classes), seed=7)
+    stop = threading.Event()
     loaded = threading.Thread(target=run_load, args=(arrivals, {"all": target}),
-                              kwargs={"grpc_url": server.grpc_url, "request_timeout_s": 60.0, "drain_s": 2.0}, daemon=True)
+                              kwargs={"grpc_url": server.grpc_url, "request_timeout_s": 60.0, "drain_s": 2.0, "stop": stop},
+                              daemon=True)
     loaded.start()
     try:
         result = cli("doctor", "--url", server.http_url, "--metrics-url", server.metrics_url, "--window", "8",
                      "--budget-ms", "500", "--json")
     finally:
+        stop.set()
         loaded.join(timeout=90)
     report = json.loads(result.stdout)
     ttft = [f for f in report["findings"] if f["model"] == MODEL and f["code"] == "DR110"]

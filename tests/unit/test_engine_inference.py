@@ -10,6 +10,7 @@ from tritongen.core.engine_inference import (
     bytes_per_token_from_counts,
     capacity_from_probe,
     counter_delta,
+    only_timing_says_no,
     run_fits,
     stall_steps,
 )
@@ -70,6 +71,16 @@ def test_an_out_of_memory_answer_or_a_counted_preemption_means_it_did_not_fit():
     assert run_fits(ProbeRun(streams=4, prompt=10, output=32, token_times=times, preemptions=0.0))
 
 
+def test_only_a_parked_stream_is_weak_enough_to_be_tried_again():
+    parked = streams(4, 64, 0.01, park=(3, 20, 0.5))
+    assert only_timing_says_no(ProbeRun(streams=4, prompt=100, output=64, token_times=parked))
+    # a definite answer from the engine is never re-run
+    assert not only_timing_says_no(ProbeRun(streams=4, prompt=100, output=64, token_times=parked, out_of_memory=True))
+    assert not only_timing_says_no(ProbeRun(streams=4, prompt=100, output=64, token_times=parked, preemptions=1.0))
+    # and a run that fits is not a failure at all
+    assert not only_timing_says_no(ProbeRun(streams=4, prompt=100, output=64, token_times=streams(4, 64, 0.01)))
+
+
 def test_capacity_from_a_probe_is_the_most_streams_that_all_ran():
     def level(n: int, parked: bool) -> ProbeRun:
         return ProbeRun(streams=n, prompt=100, output=60,
@@ -98,3 +109,15 @@ def test_streams_opened_one_after_another_are_not_read_as_parked():
     assert stall_steps(run) == pytest.approx(1.0, rel=0.01)
     assert run_fits(run)
     assert not run_fits(ProbeRun(streams=10, prompt=96, output=64, token_times=times))  # without send times, 27 steps apart
+
+
+def test_prefills_one_after_another_are_not_read_as_parked_but_a_parked_stream_still_is():
+    # a CPU engine: a 96-token prefill takes 110 ms, a decode step 10 ms; three streams sent together
+    # get their first tokens 110 ms apart (the bench's "3 streams: a stream parked 22 steps")
+    staggered = streams(3, 64, 0.01, start_lag=0.11)
+    assert not run_fits(ProbeRun(streams=3, prompt=96, output=64, token_times=staggered))
+    assert run_fits(ProbeRun(streams=3, prompt=96, output=64, token_times=staggered, prefill_s=0.11))
+    # one of them also waits for another to finish (64 steps): still parked with the prefills taken off
+    parked = streams(3, 64, 0.01, start_lag=0.11, park=(2, 10, 0.64))
+    assert stall_steps(ProbeRun(streams=3, prompt=96, output=64, token_times=parked, prefill_s=0.11)) > 16
+    assert not run_fits(ProbeRun(streams=3, prompt=96, output=64, token_times=parked, prefill_s=0.11))

@@ -47,13 +47,18 @@ class ProbeRun:
     out_of_memory: bool = False
     starts: tuple[float, ...] | None = None  # each stream's send time, in the order of token_times
     preemptions: float | None = None  # the engine's preemption counter's growth, where it exports one
+    # one prompt's time to first token on an idle engine (seconds): streams sent together prefill
+    # one after another where the engine cannot batch them, which staggers first tokens and
+    # stretches the others' gaps by up to (streams - 1) of it without any stream being parked
+    prefill_s: float = 0.0
 
 
 def stall_steps(run: ProbeRun) -> float | None:
     """The longest wait any stream of the run saw, in the run's usual token gaps: its start to
     first token against the others', or a gap inside it. A grow-and-preempt engine that runs out
     of blocks parks a sequence (preempted, or held back at admission) until another one finishes,
-    which is many steps; with room for all, every stream advances every step."""
+    which is many steps; with room for all, every stream advances every step, but for the others'
+    prefills (`ProbeRun.prefill_s`), which are taken off."""
     gaps = [b - a for times in run.token_times for a, b in zip(times, times[1:])]
     if len(gaps) < 4:
         return None
@@ -68,7 +73,10 @@ def stall_steps(run: ProbeRun) -> float | None:
         firsts = sorted(times[0] for times in run.token_times if times)
     longest_gap = max(gaps)
     first_spread = (firsts[-1] - firsts[0]) if len(firsts) > 1 else 0.0
-    return max(longest_gap, first_spread) / usual
+    # a parked stream waits for another to finish on top of every prefill ahead of it, so taking
+    # the prefills off still leaves it about the output's length in steps
+    prefills = max(0, run.streams - 1) * run.prefill_s
+    return max(0.0, max(longest_gap, first_spread) - prefills) / usual
 
 
 def run_fits(run: ProbeRun) -> bool:
@@ -85,6 +93,14 @@ def run_fits(run: ProbeRun) -> bool:
     if stall is None:
         return True
     return stall <= max(4.0, run.output / 4.0)
+
+
+def only_timing_says_no(run: ProbeRun) -> bool:
+    """Whether the run failed on a parked stream alone (no out-of-memory answer, no counted
+    preemption). That is the weakest evidence: a busy host can pause one stream for as many steps as
+    a parked one waits, once; an engine out of room parks one on every try. The probe repeats such a
+    level and believes the repeat."""
+    return not run.out_of_memory and not run.preemptions and not run_fits(run)
 
 
 @dataclass(frozen=True)

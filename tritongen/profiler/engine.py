@@ -32,6 +32,7 @@ from tritongen.core.engine_inference import (
     bytes_per_token_from_counts,
     capacity_from_probe,
     counter_delta,
+    only_timing_says_no,
     run_fits,
 )
 from tritongen.core.engine_metrics import (
@@ -293,8 +294,10 @@ class EngineProfiler:
         samples = parse_prometheus(text) if text else []
         return [x for x in samples if x.labels.get("model", self.model) == self.model]
 
-    def capacity(self, bpt: float) -> tuple[int | None, int | None, str | None, str | None, list[str]]:
-        """(capacity tokens, block tokens, source, detail, engine metric families seen)."""
+    def capacity(self, bpt: float, prefill_ms: float = 0.0) -> tuple[int | None, int | None, str | None, str | None, list[str]]:
+        """(capacity tokens, block tokens, source, detail, engine metric families seen).
+        `prefill_ms`: the idle time to first token of the probe's prompt, which the probe allows
+        streams sent together to stagger by."""
         samples = self._families()
         names = sorted({s.name for s in samples if s.name.startswith(("vllm:", "nv_trt_llm_")) or "_kv_" in s.name})
         trt = {s.labels.get(TRTLLM_BLOCK_TYPE): s.value for s in samples if s.name == TRTLLM_KV_BLOCKS}
@@ -318,7 +321,7 @@ class EngineProfiler:
             if found is not None:
                 return found[0], VLLM_DEFAULT_BLOCK_SIZE, "vllm metrics", found[1], names
         if self.settings.capacity_probe:
-            found = self._probe(bpt)
+            found = self._probe(bpt, prefill_ms / 1000.0)
             if found is not None:
                 return found[0], None, "capacity probe", found[1], names
         return None, None, None, None, names
@@ -392,7 +395,7 @@ class EngineProfiler:
     def _preemptions(self) -> float:
         return sum(s.value for s in self._families() if s.name == "vllm:num_preemptions_total")
 
-    def _probe(self, bpt: float) -> tuple[int, str] | None:
+    def _probe(self, bpt: float, prefill_s: float) -> tuple[int, str] | None:
         """Raise the concurrency of long requests sent together (doubling, then bisecting) until
         one level does not run whole: an out-of-memory answer, a counted preemption, or, where the
         engine counts none, a stream parked for many steps (`core.engine_inference.run_fits`)."""
@@ -404,6 +407,14 @@ class EngineProfiler:
 
         def fits(streams: int) -> bool:
             self.update(f"KV capacity probe: {streams} streams")
+            run = measured(streams)
+            if only_timing_says_no(run):
+                self.update(f"KV capacity probe: {streams} streams again (a stream parked)")
+                run = measured(streams)
+            runs.append(run)
+            return run_fits(run)
+
+        def measured(streams: int) -> ProbeRun:
             before = self._preemptions()
             workers, stop = load.start(streams, limit=1, together=True)
             for w in workers:
@@ -411,15 +422,14 @@ class EngineProfiler:
             StreamLoad.finish(workers, stop)
             records = [r for w in workers for r in w.records]
             errors = [r.error for r in records if r.error and r.error != "stopped"]
-            run = ProbeRun(
+            return ProbeRun(
                 streams=streams, prompt=prompt, output=output,
                 token_times=tuple(tuple(r.token_times) for r in records if r.token_times),
                 starts=tuple(r.start for r in records if r.token_times),
                 out_of_memory=any(is_out_of_memory(e) for e in errors),
                 preemptions=(self._preemptions() - before) if counted else None,
+                prefill_s=prefill_s,
             )
-            runs.append(run)
-            return run_fits(run)
 
         fit, streams = 0, 1
         while streams <= 512 and fits(streams):
@@ -462,7 +472,7 @@ class EngineProfiler:
         prefill = [p.model_copy(update={"path_ms": round(p.ttft_ms - p.queue_ms - fixed - per_token * p.prompt_tokens - first_step, 3)})
                    for p in prefill]
         self.update("KV capacity")
-        capacity, block, source, detail, names = self.capacity(bpt)
+        capacity, block, source, detail, names = self.capacity(bpt, idle_fixed + per_token * self.settings.prompt_tokens)
         return EngineMeasurement(
             interface=self.interface.describe(),
             interface_kind=self.interface.kind,
