@@ -53,9 +53,11 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -98,6 +100,7 @@ GOODPUT_GAIN = 1.2  # above capacity, goodput through the sidecar over the serve
 WRONG_STARTS = (0.5, 2.0)  # policies whose in-flight limit is this x the rendered one (engines that queue)
 WRONG_START_S, CONVERGED_AFTER_S = 40.0, 30.0
 SIDECAR_REFUSED = re.compile(r"sidecar refused the request \(([a-z_]+)\)")
+REFUSED_LATE = re.compile(r"sidecar refused the request \([a-z_]+\): waited \d")  # queued first (sidecar/admission.py)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,6 +149,7 @@ class Run:
     result: LoadResult
     classes: list[TrafficClass]
     preemptions: float | None = None
+    held: str = ""  # through the sidecar: what held requests there (SidecarWatch)
 
     def stats(self):
         return self.result.summary()[0]
@@ -203,8 +207,16 @@ class Run:
             by.setdefault(self._reason(messages[i]), []).append((r.done_t[i] - r.send_t[i]) * 1000.0)
         return ", ".join(f"{k} {fmt_ms(float(np.percentile(v, 99)))}" for k, v in sorted(by.items(), key=lambda kv: -len(kv[1])))
 
-    def refusal_ms(self, q: float) -> float | None:
+    def late_mask(self) -> np.ndarray:
+        """Refusals told after the request waited in the sidecar's queue (their detail says so)."""
+        return np.array([bool(REFUSED_LATE.search(m)) for m in self._messages()], dtype=bool)
+
+    def refusal_ms(self, q: float, late: bool | None = None) -> float | None:
+        """A quantile of refusal latency: all of them, or only those told at arrival (late=False)
+        or after a wait (late=True)."""
         mask = self.refused_mask() & np.isfinite(self.result.send_t) & np.isfinite(self.result.done_t)
+        if late is not None:
+            mask &= self.late_mask() if late else ~self.late_mask()
         if not mask.any():
             return None
         return float(np.percentile((self.result.done_t[mask] - self.result.send_t[mask]) * 1000.0, q))
@@ -225,6 +237,49 @@ class Run:
             if message and not refused[i] and self.result.status[i] != OOM and message[:120] not in out:
                 out.append(message[:120])
         return out[:3]
+
+
+class SidecarWatch:
+    """What held requests in the sidecar during one run: the queued counter's growth by limit kind,
+    and the range of the engine limit (sampled every half second), so a table that shows a class
+    waiting says why."""
+
+    def __init__(self, metrics_url: str, model: str) -> None:
+        self.url, self.model = metrics_url, model
+        self.before = self._queued()
+        self.limits: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _samples(self):
+        try:
+            return parse_prometheus(httpx.get(self.url, timeout=5).text)
+        except httpx.HTTPError:
+            return []
+
+    def _queued(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for x in self._samples():
+            if x.name == "sidecar_requests_queued_total" and x.labels.get("model") == self.model:
+                key = x.labels.get("limit", "?")
+                out[key] = out.get(key, 0.0) + x.value
+        return out
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.5):
+            self.limits += [x.value for x in self._samples()
+                            if x.name == "sidecar_engine_limit" and x.labels.get("model") == self.model]
+
+    def words(self) -> str:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        after = self._queued()
+        held = {k: after[k] - self.before.get(k, 0.0) for k in after if after[k] - self.before.get(k, 0.0) > 0}
+        queued = ", ".join(f"{k} {v:.0f}" for k, v in sorted(held.items(), key=lambda kv: -kv[1])) or "none"
+        limit = (f"; engine limit min {min(self.limits):.0f} / median {statistics.median(self.limits):.0f} / "
+                 f"max {max(self.limits):.0f}") if self.limits else ""
+        return f"queued by {queued}{limit}"
 
 
 def preemptions(server: TritonServer, model: str) -> float | None:
@@ -351,12 +406,14 @@ def drive(case: Case, arrivals: Arrivals, through_sidecar: bool) -> Run:
     )
     via = case.sidecar if through_sidecar else case.server
     before = preemptions(case.server, case.model)
+    watch = SidecarWatch(case.sidecar.metrics_url, case.model) if through_sidecar else None
     result = run_load(arrivals, {name: target for name in arrivals.class_names}, http_url=via.http_url,
                       grpc_url=via.grpc_url, request_timeout_s=60.0, drain_s=40.0, max_in_flight=1024)
     after = preemptions(case.server, case.model)
     time.sleep(1.0)  # let the engine and the sidecar settle (lingering reservations, metrics)
     return Run(result=result, classes=case.classes,
-               preemptions=None if before is None or after is None else after - before)
+               preemptions=None if before is None or after is None else after - before,
+               held=watch.words() if watch is not None else "")
 
 
 def pair(case: Case, arrivals: Arrivals, sidecar_first: bool) -> tuple[Run, Run]:
@@ -411,6 +468,7 @@ def one_model(case: Case) -> None:
         add(case, "", f"TTFT P99 {c.name} ms", fmt_ms(d.ttft_p99_ms), fmt_ms(v.ttft_p99_ms), f"<= 1.2 x direct + 5 ms ({fmt_ms(bound)})",
             v.ttft_p99_ms <= bound)
     add(case, "", "served / killed / refused / other", _counts(direct), _counts(via))
+    add(case, "", "held in the sidecar by", "-", via.held or "-")
     lag += [direct.result.send_lag_ms(), via.result.send_lag_ms()]
     extra += _errors("0.7x direct", direct) + _errors("0.7x sidecar", via)
 
@@ -428,10 +486,17 @@ def one_model(case: Case) -> None:
         via.goodput_per_s() >= factor * direct.goodput_per_s())
     add(case, "", "kills (model out of memory)", str(direct.kills), str(via.kills), "0 through the sidecar", via.kills == 0)
     add(case, "", "refusals", f"{direct.refused} ({direct.refusal_reasons()})", f"{via.refused} ({via.refusal_reasons()})")
-    p50 = via.refusal_ms(50)
-    add(case, "", "refusal latency P50 / P99 ms", f"{fmt_ms(direct.refusal_ms(50))} / {fmt_ms(direct.refusal_ms(99))}",
-        f"{fmt_ms(p50)} / {fmt_ms(via.refusal_ms(99))}", f"P50 <= {REFUSAL_P50_GOAL_MS:g} ms (at arrival)",
-        None if p50 is None else p50 <= REFUSAL_P50_GOAL_MS)
+    late = int((via.refused_mask() & via.late_mask()).sum())
+    add(case, "", "refusals at arrival / after waiting", "-", f"{via.refused - late} / {late}")
+    p50 = via.refusal_ms(50, late=False)
+    add(case, "", "refusal latency at arrival P50 / P99 ms", "-", f"{fmt_ms(p50)} / {fmt_ms(via.refusal_ms(99, late=False))}",
+        f"P50 <= {REFUSAL_P50_GOAL_MS:g} ms", None if p50 is None else p50 <= REFUSAL_P50_GOAL_MS)
+    add(case, "", "refusal latency after waiting P50 / P99 ms", "-",
+        f"{fmt_ms(via.refusal_ms(50, late=True))} / {fmt_ms(via.refusal_ms(99, late=True))}",
+        "within the class's wait (" + ", ".join(f"{c.get('name')} {c.get('max_queue_wait_ms'):g} ms"
+                                                for c in case.policy.get("classes", [])) + ")")
+    add(case, "", "refusal latency P50 / P99 ms, all", f"{fmt_ms(direct.refusal_ms(50))} / {fmt_ms(direct.refusal_ms(99))}",
+        f"{fmt_ms(via.refusal_ms(50))} / {fmt_ms(via.refusal_ms(99))}")
     if via.refused:
         add(case, "", "refusal latency P99 ms by reason", "-", via.refusal_ms_by_reason())
     d, v = direct.stat(top.name), via.stat(top.name)
@@ -444,6 +509,7 @@ def one_model(case: Case) -> None:
             add(case, "", f"{c.name} TTFT P99 ms (served of sent)", f"{fmt_ms(d.ttft_p99_ms)} ({d.completed}/{d.sent})",
                 f"{fmt_ms(v.ttft_p99_ms)} ({v.completed}/{v.sent})", f"(target {c.p99_ms:g} ms)")
     add(case, "", "served / killed / refused / other", _counts(direct), _counts(via))
+    add(case, "", "held in the sidecar by", "-", via.held or "-")
     if direct.preemptions is not None:
         add(case, "", "preemptions (vllm metric)", f"{direct.preemptions:.0f}", f"{via.preemptions or 0:.0f}")
     live_saturation = direct.completed_per_s
@@ -455,6 +521,7 @@ def one_model(case: Case) -> None:
         direct, via = pair(case, burst_arrivals(case, batch), sidecar_first=False)
         phase = f"{case.burst} {batch.name} requests at once"
         add(case, phase, "served / killed / refused / other", _counts(direct), _counts(via))
+        add(case, "", "held in the sidecar by", "-", via.held or "-")
         if direct.refused or via.refused:
             add(case, "", "refusals", f"{direct.refused} ({direct.refusal_reasons()})", f"{via.refused} ({via.refusal_reasons()})")
         within_d = int((direct.ttft_ms() <= batch.p99_ms).sum())

@@ -408,8 +408,9 @@ class AdmissionState(AdmissionView):
             self._expired.append(Decision(
                 Action.REJECT, waiting.request.id, QUEUE_WAIT, retry_after_s=self.retry_after_s(predicted),
                 waited_s=now - waiting.enqueued_at, limit="queue_order", queue_position=places[model],
-                detail=f"the predicted wait, {predicted * 1000:.0f} ms for place {places[model]} in the queue, is "
-                f"far past the {max(0.0, left) * 1000:.0f} ms left of class {waiting.request.klass!r}'s wait",
+                detail=f"waited {1000 * (now - waiting.enqueued_at):.0f} ms, and the predicted wait, {predicted * 1000:.0f} "
+                f"ms for place {places[model]} in the queue, is far past the {max(0.0, left) * 1000:.0f} ms left of "
+                f"class {waiting.request.klass!r}'s wait",
             ))
             places[model] -= 1
 

@@ -348,7 +348,8 @@ class _Admission:
             ctl._rejected(decision, klass, mlabel, tlabel)
             raise Rejected(decision, model, klass, tenant)
         if future is not None:
-            ctl._child(ctl.metrics.queued, klass, mlabel).inc()  # type: ignore[attr-defined]
+            held_by = (decision.limit or "queue_order").split(":", 1)[0]  # the kind, not the model or scope named after it
+            ctl._child(ctl.metrics.queued, klass, mlabel, held_by).inc()  # type: ignore[attr-defined]
             ctl._wake.set()
             if ctl.on_queued is not None:
                 ctl.on_queued()

@@ -33,8 +33,10 @@ class SidecarMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self.admitted = Counter("sidecar_requests_admitted", "Requests admitted upstream.", ["class", "model"], registry=r)
-        self.queued = Counter("sidecar_requests_queued", "Requests that had to wait in the sidecar's queue.",
-                              ["class", "model"], registry=r)
+        self.queued = Counter("sidecar_requests_queued", "Requests that had to wait in the sidecar's queue, by the "
+                              "limit that held them at arrival, by kind (sidecar/admission_types.py: concurrency_limit, "
+                              "model_concurrency_quota, model_memory_quota, tenant_*, headroom, lower_class_share; "
+                              "queue_order: a request ahead).", ["class", "model", "limit"], registry=r)
         self.rejected = Counter("sidecar_requests_rejected", "Requests refused by the sidecar, by the limit hit.",
                                 ["class", "model", "reason"], registry=r)
         self.outcomes = Counter("sidecar_requests_finished", "Admitted requests by how they ended.",

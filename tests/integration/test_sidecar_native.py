@@ -207,7 +207,7 @@ def test_a_burst_is_held_to_the_quota_and_nginx_never_exceeds_its_slots(native: 
     assert max(s[0] for s in seen) <= slots, seen  # nginx's count never passes the largest cap it was given
     assert max(s[1] for s in seen) <= slots
     assert max(s[2] for s in seen) <= QUOTA, seen  # lane slots and the Python path together
-    assert counter(native, 'sidecar_requests_queued_total{class="normal",model="ranker"}') > 0  # the rest waited
+    assert counter(native, 'sidecar_requests_queued_total{class="normal",') > 0  # the rest waited
 
 
 def test_a_reloaded_class_header_reaches_nginx(native: SidecarThread) -> None:
