@@ -24,6 +24,14 @@ with nothing but the streams the sidecar relays:
   nothing. The limit drops without demand too (a limit above what the engine runs lets it queue
   where the sidecar cannot order or refuse), but then only on two late requests: one alone may be a
   long prompt's prefill.
+* Never below what the engine was seen to run with no request late, in any of the last
+  `proven_judgements` judgements (`proven`): it had room for that many. On a CPU engine a prefill
+  takes several steps, and several prompts admitted together (after a step up, or a burst) make
+  the last of them late with room for all; the law then read a full engine and fell to what ran
+  (measured on the real vLLM, bench_llm_guard tiny_llama 2026-12-03 20:50: the limit fell to 5 at
+  0.7x of capacity, median 14, and to 3 at 1.5x, holding requests the engine had room for).
+* A step down goes to what runs and one more, but by at most `decrease_fraction` of the limit per
+  judgement: one misread costs a few slots for an interval, not most of the engine.
 * No more than the engine's pool holds blocks (each running sequence holds at least one), when the
   pool is known.
 
@@ -64,6 +72,7 @@ class EngineConcurrency:
     _ups_in_row: int = 0
     _full_seen: bool = False
     _running_peak: int = 0  # the most past their first token at once since the last judgement
+    _proven: deque[int] = field(default_factory=deque)  # what ran in each recent judgement with none late
 
     def __post_init__(self) -> None:
         # One more than the engine is said to run, from the start: the slot it frees is taken at its
@@ -118,7 +127,12 @@ class EngineConcurrency:
             return "hold"
         late = sum(1 for age in pending_ages if age > late_after)
         running, self._running_peak = max(running, self._running_peak), running
-        self.signals = {"late_after_s": late_after, "late_at_engine": float(late), "running": float(running)}
+        self._proven.append(running if late == 0 else 0)
+        while len(self._proven) > cfg.proven_judgements:
+            self._proven.popleft()
+        proven = max(self._proven)
+        self.signals = {"late_after_s": late_after, "late_at_engine": float(late), "running": float(running),
+                        "proven": float(proven)}
         # Without demand a lone late request may be a long prompt's prefill; two are the engine's queue.
         full = late >= (1 if demand else 2)
         if not demand and not full:
@@ -129,12 +143,14 @@ class EngineConcurrency:
         if full:
             # Full at what runs now: hold that, and one more to take the next free slot at once.
             self._full_seen, self._ups_in_row = True, 0
-            self.value = self._bounded(min(self.value, float(running + 1)))
+            step_floor = self.value * (1.0 - cfg.decrease_fraction)
+            self.value = self._bounded(min(self.value, max(float(running + 1), float(proven + 1), step_floor)))
             if self.value < before:
                 self.last = (f"down: {late} request(s) waited at the engine past {late_after * 1000:.0f} ms for a "
                              f"slot while {running} ran")
                 return "down"
-            self.last = f"hold: the engine is full at {running} running"
+            self.last = (f"hold: the engine is full at {running} running" if proven <= running else
+                         f"hold: {late} late, but the engine ran {proven} with none late lately")
             return "hold"
         self._ups_in_row += 1
         creep = self._full_seen and self._ups_in_row <= KNEE_STEPS

@@ -129,4 +129,24 @@ def test_without_demand_the_limit_drops_on_the_engines_queue_but_not_on_one_slow
     assert law.update(10.0, demand=False, pending_ages=[1.0, 0.01], running=40) == "hold"
     assert law.limit == 64
     assert law.update(20.0, demand=False, pending_ages=[1.0, 0.9, 0.01], running=40) == "down"
+    assert law.limit == 48  # a quarter down at most per judgement
+    assert law.update(30.0, demand=False, pending_ages=[1.0, 0.9, 0.01], running=40) == "down"
     assert law.limit == 41  # what ran, and one more
+
+
+def test_it_never_steps_below_what_the_engine_ran_with_none_late_lately() -> None:
+    """The real vLLM on a CPU (bench_llm_guard, 2026-12-03): prompts admitted together after a step
+    up prefill for several steps, and the last of them is late with room for all. The engine ran 12
+    with none late a few judgements ago: a late prefill now while 4 run is not a full engine."""
+    law = EngineConcurrency(CFG, start=13)
+    for _ in range(CFG.min_samples):
+        law.observe_first_token(0.08)
+    law.observe_gap(0.01)
+    for t in range(1, 6):
+        law.update(float(t), demand=True, pending_ages=[0.01], running=12)  # 12 ran, none late
+    law.update(6.0, demand=True, pending_ages=[0.3, 0.25, 0.2], running=4)
+    assert law.limit >= 13, law.last
+    # what it ran long ago no longer holds the limit up: the engine may have less room now
+    for t in range(7, 7 + CFG.proven_judgements + 8):
+        law.update(float(t), demand=True, pending_ages=[0.3, 0.25, 0.2], running=4)
+    assert law.limit == 5, law.last

@@ -160,6 +160,24 @@ class QueueingEnginePolicy(PolicyModel):
     increase_fraction: float = Field(
         default=0.25, gt=0, le=1, description="Step up by this fraction of the limit (at least one request)."
     )
+    decrease_fraction: float = Field(
+        default=0.25, gt=0, le=1, description="Step down to what the engine runs and one more, but by at most this "
+        "fraction of the limit per judgement (1: straight there). A judgement, the same as the step up: from a "
+        "limit twice too high the engine's figure is three judgements away, and a misread costs a quarter of "
+        "the slots for one interval."
+    )
+    proven_judgements: int = Field(
+        default=30, ge=1, description="The limit never steps below what the engine ran with no request late in any "
+        "of this many recent judgements (with the default interval, 30 s). A judgement: long enough to span a "
+        "lull in traffic, short enough that an engine whose room shrank (longer sequences in its pool) is "
+        "followed within half a minute."
+    )
+    decrease_fraction: float = Field(
+        default=0.25, gt=0, le=1, description="Step down to what the engine runs and one more, but by at most this "
+        "fraction of the limit per judgement (1: straight there). A judgement, the same as the step up: from a "
+        "limit twice too high the engine's figure is three judgements away, and a late prefill misread as a full "
+        "engine costs a quarter of the slots for one interval, not most of them."
+    )
 
 
 class HeadroomPolicy(PolicyModel):
