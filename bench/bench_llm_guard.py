@@ -524,6 +524,9 @@ def one_model(case: Case) -> None:
         add(case, "", "held in the sidecar by", "-", via.held or "-")
         if direct.refused or via.refused:
             add(case, "", "refusals", f"{direct.refused} ({direct.refusal_reasons()})", f"{via.refused} ({via.refusal_reasons()})")
+            late = int((via.refused_mask() & via.late_mask()).sum())
+            add(case, "", "refusals at arrival / after waiting (P50 ms)", "-",
+                f"{via.refused - late} ({fmt_ms(via.refusal_ms(50, late=False))}) / {late} ({fmt_ms(via.refusal_ms(50, late=True))})")
         within_d = int((direct.ttft_ms() <= batch.p99_ms).sum())
         within_v = int((via.ttft_ms() <= batch.p99_ms).sum())
         if queues(case):
