@@ -66,6 +66,7 @@ import httpx
 import numpy as np
 
 from bench.rig import ROOT
+from bench.rig.cpu import busy, cpu_times
 from bench.report import saved_report, shown
 from tritongen.core.fmt import fmt_ms
 from tritongen.core.engine_sources import EngineSourceError, measured_from_profile, resolve_engine
@@ -150,6 +151,7 @@ class Run:
     classes: list[TrafficClass]
     preemptions: float | None = None
     held: str = ""  # through the sidecar: what held requests there (SidecarWatch)
+    cpu: str = ""  # each core's busy share while the load ran
 
     def stats(self):
         return self.result.summary()[0]
@@ -408,11 +410,13 @@ def drive(case: Case, arrivals: Arrivals, through_sidecar: bool) -> Run:
     via = case.sidecar if through_sidecar else case.server
     before = preemptions(case.server, case.model)
     watch = SidecarWatch(case.sidecar.metrics_url, case.model) if through_sidecar else None
+    cpu0 = cpu_times()
     result = run_load(arrivals, {name: target for name in arrivals.class_names}, http_url=via.http_url,
                       grpc_url=via.grpc_url, request_timeout_s=60.0, drain_s=40.0, max_in_flight=1024)
+    cpu = busy(cpu0, cpu_times())
     after = preemptions(case.server, case.model)
     time.sleep(1.0)  # let the engine and the sidecar settle (lingering reservations, metrics)
-    return Run(result=result, classes=case.classes,
+    return Run(result=result, classes=case.classes, cpu=cpu,
                preemptions=None if before is None or after is None else after - before,
                held=watch.words() if watch is not None else "")
 
@@ -470,6 +474,7 @@ def one_model(case: Case) -> None:
             v.ttft_p99_ms <= bound)
     add(case, "", "served / killed / refused / other", _counts(direct), _counts(via))
     add(case, "", "held in the sidecar by", "-", via.held or "-")
+    add(case, "", "CPU busy", direct.cpu, via.cpu)
     lag += [direct.result.send_lag_ms(), via.result.send_lag_ms()]
     extra += _errors("0.7x direct", direct) + _errors("0.7x sidecar", via)
 
@@ -512,6 +517,7 @@ def one_model(case: Case) -> None:
                 f"{fmt_ms(v.ttft_p99_ms)} ({v.completed}/{v.sent})", f"(target {c.p99_ms:g} ms)")
     add(case, "", "served / killed / refused / other", _counts(direct), _counts(via))
     add(case, "", "held in the sidecar by", "-", via.held or "-")
+    add(case, "", "CPU busy", direct.cpu, via.cpu)
     if direct.preemptions is not None:
         add(case, "", "preemptions (vllm metric)", f"{direct.preemptions:.0f}", f"{via.preemptions or 0:.0f}")
     live_saturation = direct.completed_per_s
@@ -524,6 +530,7 @@ def one_model(case: Case) -> None:
         phase = f"{case.burst} {batch.name} requests at once"
         add(case, phase, "served / killed / refused / other", _counts(direct), _counts(via))
         add(case, "", "held in the sidecar by", "-", via.held or "-")
+        add(case, "", "CPU busy", direct.cpu, via.cpu)
         if direct.refused or via.refused:
             add(case, "", "refusals", f"{direct.refused} ({direct.refusal_reasons()})", f"{via.refused} ({via.refusal_reasons()})")
             late = int((via.refused_mask() & via.late_mask()).sum())
@@ -585,14 +592,20 @@ def wrong_starts(case: Case, capacity: float, extra: list[str]) -> None:
         entry = next((m for m in json.loads(unprofiled.read_text())["models"] if m["name"] == case.model), {})
         starts.append((f"rendered without a profile (max_inflight {entry.get('max_inflight')})", unprofiled))
     phase = f"wrong start: {arrivals.mean_rate:.1f} req/s, {WRONG_START_S:g} s, counted after {CONVERGED_AFTER_S:g} s"
+    vias: list[tuple[str, Run]] = []
     for words, path in starts:
         with SidecarProcess(path, case.server, case.workdir / f"sidecar-{path.stem}.log", grpc_upstream=case.server.grpc_url,
                             front=case.front) as sidecar:
-            via = drive(replace(case, sidecar=sidecar), arrivals, True)
-        add(case, phase, f"completed/s from {words}", f"{direct.completed_per_s:.2f}", f"{via.completed_per_s:.2f}",
-            f">= 0.95 x direct ({0.95 * direct.completed_per_s:.2f}), 0 kills",
-            via.completed_per_s >= 0.95 * direct.completed_per_s and via.kills == 0)
-        phase = ""
+            vias.append((words, drive(replace(case, sidecar=sidecar), arrivals, True)))
+    # Direct again after the sidecar runs, judged against the mean of both: one direct run moved all
+    # three verdicts together (2026-12-03: 19.2 then 21.8 req/s on vllm_standin, the sidecar 19.2-20.0).
+    again = drive(case, arrivals, False)
+    mean = (direct.completed_per_s + again.completed_per_s) / 2
+    add(case, phase, "completed/s direct, before / after the sidecar runs", f"{direct.completed_per_s:.2f} / "
+        f"{again.completed_per_s:.2f}", "-")
+    for words, via in vias:
+        add(case, "", f"completed/s from {words}", f"{mean:.2f} (mean)", f"{via.completed_per_s:.2f}",
+            f">= 0.95 x direct ({0.95 * mean:.2f}), 0 kills", via.completed_per_s >= 0.95 * mean and via.kills == 0)
         extra += _errors(f"wrong start {words}", via)
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 import httpx
 
 from bench.rig import ROOT
+from bench.rig.cpu import busy, cpu_times
 from bench.report import ms, rel, saved_report
 from tritongen.core.engine_sources import measured_from_profile, resolve_engine
 from tritongen.core.llm_interface_config import interface_from_config
@@ -62,27 +63,6 @@ def tritongen(*args: str) -> subprocess.CompletedProcess[str]:
 def counter(server: TritonServer, name: str, model: str) -> float:
     text = httpx.get(server.metrics_url, timeout=10).text
     return sum(s.value for s in parse_prometheus(text) if s.name == name and s.labels.get("model") == model)
-
-
-def cpu_times() -> dict[str, tuple[int, int]]:
-    """(busy, total) jiffies per CPU from /proc/stat."""
-    out = {}
-    for line in Path("/proc/stat").read_text().splitlines():
-        if line.startswith("cpu") and line[3:4].isdigit():
-            name, *fields = line.split()
-            values = [int(v) for v in fields]
-            idle = values[3] + values[4]
-            out[name] = (sum(values) - idle, sum(values))
-    return out
-
-
-def busy(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> str:
-    parts = []
-    for name in sorted(after):
-        b = after[name][0] - before[name][0]
-        t = after[name][1] - before[name][1]
-        parts.append(f"{name} {b / t:.0%}" if t else f"{name} -")
-    return ", ".join(parts)
 
 
 def load(server: TritonServer, model: str) -> None:
