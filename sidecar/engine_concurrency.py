@@ -31,7 +31,9 @@ with nothing but the streams the sidecar relays:
   (measured on the real vLLM, bench_llm_guard tiny_llama 2026-12-03 20:50: the limit fell to 5 at
   0.7x of capacity, median 14, and to 3 at 1.5x, holding requests the engine had room for).
 * A step down goes to what runs and one more, but by at most `decrease_fraction` of the limit per
-  judgement: one misread costs a few slots for an interval, not most of the engine.
+  judgement: one misread costs a few slots for an interval, not most of the engine. And only once
+  `full_judgements` judgements in a row found late requests: a full engine keeps its queue from one
+  judgement to the next, a clump of prefills is gone within a few of them.
 * No more than the engine's pool holds blocks (each running sequence holds at least one), when the
   pool is known.
 
@@ -73,6 +75,7 @@ class EngineConcurrency:
     _full_seen: bool = False
     _running_peak: int = 0  # the most past their first token at once since the last judgement
     _proven: deque[int] = field(default_factory=deque)  # what ran in each recent judgement with none late
+    _full_in_row: int = 0  # judgements in a row that found the engine full
 
     def __post_init__(self) -> None:
         # One more than the engine is said to run, from the start: the slot it frees is taken at its
@@ -135,11 +138,16 @@ class EngineConcurrency:
                         "proven": float(proven)}
         # Without demand a lone late request may be a long prompt's prefill; two are the engine's queue.
         full = late >= (1 if demand else 2)
+        self._full_in_row = self._full_in_row + 1 if full else 0
         if not demand and not full:
             self.last = "hold: nothing waited for the limit"
             return "hold"
         self._last_move = now
         before = self.value
+        if full and self._full_in_row < cfg.full_judgements:
+            self.last = (f"hold: {late} request(s) late at the engine while {running} ran; a full engine keeps them "
+                         "late at the next judgement, a clump of prefills does not")
+            return "hold"
         if full:
             # Full at what runs now: hold that, and one more to take the next free slot at once.
             self._full_seen, self._ups_in_row = True, 0

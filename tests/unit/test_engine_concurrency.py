@@ -128,10 +128,25 @@ def test_without_demand_the_limit_drops_on_the_engines_queue_but_not_on_one_slow
     # late: past 50 ms + 2 steps of 10 ms
     assert law.update(10.0, demand=False, pending_ages=[1.0, 0.01], running=40) == "hold"
     assert law.limit == 64
-    assert law.update(20.0, demand=False, pending_ages=[1.0, 0.9, 0.01], running=40) == "down"
+    # two late: the engine's queue, once the next judgement finds them still there
+    assert law.update(20.0, demand=False, pending_ages=[1.0, 0.9, 0.01], running=40) == "hold"
+    assert law.limit == 64 and "next judgement" in law.last
+    assert law.update(30.0, demand=False, pending_ages=[2.0, 1.9, 0.01], running=40) == "down"
     assert law.limit == 48  # a quarter down at most per judgement
-    assert law.update(30.0, demand=False, pending_ages=[1.0, 0.9, 0.01], running=40) == "down"
+    assert law.update(40.0, demand=False, pending_ages=[3.0, 2.9, 0.01], running=40) == "down"
     assert law.limit == 41  # what ran, and one more
+
+
+def test_a_clump_of_prefills_late_for_one_judgement_moves_nothing() -> None:
+    """The real vLLM on a CPU at 0.7x (bench_llm_guard, 2026-12-03 21:54): a few prompts that arrive
+    together are late at one judgement and started by the next. That is no full engine."""
+    law = EngineConcurrency(CFG, start=13)
+    for _ in range(CFG.min_samples):
+        law.observe_first_token(0.08)
+    law.observe_gap(0.01)
+    assert law.update(1.0, demand=True, pending_ages=[0.3, 0.25], running=4) == "hold"
+    assert law.update(2.0, demand=True, pending_ages=[0.05], running=7) in ("up", "hold")
+    assert law.limit >= 14, law.last
 
 
 def test_it_never_steps_below_what_the_engine_ran_with_none_late_lately() -> None:

@@ -166,6 +166,12 @@ class QueueingEnginePolicy(PolicyModel):
         "limit twice too high the engine's figure is three judgements away, and a misread costs a quarter of "
         "the slots for one interval."
     )
+    full_judgements: int = Field(
+        default=2, ge=1, description="Judgements in a row that must find requests late at the engine before the "
+        "limit steps down. A judgement: a full engine keeps requests waiting for a slot from one judgement (an "
+        "interval, 1 s by default) to the next, while prompts prefilled one after another on a slow device are "
+        "late for a few of its steps only; 2 costs one interval of convergence from a limit too high."
+    )
     proven_judgements: int = Field(
         default=30, ge=1, description="The limit never steps below what the engine ran with no request late in any "
         "of this many recent judgements (with the default interval, 30 s). A judgement: long enough to span a "
