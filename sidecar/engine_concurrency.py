@@ -128,6 +128,9 @@ class EngineConcurrency:
         if late_after is None:
             self.last = "hold: too few first tokens and token gaps measured yet"
             return "hold"
+        # One judgement per interval, whatever it finds: what ran since the last one, the history of
+        # what ran with none late, and the run of full judgements all count intervals, not ticks.
+        self._last_move = now
         late = sum(1 for age in pending_ages if age > late_after)
         running, self._running_peak = max(running, self._running_peak), running
         self._proven.append(running if late == 0 else 0)
@@ -142,7 +145,6 @@ class EngineConcurrency:
         if not demand and not full:
             self.last = "hold: nothing waited for the limit"
             return "hold"
-        self._last_move = now
         before = self.value
         if full and self._full_in_row < cfg.full_judgements:
             self.last = (f"hold: {late} request(s) late at the engine while {running} ran; a full engine keeps them "

@@ -165,3 +165,19 @@ def test_it_never_steps_below_what_the_engine_ran_with_none_late_lately() -> Non
     for t in range(7, 7 + CFG.proven_judgements + 8):
         law.update(float(t), demand=True, pending_ages=[0.3, 0.25, 0.2], running=4)
     assert law.limit == 5, law.last
+
+
+def test_its_memory_counts_judgements_not_ticks() -> None:
+    """The sidecar calls `update` every tick (20 ms) and it judges once per interval: 30 judgements
+    of history are 30 s, not 30 ticks, even while nothing waits."""
+    law = EngineConcurrency(CFG, start=13)
+    for _ in range(CFG.min_samples):
+        law.observe_first_token(0.08)
+    law.observe_gap(0.01)
+    t = 0.0
+    while t < 2.0:  # 12 ran for a second, then 3, nothing waiting: no move, but a history
+        law.update(t, demand=False, pending_ages=[], running=12 if t < 1.0 else 3)
+        t += 0.02
+    for t in (2.5, 3.5, 4.5):  # then late requests while 4 run, three judgements in a row
+        law.update(t, demand=True, pending_ages=[0.3, 0.25], running=4)
+    assert law.limit >= 13, law.last  # the engine ran 12 with none late two seconds ago
