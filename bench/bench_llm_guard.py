@@ -169,8 +169,11 @@ class Run:
     def refused_mask(self) -> np.ndarray:
         """The sidecar's refusals (whatever status it chose: 429, 413, 400, ...), and Triton's own
         queue-full or queue-timeout answers (their reason is labelled 'Triton: ...')."""
-        by_text = np.array([bool(SIDECAR_REFUSED.search(m)) for m in self._messages()], dtype=bool)
-        return by_text | (self.result.status == QUEUE_FULL) | (self.result.status == TIMEOUT)
+        return self.told_mask() | (self.result.status == QUEUE_FULL) | (self.result.status == TIMEOUT)
+
+    def told_mask(self) -> np.ndarray:
+        """The sidecar's own refusals (its message names itself), whatever their status."""
+        return np.array([bool(SIDECAR_REFUSED.search(m)) for m in self._messages()], dtype=bool)
 
     @property
     def kills(self) -> int:
@@ -213,13 +216,17 @@ class Run:
         """Refusals told after the request waited in the sidecar's queue (their detail says so)."""
         return np.array([bool(REFUSED_LATE.search(m)) for m in self._messages()], dtype=bool)
 
+    def told_at_arrival_and_late(self) -> tuple[int, int]:
+        """The sidecar's refusals told at arrival, and after a wait."""
+        told, late = self.told_mask(), self.late_mask()
+        return int((told & ~late).sum()), int((told & late).sum())
+
     def refusal_ms(self, q: float, late: bool | None = None) -> float | None:
         """A quantile of refusal latency: all of them, or only those told at arrival (late=False)
         or after a wait (late=True)."""
         mask = self.refused_mask() & np.isfinite(self.result.send_t) & np.isfinite(self.result.done_t)
         if late is not None:  # the sidecar's own refusals only: Triton's queue timeouts are neither
-            told = np.array([bool(SIDECAR_REFUSED.search(m)) for m in self._messages()], dtype=bool)
-            mask &= told & (self.late_mask() if late else ~self.late_mask())
+            mask &= self.told_mask() & (self.late_mask() if late else ~self.late_mask())
         if not mask.any():
             return None
         return float(np.percentile((self.result.done_t[mask] - self.result.send_t[mask]) * 1000.0, q))
@@ -492,9 +499,8 @@ def one_model(case: Case) -> None:
         via.goodput_per_s() >= factor * direct.goodput_per_s())
     add(case, "", "kills (model out of memory)", str(direct.kills), str(via.kills), "0 through the sidecar", via.kills == 0)
     add(case, "", "refusals", f"{direct.refused} ({direct.refusal_reasons()})", f"{via.refused} ({via.refusal_reasons()})")
-    late = int((via.refused_mask() & via.late_mask()).sum())
-    told = sum(1 for m in via._messages() if SIDECAR_REFUSED.search(m))
-    add(case, "", "the sidecar's refusals at arrival / after waiting", "-", f"{told - late} / {late}")
+    at_arrival, late = via.told_at_arrival_and_late()
+    add(case, "", "the sidecar's refusals at arrival / after waiting", "-", f"{at_arrival} / {late}")
     p50 = via.refusal_ms(50, late=False)
     add(case, "", "refusal latency at arrival P50 / P99 ms", "-", f"{fmt_ms(p50)} / {fmt_ms(via.refusal_ms(99, late=False))}",
         f"P50 <= {REFUSAL_P50_GOAL_MS:g} ms", None if p50 is None else p50 <= REFUSAL_P50_GOAL_MS)
@@ -533,10 +539,9 @@ def one_model(case: Case) -> None:
         add(case, "", "CPU busy", direct.cpu, via.cpu)
         if direct.refused or via.refused:
             add(case, "", "refusals", f"{direct.refused} ({direct.refusal_reasons()})", f"{via.refused} ({via.refusal_reasons()})")
-            late = int((via.refused_mask() & via.late_mask()).sum())
-            told = sum(1 for m in via._messages() if SIDECAR_REFUSED.search(m))
+            at_arrival, late = via.told_at_arrival_and_late()
             add(case, "", "the sidecar's refusals at arrival / after waiting (P50 ms)", "-",
-                f"{told - late} ({fmt_ms(via.refusal_ms(50, late=False))}) / {late} ({fmt_ms(via.refusal_ms(50, late=True))})")
+                f"{at_arrival} ({fmt_ms(via.refusal_ms(50, late=False))}) / {late} ({fmt_ms(via.refusal_ms(50, late=True))})")
         within_d = int((direct.ttft_ms() <= batch.p99_ms).sum())
         within_v = int((via.ttft_ms() <= batch.p99_ms).sum())
         if queues(case):
