@@ -70,7 +70,7 @@ class EngineConcurrency:
     signals: dict[str, float | None] = field(default_factory=dict)
     _ttft: deque[float] = field(default_factory=lambda: deque(maxlen=FIRST_TOKENS_KEPT))  # admission -> first token, s
     _gaps: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # mean inter-token gap per stream, s
-    _last_move: float = -math.inf
+    _last_judged: float = -math.inf  # when the last judgement was made
     _ups_in_row: int = 0
     _full_seen: bool = False
     _running_peak: int = 0  # the most past their first token at once since the last judgement
@@ -103,7 +103,7 @@ class EngineConcurrency:
 
     def due(self, now: float) -> bool:
         """Whether `update` would judge now (at most once per interval)."""
-        return (now - self._last_move) * 1000 >= self.cfg.interval_ms
+        return (now - self._last_judged) * 1000 >= self.cfg.interval_ms
 
     def late_after_s(self) -> float | None:
         """Seconds after admission past which a request without a first token waits for a slot
@@ -130,7 +130,7 @@ class EngineConcurrency:
             return "hold"
         # One judgement per interval, whatever it finds: what ran since the last one, the history of
         # what ran with none late, and the run of full judgements all count intervals, not ticks.
-        self._last_move = now
+        self._last_judged = now
         late = sum(1 for age in pending_ages if age > late_after)
         running, self._running_peak = max(running, self._running_peak), running
         self._proven.append(running if late == 0 else 0)

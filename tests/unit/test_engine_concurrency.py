@@ -75,6 +75,15 @@ def run(law: EngineConcurrency, engine: QueueingEngine, seconds: float, demand: 
 CFG = QueueingEnginePolicy()
 
 
+def measured_law(start: int, first_token_s: float, gap_s: float = 0.01) -> EngineConcurrency:
+    """A law that has measured enough to judge: `min_samples` first tokens and a token gap."""
+    law = EngineConcurrency(CFG, start=start)
+    for _ in range(CFG.min_samples):
+        law.observe_first_token(first_token_s)
+    law.observe_gap(gap_s)
+    return law
+
+
 @pytest.mark.parametrize("start", [4, 7, 28, 60])
 def test_from_a_wrong_start_the_limit_finds_what_the_engine_runs_and_stays(start: int) -> None:
     engine = QueueingEngine(slots=14, output_tokens=64)
@@ -121,10 +130,7 @@ def test_it_holds_until_it_has_measured_enough() -> None:
 
 
 def test_without_demand_the_limit_drops_on_the_engines_queue_but_not_on_one_slow_prefill() -> None:
-    law = EngineConcurrency(CFG, start=63)
-    for _ in range(CFG.min_samples):
-        law.observe_first_token(0.05)
-    law.observe_gap(0.01)
+    law = measured_law(start=63, first_token_s=0.05)
     # late: past 50 ms + 2 steps of 10 ms
     assert law.update(10.0, demand=False, pending_ages=[1.0, 0.01], running=40) == "hold"
     assert law.limit == 64
@@ -140,10 +146,7 @@ def test_without_demand_the_limit_drops_on_the_engines_queue_but_not_on_one_slow
 def test_a_clump_of_prefills_late_for_one_judgement_moves_nothing() -> None:
     """The real vLLM on a CPU at 0.7x (bench_llm_guard, 2026-12-03 21:54): a few prompts that arrive
     together are late at one judgement and started by the next. That is no full engine."""
-    law = EngineConcurrency(CFG, start=13)
-    for _ in range(CFG.min_samples):
-        law.observe_first_token(0.08)
-    law.observe_gap(0.01)
+    law = measured_law(start=13, first_token_s=0.08)
     assert law.update(1.0, demand=True, pending_ages=[0.3, 0.25], running=4) == "hold"
     assert law.update(2.0, demand=True, pending_ages=[0.05], running=7) in ("up", "hold")
     assert law.limit >= 14, law.last
@@ -153,10 +156,7 @@ def test_it_never_steps_below_what_the_engine_ran_with_none_late_lately() -> Non
     """The real vLLM on a CPU (bench_llm_guard, 2026-12-03): prompts admitted together after a step
     up prefill for several steps, and the last of them is late with room for all. The engine ran 12
     with none late a few judgements ago: a late prefill now while 4 run is not a full engine."""
-    law = EngineConcurrency(CFG, start=13)
-    for _ in range(CFG.min_samples):
-        law.observe_first_token(0.08)
-    law.observe_gap(0.01)
+    law = measured_law(start=13, first_token_s=0.08)
     for t in range(1, 6):
         law.update(float(t), demand=True, pending_ages=[0.01], running=12)  # 12 ran, none late
     law.update(6.0, demand=True, pending_ages=[0.3, 0.25, 0.2], running=4)
@@ -170,10 +170,7 @@ def test_it_never_steps_below_what_the_engine_ran_with_none_late_lately() -> Non
 def test_its_memory_counts_judgements_not_ticks() -> None:
     """The sidecar calls `update` every tick (20 ms) and it judges once per interval: 30 judgements
     of history are 30 s, not 30 ticks, even while nothing waits."""
-    law = EngineConcurrency(CFG, start=13)
-    for _ in range(CFG.min_samples):
-        law.observe_first_token(0.08)
-    law.observe_gap(0.01)
+    law = measured_law(start=13, first_token_s=0.08)
     t = 0.0
     while t < 2.0:  # 12 ran for a second, then 3, nothing waiting: no move, but a history
         law.update(t, demand=False, pending_ages=[], running=12 if t < 1.0 else 3)
