@@ -28,10 +28,11 @@ shares and each model's typical_prompt_tokens / typical_output_tokens):
     goals: sidecar completed/s >= 0.97 x direct, each class's TTFT P99 <= 1.2 x direct + 5 ms;
   * 1.5x capacity, Poisson, --seconds: completed/s, goodput (served within the class's TTFT
     target, per second), kills (the model's out-of-memory errors), refusals (the sidecar's answers)
-    and how fast they came (P50 / P99 from send to refusal), TTFT P99 of admitted interactive
-    requests; goals (issue 31): goodput >= 1.2 x direct's where the engine queues or preempts,
+    and how fast they came (P50 / P99 from send to refusal), each class's TTFT P99 and served of
+    sent; goals (issue 31): goodput >= 1.2 x direct's where the engine queues or preempts,
     >= direct's where it kills; 0 kills through the sidecar; refusal P50 <= 5 ms (at arrival);
-    admitted interactive TTFT P99 within the class's target;
+    the top class's requests served within its target >= direct's (of the same arrivals: a
+    sidecar that refuses the top class at arrival shows a fine P99 of the few it admits);
   * --burst requests of the batch class at once: served / killed / refused, and how many were
     served with a TTFT within the batch class's target; goal: >= 95% of them, and 0 kills (an engine
     that queues, which serves a burst in its own time whatever the sidecar does: >= direct's);
@@ -230,6 +231,13 @@ class Run:
         if not mask.any():
             return None
         return float(np.percentile((self.result.done_t[mask] - self.result.send_t[mask]) * 1000.0, q))
+
+    def in_time(self, klass: TrafficClass) -> int:
+        """The class's requests served with a first token within its target (from the scheduled send)."""
+        r = self.result
+        mine = r.cls.astype(int) == r.class_names.index(klass.name)
+        ok = mine & (r.status == OK) & np.isfinite(r.first_t)
+        return int((ok & ((r.first_t - r.scheduled_t) * 1000.0 <= klass.p99_ms)).sum())
 
     def goodput_per_s(self) -> float:
         return self.result.goodput_per_s({c.name: c.p99_ms for c in self.classes}, first_token=True)
@@ -512,15 +520,15 @@ def one_model(case: Case) -> None:
         f"{fmt_ms(via.refusal_ms(50))} / {fmt_ms(via.refusal_ms(99))}")
     if via.refused:
         add(case, "", "refusal latency P99 ms by reason", "-", via.refusal_ms_by_reason())
-    d, v = direct.stat(top.name), via.stat(top.name)
-    add(case, "", f"admitted {top.name} TTFT P99 ms (served of sent)", f"{fmt_ms(d.ttft_p99_ms)} ({d.completed}/{d.sent})",
-        f"{fmt_ms(v.ttft_p99_ms)} ({v.completed}/{v.sent})", f"<= target {top.p99_ms:g} ms",
-        v.ttft_p99_ms is not None and v.ttft_p99_ms <= top.p99_ms)
     for c in case.classes:
-        if c is not top:
-            d, v = direct.stat(c.name), via.stat(c.name)
-            add(case, "", f"{c.name} TTFT P99 ms (served of sent)", f"{fmt_ms(d.ttft_p99_ms)} ({d.completed}/{d.sent})",
-                f"{fmt_ms(v.ttft_p99_ms)} ({v.completed}/{v.sent})", f"(target {c.p99_ms:g} ms)")
+        d, v = direct.stat(c.name), via.stat(c.name)
+        add(case, "", f"{c.name} TTFT P99 ms (served of sent)", f"{fmt_ms(d.ttft_p99_ms)} ({d.completed}/{d.sent})",
+            f"{fmt_ms(v.ttft_p99_ms)} ({v.completed}/{v.sent})", f"(target {c.p99_ms:g} ms)")
+    # The top class is judged by how many of those sent were served in time, not by the TTFT of the
+    # admitted: a sidecar that refuses most of them at arrival has a fine P99 and serves few.
+    d_in, v_in = direct.in_time(top), via.in_time(top)
+    add(case, "", f"{top.name} served within {top.p99_ms:g} ms (of sent)", f"{d_in}/{direct.stat(top.name).sent}",
+        f"{v_in}/{via.stat(top.name).sent}", ">= direct", v_in >= d_in)
     add(case, "", "served / killed / refused / other", _counts(direct), _counts(via))
     add(case, "", "held in the sidecar by", "-", via.held or "-")
     add(case, "", "CPU busy", direct.cpu, via.cpu)

@@ -42,8 +42,8 @@ class WaitQueue(dict):  # type: ignore[type-arg]
         self._guard_s = 0.0
         self._seq = 0
         # `order`'s last answer, valid while the instant, the queue (its `rev`) and the policy are
-        # the same: a tick walks the queue twice (the hopeless, then the pump), and under overload
-        # the queue holds hundreds of requests.
+        # the same: one instant may walk the queue more than once (a submit's pump, a tick's), and
+        # under overload the queue holds hundreds of requests.
         self._order_cache: tuple[float, int, list[Waiting]] | None = None
 
     def configure(self, top_level: int, starvation_guard_ms: float) -> None:

@@ -26,12 +26,6 @@ was compared, not fitted, against 0 (the mean) in bench/bench_admission.py's eve
 late, 1,665 against 1,669 served; one live bench_llm_guard run followed. Higher: fewer requests wait
 their whole budget and are then refused late, more are refused up front that would have made it."""
 
-HOPELESS_FACTOR = 1.5
-"""A waiting request whose predicted wait is more than this times the time it has left is refused
-at once instead of at its deadline. Value: a judgement (commit 2e1934e), so that a wait the
-estimate gets slightly wrong is still served. Lower: refusals come earlier and some that would have
-made it are refused; higher: more requests wait out their whole budget."""
-
 STARVED_FRACTION = 0.05
 """When the top class's arrivals take all but this fraction of a model's drain rate, a lower-class
 request is predicted to wait for ever. Value: a judgement (commit 2e1934e); it only bounds a
