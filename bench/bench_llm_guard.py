@@ -67,7 +67,7 @@ import httpx
 import numpy as np
 
 from bench.rig import ROOT
-from bench.rig.cpu import busy, cpu_times
+from bench.rig.cpu import busy, cpu_times, process_cpu_s
 from bench.report import saved_report, shown
 from tritongen.core.fmt import fmt_ms
 from tritongen.core.engine_sources import EngineSourceError, measured_from_profile, resolve_engine
@@ -153,6 +153,18 @@ class Run:
     preemptions: float | None = None
     held: str = ""  # through the sidecar: what held requests there (SidecarWatch)
     cpu: str = ""  # each core's busy share while the load ran
+    python_cpu_s: float | None = None  # through the sidecar: its Python process's CPU seconds over the run
+
+    def python_cpu_words(self) -> str:
+        """The sidecar's Python CPU per request sent and per token streamed (µs): what relaying in
+        Python costs, next to nginx carrying the bytes (issue 32's goals: <= 150 and <= 5)."""
+        if self.python_cpu_s is None:
+            return "-"
+        sent = len(self.result.status)
+        tokens = float(np.nansum(self.result.tokens))
+        per_request = f"{1e6 * self.python_cpu_s / sent:.0f}" if sent else "-"
+        per_token = f"{1e6 * self.python_cpu_s / tokens:.1f}" if tokens else "-"
+        return f"{per_request} / {per_token} ({self.python_cpu_s:.2f} s)"
 
     def stats(self):
         return self.result.summary()[0]
@@ -232,12 +244,13 @@ class Run:
             return None
         return float(np.percentile((self.result.done_t[mask] - self.result.send_t[mask]) * 1000.0, q))
 
-    def in_time(self, klass: TrafficClass) -> int:
-        """The class's requests served with a first token within its target (from the scheduled send)."""
+    def in_time(self, klass: TrafficClass) -> tuple[int, int]:
+        """(the class's requests served with a first token within its target, from the scheduled
+        send; the class's requests sent), both over the whole run."""
         r = self.result
         mine = r.cls.astype(int) == r.class_names.index(klass.name)
         ok = mine & (r.status == OK) & np.isfinite(r.first_t)
-        return int((ok & ((r.first_t - r.scheduled_t) * 1000.0 <= klass.p99_ms)).sum())
+        return int((ok & ((r.first_t - r.scheduled_t) * 1000.0 <= klass.p99_ms)).sum()), int(mine.sum())
 
     def goodput_per_s(self) -> float:
         return self.result.goodput_per_s({c.name: c.p99_ms for c in self.classes}, first_token=True)
@@ -426,14 +439,18 @@ def drive(case: Case, arrivals: Arrivals, through_sidecar: bool) -> Run:
     before = preemptions(case.server, case.model)
     watch = SidecarWatch(case.sidecar.metrics_url, case.model) if through_sidecar else None
     cpu0 = cpu_times()
+    pid = case.sidecar.proc.pid if through_sidecar and case.sidecar.proc is not None else None
+    python0 = process_cpu_s(pid) if pid is not None else None
     result = run_load(arrivals, {name: target for name in arrivals.class_names}, http_url=via.http_url,
                       grpc_url=via.grpc_url, request_timeout_s=60.0, drain_s=40.0, max_in_flight=1024)
     cpu = busy(cpu0, cpu_times())
+    python1 = process_cpu_s(pid) if pid is not None else None
     after = preemptions(case.server, case.model)
     time.sleep(1.0)  # let the engine and the sidecar settle (lingering reservations, metrics)
     return Run(result=result, classes=case.classes, cpu=cpu,
                preemptions=None if before is None or after is None else after - before,
-               held=watch.words() if watch is not None else "")
+               held=watch.words() if watch is not None else "",
+               python_cpu_s=None if python0 is None or python1 is None else python1 - python0)
 
 
 def pair(case: Case, arrivals: Arrivals, sidecar_first: bool) -> tuple[Run, Run]:
@@ -490,6 +507,7 @@ def one_model(case: Case) -> None:
     add(case, "", "served / killed / refused / other", _counts(direct), _counts(via))
     add(case, "", "held in the sidecar by", "-", via.held or "-")
     add(case, "", "CPU busy", direct.cpu, via.cpu)
+    add(case, "", "sidecar Python CPU per request / per token, µs", "-", via.python_cpu_words())
     lag += [direct.result.send_lag_ms(), via.result.send_lag_ms()]
     extra += _errors("0.7x direct", direct) + _errors("0.7x sidecar", via)
 
@@ -526,12 +544,13 @@ def one_model(case: Case) -> None:
             f"{fmt_ms(v.ttft_p99_ms)} ({v.completed}/{v.sent})", f"(target {c.p99_ms:g} ms)")
     # The top class is judged by how many of those sent were served in time, not by the TTFT of the
     # admitted: a sidecar that refuses most of them at arrival has a fine P99 and serves few.
-    d_in, v_in = direct.in_time(top), via.in_time(top)
-    add(case, "", f"{top.name} served within {top.p99_ms:g} ms (of sent)", f"{d_in}/{direct.stat(top.name).sent}",
-        f"{v_in}/{via.stat(top.name).sent}", ">= direct", v_in >= d_in)
+    (d_in, d_sent), (v_in, v_sent) = direct.in_time(top), via.in_time(top)
+    add(case, "", f"{top.name} served within {top.p99_ms:g} ms (of sent, whole run)", f"{d_in}/{d_sent}",
+        f"{v_in}/{v_sent}", ">= direct", v_in >= d_in)
     add(case, "", "served / killed / refused / other", _counts(direct), _counts(via))
     add(case, "", "held in the sidecar by", "-", via.held or "-")
     add(case, "", "CPU busy", direct.cpu, via.cpu)
+    add(case, "", "sidecar Python CPU per request / per token, µs", "-", via.python_cpu_words())
     if direct.preemptions is not None:
         add(case, "", "preemptions (vllm metric)", f"{direct.preemptions:.0f}", f"{via.preemptions or 0:.0f}")
     live_saturation = direct.completed_per_s
@@ -545,6 +564,7 @@ def one_model(case: Case) -> None:
         add(case, phase, "served / killed / refused / other", _counts(direct), _counts(via))
         add(case, "", "held in the sidecar by", "-", via.held or "-")
         add(case, "", "CPU busy", direct.cpu, via.cpu)
+        add(case, "", "sidecar Python CPU per request / per token, µs", "-", via.python_cpu_words())
         if direct.refused or via.refused:
             add(case, "", "refusals", f"{direct.refused} ({direct.refusal_reasons()})", f"{via.refused} ({via.refusal_reasons()})")
             at_arrival, late = via.told_at_arrival_and_late()

@@ -38,6 +38,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.admission import AdmissionState
 from sidecar.controller import AdmissionController
+from sidecar.decisions import DecisionServer
 from sidecar.grpc_proxy import GrpcProxy
 from sidecar.headroom import HeadroomChain, HeadroomSource, SourceFailed, SourceInputs, build_sources
 from sidecar.http_front import HttpFront, front_enabled
@@ -45,7 +46,9 @@ from sidecar.http_proxy import Admin, HttpProxy
 from sidecar.lane_control import LaneControl
 from sidecar.loop import new_event_loop
 from sidecar.metrics import SidecarMetrics
-from sidecar.nginx_front import FrontAddresses, NativeFrontUnavailable, NginxFront, NginxInstall, find_nginx
+from sidecar.nginx_front import (
+    FrontAddresses, NativeFrontUnavailable, NginxFront, NginxInstall, decision_socket, find_nginx,
+)
 from sidecar.tokens import load_counters
 from sidecar.upstream import UpstreamHealth
 from tritongen.core.sidecar_policy.schema import PolicyError, SidecarPolicy
@@ -151,6 +154,7 @@ class Sidecar:
         self._backend_dir: str | None = None
         self.grpc: GrpcProxy | None = None
         self.nginx: NginxFront | None = None
+        self.decisions: DecisionServer | None = None  # with the native front: its decision socket
         self.lane: LaneControl | None = None
         self.http_port = self.grpc_port = self.metrics_port = 0
         self.last_reload: dict[str, Any] = {}
@@ -291,6 +295,9 @@ class Sidecar:
         if self.nginx is not None:  # clients are cut at the front first
             await self.nginx.stop()
             self.nginx = None
+        if self.decisions is not None:  # then what nginx's requests held goes back
+            await self.decisions.stop()
+            self.decisions = None
         if self._grpc_server is not None:
             await self._grpc_server.stop(grace=1.0)
             self._grpc_server = None
@@ -364,6 +371,10 @@ class Sidecar:
             else None, sidecar_grpc=f"127.0.0.1:{self.grpc_port}" if grpc_listen else None,
         )
         self.nginx = NginxFront(install, addresses, self.policy)
+        assert self.http is not None
+        self.decisions = DecisionServer(decision_socket(self.nginx.work), self.http, self.controller, self.health)
+        await self.decisions.start()  # before nginx takes requests: it asks here about every model stream
+        self.nginx.on_restart = lambda: self.decisions.release_all("front_restarted")  # type: ignore[union-attr]
         await self.nginx.start()
         self.http_port = int(http_listen.rsplit(":", 1)[1])
         if grpc_listen:
@@ -512,7 +523,8 @@ class Sidecar:
         out["upstream"] = {"up": self.health.up, "reason": self.health.reason, "http": self.config.upstream,
                            "grpc": self.config.grpc_upstream}
         out["headroom_sources"] = dict(self.chain.state) if self.chain else {}
-        out["front"] = {"kind": self.front_kind, "lane": self.lane.status() if self.lane is not None else {}}
+        out["front"] = {"kind": self.front_kind, "lane": self.lane.status() if self.lane is not None else {},
+                        "carried": self.decisions.status() if self.decisions is not None else {}}
         return out
 
     async def _metrics_handler(self, request: web.Request) -> web.Response:

@@ -4,8 +4,14 @@ process, and the control socket the lane's slots and counts go through.
 Why nginx: a proxy's cost per request is mostly parsing and copying bytes, which a Python event
 loop does at 2-3x nginx's CPU (README, bench_sidecar). nginx carries the bytes of every request;
 the fast lane (sidecar/lane.py, sidecar/tritongen_lane.lua) sends plain classic requests straight
-to Triton, and everything else (LLM requests, classes, tenants, admin APIs, health, the sidecar's
-own endpoints) to the Python sidecar on private ports, which decides as it always did.
+to Triton; HTTP `generate` and `generate_stream` go to Triton too, once Python has decided on
+each (sidecar/decisions.py, sidecar/tritongen_decide.lua: nginx asks, waits while the request is
+queued, and reports its first token and end), so no token of a stream crosses Python; everything
+else (other LLM requests, classes and tenants on `infer`, gRPC streams, admin APIs, health, the
+sidecar's own endpoints) goes to the Python sidecar on private ports, which decides as it always did.
+gRPC `ModelStreamInfer` stays there: nginx's Lua cannot read a request out of an open HTTP/2 stream
+(`ngx.req.read_body` needs the whole body, and a bidirectional stream's ends only when the client
+closes it).
 
 Needs Debian's `nginx-light` (or any nginx 1.19+) and `libnginx-mod-http-lua`. The binary and the
 module directory can be moved with TRITONGEN_NGINX and TRITONGEN_NGINX_MODULES.
@@ -20,7 +26,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +42,7 @@ from tritongen.shared.processes import term_with_parent
 NGINX = "/usr/sbin/nginx"
 MODULE_DIR = "/usr/lib/nginx/modules"
 MODULES = ("ndk_http_module.so", "ngx_http_lua_module.so")
-LUA_DIR = Path(__file__).resolve().parent  # sidecar/tritongen_lane.lua
+LUA_DIR = Path(__file__).resolve().parent  # sidecar/tritongen_lane.lua, sidecar/tritongen_decide.lua
 BODY_IN_MEMORY = 8 * 1024 * 1024  # larger bodies spill to a file, and nginx hands them to Python
 LONG_S = 3600  # streams and queue waits: nginx must not time them out before the sidecar does
 log = logging.getLogger("tritongen.sidecar")
@@ -88,6 +94,11 @@ def _lua_string(text: str) -> str:
 
 def control_socket(work: Path) -> Path:
     return work / "control.sock"
+
+
+def decision_socket(work: Path) -> Path:
+    """Where the sidecar answers nginx's questions about the requests it carries (sidecar/decisions.py)."""
+    return work / "decide.sock"
 
 
 def upstream_block(name: str, server: str) -> str:
@@ -170,10 +181,13 @@ def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy:
     lua_shared_dict tg_caps 1m;
     lua_shared_dict tg_inflight 1m;
     lua_shared_dict tg_stats 1m;
+    lua_max_pending_timers 16384;
     init_by_lua_block {{
         local lane = require("tritongen_lane")
         {configure}
+        require("tritongen_decide").configure({_lua_string(str(decision_socket(work)))})
     }}
+    init_worker_by_lua_block {{ require("tritongen_decide").start_worker() }}
 {upstream_block("triton_http", at.triton_http)}{upstream_block("sidecar_http", at.sidecar_http)}    server {{
         listen {at.http_listen};
         keepalive_requests 1000000;
@@ -183,7 +197,17 @@ def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy:
         proxy_read_timeout {LONG_S}s;
         proxy_send_timeout {LONG_S}s;
         set $tg_lane "";
+        set $tg_decided "";
         error_page 413 = @too_large;
+        location ~ ^/v2/models/(?<tg_model>[^/]+)(/versions/[^/]+)?/(?<tg_op>generate|generate_stream)$ {{
+            lua_check_client_abort on;  # a client that leaves while queued leaves the sidecar's queue
+            access_by_lua_block {{ require("tritongen_decide").access(ngx.var.tg_model, ngx.var.tg_op, {_lua_string(_header_var(policy.class_header))}, {_lua_string(_header_var(policy.tenant_header))}) }}
+            body_filter_by_lua_block {{ require("tritongen_decide").body() }}
+            log_by_lua_block {{ require("tritongen_decide").log("ok") }}
+            error_page 502 504 = @triton_down_decided;
+            error_page 413 = @too_large;
+            proxy_pass http://triton_http;
+        }}
         location ~ ^/v2/models/(?<tg_model>[^/]+)(/versions/[^/]+)?/infer$ {{
             access_by_lua_block {{ require("tritongen_lane").http(ngx.var.tg_model) }}
             log_by_lua_block {{ require("tritongen_lane").log() }}
@@ -201,6 +225,12 @@ def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy:
         location @too_large {{
             default_type application/json;
             return 413 '{too_large_json}';
+        }}
+        location @triton_down_decided {{
+            log_by_lua_block {{ require("tritongen_decide").log("down") }}
+            default_type application/json;
+            add_header Retry-After 1 always;
+            return 503 '{down_json}';
         }}
         location @triton_down {{
             log_by_lua_block {{ require("tritongen_lane").log() }}
@@ -230,6 +260,8 @@ class NginxFront:
         self.text = render_config(install, self.work, addresses, policy)
         self.proc: subprocess.Popen[bytes] | None = None
         self._session: aiohttp.ClientSession | None = None
+        # Called when nginx died and is started again: what its requests held must go back.
+        self.on_restart: Callable[[], Awaitable[None]] | None = None
 
     def _logs(self) -> str:
         parts = [p.read_text(errors="replace") for p in (self.work / "stderr.log", self.work / "error.log") if p.exists()]
@@ -249,6 +281,8 @@ class NginxFront:
                   self._logs()[-500:])
         self._kill_group()
         await self._close_session()
+        if self.on_restart is not None:
+            await self.on_restart()
         await self.start()
         return True
 

@@ -27,3 +27,14 @@ def busy(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) 
         t = after[name][1] - before[name][1]
         parts.append(f"{name} {b / t:.0%}" if t else f"{name} -")
     return ", ".join(parts)
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) one process has used, from /proc/PID/stat; None once it is gone."""
+    import os
+
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

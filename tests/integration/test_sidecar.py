@@ -451,6 +451,68 @@ def test_http_generate_stream_text_matches_direct(deployment: Deployment) -> Non
     assert stream_text(deployment.direct, prompt, 20) == stream_text(deployment.http, prompt, 20)
 
 
+def carried(deployment: Deployment) -> int:
+    """Model requests nginx carried after a decision (sidecar/decisions.py), reported ended."""
+    return int(deployment.status()["front"]["carried"]["carried"])
+
+
+def test_http_streams_are_carried_by_nginx_with_the_python_paths_metrics(deployment: Deployment) -> None:
+    """A generate_stream request crosses nginx only: Python decides once and hears of its first token
+    and end; the same metrics count it as the Python path would."""
+    deployment.wait_idle()
+    text = metrics_text(deployment)
+    durations = metric_total(text, 'sidecar_request_duration_seconds_count{class="interactive"')
+    first_tokens = metric_total(text, 'sidecar_time_to_first_token_seconds_count{class="interactive"')
+    finished = metric_total(text, 'sidecar_requests_finished_total{class="interactive",model="tinyllm",outcome="ok"')
+    before = carried(deployment)
+    for n in range(3):
+        with httpx.stream("POST", f"{deployment.http}/v2/models/tinyllm/generate_stream", timeout=20,
+                          json={"text_input": f"carried {n}", "max_tokens": 6},
+                          headers={"x-traffic-class": "interactive"}) as resp:
+            assert resp.status_code == 200
+            assert sum(1 for line in resp.iter_lines() if line.startswith("data:")) == 6
+    deadline = time.monotonic() + 5
+    while carried(deployment) < before + 3:  # the ends come from nginx's log phase, a moment after the client's
+        assert time.monotonic() < deadline, f"nginx reported {carried(deployment) - before} of 3 ends"
+        time.sleep(0.05)
+    text = metrics_text(deployment)
+    assert metric_total(text, 'sidecar_request_duration_seconds_count{class="interactive"') - durations == 3
+    assert metric_total(text, 'sidecar_time_to_first_token_seconds_count{class="interactive"') - first_tokens == 3
+    assert metric_total(
+        text, 'sidecar_requests_finished_total{class="interactive",model="tinyllm",outcome="ok"') - finished == 3
+    deployment.wait_idle()
+
+
+def test_a_client_that_leaves_mid_stream_or_while_queued_holds_nothing(deployment: Deployment) -> None:
+    """Streams cut after their first token, and a burst whose clients give up while queued: every
+    reservation and queue place goes back."""
+    deployment.wait_idle()
+
+    async def main() -> list[str]:
+        url = f"{deployment.http}/v2/models/tinyllm/generate_stream"
+
+        async def cut(n: int) -> str:
+            body = {"text_input": f"leaving {n:03d} early", "max_tokens": 40}
+            timeout = aiohttp.ClientTimeout(total=0.3 if n % 2 else 20)  # half give up while queued
+            try:
+                async with aiohttp.ClientSession(timeout=timeout) as session:
+                    async with session.post(url, json=body, headers={"x-traffic-class": "batch"}) as resp:
+                        if resp.status != 200:
+                            return str(resp.status)
+                        await resp.content.readline()  # the first event; then the client leaves
+                        return "cut"
+            except asyncio.TimeoutError:
+                return "gave up"
+
+        return await asyncio.gather(*(cut(n) for n in range(24)))
+
+    outcomes = run_loop(main())
+    assert "cut" in outcomes, outcomes
+    status = deployment.wait_idle(timeout=10)
+    assert status["lingering"] == 0 and not any(status["waiting"].values())
+    assert deployment.status()["front"]["carried"]["in_flight"] == 0
+
+
 @pytest.mark.parametrize(
     "path",
     ["/v2/health/live", "/v2/health/ready", "/v2", "/v2/models/ranker", "/v2/models/ranker/config",

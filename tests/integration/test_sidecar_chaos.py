@@ -1,6 +1,7 @@
 """Chaos: clients vanishing mid-stream, requests cancelled while queued or in flight, Triton killed
 and restarted under load, the headroom source failing. After each, the sidecar's reserved bytes and
-in-flight count return to zero and it serves again.
+in-flight count return to zero and it serves again. All of it behind both fronts: the Python
+listeners, and nginx (the native front), which carries the streams itself.
 
 The sidecar runs in this process (`SidecarThread`) so its state can be read directly and its
 Triton-metrics headroom source can be broken on purpose: the real `TritonMetricsSource`, given a
@@ -88,10 +89,17 @@ class Stack:
         return self.sidecar.call(read)
 
     def wait_idle(self, timeout: float = 5.0) -> dict[str, Any]:
+        """Until nothing is reserved, in flight or waiting, but the native lane's idle slots
+        (sidecar/lane.py: reservations nginx may fill) and with nothing nginx carries in flight."""
         deadline = time.monotonic() + timeout
         while True:
             state = self.state()
-            if (state["reserved"], state["inflight"], state["waiting"], state["lingering"]) == (0, 0, 0, 0):
+            front = state["status"]["front"]
+            lane = [pair for classes in front["lane"].values() for pair in classes.values()]
+            slots, slot_bytes = sum(x["slots"] for x in lane), sum(x["reserved_bytes"] for x in lane)
+            busy = any(x["inflight"] for x in lane) or front["carried"].get("in_flight", 0)
+            if (state["reserved"] - slot_bytes, state["inflight"] - slots, state["waiting"], state["lingering"],
+                    busy) == (0, 0, 0, 0, False):
                 return state
             if time.monotonic() > deadline:
                 raise AssertionError(f"the sidecar did not return to zero: {state}")
@@ -109,8 +117,10 @@ class Stack:
         return server
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+@pytest.fixture(scope="module", params=["python", "native"])
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The same chaos behind each front: the Python listeners relaying every byte, and nginx carrying
+    the streams while Python only decides (sidecar/decisions.py)."""
     tmp = tmp_path_factory.mktemp("chaos")
     # quota 2.5 MiB - weights, reserve and pad = 0.9 MiB: 115 blocks of 16 tokens, room for ~25 streams
     repo, policy, _ = build_sidecar_repository(tmp, memory_quota_mb=2.5, pool_blocks=115)
@@ -132,7 +142,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     config = SidecarConfig(
         policy_path=policy_path, upstream=server.http_url, grpc_upstream=server.grpc_url,
         triton_metrics_url=server.metrics_url, listen="127.0.0.1:0", grpc_listen="127.0.0.1:0",
-        metrics_listen="127.0.0.1:0", token="chaos-token-0123456789", health_interval_s=0.5, front="python",
+        metrics_listen="127.0.0.1:0", token="chaos-token-0123456789", health_interval_s=0.5, front=request.param,
     )
     sidecar = SidecarThread(config, sources=sources)
     sidecar.start()

@@ -1,0 +1,211 @@
+-- Requests nginx carries and Python decides (sidecar/decisions.py says why and speaks the other end).
+--
+-- access: the request's body and the class and tenant headers go to the Python controller over a
+-- Unix socket; its answer is "admit" (maybe with a rewritten body: the class's priority written
+-- in) or "refuse" (status, Retry-After and the JSON body nginx writes back). A queued request waits
+-- here, in nginx, on that socket; a client that goes away closes it, and Python drops the request
+-- from its queue.
+-- body filter: the first chunk of a stream is its first token; "data:" events are counted; an
+-- error event or an error answer is kept (its text decides the outcome: out of memory, or not).
+-- log: the end (status, events, the error) is queued for Python; however the request ended, the
+-- reservation goes back.
+--
+-- First tokens and ends leave through one background thread per worker that sends them in batches
+-- on one kept connection: the body filter and log phases cannot use sockets themselves.
+-- `$tg_decided` (set "" at server level, so an error_page redirect keeps it) holds the request's id.
+
+local M = {}
+
+local find, sub, concat = string.find, string.sub, table.concat
+local semaphore = require("ngx.semaphore")
+
+local path = nil -- "unix:/.../decide.sock", from M.configure
+local pending = {} -- event lines not yet sent (this worker)
+local wake = semaphore.new()
+local active = 0 -- admitted requests of this worker whose end is not yet queued
+
+function M.configure(socket_path)
+    path = "unix:" .. socket_path
+end
+
+local function push(line)
+    pending[#pending + 1] = line
+    wake:post(1)
+end
+
+local function sender(premature)
+    if premature then
+        return
+    end
+    local sock = nil
+    while true do
+        if #pending == 0 then
+            if ngx.worker.exiting() and active == 0 then
+                break
+            end
+            wake:wait(1)
+        end
+        if #pending > 0 then
+            local batch = pending
+            pending = {}
+            if sock == nil then
+                sock = ngx.socket.tcp()
+                sock:settimeout(2000)
+                local ok, err = sock:connect(path)
+                if not ok then
+                    ngx.log(ngx.ERR, "tritongen: the sidecar's decision socket: ", err)
+                    sock = nil
+                end
+            end
+            local sent = false
+            if sock ~= nil then
+                local ok, err = sock:send(concat(batch))
+                if ok then
+                    sent = true
+                else
+                    ngx.log(ngx.ERR, "tritongen: sending request ends to the sidecar: ", err)
+                    sock:close()
+                    sock = nil
+                end
+            end
+            if not sent then -- kept, in order, for the next try
+                for i = 1, #pending do
+                    batch[#batch + 1] = pending[i]
+                end
+                pending = batch
+                ngx.sleep(0.05)
+            end
+        end
+    end
+    if sock ~= nil then
+        sock:close()
+    end
+end
+
+function M.start_worker()
+    local ok, err = ngx.timer.at(0, sender)
+    if not ok then
+        ngx.log(ngx.ERR, "tritongen: cannot start the sender of request ends: ", err)
+    end
+end
+
+local function clean(value)
+    if value == nil then
+        return ""
+    end
+    return (value:gsub("[\t\r\n]", " "))
+end
+
+-- The sidecar is not there (restarting, or gone): the Python listener behind nginx says so properly.
+local function unavailable(err)
+    ngx.log(ngx.ERR, "tritongen: the sidecar's decision socket: ", err)
+    ngx.status = 503
+    ngx.header["Content-Type"] = "application/json"
+    ngx.header["Retry-After"] = "1"
+    ngx.print('{"error": "the sidecar cannot decide now (its decision socket: ', clean(err),
+        ')", "reason": "sidecar_unavailable", "retry_after_s": 1}')
+    return ngx.exit(503)
+end
+
+function M.access(model, op, class_var, tenant_var)
+    ngx.req.read_body()
+    local body = ngx.req.get_body_data()
+    if body == nil then -- empty, or too large for memory (in a file): the Python path reads it
+        return ngx.exec("@sidecar")
+    end
+    local sock = ngx.socket.tcp()
+    sock:settimeout(3600000) -- a queued request waits for its grant; the sidecar answers by the class's deadline
+    local ok, err = sock:connect(path)
+    if not ok then
+        return unavailable(err)
+    end
+    ngx.on_abort(function()
+        ngx.exit(499) -- ends the request's threads; its socket closes and the sidecar drops the request
+    end)
+    ok, err = sock:send(concat({ "admit\t", model, "\t", op, "\t", clean(ngx.var[class_var]), "\t",
+        clean(ngx.var[tenant_var]), "\t", #body, "\n", body }))
+    if not ok then
+        return unavailable(err)
+    end
+    local line
+    line, err = sock:receive("*l")
+    if not line then
+        return unavailable(err)
+    end
+    local kind, a, b, n = line:match("^(%a+)\t([^\t]*)\t([^\t]*)\t(%d+)$")
+    n = tonumber(n)
+    local data = ""
+    if n ~= nil and n > 0 then
+        data, err = sock:receive(n)
+        if not data then
+            return unavailable(err)
+        end
+    end
+    if kind == "admit" then -- a = the id, b unused; data = the body as it goes upstream, if rewritten
+        ngx.var.tg_decided = a
+        ngx.ctx.tg_stream = op == "generate_stream"
+        active = active + 1
+        -- The grant reached nginx: from now on the log phase reports the end. A client gone before
+        -- this line closes the socket instead, and the sidecar takes its grant back.
+        sock:send("ok\t" .. a .. "\n")
+        sock:setkeepalive(60000, 512)
+        if n > 0 then
+            ngx.req.set_body_data(data)
+        end
+        return
+    end
+    sock:setkeepalive(60000, 512)
+    if kind ~= "refuse" then
+        return unavailable("unexpected answer " .. clean(sub(line, 1, 80)))
+    end
+    ngx.status = tonumber(a) -- b = Retry-After, or empty
+    ngx.header["Content-Type"] = "application/json"
+    if b ~= "" then
+        ngx.header["Retry-After"] = b
+    end
+    ngx.print(data)
+    return ngx.exit(ngx.status)
+end
+
+function M.body()
+    local id = ngx.var.tg_decided
+    if id == nil or id == "" then
+        return
+    end
+    local chunk = ngx.arg[1]
+    if chunk == nil or #chunk == 0 then
+        return
+    end
+    local ctx = ngx.ctx
+    if ctx.tg_stream and not ctx.tg_first then
+        ctx.tg_first = true
+        push("first\t" .. id .. "\n")
+    end
+    local count, at = ctx.tg_events or 0, 1
+    while true do
+        local s = find(chunk, "data:", at, true)
+        if not s then
+            break
+        end
+        count = count + 1
+        at = s + 5
+    end
+    ctx.tg_events = count
+    if ctx.tg_error == nil and (ngx.status >= 400 or find(chunk, '"error"', 1, true)) then
+        ctx.tg_error = sub(chunk, 1, 2000)
+    end
+end
+
+-- how: "ok" (nginx carried it to its end, or the client left), "down" (Triton could not be reached).
+function M.log(how)
+    local id = ngx.var.tg_decided
+    if id == nil or id == "" then
+        return
+    end
+    active = active - 1
+    local ctx = ngx.ctx
+    local err = ctx.tg_error or ""
+    push(concat({ "end\t", id, "\t", ngx.status, "\t", ctx.tg_events or 0, "\t", how or "ok", "\t", #err, "\n", err }))
+end
+
+return M
