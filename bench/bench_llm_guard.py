@@ -153,7 +153,8 @@ class Run:
     preemptions: float | None = None
     held: str = ""  # through the sidecar: what held requests there (SidecarWatch)
     cpu: str = ""  # each core's busy share while the load ran
-    python_cpu_s: float | None = None  # through the sidecar: its Python process's CPU seconds over the run
+    python_cpu_s: float | None = None  # through the sidecar: its Python process's CPU seconds over the run,
+    # less what it spends idle over as long (Case.idle_cpu_per_s)
 
     def python_cpu_words(self) -> str:
         """The sidecar's Python CPU per request sent and per token streamed (µs): what relaying in
@@ -342,6 +343,7 @@ class Case:
     policy_path: Path | None = None
     workdir: Path | None = None
     front: str = DEFAULT_FRONT
+    idle_cpu_per_s: float = 0.0  # the sidecar's Python CPU seconds per second with no traffic (its timers)
     rows: list[tuple[str, str, str, str, str, str]] = field(default_factory=list)
     verdicts: list[bool] = field(default_factory=list)
 
@@ -440,17 +442,18 @@ def drive(case: Case, arrivals: Arrivals, through_sidecar: bool) -> Run:
     watch = SidecarWatch(case.sidecar.metrics_url, case.model) if through_sidecar else None
     cpu0 = cpu_times()
     pid = case.sidecar.proc.pid if through_sidecar and case.sidecar.proc is not None else None
-    python0 = process_cpu_s(pid) if pid is not None else None
+    python0, since = (process_cpu_s(pid) if pid is not None else None), time.perf_counter()
     result = run_load(arrivals, {name: target for name in arrivals.class_names}, http_url=via.http_url,
                       grpc_url=via.grpc_url, request_timeout_s=60.0, drain_s=40.0, max_in_flight=1024)
     cpu = busy(cpu0, cpu_times())
-    python1 = process_cpu_s(pid) if pid is not None else None
+    python1, until = (process_cpu_s(pid) if pid is not None else None), time.perf_counter()
     after = preemptions(case.server, case.model)
     time.sleep(1.0)  # let the engine and the sidecar settle (lingering reservations, metrics)
     return Run(result=result, classes=case.classes, cpu=cpu,
                preemptions=None if before is None or after is None else after - before,
                held=watch.words() if watch is not None else "",
-               python_cpu_s=None if python0 is None or python1 is None else python1 - python0)
+               python_cpu_s=None if python0 is None or python1 is None
+               else python1 - python0 - case.idle_cpu_per_s * (until - since))
 
 
 def pair(case: Case, arrivals: Arrivals, sidecar_first: bool) -> tuple[Run, Run]:
@@ -471,11 +474,24 @@ def add(case: Case, phase: str, figure: str, direct: str, via: str, goal: str = 
         case.verdicts.append(ok)
 
 
+def idle_cpu_per_s(case: Case, seconds: float = 3.0) -> float:
+    """The sidecar's Python CPU per second with no traffic: its headroom polls, ticker and lane sync."""
+    if case.sidecar.proc is None:
+        return 0.0
+    before = process_cpu_s(case.sidecar.proc.pid)
+    time.sleep(seconds)
+    after = process_cpu_s(case.sidecar.proc.pid)
+    return 0.0 if before is None or after is None else max(0.0, (after - before) / seconds)
+
+
 def one_model(case: Case) -> None:
     clock = time.perf_counter()
     capacity, engine_words = capacity_of(case)
+    case.idle_cpu_per_s = idle_cpu_per_s(case)
     print(f"\n## {case.model}\n")
     print(f"engine (resolved): {engine_words}")
+    print(f"sidecar Python CPU with no traffic: {1000 * case.idle_cpu_per_s:.1f} ms/s (taken off the per-request "
+          "and per-token figures below)")
     print(f"capacity: {capacity:.1f} completed req/s, the resolved engine simulated with {SIM_OFFERED:.0f} req/s of "
           f"{case.spec_model.typical_prompt_tokens} + {case.spec_model.typical_output_tokens}-token requests offered")
     print(f"policy (sidecar_policy.json): {policy_words(case.policy, case.model)}")
