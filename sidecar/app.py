@@ -41,7 +41,7 @@ from sidecar.controller import AdmissionController
 from sidecar.decisions import DecisionServer
 from sidecar.grpc_proxy import GrpcProxy
 from sidecar.headroom import HeadroomChain, HeadroomSource, SourceFailed, SourceInputs, build_sources
-from sidecar.http_front import HttpFront, front_enabled
+from sidecar.http_front import HttpFront
 from sidecar.http_proxy import Admin, HttpProxy
 from sidecar.lane_control import LaneControl
 from sidecar.loop import new_event_loop
@@ -211,17 +211,12 @@ class Sidecar:
         await runner.setup()
         self._runners.append(runner)
         host, port = ("127.0.0.1", 0) if private else split_address(cfg.listen, 9000)
-        if front_enabled():
-            # the lean front listens; aiohttp serves what it relays, on a socket only this process knows
-            self._backend_dir = tempfile.mkdtemp(prefix="tritongen-sidecar-")
-            backend_path = os.path.join(self._backend_dir, "http.sock")
-            await web.UnixSite(runner, backend_path).start()
-            self.front = HttpFront(self.http, backend_path, lambda: self._policy().limits)
-            self.http_port = await self.front.start(host, port)
-        else:
-            site = web.TCPSite(runner, host, port, reuse_address=True)
-            await site.start()
-            self.http_port = _bound_port(runner)
+        # the lean front listens; aiohttp serves what it relays, on a socket only this process knows
+        self._backend_dir = tempfile.mkdtemp(prefix="tritongen-sidecar-")
+        backend_path = os.path.join(self._backend_dir, "http.sock")
+        await web.UnixSite(runner, backend_path).start()
+        self.front = HttpFront(self.http, backend_path, lambda: self._policy().limits)
+        self.http_port = await self.front.start(host, port)
 
         if cfg.grpc_upstream:
             self.grpc = GrpcProxy(cfg.grpc_upstream, self.controller, self.health, self.metrics, policy, token=cfg.token)

@@ -28,8 +28,7 @@ socket only this process knows, byte for byte:
     HTTP/1.0, a malformed or oversized head) turns the client connection into a tunnel to the
     backend for the rest of its life, so aiohttp answers it exactly as it did before the front.
 A client that goes away cancels its request (as aiohttp's `handler_cancellation` does) and closes
-its backend connection. `TRITONGEN_SIDECAR_HTTP=aiohttp` serves everything with aiohttp alone (for
-comparison, or if the front misbehaves).
+its backend connection.
 """
 
 from __future__ import annotations
@@ -37,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import re
 import time
 from collections.abc import Callable
@@ -75,10 +73,6 @@ BACKEND_IDLE = 64  # kept-alive connections to the aiohttp backend
 BACKEND_IDLE_S = 30.0  # an idle backend connection older than this is closed, not reused (aiohttp's
 # keep-alive timeout is 75 s: one it is about to close must never carry a request)
 STOP_GRACE_S = 5.0  # at stop, requests in flight get this long to finish
-
-
-def front_enabled() -> bool:
-    return os.environ.get("TRITONGEN_SIDECAR_HTTP", "").strip().lower() != "aiohttp"
 
 
 def _answer_bytes(answer: Answer, keep_alive: bool) -> bytes:
