@@ -55,66 +55,31 @@ class DecisionServer:
     async def start(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
-        self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(lambda: _Connection(self), path=str(self.path))
 
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
             self._server = None
-        await self.release_all("cancelled")
+        self.release_all("cancelled")
 
-    async def release_all(self, outcome: str) -> None:
+    def release_all(self, outcome: str) -> None:
         """nginx went away (a crash, a restart, the sidecar's stop): its requests' ends will never
         be reported, so every reservation it held goes back now, lingering as a cut request's does."""
         held, self.held = self.held, {}
         for admission, ticket in held.values():
             ticket.outcome = outcome
-            await admission.__aexit__(None, None, None)
+            _run_now(admission.__aexit__(None, None, None))
         if held:
             log.warning("the native front's %d request(s) in flight were released (%s)", len(held), outcome)
 
     def status(self) -> dict[str, int]:
         return {"in_flight": len(self.held), "carried": self.carried}
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        unconfirmed: int | None = None  # a grant written here that nginx has not said it read
-        try:
-            while True:
-                line = await reader.readline()
-                if not line:
-                    return
-                fields = line.rstrip(b"\n").decode("utf-8", errors="replace").split("\t")
-                kind = fields[0]
-                if kind == "admit":
-                    granted = await self._admit(fields, reader, writer)
-                    if granted is False:
-                        return
-                    unconfirmed = granted
-                elif kind == "ok":
-                    unconfirmed = None
-                elif kind == "first":
-                    held = self.held.get(int(fields[1]))
-                    if held is not None:
-                        held[1].first_token()
-                elif kind == "end":
-                    error = await reader.readexactly(int(fields[5])) if int(fields[5]) else b""
-                    await self._end(int(fields[1]), int(fields[2]), int(fields[3]), fields[4], error)
-                else:
-                    log.error("the native front sent an unknown message %r; closing its connection", line[:80])
-                    return
-        except (ConnectionError, asyncio.IncompleteReadError, ValueError, IndexError) as err:
-            log.debug("decision connection closed: %s", err)
-        finally:
-            writer.close()
-            if unconfirmed is not None:  # the client left as it was granted: nothing went upstream
-                await self._end(unconfirmed, CLIENT_CLOSED, 0, "unsent", b"")
-
-    async def _admit(self, fields: list[str], reader: asyncio.StreamReader,
-                     writer: asyncio.StreamWriter) -> int | bool | None:
-        """One decision: the id granted, None when refused, False when nginx closed the connection
-        (the client left while queued)."""
-        _, model, op, klass, tenant, size = fields
-        body = await reader.readexactly(int(size))
+    def decide(self, conn: _Connection, fields: list[str], body: bytes) -> None:
+        """One decision: answered now (admitted, or refused), or once the queue grants or refuses it."""
+        _, model, op, klass, tenant, _size = fields
         policy = self.proxy.policy()
         headers = {}
         if klass:
@@ -123,34 +88,53 @@ class DecisionServer:
             headers[policy.tenant_header] = tenant
         prepared = self.proxy.prepare(op, model, headers, body)
         if isinstance(prepared, Answer):
-            _refuse(writer, prepared)
-            return None
+            conn.answer(_refusal(prepared))
+            return
         admission = self.controller.admit(model, prepared.klass, prepared.cost, prepared.tenant)
-        entering = asyncio.ensure_future(admission.__aenter__())
-        await asyncio.sleep(0)  # admitted or refused at once in the common case: no watch needed
-        if not entering.done():
-            gone = asyncio.ensure_future(reader.read(1))  # nginx sends nothing until answered: EOF = the client left
-            await asyncio.wait((entering, gone), return_when=asyncio.FIRST_COMPLETED)
-            if not entering.done():
-                entering.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Rejected):
-                    await entering
-                return False
-            gone.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await gone  # the stream reader takes one waiter: this one must be gone before the next read
+        entering = admission.__aenter__()
         try:
-            ticket = entering.result()
+            suspended = entering.send(None)  # in the common case it returns (or refuses) without waiting
+        except StopIteration as done:
+            self._granted(conn, admission, done.value, prepared.body, body)
+            return
         except Rejected as rejected:
-            _refuse(writer, HttpProxy._refused(rejected, model, prepared))
-            return None
+            conn.answer(_refusal(HttpProxy._refused(rejected, model, prepared)))
+            return
+        waiting = asyncio.ensure_future(_rest_of(entering, suspended))  # queued: nginx holds the request meanwhile
+
+        def settled(task: asyncio.Future[Ticket]) -> None:
+            conn.waiting = None
+            if task.cancelled():
+                return  # the client left while queued: the queue dropped it
+            error = task.exception()
+            if isinstance(error, Rejected):
+                conn.answer(_refusal(HttpProxy._refused(error, model, prepared)))
+            elif error is not None:
+                log.error("a queued decision failed: %r", error)
+                conn.close()
+            else:
+                self._granted(conn, admission, task.result(), prepared.body, body)
+            conn.resume()
+
+        conn.waiting = waiting
+        waiting.add_done_callback(settled)
+
+    def _granted(self, conn: _Connection, admission: Any, ticket: Ticket, upstream_body: bytes, body: bytes) -> None:
         ticket.sent = True
         self.held[ticket.id] = (admission, ticket)
-        rewritten = prepared.body if prepared.body is not body else b""
-        writer.write(f"admit\t{ticket.id}\t\t{len(rewritten)}\n".encode() + rewritten)
-        return ticket.id
+        if conn.transport is None:  # granted as nginx's socket closed: the client left, nothing went upstream
+            self.end(ticket.id, CLIENT_CLOSED, 0, "unsent", b"")
+            return
+        conn.unconfirmed = ticket.id
+        rewritten = upstream_body if upstream_body is not body else b""
+        conn.answer(f"admit\t{ticket.id}\t\t{len(rewritten)}\n".encode() + rewritten)
 
-    async def _end(self, rid: int, status: int, events: int, how: str, error: bytes) -> None:
+    def first(self, rid: int) -> None:
+        held = self.held.get(rid)
+        if held is not None:
+            held[1].first_token()
+
+    def end(self, rid: int, status: int, events: int, how: str, error: bytes) -> None:
         held = self.held.pop(rid, None)
         if held is None:
             return
@@ -171,9 +155,114 @@ class DecisionServer:
                 ticket.outcome = upstream_outcome(error)
         if how != "unsent":
             self.carried += 1
-        await admission.__aexit__(None, None, None)
+        _run_now(admission.__aexit__(None, None, None))
 
 
-def _refuse(writer: asyncio.StreamWriter, answer: Answer) -> None:
+class _Connection(asyncio.Protocol):
+    """One connection from nginx: its messages parsed as they come (no stream reader, no task per
+    message: this is the sidecar's per-request cost). nginx sends the next message on a connection
+    only after the answer to an `admit`; the background sender's connection carries only `first`
+    and `end`."""
+
+    def __init__(self, server: DecisionServer) -> None:
+        self.server = server
+        self.buffer = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.waiting: asyncio.Future[Ticket] | None = None  # a queued admit
+        self.unconfirmed: int | None = None  # a grant written here that nginx has not said it read
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        self.resume()
+
+    def resume(self) -> None:
+        """Handle every whole message buffered, unless an admit waits for its grant."""
+        buffer = self.buffer
+        while self.waiting is None and self.transport is not None:
+            at = buffer.find(b"\n")
+            if at < 0:
+                return
+            fields = buffer[:at].decode("utf-8", errors="replace").split("\t")
+            kind = fields[0]
+            try:
+                size = int(fields[5]) if kind in ("admit", "end") else 0
+                if len(buffer) < at + 1 + size:
+                    return
+                body = bytes(buffer[at + 1:at + 1 + size])
+                del buffer[:at + 1 + size]
+                if kind == "admit":
+                    self.server.decide(self, fields, body)
+                elif kind == "ok":
+                    self.unconfirmed = None
+                elif kind == "first":
+                    self.server.first(int(fields[1]))
+                elif kind == "end":
+                    self.server.end(int(fields[1]), int(fields[2]), int(fields[3]), fields[4], body)
+                else:
+                    raise ValueError(f"unknown message {kind!r}")
+            except (ValueError, IndexError) as err:
+                log.error("the native front sent a message the sidecar cannot read (%s); closing its connection", err)
+                self.close()
+                return
+
+    def answer(self, data: bytes) -> None:
+        if self.transport is not None:
+            self.transport.write(data)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if self.waiting is not None:
+            self.waiting.cancel()  # the client left while queued (nginx closed its socket)
+        if self.unconfirmed is not None:  # the client left as it was granted: nothing went upstream
+            self.server.end(self.unconfirmed, CLIENT_CLOSED, 0, "unsent", b"")
+            self.unconfirmed = None
+
+
+class _Resumed:
+    """The rest of a coroutine that suspended on `pending` (a future), as an awaitable a task can
+    drive: what asyncio's Task does for a coroutine it started, for one started by hand."""
+
+    def __init__(self, coro: Any, pending: Any) -> None:
+        self.coro, self.pending = coro, pending
+
+    def __await__(self) -> Any:
+        pending = self.pending
+        while True:
+            try:
+                yield pending
+            except BaseException as exc:  # the task was cancelled: the coroutine's own cleanup runs
+                try:
+                    pending = self.coro.throw(exc)
+                except StopIteration as done:
+                    return done.value
+                continue
+            try:
+                pending = self.coro.send(None)
+            except StopIteration as done:
+                return done.value
+
+
+async def _rest_of(coro: Any, pending: Any) -> Any:
+    return await _Resumed(coro, pending)
+
+
+def _run_now(coro: Any) -> Any:
+    """Run a coroutine that never waits (the admission context's exit) to its end, here and now."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("the admission context's exit waited; it must not")
+
+
+def _refusal(answer: Answer) -> bytes:
     retry = next((v for k, v in answer.headers if k.lower() == "retry-after"), "")
-    writer.write(f"refuse\t{answer.status}\t{retry}\t{len(answer.body)}\n".encode() + answer.body)
+    return f"refuse\t{answer.status}\t{retry}\t{len(answer.body)}\n".encode() + answer.body

@@ -26,7 +26,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -261,7 +261,7 @@ class NginxFront:
         self.proc: subprocess.Popen[bytes] | None = None
         self._session: aiohttp.ClientSession | None = None
         # Called when nginx died and is started again: what its requests held must go back.
-        self.on_restart: Callable[[], Awaitable[None]] | None = None
+        self.on_restart: Callable[[], None] | None = None
 
     def _logs(self) -> str:
         parts = [p.read_text(errors="replace") for p in (self.work / "stderr.log", self.work / "error.log") if p.exists()]
@@ -282,7 +282,7 @@ class NginxFront:
         self._kill_group()
         await self._close_session()
         if self.on_restart is not None:
-            await self.on_restart()
+            self.on_restart()
         await self.start()
         return True
 
