@@ -1,16 +1,15 @@
 """Wiring and lifecycle: the policy, the admission state and its owner, headroom polling, the
 upstream probe, the HTTP and gRPC proxies, the metrics endpoint, and policy reloads (SIGHUP, a
 changed file, or the token-protected reload endpoint).
-One unit (about 590 lines): `Sidecar` owns every task, listener and reload of one sidecar process,
-and the order they start and stop in is its job; not split because the one-nginx data-plane project
-rewrites this wiring around nginx and replaces it.
+`Sidecar` owns every task, listener and reload of one sidecar process, and the order they start
+and stop in; what it is told is sidecar/config.py, running it sidecar/run.py.
 
     sidecar = Sidecar(SidecarConfig(policy_path=..., upstream="127.0.0.1:8000"))
     await sidecar.start()      # binds, starts background tasks; raises PolicyError on a bad policy
     ...
     await sidecar.stop()       # in-flight requests end, tasks stop, ports close
 
-`SidecarThread` runs one in a background thread with its own event loop (tests, embedding).
+`sidecar.run.SidecarThread` runs one in a background thread with its own event loop (tests, embedding).
 Every I/O source can be injected: the clock, the headroom sources (through `sources`), the
 NVML module, the Prometheus registry.
 """
@@ -21,13 +20,10 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +33,13 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from sidecar.admission import AdmissionState
+from sidecar.config import SidecarConfig, split_address
 from sidecar.controller import AdmissionController
 from sidecar.decisions import DecisionServer
 from sidecar.grpc_proxy import GrpcProxy
 from sidecar.headroom import HeadroomChain, HeadroomSource, SourceFailed, SourceInputs, build_sources
-from sidecar.http_front import HttpFront
 from sidecar.http_proxy import Admin, HttpProxy
 from sidecar.lane_control import LaneControl
-from sidecar.loop import new_event_loop
 from sidecar.metrics import SidecarMetrics
 from sidecar.nginx_front import (
     FrontAddresses, NativeFrontUnavailable, NginxFront, NginxInstall, decision_socket, find_nginx,
@@ -53,10 +48,9 @@ from sidecar.tokens import load_counters
 from sidecar.upstream import UpstreamHealth
 from tritongen.core.sidecar_policy.schema import PolicyError, SidecarPolicy
 from tritongen.errors import BadInput
-from tritongen.shared.fronts import DEFAULT_FRONT, checked_front
 from tritongen.shared.policy_file import load_policy
 from tritongen.shared.processes import free_port
-from tritongen.shared.reach import METRICS, derived, unreachable_message
+from tritongen.shared.reach import METRICS, unreachable_message
 
 log = logging.getLogger("tritongen.sidecar")
 
@@ -76,50 +70,6 @@ class _QuietBadRequests(logging.Filter):
 logging.getLogger("aiohttp.server").addFilter(_QuietBadRequests())
 
 SourceFactory = Callable[[SidecarPolicy, "Sidecar"], Sequence[HeadroomSource]]
-
-
-def split_address(text: str, default_port: int) -> tuple[str, int]:
-    """'HOST:PORT', ':PORT' or 'PORT' -> (host, port); the host defaults to 127.0.0.1."""
-    text = text.strip()
-    if "://" in text:
-        text = text.split("://", 1)[1].split("/", 1)[0]
-    if text.isdigit():
-        return "127.0.0.1", int(text)
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        return text or "127.0.0.1", default_port
-    if not port.isdigit():
-        raise ValueError(f"{text!r}: the port must be a number")
-    return (host.strip("[]") or "127.0.0.1"), int(port)
-
-
-@dataclass
-class SidecarConfig:
-    policy_path: Path
-    upstream: str  # Triton HTTP: host:port or http://host:port
-    grpc_upstream: str | None = None  # Triton gRPC host:port; None: no gRPC proxy
-    triton_metrics_url: str | None = None  # default: http://<upstream host>:8002/metrics
-    listen: str = "127.0.0.1:9000"
-    grpc_listen: str = "127.0.0.1:9001"
-    metrics_listen: str = "127.0.0.1:9002"
-    token: str | None = None
-    front: str = DEFAULT_FRONT  # tritongen/shared/fronts.py: the choices, and why the default lives there
-    watch_interval_s: float = 1.0
-    health_interval_s: float = 1.0
-    install_signal_handlers: bool = True
-
-    def __post_init__(self) -> None:
-        checked_front(self.front)  # a bad choice is refused before anything binds, for the CLI and the API alike
-
-    def metrics_url(self) -> str:
-        if self.triton_metrics_url:
-            return self.triton_metrics_url
-        host, _ = split_address(self.upstream, 8000)
-        return f"http://{host}:8002/metrics"
-
-    def metrics_how(self) -> str:
-        """The option that sets `metrics_url` (the CLI's), for messages."""
-        return "--metrics-url" if self.triton_metrics_url else derived("--metrics-url", "--url", "URL")
 
 
 def default_sources(policy: SidecarPolicy, sidecar: Sidecar) -> list[HeadroomSource]:
@@ -150,8 +100,6 @@ class Sidecar:
         self.chain: HeadroomChain | None = None
         self.health: UpstreamHealth | None = None
         self.http: HttpProxy | None = None
-        self.front: HttpFront | None = None
-        self._backend_dir: str | None = None
         self.grpc: GrpcProxy | None = None
         self.nginx: NginxFront | None = None
         self.decisions: DecisionServer | None = None  # with the native front: its decision socket
@@ -211,12 +159,8 @@ class Sidecar:
         await runner.setup()
         self._runners.append(runner)
         host, port = ("127.0.0.1", 0) if private else split_address(cfg.listen, 9000)
-        # the lean front listens; aiohttp serves what it relays, on a socket only this process knows
-        self._backend_dir = tempfile.mkdtemp(prefix="tritongen-sidecar-")
-        backend_path = os.path.join(self._backend_dir, "http.sock")
-        await web.UnixSite(runner, backend_path).start()
-        self.front = HttpFront(self.http, backend_path, lambda: self._policy().limits)
-        self.http_port = await self.front.start(host, port)
+        await web.TCPSite(runner, host, port, reuse_address=True).start()
+        self.http_port = _bound_port(runner)
 
         if cfg.grpc_upstream:
             self.grpc = GrpcProxy(cfg.grpc_upstream, self.controller, self.health, self.metrics, policy, token=cfg.token)
@@ -296,15 +240,9 @@ class Sidecar:
         if self._grpc_server is not None:
             await self._grpc_server.stop(grace=1.0)
             self._grpc_server = None
-        if self.front is not None:
-            await self.front.close()
-            self.front = None
         for runner in self._runners:
             await runner.cleanup()
         self._runners.clear()
-        if self._backend_dir is not None:
-            shutil.rmtree(self._backend_dir, ignore_errors=True)
-            self._backend_dir = None
         if self.health is not None:
             await self.health.stop()
         if self.controller is not None:
@@ -367,7 +305,8 @@ class Sidecar:
         )
         self.nginx = NginxFront(install, addresses, self.policy)
         assert self.http is not None
-        self.decisions = DecisionServer(decision_socket(self.nginx.work), self.http, self.controller, self.health)
+        self.decisions = DecisionServer(decision_socket(self.nginx.work), self.http, self.grpc, self.controller,
+                                        self.health)
         await self.decisions.start()  # before nginx takes requests: it asks here about every model stream
         self.nginx.on_restart = lambda: self.decisions.release_all("front_restarted")  # type: ignore[union-attr]
         await self.nginx.start()
@@ -534,64 +473,3 @@ def _bound_port(runner: web.AppRunner) -> int:
         if server is not None and server.sockets:
             return int(server.sockets[0].getsockname()[1])
     raise RuntimeError("the listener is not bound")
-
-
-async def serve(config: SidecarConfig, **kwargs: Any) -> None:
-    """Run until SIGINT or SIGTERM (the CLI's entry point)."""
-    sidecar = Sidecar(config, **kwargs)
-    await sidecar.start()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, sidecar.request_stop)
-    try:
-        await sidecar.wait_stopped()
-    finally:
-        await sidecar.stop()
-
-
-class SidecarThread:
-    """A sidecar on its own event loop in a background thread (tests and embedding).
-
-        with SidecarThread(SidecarConfig(...)) as sc:
-            url = f"http://127.0.0.1:{sc.sidecar.http_port}"
-    """
-
-    def __init__(self, config: SidecarConfig, **kwargs: Any) -> None:
-        config.install_signal_handlers = False
-        self.sidecar = Sidecar(config, **kwargs)
-        self.loop = new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="sidecar", daemon=True)
-        self._started = False
-
-    def start(self) -> SidecarThread:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self.sidecar.start(), self.loop).result(timeout=30)
-        self._started = True
-        return self
-
-    def call(self, fn: Callable[[], Any]) -> Any:
-        """Run a plain function on the sidecar's loop (state is single-threaded) and return its result."""
-        async def run() -> Any:
-            return fn()
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=10)
-
-    def run(self, coro: Any, timeout: float = 30) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=timeout)
-
-    def stop(self) -> None:
-        if self._started:
-            with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(self.sidecar.stop(), self.loop).result(timeout=30)
-            self._started = False
-        if self._thread.is_alive():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=10)
-        if not self.loop.is_closed() and not self.loop.is_running():
-            self.loop.close()
-
-    def __enter__(self) -> SidecarThread:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -1,7 +1,7 @@
 """The asyncio owner of the admission state: capacity as a context manager.
 
     async with controller.admit(model, klass, cost, tenant) as ticket:
-        ...forward upstream; ticket.first_token(); ticket.completed = True...
+        ticket.started(); ...forward upstream; ticket.first_token(); ticket.finished()...
 
 Whatever happens inside the block (completion, an error, cancellation, the client going away,
 the upstream failing), leaving it releases the reservation exactly once. A request that is still
@@ -123,10 +123,51 @@ class Ticket:
     first_token_at: float | None = None
     tenant: str = DEFAULT_TENANT
 
+    # The request's life after admission, whoever carries it (the HTTP and gRPC relays, nginx through
+    # the decision socket): each thing a carrier can learn is one call, and leaving the admission
+    # block turns what was learnt into the release and the metrics (`_Admission.__aexit__`).
+
+    def started(self) -> None:
+        """It went upstream: an end the sidecar does not see now lingers for release_grace_ms."""
+        self.sent = True
+
     def first_token(self) -> None:
         if self.first_token_at is None:
             self.first_token_at = self._controller.clock()
             self._controller.first_token(self)
+
+    def streamed(self, responses: int) -> None:
+        self.tokens += responses
+
+    def errored(self, error: bytes | str) -> None:
+        """Triton answered with an error (mid-stream, or as its answer); the first one names the outcome."""
+        if self.outcome is None:
+            self.outcome = upstream_outcome(error)
+
+    def finished(self, error: bytes | str | None = None) -> None:
+        """Triton said it is over; `error` (its text, maybe empty) when it ended the request failed."""
+        self.completed = True
+        if error is not None:
+            self.errored(error)
+
+    def upstream_lost(self) -> None:
+        """The connection to Triton broke: the request is over there too."""
+        self.completed = True
+        self.outcome = "upstream_failed"
+
+    def client_left(self) -> None:
+        """Not completed: the engine may still hold the request until it notices."""
+        if self.outcome is None:
+            self.outcome = "client_disconnect"
+
+    def unsent(self) -> None:
+        """Granted, but the client left before it went upstream: nothing to linger for."""
+        self.sent = False
+        self.outcome = "client_disconnect"
+
+    def abandoned(self, why: str) -> None:
+        """Its carrier went away before reporting the end (nginx restarted, the sidecar stopping)."""
+        self.outcome = why
 
 
 class AdmissionController:

@@ -1,8 +1,8 @@
 """Decisions for requests nginx carries: the Python end of sidecar/tritongen_decide.lua.
 
-Why: relaying a stream through Python costs CPU per token (an event loop reads, parses and writes
-every chunk), and on a host where the engine shares the cores that CPU is the sidecar's cost to the
-user: first tokens later, refusals slower, fewer completions (bench_llm_guard). With the native
+Why: relaying a request through Python costs CPU per byte and per token (an event loop reads,
+parses and writes every chunk), and on a host where the engine shares the cores that CPU is the
+sidecar's cost to the user: first tokens later, refusals slower, fewer completions (bench_llm_guard). With the native
 front, nginx carries a model request's bytes both ways and asks here once, before it goes upstream:
 admit (the body to send, when the class's priority had to be written into it), or refuse (status,
 Retry-After, the JSON body). A queued request waits in nginx on its connection; a client that goes
@@ -12,9 +12,13 @@ admission context (`AdmissionController.admit`) and the same metrics as the Pyth
 
 The wire, on a Unix socket only nginx and this process know (`\t`-separated lines, each body
 length-prefixed so no JSON parser is needed in Lua):
-  nginx -> here  `admit\tMODEL\tOP\tCLASS\tTENANT\tN\n` + N body bytes
-  here -> nginx  `admit\tID\t\tN\n` + N bytes of rewritten body (N = 0: unchanged)
-                 `refuse\tSTATUS\tRETRY_AFTER\tN\n` + N bytes of JSON
+  nginx -> here  `admit\tMODEL\tOP\tCLASS\tTENANT\tHEADER_LENGTH\tN\n` + N body bytes
+                 (HEADER_LENGTH: an infer's Inference-Header-Content-Length, or empty)
+  here -> nginx  `admit\tID\tHEADER_LENGTH\tN\n` + N bytes of rewritten body (N = 0: unchanged;
+                 HEADER_LENGTH: the rewritten JSON part's length when binary tensors follow it)
+                 `refuse\tSTATUS\tRETRY_AFTER\tN\n` + N bytes of JSON (for OP `grpc_infer`, a gRPC
+                 ModelInfer whose body is its protobuf unframed: STATUS is the gRPC code's number and
+                 the N bytes its status message)
   nginx -> here  `ok\tID\n` on the same connection once it read a grant (a connection that closes
                  before it: the client left, the grant goes back),
                  `first\tID\n`, `end\tID\tSTATUS\tEVENTS\tHOW\tN\n` + N bytes of the engine's error
@@ -26,26 +30,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sidecar.controller import AdmissionController, Rejected, Ticket, upstream_outcome
-from sidecar.http_proxy import Answer, HttpProxy
+from sidecar.controller import AdmissionController, Rejected, Ticket
+from sidecar import protocol
+from sidecar.grpc_proxy import GrpcProxy
+from sidecar.http_proxy import Answer, HttpProxy, Prepared
 from sidecar.upstream import UpstreamHealth
 
 log = logging.getLogger("tritongen.sidecar")
 
-DECIDED_OPS = ("generate", "generate_stream")  # the model operations nginx carries after a decision
 CLIENT_CLOSED = 499  # nginx's status for a client that went away
+GRPC_INFER = "grpc_infer"  # the op nginx names a gRPC ModelInfer by (its body: the request's protobuf, unframed)
 
 
 class DecisionServer:
     """The decision socket. `held` maps the id of each admitted request nginx carries to its open
     admission context, until nginx reports its end."""
 
-    def __init__(self, path: Path, proxy: HttpProxy, controller: AdmissionController, health: UpstreamHealth) -> None:
+    def __init__(self, path: Path, proxy: HttpProxy, grpc: GrpcProxy | None, controller: AdmissionController,
+                 health: UpstreamHealth) -> None:
         self.path = path
         self.proxy = proxy
+        self.grpc = grpc
         self.controller = controller
         self.health = health
         self.held: dict[int, tuple[Any, Ticket]] = {}
@@ -69,7 +78,7 @@ class DecisionServer:
         be reported, so every reservation it held goes back now, lingering as a cut request's does."""
         held, self.held = self.held, {}
         for admission, ticket in held.values():
-            ticket.outcome = outcome
+            ticket.abandoned(outcome)
             _run_now(admission.__aexit__(None, None, None))
         if held:
             log.warning("the native front's %d request(s) in flight were released (%s)", len(held), outcome)
@@ -79,14 +88,26 @@ class DecisionServer:
 
     def decide(self, conn: _Connection, fields: list[str], body: bytes) -> None:
         """One decision: answered now (admitted, or refused), or once the queue grants or refuses it."""
-        _, model, op, klass, tenant, _size = fields
+        _, model, op, klass, tenant, header_length, _size = fields
         policy = self.proxy.policy()
-        headers = {}
-        if klass:
-            headers[policy.class_header] = klass
-        if tenant:
-            headers[policy.tenant_header] = tenant
-        prepared = self.proxy.prepare(op, model, headers, body)
+        refused: Callable[[Rejected], Answer]
+        if op == GRPC_INFER:
+            metadata = tuple((k, v) for k, v in ((policy.class_header, klass), (policy.tenant_header, tenant)) if v)
+            if self.grpc is None:
+                conn.close()  # nginx serves gRPC only where the sidecar has a gRPC upstream
+                return
+            prepared = self.grpc.prepare_carried(body, metadata)
+            refused = self.grpc.refused_carried
+        else:
+            headers = {}
+            if klass:
+                headers[policy.class_header] = klass
+            if tenant:
+                headers[policy.tenant_header] = tenant
+            if header_length:
+                headers[protocol.HEADER_LENGTH] = header_length
+            prepared = self.proxy.prepare(op, model, headers, body)
+            refused = lambda rejected: HttpProxy._refused(rejected, model, prepared)  # noqa: E731
         if isinstance(prepared, Answer):
             conn.answer(_refusal(prepared))
             return
@@ -95,10 +116,10 @@ class DecisionServer:
         try:
             suspended = entering.send(None)  # in the common case it returns (or refuses) without waiting
         except StopIteration as done:
-            self._granted(conn, admission, done.value, prepared.body, body)
+            self._granted(conn, admission, done.value, prepared, body)
             return
         except Rejected as rejected:
-            conn.answer(_refusal(HttpProxy._refused(rejected, model, prepared)))
+            conn.answer(_refusal(refused(rejected)))
             return
         waiting = asyncio.ensure_future(_rest_of(entering, suspended))  # queued: nginx holds the request meanwhile
 
@@ -108,26 +129,27 @@ class DecisionServer:
                 return  # the client left while queued: the queue dropped it
             error = task.exception()
             if isinstance(error, Rejected):
-                conn.answer(_refusal(HttpProxy._refused(error, model, prepared)))
+                conn.answer(_refusal(refused(error)))
             elif error is not None:
                 log.error("a queued decision failed: %r", error)
                 conn.close()
             else:
-                self._granted(conn, admission, task.result(), prepared.body, body)
+                self._granted(conn, admission, task.result(), prepared, body)
             conn.resume()
 
         conn.waiting = waiting
         waiting.add_done_callback(settled)
 
-    def _granted(self, conn: _Connection, admission: Any, ticket: Ticket, upstream_body: bytes, body: bytes) -> None:
-        ticket.sent = True
+    def _granted(self, conn: _Connection, admission: Any, ticket: Ticket, prepared: Prepared, body: bytes) -> None:
+        ticket.started()
         self.held[ticket.id] = (admission, ticket)
         if conn.transport is None:  # granted as nginx's socket closed: the client left, nothing went upstream
             self.end(ticket.id, CLIENT_CLOSED, 0, "unsent", b"")
             return
         conn.unconfirmed = ticket.id
-        rewritten = upstream_body if upstream_body is not body else b""
-        conn.answer(f"admit\t{ticket.id}\t\t{len(rewritten)}\n".encode() + rewritten)
+        rewritten = prepared.body if prepared.body is not body else b""
+        length = prepared.headers.get(protocol.HEADER_LENGTH, "") if rewritten else ""
+        conn.answer(f"admit\t{ticket.id}\t{length}\t{len(rewritten)}\n".encode() + rewritten)
 
     def first(self, rid: int) -> None:
         held = self.held.get(rid)
@@ -139,20 +161,16 @@ class DecisionServer:
         if held is None:
             return
         admission, ticket = held
-        ticket.tokens = events
+        ticket.streamed(events)
         if how == "unsent":
-            ticket.sent = False  # granted, never sent: nothing to linger for
-            ticket.outcome = "client_disconnect"
+            ticket.unsent()
         elif how == "down":
-            ticket.completed = True
-            ticket.outcome = "upstream_failed"
+            ticket.upstream_lost()
             self.health.mark_down("the native front could not reach Triton")
         elif status == CLIENT_CLOSED:
-            ticket.outcome = "client_disconnect"  # not completed: the engine may still hold it a moment
+            ticket.client_left()
         else:
-            ticket.completed = True
-            if status >= 400 or error:
-                ticket.outcome = upstream_outcome(error)
+            ticket.finished(error if status >= 400 or error else None)
         if how != "unsent":
             self.carried += 1
         _run_now(admission.__aexit__(None, None, None))
@@ -188,7 +206,7 @@ class _Connection(asyncio.Protocol):
             fields = buffer[:at].decode("utf-8", errors="replace").split("\t")
             kind = fields[0]
             try:
-                size = int(fields[5]) if kind in ("admit", "end") else 0
+                size = int(fields[6] if kind == "admit" else fields[5]) if kind in ("admit", "end") else 0
                 if len(buffer) < at + 1 + size:
                     return
                 body = bytes(buffer[at + 1:at + 1 + size])

@@ -1,7 +1,6 @@
 """The gRPC side: Triton's `inference.GRPCInferenceService` through admission (grpc.aio).
-One unit (over 500 lines): unary and streaming inference share one request path through admission
-and one id mapping; not split because the one-nginx data-plane project replaces this Python gRPC
-path whole.
+With the native front nginx carries `ModelInfer` itself (sidecar/tritongen_lane.lua) and hands
+this relay what its lane does not take, and every `ModelStreamInfer` (see sidecar/nginx_front.py).
 
 `ModelInfer` and `ModelStreamInfer` go through admission; every other method is passed through
 as raw bytes. Client metadata is forwarded; the only change to a request is its `priority`
@@ -39,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from multidict import CIMultiDict
 from tritonclient.grpc import service_pb2 as pb
 
 from sidecar import admin_apis, protocol
@@ -48,9 +48,12 @@ from sidecar.controller import (
     Ticket,
     refusal,
     unavailable,
-    upstream_outcome,
 )
 from sidecar.cost import cost_for
+from sidecar.grpc_metadata import (
+    Metadata, StreamMetadata, abort_like, call_metadata, header_value, relay_reply_metadata,
+)
+from sidecar.http_proxy import Answer, Prepared
 from sidecar.metrics import SidecarMetrics
 from sidecar.upstream import Reconnecting, UpstreamHealth
 from tritongen.core.sidecar_policy.schema import SidecarPolicy
@@ -60,100 +63,16 @@ log = logging.getLogger("tritongen.sidecar.grpc")
 SERVICE = "/inference.GRPCInferenceService/"
 MODEL_INFER = SERVICE + "ModelInfer"
 MODEL_STREAM_INFER = SERVICE + "ModelStreamInfer"
-_DROP_METADATA = ("user-agent", "content-type", "te", "authority", "host")
 _FINAL = "triton_final_response"
 _EMPTY_FINAL = "triton_enable_empty_final_response"
 _GRPC_STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 403: grpc.StatusCode.PERMISSION_DENIED,
                 413: grpc.StatusCode.RESOURCE_EXHAUSTED, 429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-                401: grpc.StatusCode.UNAUTHENTICATED}
-_STATUS_WAIT_S = 1.0  # after Triton's last stream message, how long its status (and trailers) may take
-
-Metadata = tuple[tuple[str, Any], ...]
+                401: grpc.StatusCode.UNAUTHENTICATED, 503: grpc.StatusCode.UNAVAILABLE}
 
 
-def _forwardable(metadata: Any) -> Metadata:
-    """Metadata as the other side should see it: without what the gRPC transport owns and sets
-    itself on each hop (pseudo-headers, `grpc-*`, content-type, user-agent, ...)."""
-    return tuple(
-        (k, v) for k, v in (metadata or ())
-        if not k.startswith(":") and not k.startswith("grpc-") and k not in _DROP_METADATA
-    )
-
-
-def _metadata(context: grpc.aio.ServicerContext) -> Metadata:
-    return _forwardable(context.invocation_metadata())
-
-
-async def _relay_reply_metadata(call: Any, context: grpc.aio.ServicerContext) -> None:
-    """Triton's initial and trailing metadata of a finished unary call, onto the client's call.
-    Both have arrived with the response, so this waits for nothing."""
-    initial = _forwardable(await call.initial_metadata())
-    if initial:
-        await context.send_initial_metadata(initial)
-    trailing = _forwardable(await call.trailing_metadata())
-    if trailing:
-        context.set_trailing_metadata(trailing)
-
-
-async def _abort_like(context: grpc.aio.ServicerContext, err: grpc.aio.AioRpcError) -> None:
-    """End the client's call the way Triton ended the sidecar's: code, details and metadata."""
-    initial = _forwardable(err.initial_metadata())
-    if initial:
-        await context.send_initial_metadata(initial)
-    await context.abort(err.code(), err.details() or "", trailing_metadata=_forwardable(err.trailing_metadata()))
-
-
-async def _quiet_metadata(awaitable: Any) -> Any:
-    try:
-        return await awaitable
-    except (grpc.RpcError, grpc.aio.UsageError, asyncio.InvalidStateError):  # the call failed: nothing to relay
-        return ()
-
-
-class _StreamMetadata:
-    """Triton's response metadata on one stream, relayed to the client: its initial metadata just
-    before the first message the client gets, its trailing metadata when the stream ends."""
-
-    def __init__(self, upstream: Any) -> None:
-        self._upstream = upstream
-        self._initial: asyncio.Future[Any] = asyncio.ensure_future(_quiet_metadata(upstream.initial_metadata()))
-        self.sent = False
-
-    async def before_write(self, context: grpc.aio.ServicerContext, from_upstream: bool) -> None:
-        """Called under the write lock before each message. A message from Triton means its initial
-        metadata has arrived; a message of the sidecar's own (a refusal) does not wait for it."""
-        if self.sent:
-            return
-        self.sent = True
-        if from_upstream and not self._initial.done():
-            await asyncio.wait((self._initial,))
-        if self._initial.done() and not self._initial.cancelled() and self._initial.exception() is None:
-            initial = _forwardable(self._initial.result())
-            if initial:
-                await context.send_initial_metadata(initial)
-
-    async def finish(self, context: grpc.aio.ServicerContext) -> None:
-        """Triton's side of the stream is over: its trailing metadata for the client's status, and
-        its initial metadata too if the client was sent no message at all."""
-        try:
-            trailing = await asyncio.wait_for(_quiet_metadata(self._upstream.trailing_metadata()), _STATUS_WAIT_S)
-        except asyncio.TimeoutError:
-            trailing = ()
-        if not self.sent and self._initial.done():
-            await self.before_write(context, from_upstream=True)
-        trailing = _forwardable(trailing)
-        if trailing:
-            context.set_trailing_metadata(trailing)
-
-    def close(self) -> None:
-        self._initial.cancel()
-
-
-def _header(metadata: tuple[tuple[str, Any], ...], name: str) -> str | None:
-    for key, value in metadata:
-        if key == name:
-            return value if isinstance(value, str) else value.decode("utf-8", "replace")
-    return None
+def grpc_code(status: int) -> grpc.StatusCode:
+    """The gRPC status of a refusal the HTTP side answers with `status` (sidecar/controller.py's refusal)."""
+    return _GRPC_STATUS.get(status, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 
 @dataclass
@@ -267,17 +186,17 @@ class GrpcProxy:
         policy opens the category; refused otherwise."""
         category = admin_apis.grpc_admin_category(method)
         assert category is not None
-        metadata = _metadata(context)
-        via_authorization = admin_apis.token_matches(admin_apis.bearer(_header(metadata, "authorization")), self.token)
+        metadata = call_metadata(context)
+        via_authorization = admin_apis.token_matches(admin_apis.bearer(header_value(metadata, "authorization")), self.token)
         if not (
             via_authorization
-            or admin_apis.token_matches(_header(metadata, admin_apis.TOKEN_HEADER), self.token)
+            or admin_apis.token_matches(header_value(metadata, admin_apis.TOKEN_HEADER), self.token)
             or category in self.policy().admin_apis.open
         ):
             status, body = admin_apis.refusal(category, "grpc", token_configured=bool(self.token))
             self.metrics.admin_refused.labels(category, "grpc").inc()
             log.debug("refused %s: Triton's %s API is shut (%d)", method, category, status)
-            await context.abort(_GRPC_STATUS[status], json.dumps(body))
+            await context.abort(grpc_code(status), json.dumps(body))
         drop = ("authorization", admin_apis.TOKEN_HEADER) if via_authorization else (admin_apis.TOKEN_HEADER,)
         return await self.passthrough(method, request, context, tuple((k, v) for k, v in metadata if k not in drop))
 
@@ -288,7 +207,7 @@ class GrpcProxy:
             await self._abort_down(context)
         await self._ready(context)
         if metadata is None:
-            metadata = _metadata(context)
+            metadata = call_metadata(context)
         call = self._unary(method)(request, metadata=metadata, timeout=context.time_remaining())
         try:
             response: bytes = await call
@@ -297,9 +216,9 @@ class GrpcProxy:
             # control is not explicit): over a connection still READY that is its answer, not an outage.
             if err.code() == grpc.StatusCode.UNAVAILABLE and not self._still_connected():
                 self.health.mark_down(f"gRPC UNAVAILABLE: {err.details()}")
-            await _abort_like(context, err)
+            await abort_like(context, err)
             raise AssertionError("unreachable") from None  # pragma: no cover
-        await _relay_reply_metadata(call, context)
+        await relay_reply_metadata(call, context)
         return response
 
     def _prepare(self, request: Any, metadata: Metadata) -> tuple[Any, Any, Any, str]:
@@ -307,9 +226,9 @@ class GrpcProxy:
         policy = self.policy()
         model = self.controller.state.model_policy(request.model_name)
         klass = protocol.resolve_class(
-            policy, _header(metadata, policy.class_header), protocol.grpc_class(request, policy.class_parameter)
+            policy, header_value(metadata, policy.class_header), protocol.grpc_class(request, policy.class_parameter)
         )
-        tenant = protocol.resolve_tenant(_header(metadata, policy.tenant_header))
+        tenant = protocol.resolve_tenant(header_value(metadata, policy.tenant_header))
         count = self.controller.state.token_counter(request.model_name)
         facts = protocol.grpc_llm_facts(request, model.kv, count) if model.kv else None
         cost = cost_for(model, facts)
@@ -317,17 +236,44 @@ class GrpcProxy:
             protocol.grpc_set_priority(request, klass.priority)
         return model, klass, cost, tenant
 
+    def prepare_carried(self, raw: bytes, metadata: Metadata) -> Prepared | Answer:
+        """A ModelInfer nginx carries (sidecar/decisions.py): what admission needs and the request as it
+        goes upstream (its priority written in), or the refusal, as `model_infer` would answer it.
+        A refusal's status is the gRPC code's number, its body the status message."""
+        if not self.health.up:
+            self.metrics.unavailable.labels("grpc").inc()
+            return _grpc_answer(grpc.StatusCode.UNAVAILABLE, json.dumps(unavailable(self.health.reason)), "1")
+        try:
+            request = pb.ModelInferRequest.FromString(raw)
+            _, klass, cost, tenant = self._prepare(request, metadata)
+        except (protocol.BadRequest, ValueError) as err:
+            self.metrics.malformed.labels("grpc").inc()
+            return _grpc_answer(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {err}")
+        except Exception as err:  # protobuf DecodeError
+            self.metrics.malformed.labels("grpc").inc()
+            return _grpc_answer(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {type(err).__name__}: {err}")
+        data = request.SerializeToString()
+        return Prepared(klass.name, tenant, cost, raw if data == raw else data, CIMultiDict())
+
+    @staticmethod
+    def refused_carried(rejected: Rejected) -> Answer:
+        """`_refuse`'s answer as `prepare_carried` gives refusals."""
+        status, body = refusal(rejected.decision, rejected.model, rejected.klass, rejected.tenant)
+        retry = rejected.decision.retry_after_s
+        return _grpc_answer(grpc_code(status), json.dumps(body), str(int(retry)) if retry is not None and status == 429
+                            else None)
+
     async def _refuse(self, context: grpc.aio.ServicerContext, rejected: Rejected) -> None:
         status, body = refusal(rejected.decision, rejected.model, rejected.klass, rejected.tenant)
         if rejected.decision.retry_after_s is not None and status == 429:
             context.set_trailing_metadata((("retry-after", str(int(rejected.decision.retry_after_s))),))
-        await context.abort(_GRPC_STATUS.get(status, grpc.StatusCode.RESOURCE_EXHAUSTED), json.dumps(body))
+        await context.abort(grpc_code(status), json.dumps(body))
 
     async def model_infer(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         if not self.health.up:
             await self._abort_down(context)
         await self._ready(context)
-        metadata = _metadata(context)
+        metadata = call_metadata(context)
         try:
             request = pb.ModelInferRequest.FromString(raw)
             _, klass, cost, tenant = self._prepare(request, metadata)
@@ -340,24 +286,24 @@ class GrpcProxy:
         payload = request.SerializeToString()
         try:
             async with self.controller.admit(request.model_name, klass.name, cost, tenant) as ticket:
-                ticket.sent = True
+                ticket.started()
                 call = self._unary(MODEL_INFER)(payload, metadata=metadata, timeout=context.time_remaining())
                 try:
                     response = await call
                 except grpc.aio.AioRpcError as err:
-                    ticket.completed = True
-                    ticket.outcome = upstream_outcome(err.details() or "")
                     if err.code() == grpc.StatusCode.UNAVAILABLE:
-                        ticket.outcome = "upstream_failed"
+                        ticket.upstream_lost()
                         self.health.mark_down(f"gRPC UNAVAILABLE: {err.details()}")
+                    else:
+                        ticket.finished(err.details() or "")
                     error = err
                 else:
-                    ticket.completed = True
-                    await _relay_reply_metadata(call, context)
+                    ticket.finished()
+                    await relay_reply_metadata(call, context)
                     return response
         except Rejected as rejected:
             await self._refuse(context, rejected)
-        await _abort_like(context, error)
+        await abort_like(context, error)
         raise AssertionError("unreachable")  # pragma: no cover
 
     # -- streams ----------------------------------------------------------------------------------
@@ -396,9 +342,9 @@ class GrpcProxy:
             await self._stream_unavailable(requests, context)
             return
         assert self.channel is not None
-        metadata = _metadata(context)
+        metadata = call_metadata(context)
         upstream = self.channel.stream_stream(MODEL_STREAM_INFER)(metadata=metadata, timeout=context.time_remaining())
-        reply_metadata = _StreamMetadata(upstream)
+        reply_metadata = StreamMetadata(upstream)
         pending: dict[str, _Pending] = {}
         write_lock = asyncio.Lock()
         up_lock = asyncio.Lock()
@@ -436,14 +382,14 @@ class GrpcProxy:
                         async with up_lock:
                             if upstream_failed:
                                 raise ConnectionError(upstream_failed[0])
-                            ticket.sent = True
+                            ticket.started()
                             await upstream.write(request.SerializeToString())
                         await entry.done.wait()
                     finally:
                         pending.pop(uid, None)
             except Rejected as rejected:
                 status, body = refusal(rejected.decision, rejected.model, rejected.klass, rejected.tenant)
-                code = _GRPC_STATUS.get(status, grpc.StatusCode.RESOURCE_EXHAUSTED).name
+                code = grpc_code(status).name
                 await to_client(error_response(client_id, request.model_name, f"{code}: {json.dumps(body)}"))
             except (ConnectionError, grpc.aio.AioRpcError, asyncio.InvalidStateError) as err:
                 await to_client(error_response(client_id, request.model_name, f"UNAVAILABLE: Triton stream failed: {err}"))
@@ -483,8 +429,7 @@ class GrpcProxy:
             finally:
                 for uid, entry in list(pending.items()):
                     if not entry.done.is_set():
-                        entry.ticket.completed = True
-                        entry.ticket.outcome = "upstream_failed"
+                        entry.ticket.upstream_lost()
                         await _quiet(to_client(error_response(
                             entry.client_id, entry.model,
                             f"UNAVAILABLE: Triton stream ended before the request did ({upstream_failed[0] if upstream_failed else 'closed'})",
@@ -520,15 +465,17 @@ class GrpcProxy:
         empty = not message.error_message and not len(response.outputs)
         if not message.error_message and len(response.outputs):
             entry.ticket.first_token()
-            entry.ticket.tokens += 1
+            entry.ticket.streamed(1)
         response.id = entry.client_id
         if not (final and empty and not entry.wants_empty_final):
             await to_client(message, True)
         if final:
-            entry.ticket.completed = True
-            if message.error_message:
-                entry.ticket.outcome = upstream_outcome(message.error_message)
+            entry.ticket.finished(message.error_message or None)
             entry.done.set()
+
+
+def _grpc_answer(code: grpc.StatusCode, message: str, retry_after: str | None = None) -> Answer:
+    return Answer(code.value[0], message.encode(), [("Retry-After", retry_after)] if retry_after else [])
 
 
 async def _close_channel(channel: grpc.aio.Channel) -> None:

@@ -37,12 +37,10 @@ from sidecar.controller import (
     Ticket,
     refusal,
     unavailable,
-    upstream_outcome,
 )
 from sidecar.cost import cost_for
 from sidecar.metrics import SidecarMetrics
 from sidecar.upstream import Reconnecting, UpstreamHealth
-from sidecar.upstream_pool import UpstreamConnectionError, UpstreamPool
 from tritongen.core.sidecar_policy.schema import SidecarPolicy
 
 log = logging.getLogger("tritongen.sidecar.http")
@@ -79,8 +77,8 @@ def _forward_headers(headers: Any, drop: frozenset[str] = _HOP, **override: str 
 
 @dataclass(frozen=True)
 class Answer:
-    """A whole response, before any server writes it: the aiohttp handlers turn it into a
-    `web.Response` (`web`), the lean front into bytes (sidecar/http_front.py)."""
+    """A whole response, before anyone writes it: the aiohttp handlers turn it into a
+    `web.Response` (`web`), the decision socket into a refusal nginx writes (sidecar/decisions.py)."""
 
     status: int
     body: bytes
@@ -95,7 +93,7 @@ class Answer:
 
 
 @dataclass(frozen=True)
-class _Prepared:
+class Prepared:
     """A model request ready for admission (`HttpProxy.prepare`)."""
 
     klass: str
@@ -136,10 +134,7 @@ class HttpProxy:
         self.metrics = metrics
         self.policy = policy
         self.admin = admin
-        self.pool = _unary_pool(self.base)
-        self.sessions: Reconnecting[aiohttp.ClientSession] = Reconnecting(
-            self._new_session, _close_session, health, on_renew=self.pool.reset if self.pool is not None else None
-        )
+        self.sessions: Reconnecting[aiohttp.ClientSession] = Reconnecting(self._new_session, _close_session, health)
 
     # -- upstream session -------------------------------------------------------------------------
 
@@ -160,8 +155,6 @@ class HttpProxy:
 
     async def close(self) -> None:
         await self.sessions.close()
-        if self.pool is not None:
-            self.pool.reset()
 
     # -- the application --------------------------------------------------------------------------
 
@@ -212,10 +205,10 @@ class HttpProxy:
         self.metrics.unavailable.labels("http").inc()
         return Answer.json(503, unavailable(self.health.reason), {"Retry-After": "1"})
 
-    def prepare(self, op: str, model_name: str, headers: Any, body: bytes) -> _Prepared | Answer:
+    def prepare(self, op: str, model_name: str, headers: Any, body: bytes) -> Prepared | Answer:
         """What admission needs of one model request (its class, tenant and cost, and the body as it
         goes upstream), or the answer when it cannot go further (malformed, Triton down). Shared by
-        the aiohttp handler and the lean front (sidecar/http_front.py), so both decide alike."""
+        the aiohttp handler and the decision socket (sidecar/decisions.py), so both decide alike."""
         if not self.health.up:
             return self._down()
         policy = self.policy()
@@ -258,10 +251,10 @@ class HttpProxy:
             cost = cost_for(model, facts)
         except (protocol.BadRequest, ValueError) as err:
             return self._bad(str(err))
-        return _Prepared(klass.name, tenant, cost, body, _forward_headers(headers, _REQUEST_DROP, **override))
+        return Prepared(klass.name, tenant, cost, body, _forward_headers(headers, _REQUEST_DROP, **override))
 
     @staticmethod
-    def _refused(rejected: Rejected, model_name: str, prepared: _Prepared) -> Answer:
+    def _refused(rejected: Rejected, model_name: str, prepared: Prepared) -> Answer:
         status, payload = refusal(rejected.decision, model_name, prepared.klass, prepared.tenant)
         extra = {}
         if rejected.decision.retry_after_s is not None and status == 429:
@@ -282,58 +275,22 @@ class HttpProxy:
             async with self.controller.admit(model_name, prepared.klass, prepared.cost, prepared.tenant) as ticket:
                 if op == "generate_stream":
                     return await self._stream(request, ticket, url, prepared.body, prepared.headers)
-                if self.pool is not None:
-                    answer = await self._unary_pooled(ticket, self.prefix + request.path_qs, prepared.body,
-                                                      prepared.headers)
-                    return answer.web()
                 return await self._unary(ticket, url, prepared.body, prepared.headers)
         except Rejected as rejected:
             return self._refused(rejected, model_name, prepared).web()
 
-    async def unary(self, model_name: str, op: str, path_qs: str, headers: Any, body: bytes) -> Answer:
-        """One unary model request (infer, generate) on the lean pool, for the lean front: admitted,
-        queued or refused exactly as `model_op` would. Requires `self.pool` (a plain-HTTP upstream)."""
-        assert self.pool is not None
-        prepared = self.prepare(op, model_name, headers, body)
-        if isinstance(prepared, Answer):
-            return prepared
-        try:
-            async with self.controller.admit(model_name, prepared.klass, prepared.cost, prepared.tenant) as ticket:
-                return await self._unary_pooled(ticket, self.prefix + path_qs, prepared.body, prepared.headers)
-        except Rejected as rejected:
-            return self._refused(rejected, model_name, prepared)
-
     async def _unary(self, ticket: Ticket, url: str, body: bytes, headers: CIMultiDict[str]) -> web.Response:
         assert self.session is not None
         try:
-            ticket.sent = True
+            ticket.started()
             async with self.session.post(url, data=body, headers=headers) as up:
                 data = await up.read()
-                ticket.completed = True
-                if up.status >= 400:
-                    ticket.outcome = upstream_outcome(data)
+                ticket.finished(data if up.status >= 400 else None)
                 return web.Response(status=up.status, body=data, headers=_forward_headers(up.headers))
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as err:
-            ticket.completed = True  # the connection is gone; so is the request upstream
-            ticket.outcome = "upstream_failed"
+            ticket.upstream_lost()
             self.health.mark_down(f"{type(err).__name__}: {err}")
             return self._down().web()
-
-    async def _unary_pooled(self, ticket: Ticket, target: str, body: bytes, headers: CIMultiDict[str]) -> Answer:
-        """`_unary` on the lean keep-alive pool (see sidecar/upstream_pool.py): same answers."""
-        assert self.pool is not None
-        try:
-            ticket.sent = True
-            up = await self.pool.request("POST", target, headers.items(), body)
-        except UpstreamConnectionError as err:
-            ticket.completed = True  # the connection is gone; so is the request upstream
-            ticket.outcome = "upstream_failed"
-            self.health.mark_down(f"{type(err).__name__}: {err}")
-            return self._down()
-        ticket.completed = True
-        if up.status >= 400:
-            ticket.outcome = upstream_outcome(up.body)
-        return Answer(up.status, up.body, [(k, v) for k, v in up.headers if k.lower() not in _HOP])
 
     async def _stream(
         self, request: web.Request, ticket: Ticket, url: str, body: bytes, headers: CIMultiDict[str]
@@ -341,25 +298,22 @@ class HttpProxy:
         assert self.session is not None
         response: web.StreamResponse | None = None
         try:
-            ticket.sent = True
+            ticket.started()
             async with self.session.post(url, data=body, headers=headers) as up:
                 response = web.StreamResponse(status=up.status, headers=_forward_headers(up.headers))
                 await response.prepare(request)
                 async for chunk in up.content.iter_any():
                     ticket.first_token()
-                    ticket.tokens += chunk.count(b"data:")
+                    ticket.streamed(chunk.count(b"data:"))
                     if _SSE_ERROR in chunk:  # the engine failed the request mid-stream
-                        ticket.outcome = upstream_outcome(chunk)
+                        ticket.errored(chunk)
                     await response.write(chunk)
-                ticket.completed = True
-                if up.status >= 400:
-                    ticket.outcome = ticket.outcome or upstream_outcome(b"")
+                ticket.finished(b"" if up.status >= 400 else None)
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as err:
             if isinstance(err, aiohttp.ClientConnectionResetError) or _client_gone(request):
-                ticket.outcome = "client_disconnect"
+                ticket.client_left()
                 return response or web.Response(status=499)
-            ticket.completed = True
-            ticket.outcome = "upstream_failed"
+            ticket.upstream_lost()
             self.health.mark_down(f"{type(err).__name__}: {err}")
             if response is None:
                 return self._down().web()
@@ -369,13 +323,13 @@ class HttpProxy:
             except (ConnectionError, aiohttp.ClientConnectionError):
                 pass
         except ConnectionError:
-            ticket.outcome = "client_disconnect"
+            ticket.client_left()
             return response or web.Response(status=499)
         assert response is not None
         try:
             await response.write_eof()
         except (ConnectionError, aiohttp.ClientConnectionError):
-            ticket.outcome = ticket.outcome or "client_disconnect"
+            ticket.client_left()
         return response
 
     # -- everything else --------------------------------------------------------------------------
@@ -428,14 +382,6 @@ class HttpProxy:
 
 async def _close_session(session: aiohttp.ClientSession) -> None:
     await session.close()
-
-
-def _unary_pool(base: str) -> UpstreamPool | None:
-    """The lean pool for plain-HTTP upstreams; TLS upstreams keep aiohttp's client."""
-    parts = urlsplit(base)
-    if parts.scheme != "http" or not parts.hostname:
-        return None
-    return UpstreamPool(parts.hostname, parts.port or 80)
 
 
 def _client_gone(request: web.Request) -> bool:

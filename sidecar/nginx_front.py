@@ -4,12 +4,14 @@ process, and the control socket the lane's slots and counts go through.
 Why nginx: a proxy's cost per request is mostly parsing and copying bytes, which a Python event
 loop does at 2-3x nginx's CPU (README, bench_sidecar). nginx carries the bytes of every request;
 the fast lane (sidecar/lane.py, sidecar/tritongen_lane.lua) sends plain classic requests straight
-to Triton; HTTP `generate` and `generate_stream` go to Triton too, once Python has decided on
-each (sidecar/decisions.py, sidecar/tritongen_decide.lua: nginx asks, waits while the request is
-queued, and reports its first token and end), so no token of a stream crosses Python; everything
-else (other LLM requests, classes and tenants on `infer`, gRPC streams, admin APIs, health, the
-sidecar's own endpoints) goes to the Python sidecar on private ports, which decides as it always did.
-gRPC `ModelStreamInfer` stays there: nginx's Lua cannot read a request out of an open HTTP/2 stream
+to Triton; every other HTTP model request (`infer` with a class, a tenant or a priority to write,
+`generate`, `generate_stream`) goes to Triton too, once Python has decided on it
+(sidecar/decisions.py, sidecar/tritongen_decide.lua: nginx asks, waits while the request is
+queued, and reports its first token and end), so no byte of an HTTP model request crosses Python.
+gRPC `ModelInfer` takes the same two ways (the lane, or a decision). The rest (gRPC streams, admin
+APIs, health, the sidecar's own endpoints, compressed bodies, bodies too large for memory) goes to
+the Python sidecar on private ports, which decides as it always did. gRPC `ModelStreamInfer`
+stays there: nginx's Lua cannot read a request out of an open HTTP/2 stream
 (`ngx.req.read_body` needs the whole body, and a bidirectional stream's ends only when the client
 closes it).
 
@@ -152,8 +154,9 @@ def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy:
         header_filter_by_lua_block {{ ngx.header["Server"] = nil; ngx.header["Date"] = nil }}
         set $tg_lane "";
         location = /inference.GRPCInferenceService/ModelInfer {{
+            lua_check_client_abort on;
             access_by_lua_block {{ require("tritongen_lane").grpc() }}
-            log_by_lua_block {{ require("tritongen_lane").log() }}
+            log_by_lua_block {{ require("tritongen_lane").log() require("tritongen_decide").log("ok") }}
             error_page 502 504 = @triton_down_grpc;
             grpc_pass grpc://triton_grpc;
         }}
@@ -164,7 +167,7 @@ def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy:
             grpc_pass grpc://sidecar_grpc;
         }}
         location @triton_down_grpc {{
-            log_by_lua_block {{ require("tritongen_lane").log() }}
+            log_by_lua_block {{ require("tritongen_lane").log() require("tritongen_decide").log("down") }}
             default_type application/grpc;
             add_header grpc-status 14 always;
             add_header grpc-message "Triton is unavailable: the lane could not reach it" always;
@@ -204,16 +207,18 @@ def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy:
             access_by_lua_block {{ require("tritongen_decide").access(ngx.var.tg_model, ngx.var.tg_op, {_lua_string(_header_var(policy.class_header))}, {_lua_string(_header_var(policy.tenant_header))}) }}
             body_filter_by_lua_block {{ require("tritongen_decide").body() }}
             log_by_lua_block {{ require("tritongen_decide").log("ok") }}
-            error_page 502 504 = @triton_down_decided;
+            error_page 502 504 = @triton_down;
             error_page 413 = @too_large;
             proxy_pass http://triton_http;
         }}
         location ~ ^/v2/models/(?<tg_model>[^/]+)(/versions/[^/]+)?/infer$ {{
+            lua_check_client_abort on;
             access_by_lua_block {{ require("tritongen_lane").http(ngx.var.tg_model) }}
-            log_by_lua_block {{ require("tritongen_lane").log() }}
+            body_filter_by_lua_block {{ require("tritongen_decide").body() }}
+            log_by_lua_block {{ require("tritongen_lane").log() require("tritongen_decide").log("ok") }}
             error_page 502 504 = @triton_down;
             error_page 413 = @too_large;  # a location's error_page replaces the server's, not adds to it
-            proxy_buffering on;  # a unary answer: one write to the client (streams go to Python, unbuffered)
+            proxy_buffering on;  # a unary answer: one write to the client
             proxy_pass http://triton_http;
         }}
         location / {{
@@ -226,14 +231,8 @@ def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy:
             default_type application/json;
             return 413 '{too_large_json}';
         }}
-        location @triton_down_decided {{
-            log_by_lua_block {{ require("tritongen_decide").log("down") }}
-            default_type application/json;
-            add_header Retry-After 1 always;
-            return 503 '{down_json}';
-        }}
-        location @triton_down {{
-            log_by_lua_block {{ require("tritongen_lane").log() }}
+        location @triton_down {{  # whichever holds the request (a lane slot, a decision) gives it back
+            log_by_lua_block {{ require("tritongen_lane").log() require("tritongen_decide").log("down") }}
             default_type application/json;
             add_header Retry-After 1 always;
             return 503 '{down_json}';

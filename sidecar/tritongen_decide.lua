@@ -1,7 +1,7 @@
 -- Requests nginx carries and Python decides (sidecar/decisions.py says why and speaks the other end).
 --
--- access: the request's body and the class and tenant headers go to the Python controller over a
--- Unix socket; its answer is "admit" (maybe with a rewritten body: the class's priority written
+-- access: the request's body, the class and tenant headers and an infer's
+-- Inference-Header-Content-Length go to the Python controller over a Unix socket; its answer is "admit" (maybe with a rewritten body: the class's priority written
 -- in) or "refuse" (status, Retry-After and the JSON body nginx writes back). A queued request waits
 -- here, in nginx, on that socket; a client that goes away closes it, and Python drops the request
 -- from its queue.
@@ -96,9 +96,29 @@ local function clean(value)
     return (value:gsub("[\t\r\n]", " "))
 end
 
+local GRPC = "grpc_infer" -- a gRPC ModelInfer: its body is one length-prefixed protobuf message
+
+-- A gRPC answer of headers alone (no message): the status, its message percent-encoded as gRPC
+-- asks, and Retry-After as metadata. 204 makes nginx end the HTTP/2 stream with these headers.
+local function grpc_refuse(code, message, retry_after)
+    ngx.status = 204
+    ngx.header["Content-Type"] = "application/grpc"
+    ngx.header["grpc-status"] = code
+    ngx.header["grpc-message"] = (message:gsub("[%%%c\128-\255]", function(c)
+        return string.format("%%%02X", c:byte())
+    end))
+    if retry_after ~= nil and retry_after ~= "" then
+        ngx.header["retry-after"] = retry_after
+    end
+    return ngx.exit(204)
+end
+
 -- The sidecar is not there (restarting, or gone): the Python listener behind nginx says so properly.
-local function unavailable(err)
+local function unavailable(err, grpc)
     ngx.log(ngx.ERR, "tritongen: the sidecar's decision socket: ", err)
+    if grpc then
+        return grpc_refuse("14", "the sidecar cannot decide now (its decision socket: " .. clean(err) .. ")", "1")
+    end
     ngx.status = 503
     ngx.header["Content-Type"] = "application/json"
     ngx.header["Retry-After"] = "1"
@@ -107,30 +127,43 @@ local function unavailable(err)
     return ngx.exit(503)
 end
 
+local function be32(n)
+    return string.char(math.floor(n / 16777216) % 256, math.floor(n / 65536) % 256, math.floor(n / 256) % 256, n % 256)
+end
+
 function M.access(model, op, class_var, tenant_var)
+    local grpc = op == GRPC
     ngx.req.read_body()
     local body = ngx.req.get_body_data()
     if body == nil then -- empty, or too large for memory (in a file): the Python path reads it
-        return ngx.exec("@sidecar")
+        return ngx.exec(grpc and "@sidecar_grpc" or "@sidecar")
+    end
+    if grpc then -- one uncompressed message, nothing after it; else the Python relay reads it
+        local b1, b2, b3, b4, b5 = string.byte(body, 1, 5)
+        if b1 ~= 0 or b5 == nil or #body ~= 5 + ((b2 * 256 + b3) * 256 + b4) * 256 + b5 then
+            return ngx.exec("@sidecar_grpc")
+        end
+        body = sub(body, 6)
     end
     local sock = ngx.socket.tcp()
     sock:settimeout(3600000) -- a queued request waits for its grant; the sidecar answers by the class's deadline
     local ok, err = sock:connect(path)
     if not ok then
-        return unavailable(err)
+        return unavailable(err, grpc)
     end
     ngx.on_abort(function()
         ngx.exit(499) -- ends the request's threads; its socket closes and the sidecar drops the request
     end)
     ok, err = sock:send(concat({ "admit\t", model, "\t", op, "\t", clean(ngx.var[class_var]), "\t",
-        clean(ngx.var[tenant_var]), "\t", #body, "\n", body }))
+        clean(ngx.var[tenant_var]), "\t", clean(ngx.var.http_inference_header_content_length), "\t", #body,
+        "\n", body }))
     if not ok then
-        return unavailable(err)
+        return unavailable(err, grpc)
     end
     local line
     line, err = sock:receive("*l")
     if not line then
-        return unavailable(err)
+        return unavailable(err, grpc)
     end
     local kind, a, b, n = line:match("^(%a+)\t([^\t]*)\t([^\t]*)\t(%d+)$")
     n = tonumber(n)
@@ -138,25 +171,39 @@ function M.access(model, op, class_var, tenant_var)
     if n ~= nil and n > 0 then
         data, err = sock:receive(n)
         if not data then
-            return unavailable(err)
+            return unavailable(err, grpc)
         end
     end
-    if kind == "admit" then -- a = the id, b unused; data = the body as it goes upstream, if rewritten
+    if kind == "admit" then -- a = the id; data = the body as it goes upstream, if rewritten, and b its
+        -- Inference-Header-Content-Length (an infer's JSON part grew when a priority was written in)
         ngx.var.tg_decided = a
-        ngx.ctx.tg_stream = op == "generate_stream"
+        local ctx = ngx.ctx
+        ctx.tg_stream = op == "generate_stream"
+        ctx.tg_unary = op == "infer" or grpc -- an answer of tensors: only its status says it failed
+        ctx.tg_grpc = grpc
         active = active + 1
         -- The grant reached nginx: from now on the log phase reports the end. A client gone before
         -- this line closes the socket instead, and the sidecar takes its grant back.
         sock:send("ok\t" .. a .. "\n")
         sock:setkeepalive(60000, 512)
         if n > 0 then
-            ngx.req.set_body_data(data)
+            if grpc then
+                ngx.req.set_body_data("\0" .. be32(#data) .. data)
+            else
+                ngx.req.set_body_data(data)
+                if b ~= "" then
+                    ngx.req.set_header("Inference-Header-Content-Length", b)
+                end
+            end
         end
         return
     end
     sock:setkeepalive(60000, 512)
     if kind ~= "refuse" then
-        return unavailable("unexpected answer " .. clean(sub(line, 1, 80)))
+        return unavailable("unexpected answer " .. clean(sub(line, 1, 80)), grpc)
+    end
+    if grpc then -- a = the gRPC code, data = the status message
+        return grpc_refuse(a, data, b)
     end
     ngx.status = tonumber(a) -- b = Retry-After, or empty
     ngx.header["Content-Type"] = "application/json"
@@ -191,9 +238,20 @@ function M.body()
         at = s + 5
     end
     ctx.tg_events = count
-    if ctx.tg_error == nil and (ngx.status >= 400 or find(chunk, '"error"', 1, true)) then
+    if ctx.tg_error == nil and (ngx.status >= 400 or (not ctx.tg_unary and find(chunk, '"error"', 1, true))) then
         ctx.tg_error = sub(chunk, 1, 2000)
     end
+end
+
+-- Triton's gRPC status of a carried ModelInfer: in its trailers, or in its headers when it answered
+-- with headers alone. (HTTP status, error text) as an HTTP answer would give them.
+local function grpc_end()
+    local code = ngx.var.upstream_trailer_grpc_status or ngx.var.upstream_http_grpc_status
+    if code == nil or code == "" or code == "0" then
+        return ngx.status, ""
+    end
+    local message = ngx.var.upstream_trailer_grpc_message or ngx.var.upstream_http_grpc_message or ""
+    return 500, ngx.unescape_uri(message)
 end
 
 -- how: "ok" (nginx carried it to its end, or the client left), "down" (Triton could not be reached).
@@ -204,8 +262,11 @@ function M.log(how)
     end
     active = active - 1
     local ctx = ngx.ctx
-    local err = ctx.tg_error or ""
-    push(concat({ "end\t", id, "\t", ngx.status, "\t", ctx.tg_events or 0, "\t", how or "ok", "\t", #err, "\n", err }))
+    local status, err = ngx.status, ctx.tg_error or ""
+    if ctx.tg_grpc and how == "ok" and status ~= 499 then
+        status, err = grpc_end()
+    end
+    push(concat({ "end\t", id, "\t", status, "\t", ctx.tg_events or 0, "\t", how or "ok", "\t", #err, "\n", err }))
 end
 
 return M

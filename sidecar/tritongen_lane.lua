@@ -4,8 +4,9 @@
 -- naming no tenant and no priority, with a body held in memory, whose (model, class) the control
 -- plane granted slots to; the class comes from the class header, else the class parameter, else
 -- the policy's default. And only while that pair's in-flight lane requests are under its slots.
--- Anything else is handed, unchanged, to the sidecar's Python path (`ngx.exec` to a named
--- location), which queues, refuses or admits it by the whole policy.
+-- Any other HTTP infer is decided by Python over the decision socket and still carried by nginx;
+-- any other gRPC infer is handed, unchanged, to the sidecar's Python path (`ngx.exec` to a named
+-- location). Either queues, refuses or admits it by the whole policy.
 --
 -- Shared dicts, keyed by "model<TAB>class": tg_caps (slots), tg_inflight (lane requests at
 -- Triton), tg_stats (key.."\td" finished, key.."\ts" their seconds, key.."\to" overflowed to
@@ -38,17 +39,17 @@ local function header(var)
     return v
 end
 
--- Take a slot of `key` or hand the request to the Python path at `where`.
-local function take(key, where)
+-- Take a slot of `key`, or hand the request on: `overflow(model)` decides it another way.
+local function take(key, overflow, model)
     local cap = caps:get(key)
     if not cap then
-        return ngx.exec(where)
+        return overflow(model)
     end
     local n = inflight:incr(key, 1, 0)
     if n > cap then
         inflight:incr(key, -1)
         stats:incr(key .. "\to", 1, 0)
-        return ngx.exec(where)
+        return overflow(model)
     end
     ngx.var.tg_lane = key
     local peak = key .. "\tp"
@@ -73,29 +74,42 @@ local function varint(body, at)
     return b - 128 + more * 128, at + 2
 end
 
+local function decided(model)
+    return require("tritongen_decide").access(model, "infer", class_var, tenant_var)
+end
+
+local function decided_grpc(model)
+    return require("tritongen_decide").access(model, "grpc_infer", class_var, tenant_var)
+end
+
 -- HTTP/REST: POST /v2/models/M[/versions/V]/infer. A class or client priority can only be in the
--- JSON part (the first Inference-Header-Content-Length bytes, or the whole body).
+-- JSON part (the first Inference-Header-Content-Length bytes, or the whole body). What the lane
+-- does not take, nginx still carries: Python decides it over the decision socket
+-- (tritongen_decide.lua), which writes the class's priority in where it must. Only a compressed
+-- body, or one too large for memory, is handed to the Python listener, which decodes or reads it.
 function M.http(model)
-    local tenant = header(tenant_var)
-    if tenant ~= nil or ngx.req.get_method() ~= "POST" or header("http_content_encoding") then
+    if ngx.req.get_method() ~= "POST" or header("http_content_encoding") then
         return ngx.exec("@sidecar")
+    end
+    if header(tenant_var) ~= nil then
+        return decided(model)
     end
     ngx.req.read_body()
     local body = ngx.req.get_body_data()
-    if body == nil then  -- empty, or too large for memory (in a file): Python reads it
-        return ngx.exec("@sidecar")
+    if body == nil then  -- empty, or too large for memory (in a file): decided() hands it to Python
+        return decided(model)
     end
     local head = #body
     local given = ngx.var.http_inference_header_content_length
     if given ~= nil then  -- binary tensors follow the JSON part; a length outside the body: Python says so
         head = tonumber(given)
         if head == nil or head < 0 or head > #body or head % 1 ~= 0 then
-            return ngx.exec("@sidecar")
+            return decided(model)
         end
     end
     local at = find(body, '"priority"', 1, true)
     if at and at <= head then
-        return ngx.exec("@sidecar")
+        return decided(model)
     end
     local class = header(class_var)
     at = find(body, class_json, 1, true)
@@ -103,21 +117,19 @@ function M.http(model)
         if class == nil then  -- "traffic_class": "name" (anything else: Python reads it properly)
             class = match(body, '^%s*:%s*"([%w_.-]+)"', at + #class_json)
             if class == nil then
-                return ngx.exec("@sidecar")
+                return decided(model)
             end
         end
     end
-    return take(model .. "\t" .. (class or default_class), "@sidecar")
+    return take(model .. "\t" .. (class or default_class), decided, model)
 end
 
 -- gRPC ModelInfer: one uncompressed ModelInferRequest; model_name is field 1 (tag 0x0A), first
 -- after the 5-byte frame header. Parameters are map entries (field 4): {1: key, 2: InferParameter
--- {3: string_param}}; a class parameter of that shape is read, any other mention of it or of
--- "priority" sends the request to Python (which parses it properly).
+-- {3: string_param}}; a class parameter of that shape is read. Any other mention of it or of
+-- "priority", a tenant, or no free slot: Python decides it over the decision socket (parsing it
+-- properly) and nginx carries it; a body it cannot frame goes to the Python relay.
 function M.grpc()
-    if header(tenant_var) ~= nil then
-        return ngx.exec("@sidecar_grpc")
-    end
     ngx.req.read_body()
     local body = ngx.req.get_body_data()
     if body == nil or #body < 8 or byte(body, 1) ~= 0 or byte(body, 6) ~= 10 then
@@ -129,8 +141,8 @@ function M.grpc()
     end
     local model = sub(body, at, at + len - 1)
     local rest = at + len
-    if find(body, "priority", rest, true) then
-        return ngx.exec("@sidecar_grpc")
+    if header(tenant_var) ~= nil or find(body, "priority", rest, true) then
+        return decided_grpc(model)
     end
     local class = header(class_var)
     local key_at = find(body, class_raw, rest, true)
@@ -138,20 +150,20 @@ function M.grpc()
         if class == nil then
             local after = key_at + #class_raw
             if byte(body, key_at - 1) ~= #class_raw or byte(body, after) ~= 0x12 then
-                return ngx.exec("@sidecar_grpc")
+                return decided_grpc(model)
             end
             local _, pos = varint(body, after + 1)
             if pos == nil or byte(body, pos) ~= 0x1A then
-                return ngx.exec("@sidecar_grpc")
+                return decided_grpc(model)
             end
             local n, from = varint(body, pos + 1)
             if n == nil then
-                return ngx.exec("@sidecar_grpc")
+                return decided_grpc(model)
             end
             class = sub(body, from, from + n - 1)
         end
     end
-    return take(model .. "\t" .. (class or default_class), "@sidecar_grpc")
+    return take(model .. "\t" .. (class or default_class), decided_grpc, model)
 end
 
 function M.log()

@@ -100,11 +100,9 @@ class Reconnecting(Generic[T]):
         make: Callable[[], T],
         close: Callable[[T], Awaitable[None]],
         health: UpstreamHealth,
-        on_renew: Callable[[], None] | None = None,
     ) -> None:
         self._make = make
         self._close = close
-        self._on_renew = on_renew
         self.current: T | None = None
         self._retired: list[T] = []
         self._lost = False
@@ -127,7 +125,5 @@ class Reconnecting(Generic[T]):
             self._lost = False
             self._retired.append(self.current)
             self.current = self._make()
-            if self._on_renew is not None:
-                self._on_renew()
             while len(self._retired) > 1:
                 await self._close(self._retired.pop(0))

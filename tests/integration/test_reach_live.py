@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sidecar.app import SidecarConfig, SidecarThread
+from sidecar.config import SidecarConfig
+from sidecar.run import SidecarThread
 from tests.helpers import cli
 from tests.sidecar_rigs import policy_doc
 from tritongen.cli.profile_cmd import _check_endpoints

@@ -483,6 +483,39 @@ def test_http_streams_are_carried_by_nginx_with_the_python_paths_metrics(deploym
     deployment.wait_idle()
 
 
+def test_classed_and_tenant_infers_are_carried_by_nginx_with_the_python_paths_metrics(deployment: Deployment) -> None:
+    """An HTTP infer the lane does not take (a class whose priority must be written in, a tenant)
+    crosses nginx only: Python decides it, writes the priority into its JSON part (the binary
+    tensors after it keep their bytes) and counts it in the same metrics."""
+    deployment.wait_idle()
+    x = features(2, seed=5)
+    expected = httpclient.InferenceServerClient(deployment.server.http_url).infer(
+        "ranker", [_http_tensor(x)]).as_numpy("SCORES")
+    text = metrics_text(deployment)
+    durations = metric_total(text, 'sidecar_request_duration_seconds_count{class="batch",model="ranker"')
+    before = carried(deployment)
+    client = httpclient.InferenceServerClient(deployment.http.removeprefix("http://"))
+    for headers in ({"x-traffic-class": "batch"}, {"x-traffic-class": "batch", "x-tenant": "team-a"}):
+        for _ in range(2):
+            result = client.infer("ranker", [_http_tensor(x)], headers=headers,
+                                  outputs=[httpclient.InferRequestedOutput("SCORES", binary_data=True)])
+            np.testing.assert_array_equal(result.as_numpy("SCORES"), expected)
+    client.close()
+    deadline = time.monotonic() + 5
+    while carried(deployment) < before + 4:
+        assert time.monotonic() < deadline, f"nginx reported {carried(deployment) - before} of 4 ends"
+        time.sleep(0.05)
+    text = metrics_text(deployment)
+    assert metric_total(text, 'sidecar_request_duration_seconds_count{class="batch",model="ranker"') - durations == 4
+    deployment.wait_idle()
+
+
+def _http_tensor(x: np.ndarray) -> httpclient.InferInput:
+    tensor = httpclient.InferInput("FEATURES", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x, binary_data=True)
+    return tensor
+
+
 def test_a_client_that_leaves_mid_stream_or_while_queued_holds_nothing(deployment: Deployment) -> None:
     """Streams cut after their first token, and a burst whose clients give up while queued: every
     reservation and queue place goes back."""

@@ -24,7 +24,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from sidecar import admin_apis
-from sidecar.app import SidecarConfig, SidecarThread
+from sidecar.config import SidecarConfig
+from sidecar.run import SidecarThread
 from tests.sidecar_rigs import policy_doc
 
 pytestmark = pytest.mark.integration

@@ -31,7 +31,8 @@ from tritonclient.grpc import service_pb2_grpc as pbg
 
 import tritongen.server as server_module
 from sidecar.admission_types import Cost, Request
-from sidecar.app import SidecarConfig, SidecarThread
+from sidecar.config import SidecarConfig
+from sidecar.run import SidecarThread
 from sidecar.headroom import StaticSource, TritonMetricsSource
 from tritongen.core.sidecar_policy.schema import SidecarPolicy
 from tests.helpers import build_sidecar_repository

@@ -29,7 +29,8 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
-from sidecar.app import SidecarConfig, SidecarThread
+from sidecar.config import SidecarConfig
+from sidecar.run import SidecarThread
 from sidecar.nginx_front import find_nginx
 from tests.helpers import cli
 from tests.sidecar_rigs import policy_doc
@@ -146,6 +147,30 @@ def test_a_class_named_in_the_request_is_read_by_the_lane(native: SidecarThread)
     lane = counter(native, 'sidecar_lane_requests_total{class="normal",model="ranker"}') - lane_before
     assert lane >= 16, lane
     assert counter(native, 'sidecar_requests_admitted_total{class="interactive",model="ranker"}') == interactive_before + 6
+
+
+def test_grpc_infers_the_lane_does_not_take_are_carried_by_nginx_on_a_decision(native: SidecarThread) -> None:
+    """A gRPC ModelInfer with a class whose priority must be written in, or a tenant: Python decides,
+    nginx carries it to Triton (the decision socket's count grows, Triton answers); a malformed one is
+    refused by nginx with Python's gRPC status and message."""
+    grpc_url = f"127.0.0.1:{native.sidecar.grpc_port}"
+    carried_before = lane_status(native)["carried"]["carried"]
+    assert grpc_infer(grpc_url, 3, (("x-traffic-class", "interactive"),)) == ["ranker"] * 3
+    assert grpc_infer(grpc_url, 2, (("x-tenant", "team-a"),)) == ["ranker"] * 2
+    deadline = time.monotonic() + 5
+    while lane_status(native)["carried"]["carried"] < carried_before + 5:  # ends come from nginx's log phase
+        assert time.monotonic() < deadline, lane_status(native)
+        time.sleep(0.05)
+    request = pb.ModelInferRequest(model_name="ranker")
+    request.parameters["traffic_class"].int64_param = 3  # a class must be a string
+    request.inputs.add(name="FEATURES", datatype="FP32", shape=[1, 32])
+    request.raw_input_contents.append(np.full((1, 32), 0.25, dtype=np.float32).tobytes())
+    with grpc.insecure_channel(grpc_url) as channel:
+        with pytest.raises(grpc.RpcError) as refused:
+            pbg.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
+    assert "malformed request" in (refused.value.details() or ""), refused.value.details()
+    assert lane_status(native)["carried"]["in_flight"] == 0
 
 
 def test_a_burst_is_held_to_the_quota_and_nginx_never_exceeds_its_slots(native: SidecarThread) -> None:

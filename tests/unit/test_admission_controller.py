@@ -44,7 +44,7 @@ def test_context_manager_releases_on_success_error_and_cancel() -> None:
         # cancelled after it was sent upstream: the bytes linger for the model's grace, the slot frees
         async def in_flight() -> None:
             async with ctl.admit("llm", "normal", Cost(kv_bytes=300)) as ticket:
-                ticket.sent = True
+                ticket.started()
                 await asyncio.sleep(10)
 
         task = asyncio.ensure_future(in_flight())
@@ -142,7 +142,7 @@ def test_tenant_accounting_is_released_on_every_way_out() -> None:
 
         async def in_flight() -> None:  # sent upstream, then cancelled: the bytes linger, the slot frees
             async with ctl.admit("llm", "normal", Cost(kv_bytes=300), "acme") as ticket:
-                ticket.sent = True
+                ticket.started()
                 await asyncio.sleep(10)
 
         task = asyncio.ensure_future(in_flight())

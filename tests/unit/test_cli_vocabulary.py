@@ -17,7 +17,7 @@ import pytest
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from sidecar.app import SidecarConfig
+from sidecar.config import SidecarConfig
 from tests.helpers import REPO_ROOT
 from tritongen.cli.main import app
 from tritongen.cli.vocabulary import OLD_SPELLINGS, SHARED_FLAGS, SPEC, SharedFlag

@@ -296,7 +296,7 @@ GOOD = {
         "import grpc\nchannel = grpc.aio.insecure_channel(target)\ncode = grpc.StatusCode.OK",
         "import http\nstatus = http.HTTPStatus.OK",
         "from http.client import responses",
-        "from sidecar.upstream_pool import _parse_head\n_parse_head(b'HTTP/1.1 200 OK')",
+        "from sidecar.protocol import parse_generate\nparse_generate(b'{}')",
         "server = {'url': 'x'}['url']\nbinding = policy.binding",
     ],
 }

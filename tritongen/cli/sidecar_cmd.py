@@ -48,7 +48,8 @@ def sidecar(
     The policy reloads on SIGHUP or when the file changes; an invalid policy is refused and the
     old one stays in force. Stops on SIGINT or SIGTERM.
     """
-    from sidecar.app import SidecarConfig, serve, split_address
+    from sidecar.config import SidecarConfig, split_address
+    from sidecar.run import serve
     from sidecar.loop import run as run_loop
     from tritongen.shared.policy_file import load_policy
 
