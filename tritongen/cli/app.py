@@ -15,3 +15,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback()
+def _group() -> None:
+    """Always a group of commands, even when the console script registered only the one it runs
+    (tritongen/cli/commands.py): Typer runs a lone command as the whole program otherwise."""

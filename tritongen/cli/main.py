@@ -1,5 +1,6 @@
-"""The console-script entry point: every command registered on the app, errors mapped to exit codes
-only here. Importing this module registers every command, so `app` here is always complete."""
+"""The console-script entry point: the command it runs registered on the app (tritongen/cli/commands.py
+says why only that one), errors mapped to exit codes only here. `app` imported from here is
+always complete: every command is registered the first time it is asked for."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ try:  # typer >= 0.20 vendors click as typer._click; older versions depend on cl
 except ImportError:  # pragma: no cover
     import click  # type: ignore[no-redef]
 
-from tritongen.cli.app import app
-from tritongen.cli import commands  # noqa: F401,E402  (each command module registers itself on `app`)
+from tritongen.cli import app as _app_module
+from tritongen.cli import commands
 from tritongen.errors import TritongenError
 
 __all__ = ["app", "run"]
@@ -22,10 +23,18 @@ __all__ = ["app", "run"]
 err_console = Console(stderr=True)
 
 
+def __getattr__(name: str) -> typer.Typer:
+    if name == "app":
+        commands.register()
+        return _app_module.app
+    raise AttributeError(name)
+
+
 def run() -> None:
     """Console-script entry point: one message and an exit code, never a traceback."""
     try:
-        code = app(prog_name="tritongen", standalone_mode=False)
+        commands.register_for(sys.argv[1:])
+        code = _app_module.app(prog_name="tritongen", standalone_mode=False)
         if isinstance(code, int) and code:  # click returns typer.Exit's code without standalone mode
             sys.exit(code)
     except TritongenError as err:
