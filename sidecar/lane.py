@@ -39,6 +39,7 @@ class LaneCounts:
     seconds: float = 0.0  # their summed request time
     overflow: int = 0  # requests that found no free slot and went to the Python path
     peak: int = 0  # the most lane requests in flight at once since the previous reading
+    buckets: tuple[int, ...] = ()  # finished requests per latency bucket (sidecar/metrics.py's bounds, then +Inf)
 
 
 LaneKey = tuple[str, str]  # (model, class)
@@ -87,15 +88,18 @@ def target_slots(inflight: int, wanted: int, may_grow: bool, upstream_up: bool, 
 
 def parse_counts(text: str) -> dict[LaneKey, LaneCounts]:
     """nginx's control answer: one line per model and class, `model class inflight done seconds
-    overflow peak`, tab-separated (sidecar/tritongen_lane.lua writes it)."""
+    overflow peak buckets`, tab-separated, the buckets comma-separated (sidecar/tritongen_lane.lua
+    writes it)."""
     out: dict[LaneKey, LaneCounts] = {}
     for line in text.splitlines():
         parts = line.split("\t")
-        if len(parts) != 7 or not parts[0] or not parts[1]:
+        if len(parts) != 8 or not parts[0] or not parts[1]:
             continue
         try:
+            buckets = tuple(int(float(b)) for b in parts[7].split(",")) if parts[7] else ()
             out[(parts[0], parts[1])] = LaneCounts(max(0, int(float(parts[2]))), int(float(parts[3])),
-                                                   float(parts[4]), int(float(parts[5])), max(0, int(float(parts[6]))))
+                                                   float(parts[4]), int(float(parts[5])), max(0, int(float(parts[6]))),
+                                                   buckets)
         except ValueError:
             continue
     return out

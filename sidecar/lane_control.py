@@ -29,7 +29,7 @@ import aiohttp
 
 from sidecar.admission import AdmissionState
 from sidecar.lane import LaneCounts, LaneKey, demand, lane_keys, target_slots
-from sidecar.metrics import SidecarMetrics
+from sidecar.metrics import SidecarMetrics, add_observations
 from sidecar.tasks import BackgroundTask
 
 log = logging.getLogger("tritongen.sidecar")
@@ -158,7 +158,13 @@ class LaneControl:
             model, klass = key
             if done > 0:
                 self.state.lane_finished(model, done, seconds)
-                self.metrics.lane_requests.labels(klass, self._label(model)).inc(done)
+                label = self._label(model)
+                self.metrics.lane_requests.labels(klass, label).inc(done)
+                if before.buckets and len(before.buckets) != len(now.buckets):
+                    before = LaneCounts()
+                per_bucket = [n - (before.buckets[i] if before.buckets else 0) for i, n in enumerate(now.buckets)]
+                if per_bucket:  # the same histogram as the Python path's requests: one latency panel sees both
+                    add_observations(self.metrics.latency.labels(klass, label), per_bucket, seconds)
             overflow = now.overflow - before.overflow
             if overflow > 0:
                 self.metrics.lane_overflow.labels(klass, self._label(model)).inc(overflow)

@@ -13,6 +13,8 @@ it reads for a narrow distribution stays well under its 4x threshold.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -116,3 +118,18 @@ class SidecarMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def add_observations(child: object, per_bucket: Sequence[int], seconds: float) -> None:
+    """Observations made elsewhere added to one histogram series: how many fell in each of its buckets
+    (not cumulative, +Inf last) and their summed seconds. nginx's lane counts its requests this way
+    (sidecar/tritongen_lane.lua) so the latency panels see them beside the Python path's.
+    prometheus_client has no public call for it: this adds to the series' bucket and sum values as
+    its `observe` does."""
+    buckets = child._buckets  # type: ignore[attr-defined]
+    if len(per_bucket) != len(buckets):
+        raise ValueError(f"{len(per_bucket)} bucket counts for a histogram of {len(buckets)} buckets")
+    child._sum.inc(seconds)  # type: ignore[attr-defined]
+    for value, n in zip(buckets, per_bucket):
+        if n > 0:
+            value.inc(n)

@@ -9,8 +9,10 @@
 -- location). Either queues, refuses or admits it by the whole policy.
 --
 -- Shared dicts, keyed by "model<TAB>class": tg_caps (slots), tg_inflight (lane requests at
--- Triton), tg_stats (key.."\td" finished, key.."\ts" their seconds, key.."\to" overflowed to
--- Python, key.."\tp" the most in flight at once since the control plane last read the counts).
+-- Triton), tg_stats (key.."\td" finished, key.."\ts" their seconds, key.."\tb"..i those whose
+-- seconds fall in latency bucket i (the sidecar's histogram bounds; one past the last: longer),
+-- key.."\to" overflowed, key.."\tp" the most in flight at once since the control plane last read
+-- the counts).
 -- `$tg_lane` (set "" at server level, so an error_page redirect keeps it) names the key whose count
 -- a request holds; the log phase gives it back however the request ended.
 
@@ -25,10 +27,12 @@ local stats = ngx.shared.tg_stats
 -- Rendered from the policy by sidecar/nginx_front.py through M.configure.
 local class_var, tenant_var = "http_x_traffic_class", "http_x_tenant"
 local class_json, class_raw, default_class = '"traffic_class"', "traffic_class", "normal"
+local bounds = {} -- the sidecar's latency histogram bounds, in seconds, ascending
 
 function M.configure(cfg)
     class_var, tenant_var, default_class = cfg.class_var, cfg.tenant_var, cfg.default_class
     class_json, class_raw = '"' .. cfg.class_parameter .. '"', cfg.class_parameter
+    bounds = cfg.buckets
 end
 
 local function header(var)
@@ -172,13 +176,20 @@ function M.log()
         return
     end
     inflight:incr(key, -1)
+    local seconds = ngx.now() - ngx.req.start_time()
     stats:incr(key .. "\td", 1, 0)
-    stats:incr(key .. "\ts", ngx.now() - ngx.req.start_time(), 0)
+    stats:incr(key .. "\ts", seconds, 0)
+    local i = 1
+    while i <= #bounds and seconds > bounds[i] do
+        i = i + 1
+    end
+    stats:incr(key .. "\tb" .. i, 1, 0)
 end
 
 -- The control plane (sidecar/lane_control.py), on a Unix socket only the sidecar knows:
 -- POST sets the slots (`model<TAB>class<TAB>slots` lines; pairs not listed lose their lane); any
--- method answers the counts, `model<TAB>class<TAB>inflight<TAB>done<TAB>seconds<TAB>overflow<TAB>peak`.
+-- method answers the counts, `model<TAB>class<TAB>inflight<TAB>done<TAB>seconds<TAB>overflow<TAB>peak
+-- <TAB>buckets` (buckets: the count in each latency bucket, comma-separated, the longer ones last).
 function M.control()
     if ngx.req.get_method() == "POST" then
         ngx.req.read_body()
@@ -201,7 +212,7 @@ function M.control()
         seen[key] = true
     end
     for _, stat in ipairs(stats:get_keys(0)) do
-        local key = match(stat, "^(.*)\t[dsop]$")
+        local key = match(stat, "^(.*)\t[dsopb]%d*$")
         if key then
             seen[key] = true
         end
@@ -209,8 +220,13 @@ function M.control()
     local out = {}
     for key in pairs(seen) do
         local now = inflight:get(key) or 0
+        local buckets = {}
+        for i = 1, #bounds + 1 do
+            buckets[i] = stats:get(key .. "\tb" .. i) or 0
+        end
         out[#out + 1] = concat({ key, now, stats:get(key .. "\td") or 0, stats:get(key .. "\ts") or 0,
-                                 stats:get(key .. "\to") or 0, stats:get(key .. "\tp") or now }, "\t")
+                                 stats:get(key .. "\to") or 0, stats:get(key .. "\tp") or now,
+                                 concat(buckets, ",") }, "\t")
         stats:set(key .. "\tp", now)  -- the peak is per reading: it starts again from what is in flight
     end
     ngx.header["Content-Type"] = "text/plain"

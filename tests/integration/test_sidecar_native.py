@@ -97,6 +97,7 @@ def test_plain_requests_take_the_lane_and_the_rest_the_python_path(native: Sidec
     time.sleep(0.3)
     lane_before = counter(native, 'sidecar_lane_requests_total{class="normal",model="ranker"}')
     admitted_before = counter(native, "sidecar_requests_admitted_total{")
+    durations_before = counter(native, 'sidecar_request_duration_seconds_count{class="normal",model="ranker"}')
     with httpx.Client(timeout=10) as client:
         plain = [client.post(f"{base}/v2/models/ranker/infer", content=BODY) for _ in range(20)]
         classed = client.post(f"{base}/v2/models/ranker/infer", content=BODY, headers={"x-traffic-class": "interactive"})
@@ -109,6 +110,8 @@ def test_plain_requests_take_the_lane_and_the_rest_the_python_path(native: Sidec
     through_python = counter(native, "sidecar_requests_admitted_total{") - admitted_before
     print(f"\n{lane:.0f} of 42 went by the lane, {through_python:.0f} through the Python path")
     assert lane >= 36, (lane, through_python)  # a slot is free for each of these sequential requests
+    # the latency panels' histogram counts the lane's requests too (all 40 plain ones are class normal)
+    assert counter(native, 'sidecar_request_duration_seconds_count{class="normal",model="ranker"}') - durations_before == 40
     assert through_python >= 2  # the two that named a class
     assert counter(native, 'sidecar_requests_admitted_total{class="interactive",model="ranker"}') >= 1
     assert counter(native, 'sidecar_requests_admitted_total{class="batch",model="ranker"}') >= 1

@@ -7,11 +7,13 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sidecar.admission import AdmissionState
 from sidecar.admission_types import Action, Cost, Request
 from sidecar.lane import LaneCounts, caps_body, demand, lane_keys, parse_counts, spare_slots, target_slots
 from sidecar.lane_control import LaneControl
-from sidecar.metrics import SidecarMetrics
+from sidecar.metrics import LATENCY_BUCKETS, SidecarMetrics, add_observations
 from sidecar.nginx_front import FrontAddresses, NginxInstall, render_config
 from tests.sidecar_rigs import FakeClock, policy_doc
 from tritongen.core.sidecar_policy.schema import parse_policy
@@ -57,8 +59,40 @@ def test_targets_grow_with_demand_shrink_to_in_flight_when_something_waits_and_c
 
 def test_control_text_round_trips_and_ignores_what_it_cannot_read() -> None:
     assert caps_body({("b", "normal"): 2, ("a", "batch"): 7}) == "a\tbatch\t7\nb\tnormal\t2\n"
-    counts = parse_counts("a\tnormal\t3\t100\t0.5\t2\t9\nbroken line\nb\tnormal\tx\t1\t1\t1\t1\n\n")
-    assert counts == {("a", "normal"): LaneCounts(inflight=3, done=100, seconds=0.5, overflow=2, peak=9)}
+    counts = parse_counts("a\tnormal\t3\t100\t0.5\t2\t9\t90,10,0\nbroken line\nb\tnormal\tx\t1\t1\t1\t1\t1\n\n")
+    assert counts == {("a", "normal"): LaneCounts(inflight=3, done=100, seconds=0.5, overflow=2, peak=9,
+                                                  buckets=(90, 10, 0))}
+
+
+def test_lane_requests_reach_the_latency_histogram_the_python_path_fills() -> None:
+    """The P99 panel reads sidecar_request_duration_seconds: nginx's per-bucket counts land there,
+    added since the previous reading, next to what the Python path observed."""
+    state, clock = state_of(models=[classic("cls", max_inflight=40)])
+    lane, front, _ = control(state, clock, [True])
+    empty = (0,) * (len(LATENCY_BUCKETS) + 1)
+    first = (0, 0, 0, 5) + empty[4:]  # 5 requests in the 4th bucket (5-10 ms)
+    front.counts = {N: LaneCounts(done=5, seconds=0.04, buckets=first)}
+    sync(lane, clock)
+    front.counts = {N: LaneCounts(done=7, seconds=0.1, buckets=(0, 0, 0, 5, 0, 0, 2) + empty[7:])}
+    sync(lane, clock)
+    lane.metrics.latency.labels("normal", "cls").observe(0.3)  # one the Python path carried
+    text = lane.metrics.exposition().decode()
+
+    def sample(series: str) -> float:
+        return next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                    if line.startswith(f"sidecar_request_duration_seconds{series} "))
+
+    assert sample('_count{class="normal",model="cls"}') == 8
+    assert sample('_bucket{class="normal",le="0.01",model="cls"}') == 5  # cumulative: the first five
+    assert sample('_bucket{class="normal",le="0.25",model="cls"}') == 7
+    assert abs(sample('_sum{class="normal",model="cls"}') - 0.4) < 1e-9
+
+
+def test_observations_added_to_a_histogram_match_its_buckets() -> None:
+    metrics = SidecarMetrics()
+    child = metrics.latency.labels("normal", "m")
+    with pytest.raises(ValueError, match="bucket counts"):
+        add_observations(child, [1, 2], 0.1)
 
 
 # -- slots are reservations ------------------------------------------------------------------------
