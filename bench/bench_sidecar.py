@@ -21,8 +21,9 @@ For each protocol (HTTP/JSON and gRPC), model and concurrency level, closed-loop
 request in flight each) run `--seconds` per path, split into `--rounds` segments whose order
 rotates (D N S, N S D, S D N, ...), so a drift of the shared host weighs on every path alike.
 Reported per path: P50, P99, throughput; for the proxies also the throughput ratio to direct and
-the added P50. Goals (issue 15, item 6), per protocol, model and level: the sidecar's throughput
-ratio at least nginx's, and its added P50 at most 1 ms; MET or MISSED each. A last run puts both
+the added P50. Goals (issue 32), per protocol, model and level: the sidecar's throughput ratio
+within RATIO_BAND of nginx's (no lower than nginx's less the band), and its added P50 at most 1 ms;
+MET or MISSED each. A last run puts both
 proxies before a null upstream (answers at once) at concurrency 1: each proxy's own latency.
 
 Load generator: Python clients, in this process, on uvloop (perf_analyzer, the C++ client users
@@ -76,6 +77,7 @@ REPOSITORY = ROOT / "model_repository"
 BENCH_MODELS = Path(__file__).resolve().parent / "models"
 IDENTITY_SPEC = BENCH_MODELS / "deployment.yaml"
 TARGET_ADDED_P50_MS = 1.0
+RATIO_BAND = 0.05  # issue 32: the sidecar's throughput ratio within 0.05 of plain nginx's
 NGINX = "/usr/sbin/nginx"
 PATHS = ("direct", "nginx", "sidecar", "python")
 # "sidecar" is the sidecar as `--front auto` deploys it where nginx with Lua is installed: the native front
@@ -514,7 +516,7 @@ def print_table(rows: list[dict[str, Any]], with_nginx: bool) -> None:
 def print_goals(rows: list[dict[str, Any]], with_nginx: bool) -> tuple[int, int]:
     """One line per protocol and model: each level's two goals, MET or MISSED. Returns (met, total)."""
     met = total = 0
-    print(f"goals: sidecar throughput ratio >= nginx's{'' if with_nginx else ' (no nginx: not judged)'}; "
+    print(f"goals: sidecar throughput ratio >= nginx's - {RATIO_BAND:g}{'' if with_nginx else ' (no nginx: not judged)'}; "
           f"sidecar added P50 <= {TARGET_ADDED_P50_MS:g} ms")
     keys = sorted({(r["protocol"], r["model"]) for r in rows}, key=lambda k: (k[0] != "http", k[1] != "ranker"))
     for protocol, model in keys:
@@ -523,7 +525,7 @@ def print_goals(rows: list[dict[str, Any]], with_nginx: bool) -> tuple[int, int]
             s = r["sidecar"]
             cell = f"c={r['concurrency']}: "
             if with_nginx:
-                ok = s["ratio"] >= r["nginx"]["ratio"]
+                ok = s["ratio"] >= r["nginx"]["ratio"] - RATIO_BAND
                 met, total = met + ok, total + 1
                 cell += f"ratio {s['ratio']:.2f} vs {r['nginx']['ratio']:.2f} {'MET' if ok else 'MISSED'}, "
             ok = s["added_p50_ms"] <= TARGET_ADDED_P50_MS

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.cost import LLMFacts, TokenCounter
+from tritongen.core.llm_interface import int_or_none
 from tritongen.core.sidecar_policy.base import DEFAULT_TENANT, NAME_MAX_LENGTH, NAME_PATTERN
 from tritongen.core.sidecar_policy.kv_cost import KVCost
 
@@ -118,15 +119,10 @@ def _sampling_max_tokens(text: Any) -> int | None:
 
 
 def _count(value: Any) -> int | None:
-    """An integer, or a numeric string as vLLM's own sample client sends (`"max_tokens": "100"`;
-    the vLLM backend converts it with int())."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value.strip())
-    return None
+    """max_tokens as the backend casts it (`int_or_none`: an integer, or a numeric string as vLLM's
+    own sample client sends); a negative count says nothing."""
+    count = int_or_none(value)
+    return count if count is not None and count >= 0 else None
 
 
 # ------------------------------------------------------------------------------------------------
