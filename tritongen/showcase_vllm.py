@@ -39,6 +39,7 @@ from tritongen.traffic_files import read_traffic
 # A backlog for the simulator: every request due within a moment. Its first estimate only sizes the
 # second simulation, Poisson at twice that estimate, whose completions per second are the capacity.
 FLOOD_REQUESTS = 2000
+FLOOD_RATES = (1000.0, 100.0, 10.0)  # req/s, each far past what one engine serves; tried in turn
 SATURATION_FACTOR = 2.0  # the second simulation's rate over the first estimate: past capacity, not absurdly
 SATURATION_S = 60.0  # long enough that the saturated rate is read from hundreds of completions
 START_TIMEOUT_S = 300.0  # a vLLM engine takes tens of seconds to start on a shared CPU host
@@ -70,10 +71,16 @@ def predicted_capacity(profile: Path, config: Path, shape: TrafficSpec, workdir:
     """Completions per second the simulator predicts for the rendered engine past its capacity."""
     poisson = dict(shape="poisson", bursty=None, daily=None, trace=None, warmup_s=0.0)
     flood = workdir / "flood.yaml"
-    write_traffic(shape, flood, rate_per_s=1000.0, duration_s=FLOOD_REQUESTS / 1000.0, **poisson)
-    first = simulated_throughput(profile, config, flood)
-    if first <= 0:
-        raise RunFailed(f"the simulator predicts no completions for {config}: the profile {profile} cannot serve")
+    # The same requests spread over a longer window until one completes inside it: a slow engine (a
+    # long prefill of a whole batch) completes nothing within a 2 s flood, whatever it serves later.
+    for rate in FLOOD_RATES:
+        write_traffic(shape, flood, rate_per_s=rate, duration_s=FLOOD_REQUESTS / rate, **poisson)
+        first = simulated_throughput(profile, config, flood)
+        if first > 0:
+            break
+    else:
+        raise RunFailed(f"the simulator predicts no completions for {config} even with {FLOOD_REQUESTS} requests "
+                        f"over {FLOOD_REQUESTS / FLOOD_RATES[-1]:.0f} s: the profile {profile} cannot serve")
     saturated = workdir / "saturated.yaml"
     write_traffic(shape, saturated, rate_per_s=SATURATION_FACTOR * first, duration_s=SATURATION_S, **poisson)
     return simulated_throughput(profile, config, saturated)
@@ -93,7 +100,7 @@ def beside_triton(cpus) -> Iterator[None]:
 
 def run_vllm_showcase(
     spec_template: Path, naive_template: Path, traffic: Path, out_dir: Path, workdir: Path, say: Say,
-    seconds: float = 40.0, llm_protocol: str = "http", load_factor: float = 1.0,
+    seconds: float = 40.0, llm_protocol: str = "http", load_factor: float = 1.0, tune_requests: int = 4000,
 ) -> Showcase:
     """Profile, tune, before and after on the real engine; `load_factor` x the predicted capacity is
     the mean rate of the traffic file's shape, sent for `seconds`."""
@@ -131,7 +138,8 @@ def run_vllm_showcase(
         demo_shape = write_traffic(shape, demo_traffic, rate_per_s=rate, duration_s=seconds)
         say(f"2/4 [real vLLM] the simulator predicts {capacity:.1f} req/s at saturation for the spec's engine; tune for "
             f"{traffic.name}'s shape at {rate:.1f} req/s ({demo_traffic}), render the winner -> {after}")
-        tuned = tritongen_cmd("tune", str(spec), "--profiles", str(profiles), "--traffic", str(demo_traffic), "-o", str(after))
+        tuned = tritongen_cmd("tune", str(spec), "--profiles", str(profiles), "--traffic", str(demo_traffic),
+                              "--requests", str(tune_requests), "-o", str(after))
         (home / "tune.txt").write_text(tuned.stdout)
         if not (after / SIDECAR_POLICY_FILE).is_file():
             raise RunFailed(f"`tritongen tune -o {after}` wrote no {SIDECAR_POLICY_FILE}:\n{tuned.stdout[-1500:]}")

@@ -107,7 +107,8 @@ def test_demo_before_after_on_a_real_vllm(tmp_path: Path) -> None:
     arrivals. Figures are the demo's to show; the verdict is that every step ran and both setups
     served on the real engine."""
     out = tmp_path / "demo-out"
-    result = cli("demo", "--only", "vllm", "--vllm-seconds", "5", "-o", str(out), timeout_s=420)
+    result = cli("demo", "--only", "vllm", "--vllm-seconds", "5", "--tune-requests", "500", "-o", str(out),
+                 timeout_s=420)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = demo_rows(result.stdout)
     assert ("tiny_llama", "before") in rows and ("tiny_llama", "after") in rows, result.stdout[-3000:]

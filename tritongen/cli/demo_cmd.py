@@ -133,6 +133,7 @@ def before_after(
                                       tune_requests=tune_requests, llm_protocol=llm_protocol, measured_profiles=profiles))
         if real is not None and "vllm" in parts:
             shows.append(run_vllm_showcase(real.spec, real.naive, traffic, out, workdir, say=say, seconds=real.seconds,
+                                           tune_requests=tune_requests,
                                            llm_protocol=llm_protocol))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -94,7 +94,8 @@ class StreamingSteps:
         def level(load: StreamLoad, concurrency: int):
             label = f"{target.name}: {concurrency} stream(s)"
             self.reporter.update(f"{label}: warming up")
-            found = load.run_level(concurrency, s.warmup_s, s.window_s, self._decide(), self._on_window(label, "tok/s"))
+            found = load.run_level(concurrency, s.warmup_s, s.window_s, self._decide(), self._on_window(label, "tok/s"),
+                                   min_finished=concurrency)
             section.levels.append(self._stream_level(concurrency, *found))
             self.reporter.update(label, advance=1)
             return found
