@@ -38,6 +38,7 @@ from sidecar.controller import AdmissionController, Rejected, Ticket
 from sidecar import protocol
 from sidecar.grpc_proxy import GrpcProxy
 from sidecar.http_proxy import Answer, HttpProxy, Prepared
+from sidecar.nginx_front import WORKER_CONNECTIONS
 from sidecar.upstream import UpstreamHealth
 
 log = logging.getLogger("tritongen.sidecar")
@@ -65,7 +66,12 @@ class DecisionServer:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_unix_server(lambda: _Connection(self), path=str(self.path))
+        # A burst opens one connection per request before nginx's keep-alive pool has any: asyncio's
+        # default backlog (100) overflowed under 200 at once and nginx's connect failed with EAGAIN
+        # ("resource temporarily unavailable", a 503). Room for every connection nginx may hold (the
+        # kernel caps it at net.core.somaxconn).
+        self._server = await loop.create_unix_server(lambda: _Connection(self), path=str(self.path),
+                                                     backlog=WORKER_CONNECTIONS)
 
     async def stop(self) -> None:
         if self._server is not None:

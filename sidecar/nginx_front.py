@@ -48,6 +48,7 @@ MODULES = ("ndk_http_module.so", "ngx_http_lua_module.so")
 LUA_DIR = Path(__file__).resolve().parent  # sidecar/tritongen_lane.lua, sidecar/tritongen_decide.lua
 BODY_IN_MEMORY = 8 * 1024 * 1024  # larger bodies spill to a file, and nginx hands them to Python
 LONG_S = 3600  # streams and queue waits: nginx must not time them out before the sidecar does
+WORKER_CONNECTIONS = 8192  # nginx's connections at once, clients' and upstream ones together
 log = logging.getLogger("tritongen.sidecar")
 INSTALL_HINT = "Debian/Ubuntu: `apt-get install nginx-light libnginx-mod-http-lua`"
 
@@ -124,7 +125,7 @@ worker_processes 1;
 pid {work}/nginx.pid;
 error_log {work}/error.log warn;
 events {{
-    worker_connections 8192;
+    worker_connections {WORKER_CONNECTIONS};
 }}
 """
 
