@@ -2,8 +2,8 @@
 
 Why: relaying a request through Python costs CPU per byte and per token (an event loop reads,
 parses and writes every chunk), and on a host where the engine shares the cores that CPU is the
-sidecar's cost to the user: first tokens later, refusals slower, fewer completions (bench_llm_guard). With the native
-front, nginx carries a model request's bytes both ways and asks here once, before it goes upstream:
+sidecar's cost to the user: first tokens later, refusals slower, fewer completions (bench_llm_guard).
+With the native front, nginx carries a model request's bytes both ways and asks here once, before it goes upstream:
 admit (the body to send, when the class's priority had to be written into it), or refuse (status,
 Retry-After, the JSON body). A queued request waits in nginx on its connection; a client that goes
 away closes it and the request leaves the queue. nginx then reports the stream's first token and
@@ -212,7 +212,7 @@ class _Connection(asyncio.Protocol):
             fields = buffer[:at].decode("utf-8", errors="replace").split("\t")
             kind = fields[0]
             try:
-                size = int(fields[6] if kind == "admit" else fields[5]) if kind in ("admit", "end") else 0
+                size = int(fields[-1]) if kind in ("admit", "end") else 0  # their last field: the body's length
                 if len(buffer) < at + 1 + size:
                     return
                 body = bytes(buffer[at + 1:at + 1 + size])

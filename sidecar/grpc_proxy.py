@@ -176,10 +176,12 @@ class GrpcProxy:
 
         return _Handler()
 
-    async def _abort_down(self, context: grpc.aio.ServicerContext) -> None:
+    def _down(self) -> Answer:
         self.metrics.unavailable.labels("grpc").inc()
-        context.set_trailing_metadata((("retry-after", "1"),))
-        await context.abort(grpc.StatusCode.UNAVAILABLE, json.dumps(unavailable(self.health.reason)))
+        return _grpc_answer(grpc.StatusCode.UNAVAILABLE, json.dumps(unavailable(self.health.reason)), "1")
+
+    async def _abort_down(self, context: grpc.aio.ServicerContext) -> None:
+        await _abort_with(context, self._down())
 
     async def admin_passthrough(self, method: str, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """A shut admin method: passed through with the admin token (its key removed) or when the
@@ -241,8 +243,16 @@ class GrpcProxy:
         goes upstream (its priority written in), or the refusal, as `model_infer` would answer it.
         A refusal's status is the gRPC code's number, its body the status message."""
         if not self.health.up:
-            self.metrics.unavailable.labels("grpc").inc()
-            return _grpc_answer(grpc.StatusCode.UNAVAILABLE, json.dumps(unavailable(self.health.reason)), "1")
+            return self._down()
+        parsed = self._parsed(raw, metadata)
+        if isinstance(parsed, Answer):
+            return parsed
+        request, klass, cost, tenant = parsed
+        data = request.SerializeToString()
+        return Prepared(klass.name, tenant, cost, raw if data == raw else data, CIMultiDict())
+
+    def _parsed(self, raw: bytes, metadata: Metadata) -> tuple[Any, Any, Any, str] | Answer:
+        """(the request with its priority set, class policy, cost, tenant), or the malformed answer."""
         try:
             request = pb.ModelInferRequest.FromString(raw)
             _, klass, cost, tenant = self._prepare(request, metadata)
@@ -252,37 +262,28 @@ class GrpcProxy:
         except Exception as err:  # protobuf DecodeError
             self.metrics.malformed.labels("grpc").inc()
             return _grpc_answer(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {type(err).__name__}: {err}")
-        data = request.SerializeToString()
-        return Prepared(klass.name, tenant, cost, raw if data == raw else data, CIMultiDict())
+        return request, klass, cost, tenant
 
     @staticmethod
     def refused_carried(rejected: Rejected) -> Answer:
-        """`_refuse`'s answer as `prepare_carried` gives refusals."""
+        """A refusal as gRPC answers it: code, the JSON body as its message, Retry-After on a 429."""
         status, body = refusal(rejected.decision, rejected.model, rejected.klass, rejected.tenant)
         retry = rejected.decision.retry_after_s
         return _grpc_answer(grpc_code(status), json.dumps(body), str(int(retry)) if retry is not None and status == 429
                             else None)
 
     async def _refuse(self, context: grpc.aio.ServicerContext, rejected: Rejected) -> None:
-        status, body = refusal(rejected.decision, rejected.model, rejected.klass, rejected.tenant)
-        if rejected.decision.retry_after_s is not None and status == 429:
-            context.set_trailing_metadata((("retry-after", str(int(rejected.decision.retry_after_s))),))
-        await context.abort(grpc_code(status), json.dumps(body))
+        await _abort_with(context, self.refused_carried(rejected))
 
     async def model_infer(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         if not self.health.up:
             await self._abort_down(context)
         await self._ready(context)
         metadata = call_metadata(context)
-        try:
-            request = pb.ModelInferRequest.FromString(raw)
-            _, klass, cost, tenant = self._prepare(request, metadata)
-        except (protocol.BadRequest, ValueError) as err:
-            self.metrics.malformed.labels("grpc").inc()
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {err}")
-        except Exception as err:  # protobuf DecodeError
-            self.metrics.malformed.labels("grpc").inc()
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {type(err).__name__}: {err}")
+        parsed = self._parsed(raw, metadata)
+        if isinstance(parsed, Answer):
+            await _abort_with(context, parsed)
+        request, klass, cost, tenant = parsed  # type: ignore[misc]
         payload = request.SerializeToString()
         try:
             async with self.controller.admit(request.model_name, klass.name, cost, tenant) as ticket:
@@ -475,7 +476,17 @@ class GrpcProxy:
 
 
 def _grpc_answer(code: grpc.StatusCode, message: str, retry_after: str | None = None) -> Answer:
+    """A gRPC refusal as an `Answer`: the status is the code's number, the body its message."""
     return Answer(code.value[0], message.encode(), [("Retry-After", retry_after)] if retry_after else [])
+
+
+async def _abort_with(context: grpc.aio.ServicerContext, answer: Answer) -> None:
+    """End the client's call with a `_grpc_answer`: its code, message and Retry-After as trailing metadata."""
+    retry = [("retry-after", v) for k, v in answer.headers if k.lower() == "retry-after"]
+    if retry:
+        context.set_trailing_metadata(tuple(retry))
+    code = next(c for c in grpc.StatusCode if c.value[0] == answer.status)
+    await context.abort(code, answer.body.decode())
 
 
 async def _close_channel(channel: grpc.aio.Channel) -> None:

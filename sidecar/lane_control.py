@@ -160,9 +160,8 @@ class LaneControl:
                 self.state.lane_finished(model, done, seconds)
                 label = self._label(model)
                 self.metrics.lane_requests.labels(klass, label).inc(done)
-                if before.buckets and len(before.buckets) != len(now.buckets):
-                    before = LaneCounts()
-                per_bucket = [n - (before.buckets[i] if before.buckets else 0) for i, n in enumerate(now.buckets)]
+                old = before.buckets if len(before.buckets) == len(now.buckets) else (0,) * len(now.buckets)
+                per_bucket = [n - o for n, o in zip(now.buckets, old)]
                 if per_bucket:  # the same histogram as the Python path's requests: one latency panel sees both
                     add_observations(self.metrics.latency.labels(klass, label), per_bucket, seconds)
             overflow = now.overflow - before.overflow

@@ -1,9 +1,10 @@
 -- Requests nginx carries and Python decides (sidecar/decisions.py says why and speaks the other end).
 --
 -- access: the request's body, the class and tenant headers and an infer's
--- Inference-Header-Content-Length go to the Python controller over a Unix socket; its answer is "admit" (maybe with a rewritten body: the class's priority written
--- in) or "refuse" (status, Retry-After and the JSON body nginx writes back). A queued request waits
--- here, in nginx, on that socket; a client that goes away closes it, and Python drops the request
+-- Inference-Header-Content-Length go to the Python controller over a Unix socket; its answer is
+-- "admit" (maybe with a rewritten body: the class's priority written in) or "refuse" (status,
+-- Retry-After and the JSON body nginx writes back). A queued request waits here, in nginx, on that
+-- socket; a client that goes away closes it, and Python drops the request
 -- from its queue.
 -- body filter: the first chunk of a stream is its first token; "data:" events are counted; an
 -- error event or an error answer is kept (its text decides the outcome: out of memory, or not).
