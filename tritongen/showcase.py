@@ -40,6 +40,7 @@ from tritongen.specio import load_spec
 from tritongen.traffic_files import read_traffic
 
 Say = Callable[[str], None]
+TUNE_REQUESTS = 4000  # requests per simulation in the demo's tuning step, as `tune --requests` defaults
 
 
 @dataclass
@@ -206,7 +207,8 @@ def _drive_workloads(
 
 def run_showcase(
     spec: Path, code: Path, naive: Path, traffic: Path, out_dir: Path, workdir: Path, say: Say,
-    requests: int = 1200, classic_rate_factor: float = 8.0, llm_rate_factor: float = 4.0, tune_requests: int = 4000,
+    requests: int = 1200, classic_rate_factor: float = 8.0, llm_rate_factor: float = 4.0,
+    tune_requests: int = TUNE_REQUESTS,
     llm_protocol: str = "http", measured_profiles: Path | None = None,
 ) -> Showcase:
     """`measured_profiles`: profiles from `tritongen profile` to tune with instead of profiling here

@@ -32,7 +32,7 @@ from tritongen.local_llm import split_cores, write_example_repository, write_exa
 from tritongen.profiles import read_profiles
 from tritongen.render import SIDECAR_POLICY_FILE
 from tritongen.server import ServerOptions, TritonServer
-from tritongen.showcase import Say, Showcase, Workload, class_targets_ms, load_phase, tritongen_cmd
+from tritongen.showcase import TUNE_REQUESTS, Say, Showcase, Workload, class_targets_ms, load_phase, tritongen_cmd
 from tritongen.specio import load_spec
 from tritongen.traffic_files import read_traffic
 
@@ -100,7 +100,7 @@ def beside_triton(cpus) -> Iterator[None]:
 
 def run_vllm_showcase(
     spec_template: Path, naive_template: Path, traffic: Path, out_dir: Path, workdir: Path, say: Say,
-    seconds: float = 40.0, llm_protocol: str = "http", load_factor: float = 1.0, tune_requests: int = 4000,
+    seconds: float = 40.0, llm_protocol: str = "http", load_factor: float = 1.0, tune_requests: int = TUNE_REQUESTS,
 ) -> Showcase:
     """Profile, tune, before and after on the real engine; `load_factor` x the predicted capacity is
     the mean rate of the traffic file's shape, sent for `seconds`."""

@@ -28,7 +28,7 @@ from tritongen.profiles import measured_pads_mb, read_profiles
 from tritongen.render import render_repository, write_repository
 from tritongen.repository import check_repository
 from tritongen.server import ServerOptions, TritonServer
-from tritongen.showcase import ModelRun, Showcase, copy_model_code, run_showcase, write_report
+from tritongen.showcase import TUNE_REQUESTS, ModelRun, Showcase, copy_model_code, run_showcase, write_report
 from tritongen.showcase_vllm import run_vllm_showcase
 from tritongen.traffic_files import read_traffic
 from tritongen.specio import load_spec
@@ -54,7 +54,7 @@ def demo(
     out: Path = typer.Option(Path("demo-out"), "-o", "--out", help="Where the report, profiles and tune output go."),
     requests: int = typer.Option(1200, min=1, max=20000, help="Requests per model and setup (--smoke: per model, at most 100)."),
     smoke: bool = typer.Option(False, "--smoke", help="Only render, check, serve and send a few requests."),
-    tune_requests: int = typer.Option(4000, "--tune-requests", min=200,
+    tune_requests: int = typer.Option(TUNE_REQUESTS, "--tune-requests", min=200,
                                       help="Requests per simulation in the tuning step (tune's --requests)."),
     profiles: Optional[Path] = typer.Option(
         None, "--profiles", show_default=False,
@@ -115,7 +115,7 @@ class RealEngine:
 
 
 def before_after(
-    spec: Path, code: Path, naive: Path, traffic: Path, out: Path, requests: int, tune_requests: int = 4000,
+    spec: Path, code: Path, naive: Path, traffic: Path, out: Path, requests: int, tune_requests: int = TUNE_REQUESTS,
     llm_protocol: str = "http", parts: tuple[str, ...] = PARTS, real: RealEngine | None = None,
     profiles: Path | None = None,
 ) -> None:
