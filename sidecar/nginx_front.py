@@ -40,7 +40,7 @@ from sidecar.lane import LaneCounts, LaneKey, caps_body, parse_counts
 from sidecar.metrics import LATENCY_BUCKETS
 from tritongen.core.sidecar_policy.schema import SidecarPolicy
 from tritongen.errors import BadInput
-from tritongen.shared.processes import term_with_parent
+from tritongen.shared.processes import kill_group, term_with_parent
 
 NGINX = "/usr/sbin/nginx"
 MODULE_DIR = "/usr/lib/nginx/modules"
@@ -290,8 +290,7 @@ class NginxFront:
 
     def _kill_group(self) -> None:
         if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
+            kill_group(self.proc)
 
     async def _close_session(self) -> None:
         if self._session is not None:

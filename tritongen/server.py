@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 from tritongen.errors import BadInput, RunFailed
-from tritongen.shared.processes import die_with_parent, free_port
+from tritongen.shared.processes import die_with_parent, free_port, kill_group
 
 
 def _port_taken(port: int) -> bool:
@@ -353,10 +353,7 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 pass
         if proc is not None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # stubs left behind by a hung shutdown
-            except ProcessLookupError:
-                pass
+            kill_group(proc)  # stubs left behind by a hung shutdown
             proc.wait()
         if self._log_handle is not None:
             self._log_handle.close()  # type: ignore[attr-defined]

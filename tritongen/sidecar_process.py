@@ -15,7 +15,7 @@ import httpx
 
 from tritongen.errors import RunFailed
 from tritongen.shared.fronts import DEFAULT_FRONT
-from tritongen.shared.processes import die_with_parent, free_port
+from tritongen.shared.processes import die_with_parent, free_port, kill_group
 
 
 class Upstream(Protocol):
@@ -90,9 +90,9 @@ class SidecarProcess:
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            kill_group(self.proc, signal.SIGTERM)
             try:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                kill_group(self.proc)
                 self.proc.wait()
