@@ -10,6 +10,8 @@ import pytest
 
 from tritongen.shared import processes
 
+pytestmark = pytest.mark.integration
+
 
 @dataclass
 class Reaped:
