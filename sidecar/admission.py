@@ -141,7 +141,7 @@ class AdmissionState(AdmissionView):
             self.estimates.note_arrival(request.model, klass.priority, now)
             return Decision(Action.ADMIT, request.id, "admitted", headroom_bytes=verdict.headroom_bytes)
         seq = self._waiting.next_seq()
-        allowed_s = self.allowed_wait_s(request.model, klass)
+        allowed_s = max(0.0, self.allowed_wait_s(request.model, klass) - request.before_s)
         waiting = Waiting(request, now, now + allowed_s, klass.priority, seq, self._groups(request))
         self._waiting[request.id] = waiting
         self._pump(now, expire=False)  # expired already above; the newcomer must not expire before it is judged
@@ -185,7 +185,9 @@ class AdmissionState(AdmissionView):
                 Action.REJECT, request.id, QUEUE_WAIT, retry_after_s=self.retry_after_s(wait_s),
                 queue_position=ahead + 1, **common,
                 detail=f"{limit_name} is reached and class {klass.name!r}'s {klass.p99_ms:.0f} ms target leaves "
-                f"no time to wait: upstream alone takes {upstream * 1000:.0f} ms (P{quantile * 100:.0f})",
+                f"no time to wait: upstream alone takes {upstream * 1000:.0f} ms (P{quantile * 100:.0f})"
+                + (f" and the request spent {request.before_s * 1000:.0f} ms reaching the sidecar"
+                   if request.before_s > 0 else ""),
             ), request, now)
         if sure_s is not None and sure_s > allowed_s:
             assert wait_s is not None

@@ -80,6 +80,9 @@ class Request:
     klass: str
     cost: Cost
     tenant: str = DEFAULT_TENANT
+    # Seconds the request already spent before the sidecar could judge it (in nginx's accept queue and
+    # the decision socket's, under a burst of connections): spent out of its class's wait.
+    before_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -230,9 +230,12 @@ class AdmissionController:
     def label(self, model: str) -> str:
         return model if self.state.known_model(model) else "other"
 
-    def admit(self, model: str, klass: str, cost: Cost, tenant: str = DEFAULT_TENANT) -> _Admission:
-        """The reservation of one request, as an async context manager yielding its `Ticket`."""
-        return _Admission(self, model, klass, cost, tenant)
+    def admit(self, model: str, klass: str, cost: Cost, tenant: str = DEFAULT_TENANT,
+              before_s: float = 0.0) -> _Admission:
+        """The reservation of one request, as an async context manager yielding its `Ticket`.
+        `before_s`: how long the request had already waited in front of the sidecar (nginx tells
+        it): its time to first token counts from its real arrival, and its class's wait is shorter."""
+        return _Admission(self, model, klass, cost, tenant, before_s)
 
     def _series(self, klass: str, mlabel: str) -> _Series:
         series = self._hot.get((klass, mlabel))
@@ -354,24 +357,27 @@ class _Admission:
     contextlib's wrapper per request) cost several microseconds more than these two methods.
     """
 
-    __slots__ = ("_ctl", "_model", "_klass", "_cost", "_tenant", "_ticket", "_mlabel", "_series", "_waited_s")
+    __slots__ = ("_ctl", "_model", "_klass", "_cost", "_tenant", "_before_s", "_ticket", "_mlabel", "_series",
+                 "_waited_s")
 
-    def __init__(self, ctl: AdmissionController, model: str, klass: str, cost: Cost, tenant: str) -> None:
+    def __init__(self, ctl: AdmissionController, model: str, klass: str, cost: Cost, tenant: str,
+                 before_s: float = 0.0) -> None:
         self._ctl = ctl
         self._model = model
         self._klass = klass
         self._cost = cost
         self._tenant = tenant
+        self._before_s = before_s
         self._ticket: Ticket | None = None
 
     async def __aenter__(self) -> Ticket:
         ctl, model, klass, cost, tenant = self._ctl, self._model, self._klass, self._cost, self._tenant
         state = ctl.state
         rid = next(ctl._ids)
-        arrived = ctl.clock()
+        arrived = ctl.clock() - self._before_s
         mlabel = model if state.known_model(model) else "other"
         tlabel = state.tenant_label(tenant)
-        request = Request(rid, model, klass, cost, tenant)
+        request = Request(rid, model, klass, cost, tenant, self._before_s)
         decision = state.submit(request)
         if decision.action is Action.REJECT and decision.reason in _ROOM_REASONS and ctl.reclaim is not None \
                 and ctl.reclaim(model):

@@ -12,8 +12,11 @@ admission context (`AdmissionController.admit`) and the same metrics as the Pyth
 
 The wire, on a Unix socket only nginx and this process know (`\t`-separated lines, each body
 length-prefixed so no JSON parser is needed in Lua):
-  nginx -> here  `admit\tMODEL\tOP\tCLASS\tTENANT\tHEADER_LENGTH\tN\n` + N body bytes
-                 (HEADER_LENGTH: an infer's Inference-Header-Content-Length, or empty)
+  nginx -> here  `admit\tMODEL\tOP\tCLASS\tTENANT\tHEADER_LENGTH\tSTART\tN\n` + N body bytes
+                 (HEADER_LENGTH: an infer's Inference-Header-Content-Length, or empty; START: when
+                 nginx accepted the request, Unix seconds: the time it spent before reaching here,
+                 queued in nginx and in this socket's backlog under a burst, counts against its
+                 class's wait and in its time to first token)
   here -> nginx  `admit\tID\tHEADER_LENGTH\tN\n` + N bytes of rewritten body (N = 0: unchanged;
                  HEADER_LENGTH: the rewritten JSON part's length when binary tensors follow it)
                  `refuse\tSTATUS\tRETRY_AFTER\tN\n` + N bytes of JSON (for OP `grpc_infer`, a gRPC
@@ -30,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,6 +49,20 @@ log = logging.getLogger("tritongen.sidecar")
 
 CLIENT_CLOSED = 499  # nginx's status for a client that went away
 GRPC_INFER = "grpc_infer"  # the op nginx names a gRPC ModelInfer by (its body: the request's protobuf, unframed)
+
+
+# nginx's clock and ours are the same host's; a start further back than this is not a wait but a
+# clock step (NTP) or a corrupt field, and counts as none. Longer than any class's budget.
+MAX_BEFORE_S = 3600.0
+
+
+def before_sidecar_s(start: str, now: float) -> float:
+    """Seconds between nginx accepting the request (`start`, Unix seconds) and now; 0 when unknown."""
+    try:
+        waited = now - float(start)
+    except ValueError:
+        return 0.0
+    return waited if 0.0 < waited < MAX_BEFORE_S else 0.0
 
 
 class DecisionServer:
@@ -94,7 +112,8 @@ class DecisionServer:
 
     def decide(self, conn: _Connection, fields: list[str], body: bytes) -> None:
         """One decision: answered now (admitted, or refused), or once the queue grants or refuses it."""
-        _, model, op, klass, tenant, header_length, _size = fields
+        _, model, op, klass, tenant, header_length, start, _size = fields
+        before_s = before_sidecar_s(start, time.time())
         policy = self.proxy.policy()
         refused: Callable[[Rejected], Answer]
         if op == GRPC_INFER:
@@ -117,7 +136,7 @@ class DecisionServer:
         if isinstance(prepared, Answer):
             conn.answer(_refusal(prepared))
             return
-        admission = self.controller.admit(model, prepared.klass, prepared.cost, prepared.tenant)
+        admission = self.controller.admit(model, prepared.klass, prepared.cost, prepared.tenant, before_s)
         entering = admission.__aenter__()
         try:
             suspended = entering.send(None)  # in the common case it returns (or refuses) without waiting

@@ -40,9 +40,24 @@ class LaneCounts:
     overflow: int = 0  # requests that found no free slot and went to the Python path
     peak: int = 0  # the most lane requests in flight at once since the previous reading
     buckets: tuple[int, ...] = ()  # finished requests per latency bucket (sidecar/metrics.py's bounds, then +Inf)
+    failed: tuple[int, ...] = ()  # finished requests per failed outcome, in OUTCOMES' order
+
+    def outcomes(self, before: "LaneCounts") -> dict[str, int]:
+        """Lane requests finished since `before`, by outcome (the Python path's names): the ones
+        nginx counted as failed under theirs, the rest "ok"."""
+        old = before.failed if len(before.failed) == len(self.failed) else (0,) * len(self.failed)
+        out = {name: now - was for name, now, was in zip(OUTCOMES, self.failed, old) if now > was}
+        ok = (self.done - before.done) - sum(out.values())
+        if ok > 0:
+            out["ok"] = ok
+        return out
 
 
 LaneKey = tuple[str, str]  # (model, class)
+# The outcomes nginx tells apart for a lane request that did not end well, in the order of its
+# counts' last field (sidecar/tritongen_lane.lua's `failure`), named as the Python path's tickets
+# name them (sidecar/controller.py), so one `sidecar_requests_finished_total` holds both.
+OUTCOMES = ("upstream_error", "upstream_failed", "client_disconnect")
 
 
 def lane_keys(policy: SidecarPolicy) -> set[LaneKey]:
@@ -88,18 +103,18 @@ def target_slots(inflight: int, wanted: int, may_grow: bool, upstream_up: bool, 
 
 def parse_counts(text: str) -> dict[LaneKey, LaneCounts]:
     """nginx's control answer: one line per model and class, `model class inflight done seconds
-    overflow peak buckets`, tab-separated, the buckets comma-separated (sidecar/tritongen_lane.lua
-    writes it)."""
+    overflow peak buckets failed`, tab-separated, the buckets and the failed counts comma-separated
+    (sidecar/tritongen_lane.lua writes it)."""
     out: dict[LaneKey, LaneCounts] = {}
     for line in text.splitlines():
         parts = line.split("\t")
-        if len(parts) != 8 or not parts[0] or not parts[1]:
+        if len(parts) != 9 or not parts[0] or not parts[1]:
             continue
         try:
-            buckets = tuple(int(float(b)) for b in parts[7].split(",")) if parts[7] else ()
+            buckets, failed = (tuple(int(float(n)) for n in part.split(",")) if part else () for part in parts[7:9])
             out[(parts[0], parts[1])] = LaneCounts(max(0, int(float(parts[2]))), int(float(parts[3])),
                                                    float(parts[4]), int(float(parts[5])), max(0, int(float(parts[6]))),
-                                                   buckets)
+                                                   buckets, failed)
         except ValueError:
             continue
     return out

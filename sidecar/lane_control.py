@@ -160,6 +160,11 @@ class LaneControl:
                 self.state.lane_finished(model, done, seconds)
                 label = self._label(model)
                 self.metrics.lane_requests.labels(klass, label).inc(done)
+                # A lane request is admitted (its slot is a reservation) and ends like any other:
+                # the same counters as the Python path's, counted when nginx reports it finished.
+                self.metrics.admitted.labels(klass, label).inc(done)
+                for outcome, n in now.outcomes(before).items():
+                    self.metrics.outcomes.labels(klass, label, outcome).inc(n)
                 old = before.buckets if len(before.buckets) == len(now.buckets) else (0,) * len(now.buckets)
                 per_bucket = [n - o for n, o in zip(now.buckets, old)]
                 if per_bucket:  # the same histogram as the Python path's requests: one latency panel sees both

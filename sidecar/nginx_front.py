@@ -159,7 +159,7 @@ def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy:
         location = /inference.GRPCInferenceService/ModelInfer {{
             lua_check_client_abort on;
             access_by_lua_block {{ require("tritongen_lane").grpc() }}
-            log_by_lua_block {{ require("tritongen_lane").log() require("tritongen_decide").log("ok") }}
+            log_by_lua_block {{ require("tritongen_lane").log("ok") require("tritongen_decide").log("ok") }}
             error_page 502 504 = @triton_down_grpc;
             grpc_pass grpc://triton_grpc;
         }}
@@ -170,7 +170,7 @@ def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy:
             grpc_pass grpc://sidecar_grpc;
         }}
         location @triton_down_grpc {{
-            log_by_lua_block {{ require("tritongen_lane").log() require("tritongen_decide").log("down") }}
+            log_by_lua_block {{ require("tritongen_lane").log("down") require("tritongen_decide").log("down") }}
             default_type application/grpc;
             add_header grpc-status 14 always;
             add_header grpc-message "Triton is unavailable: the lane could not reach it" always;
@@ -218,7 +218,7 @@ def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy:
             lua_check_client_abort on;
             access_by_lua_block {{ require("tritongen_lane").http(ngx.var.tg_model) }}
             body_filter_by_lua_block {{ require("tritongen_decide").body() }}
-            log_by_lua_block {{ require("tritongen_lane").log() require("tritongen_decide").log("ok") }}
+            log_by_lua_block {{ require("tritongen_lane").log("ok") require("tritongen_decide").log("ok") }}
             error_page 502 504 = @triton_down;
             error_page 413 = @too_large;  # a location's error_page replaces the server's, not adds to it
             proxy_buffering on;  # a unary answer: one write to the client
@@ -235,7 +235,7 @@ def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy:
             return 413 '{too_large_json}';
         }}
         location @triton_down {{  # whichever holds the request (a lane slot, a decision) gives it back
-            log_by_lua_block {{ require("tritongen_lane").log() require("tritongen_decide").log("down") }}
+            log_by_lua_block {{ require("tritongen_lane").log("down") require("tritongen_decide").log("down") }}
             default_type application/json;
             add_header Retry-After 1 always;
             return 503 '{down_json}';

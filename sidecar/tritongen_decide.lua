@@ -156,8 +156,8 @@ function M.access(model, op, class_var, tenant_var)
         ngx.exit(499) -- ends the request's threads; its socket closes and the sidecar drops the request
     end)
     ok, err = sock:send(concat({ "admit\t", model, "\t", op, "\t", clean(ngx.var[class_var]), "\t",
-        clean(ngx.var[tenant_var]), "\t", clean(ngx.var.http_inference_header_content_length), "\t", #body,
-        "\n", body }))
+        clean(ngx.var[tenant_var]), "\t", clean(ngx.var.http_inference_header_content_length), "\t",
+        string.format("%.3f", ngx.req.start_time()), "\t", #body, "\n", body }))
     if not ok then
         return unavailable(err, grpc)
     end

@@ -12,7 +12,8 @@
 -- Triton), tg_stats (key.."\td" finished, key.."\ts" their seconds, key.."\tb"..i those whose
 -- seconds fall in latency bucket i (the sidecar's histogram bounds; one past the last: longer),
 -- key.."\to" overflowed, key.."\tp" the most in flight at once since the control plane last read
--- the counts).
+-- the counts, key.."\te" / "\tf" / "\tc" those that ended in Triton's error, unreachable, or with
+-- the client gone).
 -- `$tg_lane` (set "" at server level, so an error_page redirect keeps it) names the key whose count
 -- a request holds; the log phase gives it back however the request ended.
 
@@ -170,7 +171,29 @@ function M.grpc()
     return take(model .. "\t" .. (class or default_class), decided_grpc, model)
 end
 
-function M.log()
+-- How a lane request ended, as the Python path's outcomes name it (sidecar/lane.py's OUTCOMES):
+-- "f" Triton could not be reached, "c" the client left, "e" Triton answered an error (an HTTP
+-- status of 400 or more, or a gRPC status other than OK in its trailers or headers); nil: ok.
+local function failure(how)
+    if how == "down" then
+        return "f"
+    end
+    local status = ngx.status
+    if status == 499 then
+        return "c"
+    end
+    if status >= 400 then
+        return "e"
+    end
+    local code = ngx.var.upstream_trailer_grpc_status or ngx.var.upstream_http_grpc_status
+    if code ~= nil and code ~= "" and code ~= "0" then
+        return "e"
+    end
+    return nil
+end
+
+-- how: "ok" (nginx carried it to its end, or the client left), "down" (Triton could not be reached).
+function M.log(how)
     local key = ngx.var.tg_lane
     if key == nil or key == "" then
         return
@@ -178,6 +201,10 @@ function M.log()
     inflight:incr(key, -1)
     local seconds = ngx.now() - ngx.req.start_time()
     stats:incr(key .. "\td", 1, 0)
+    local failed = failure(how)
+    if failed then
+        stats:incr(key .. "\t" .. failed, 1, 0)
+    end
     stats:incr(key .. "\ts", seconds, 0)
     local i = 1
     while i <= #bounds and seconds > bounds[i] do
@@ -189,7 +216,8 @@ end
 -- The control plane (sidecar/lane_control.py), on a Unix socket only the sidecar knows:
 -- POST sets the slots (`model<TAB>class<TAB>slots` lines; pairs not listed lose their lane); any
 -- method answers the counts, `model<TAB>class<TAB>inflight<TAB>done<TAB>seconds<TAB>overflow<TAB>peak
--- <TAB>buckets` (buckets: the count in each latency bucket, comma-separated, the longer ones last).
+-- <TAB>buckets<TAB>failed` (buckets: the count in each latency bucket, comma-separated, the longer
+-- ones last; failed: those that ended in an error, unreachable, client gone, comma-separated).
 function M.control()
     if ngx.req.get_method() == "POST" then
         ngx.req.read_body()
@@ -212,7 +240,7 @@ function M.control()
         seen[key] = true
     end
     for _, stat in ipairs(stats:get_keys(0)) do
-        local key = match(stat, "^(.*)\t[dsopb]%d*$")
+        local key = match(stat, "^(.*)\t[dsopbefc]%d*$")
         if key then
             seen[key] = true
         end
@@ -226,7 +254,9 @@ function M.control()
         end
         out[#out + 1] = concat({ key, now, stats:get(key .. "\td") or 0, stats:get(key .. "\ts") or 0,
                                  stats:get(key .. "\to") or 0, stats:get(key .. "\tp") or now,
-                                 concat(buckets, ",") }, "\t")
+                                 concat(buckets, ","),
+                                 concat({ stats:get(key .. "\te") or 0, stats:get(key .. "\tf") or 0,
+                                          stats:get(key .. "\tc") or 0 }, ",") }, "\t")
         stats:set(key .. "\tp", now)  -- the peak is per reading: it starts again from what is in flight
     end
     ngx.header["Content-Type"] = "text/plain"

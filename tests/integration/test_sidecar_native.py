@@ -98,6 +98,7 @@ def test_plain_requests_take_the_lane_and_the_rest_the_python_path(native: Sidec
     lane_before = counter(native, 'sidecar_lane_requests_total{class="normal",model="ranker"}')
     admitted_before = counter(native, "sidecar_requests_admitted_total{")
     durations_before = counter(native, 'sidecar_request_duration_seconds_count{class="normal",model="ranker"}')
+    ok_before = counter(native, 'sidecar_requests_finished_total{class="normal",model="ranker",outcome="ok"}')
     with httpx.Client(timeout=10) as client:
         plain = [client.post(f"{base}/v2/models/ranker/infer", content=BODY) for _ in range(20)]
         classed = client.post(f"{base}/v2/models/ranker/infer", content=BODY, headers={"x-traffic-class": "interactive"})
@@ -107,14 +108,46 @@ def test_plain_requests_take_the_lane_and_the_rest_the_python_path(native: Sidec
     assert grpc_infer(grpc_url, 1, (("x-traffic-class", "batch"),)) == ["ranker"]
     time.sleep(0.6)  # the next sync reads nginx's counts
     lane = counter(native, 'sidecar_lane_requests_total{class="normal",model="ranker"}') - lane_before
-    through_python = counter(native, "sidecar_requests_admitted_total{") - admitted_before
+    admitted = counter(native, "sidecar_requests_admitted_total{") - admitted_before
+    through_python = admitted - lane
     print(f"\n{lane:.0f} of 42 went by the lane, {through_python:.0f} through the Python path")
     assert lane >= 36, (lane, through_python)  # a slot is free for each of these sequential requests
-    # the latency panels' histogram counts the lane's requests too (all 40 plain ones are class normal)
+    # the dashboard's counters and latency histogram count the lane's requests beside the Python
+    # path's (all 40 plain ones are class normal)
+    assert admitted == 42
+    assert counter(native, 'sidecar_requests_finished_total{class="normal",model="ranker",outcome="ok"}') - ok_before == 40
     assert counter(native, 'sidecar_request_duration_seconds_count{class="normal",model="ranker"}') - durations_before == 40
     assert through_python >= 2  # the two that named a class
     assert counter(native, 'sidecar_requests_admitted_total{class="interactive",model="ranker"}') >= 1
     assert counter(native, 'sidecar_requests_admitted_total{class="batch",model="ranker"}') >= 1
+
+
+def test_requests_triton_refuses_are_counted_by_outcome_on_either_path(native: SidecarThread) -> None:
+    """A plain infer Triton answers with an error ends as "upstream_error" in
+    sidecar_requests_finished_total, whether the lane carried it (nginx tells the outcome from the
+    HTTP status or the gRPC trailers) or the Python path did; Triton's message reaches the client."""
+    base = f"http://127.0.0.1:{native.sidecar.http_port}"
+    wrong = json.dumps({"inputs": [{"name": "FEATURES", "shape": [1, 31], "datatype": "FP32",
+                                    "data": [0.25] * 31}]}).encode()
+    series = 'sidecar_requests_finished_total{class="normal",model="ranker",outcome="upstream_error"}'
+    before = counter(native, series)
+    with httpx.Client(timeout=10) as client:
+        answers = [client.post(f"{base}/v2/models/ranker/infer", content=wrong) for _ in range(3)]
+    assert [r.status_code for r in answers] == [400] * 3 and "FEATURES" in answers[0].text, answers[0].text
+    request = pb.ModelInferRequest(model_name="ranker")
+    request.inputs.add(name="FEATURES", datatype="FP32", shape=[1, 31])
+    request.raw_input_contents.append(np.full((1, 31), 0.25, dtype=np.float32).tobytes())
+    with grpc.insecure_channel(f"127.0.0.1:{native.sidecar.grpc_port}") as channel:
+        stub = pbg.GRPCInferenceServiceStub(channel)
+        for _ in range(3):
+            with pytest.raises(grpc.RpcError) as failed:
+                stub.ModelInfer(request, timeout=10)
+            assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "FEATURES" in failed.value.details()
+    deadline = time.monotonic() + 5
+    while counter(native, series) - before < 6:  # the lane's ends are read at the next sync
+        assert time.monotonic() < deadline, f"{counter(native, series) - before} of 6 counted as upstream_error"
+        time.sleep(0.1)
+    assert counter(native, series) - before == 6
 
 
 def test_a_class_named_in_the_request_is_read_by_the_lane(native: SidecarThread) -> None:

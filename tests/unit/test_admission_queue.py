@@ -5,6 +5,8 @@ the drain rate behind Retry-After, and the waits a class is allowed before it is
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sidecar.admission import AdmissionState
@@ -146,6 +148,23 @@ def test_queue_timeout_expires_waiting_requests() -> None:
     clock.advance(0.4)
     state.tick()
     assert [d.request_id for d in state.take_events().expired] == [normal.id]
+
+
+def test_time_spent_before_the_sidecar_counts_against_the_class_wait() -> None:
+    """nginx tells how long a request waited before the sidecar could judge it (a burst of
+    connections queues in front of it): its deadline is that much sooner, and a request that has
+    already spent its class's wait is refused at once instead of queued to miss its target."""
+    state, clock = admission_state()
+    state.submit(admission_request(kv=1000, klass="interactive"))
+    late = replace(admission_request(kv=10, klass="interactive"), before_s=0.1)
+    spent = replace(admission_request(kv=10, klass="interactive"), before_s=0.125)
+    assert state.submit(late).action is Action.QUEUE
+    refused = state.submit(spent)
+    assert refused.action is Action.REJECT and refused.reason == QUEUE_WAIT
+    assert "spent 125 ms reaching the sidecar" in refused.detail
+    clock.advance(0.026)  # 0.1 s before + 0.026 s here: past interactive's 125 ms
+    state.tick()
+    assert [d.request_id for d in state.take_events().expired] == [late.id]
 
 
 def test_drain_rate_and_retry_after() -> None:

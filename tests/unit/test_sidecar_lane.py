@@ -59,9 +59,32 @@ def test_targets_grow_with_demand_shrink_to_in_flight_when_something_waits_and_c
 
 def test_control_text_round_trips_and_ignores_what_it_cannot_read() -> None:
     assert caps_body({("b", "normal"): 2, ("a", "batch"): 7}) == "a\tbatch\t7\nb\tnormal\t2\n"
-    counts = parse_counts("a\tnormal\t3\t100\t0.5\t2\t9\t90,10,0\nbroken line\nb\tnormal\tx\t1\t1\t1\t1\t1\n\n")
+    counts = parse_counts("a\tnormal\t3\t100\t0.5\t2\t9\t90,10,0\t4,1,2\nbroken line\n"
+                          "b\tnormal\tx\t1\t1\t1\t1\t1\t0,0,0\nc\tnormal\t1\t1\t1\t1\t1\t1\n\n")
     assert counts == {("a", "normal"): LaneCounts(inflight=3, done=100, seconds=0.5, overflow=2, peak=9,
-                                                  buckets=(90, 10, 0))}
+                                                  buckets=(90, 10, 0), failed=(4, 1, 2))}
+
+
+def test_lane_requests_reach_the_outcome_and_admission_counters_the_python_path_fills() -> None:
+    """sidecar_requests_finished_total and sidecar_requests_admitted_total count lane requests too,
+    by the outcome nginx told apart, since the previous reading."""
+    state, clock = state_of(models=[classic("cls", max_inflight=40)])
+    lane, front, _ = control(state, clock, [True])
+    front.counts = {N: LaneCounts(done=5, seconds=0.04, failed=(1, 0, 0))}
+    sync(lane, clock)
+    front.counts = {N: LaneCounts(done=9, seconds=0.1, failed=(1, 2, 1))}
+    sync(lane, clock)
+    text = lane.metrics.exposition().decode()
+
+    def sample(series: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(series + " "))
+
+    finished = 'sidecar_requests_finished_total{class="normal",model="cls",outcome="%s"}'
+    assert sample(finished % "ok") == 5
+    assert sample(finished % "upstream_error") == 1
+    assert sample(finished % "upstream_failed") == 2
+    assert sample(finished % "client_disconnect") == 1
+    assert sample('sidecar_requests_admitted_total{class="normal",model="cls"}') == 9
 
 
 def test_lane_requests_reach_the_latency_histogram_the_python_path_fills() -> None:
