@@ -655,6 +655,12 @@ def wrong_starts(case: Case, capacity: float, extra: list[str]) -> None:
     for words, via in vias:
         add(case, "", f"completed/s from {words}", f"{mean:.2f} (mean)", f"{via.completed_per_s:.2f}",
             f">= 0.95 x direct ({0.95 * mean:.2f}), 0 kills", via.completed_per_s >= 0.95 * mean and via.kills == 0)
+        # Why a start misses: what it refused, what held requests and the engine limit's path, and
+        # the goodput beside the completions (a sidecar refusing what would be late completes fewer).
+        add(case, "", "  goodput /s; refused; held in the sidecar by",
+            f"{direct.goodput_per_s():.2f} / {again.goodput_per_s():.2f}; -",
+            f"{via.goodput_per_s():.2f}; {via.refused} ({via.refusal_reasons() or '-'}); {via.held or '-'}")
+        add(case, "", "  CPU busy", f"{direct.cpu} / {again.cpu}", via.cpu)
         extra += _errors(f"wrong start {words}", via)
 
 
