@@ -114,6 +114,7 @@ class DecisionServer:
         """One decision: answered now (admitted, or refused), or once the queue grants or refuses it."""
         _, model, op, klass, tenant, header_length, start, _size = fields
         before_s = before_sidecar_s(start, time.time())
+        self.controller.metrics.front_wait.observe(before_s)
         policy = self.proxy.policy()
         refused: Callable[[Rejected], Answer]
         if op == GRPC_INFER:

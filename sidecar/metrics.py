@@ -86,6 +86,10 @@ class SidecarMetrics:
         self.loop_lag = Histogram("sidecar_event_loop_lag_seconds", "How late the event loop ran a timer due now: "
                                   "time every request spends unseen, before its arrival is stamped.",
                                   buckets=LOOP_LAG_BUCKETS, registry=r)
+        self.front_wait = Histogram("sidecar_front_wait_seconds", "Time a request the native front carries spent in "
+                                    "nginx before the sidecar could judge it (nginx's accept queue, the decision "
+                                    "socket's backlog); counted in its class's wait and its time to first token.",
+                                    buckets=WAIT_BUCKETS, registry=r)
         self.unavailable = Counter("sidecar_requests_upstream_unavailable",
                                    "Requests answered 503 / UNAVAILABLE at once because Triton was down.",
                                    ["protocol"], registry=r)

@@ -99,6 +99,7 @@ def test_plain_requests_take_the_lane_and_the_rest_the_python_path(native: Sidec
     admitted_before = counter(native, "sidecar_requests_admitted_total{")
     durations_before = counter(native, 'sidecar_request_duration_seconds_count{class="normal",model="ranker"}')
     ok_before = counter(native, 'sidecar_requests_finished_total{class="normal",model="ranker",outcome="ok"}')
+    decided_before = counter(native, "sidecar_front_wait_seconds_count")
     with httpx.Client(timeout=10) as client:
         plain = [client.post(f"{base}/v2/models/ranker/infer", content=BODY) for _ in range(20)]
         classed = client.post(f"{base}/v2/models/ranker/infer", content=BODY, headers={"x-traffic-class": "interactive"})
@@ -118,6 +119,8 @@ def test_plain_requests_take_the_lane_and_the_rest_the_python_path(native: Sidec
     assert counter(native, 'sidecar_requests_finished_total{class="normal",model="ranker",outcome="ok"}') - ok_before == 40
     assert counter(native, 'sidecar_request_duration_seconds_count{class="normal",model="ranker"}') - durations_before == 40
     assert through_python >= 2  # the two that named a class
+    # each request the lane did not take was decided, and its time in nginx observed
+    assert counter(native, "sidecar_front_wait_seconds_count") - decided_before >= 2
     assert counter(native, 'sidecar_requests_admitted_total{class="interactive",model="ranker"}') >= 1
     assert counter(native, 'sidecar_requests_admitted_total{class="batch",model="ranker"}') >= 1
 
