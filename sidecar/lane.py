@@ -45,12 +45,18 @@ class LaneCounts:
     def outcomes(self, before: "LaneCounts") -> dict[str, int]:
         """Lane requests finished since `before`, by outcome (the Python path's names): the ones
         nginx counted as failed under theirs, the rest "ok"."""
-        old = before.failed if len(before.failed) == len(self.failed) else (0,) * len(self.failed)
-        out = {name: now - was for name, now, was in zip(OUTCOMES, self.failed, old) if now > was}
+        out = {name: n for name, n in zip(OUTCOMES, since(self.failed, before.failed)) if n > 0}
         ok = (self.done - before.done) - sum(out.values())
         if ok > 0:
             out["ok"] = ok
         return out
+
+
+def since(now: tuple[int, ...], before: tuple[int, ...]) -> list[int]:
+    """Per-position growth of nginx's cumulative counts since an earlier reading; a reading of
+    another length (a new policy's bucket bounds, a restarted nginx) counts from zero."""
+    old = before if len(before) == len(now) else (0,) * len(now)
+    return [n - o for n, o in zip(now, old)]
 
 
 LaneKey = tuple[str, str]  # (model, class)

@@ -28,7 +28,7 @@ from typing import Any
 import aiohttp
 
 from sidecar.admission import AdmissionState
-from sidecar.lane import LaneCounts, LaneKey, demand, lane_keys, target_slots
+from sidecar.lane import LaneCounts, LaneKey, demand, lane_keys, since, target_slots
 from sidecar.metrics import SidecarMetrics, add_observations
 from sidecar.tasks import BackgroundTask
 
@@ -165,8 +165,7 @@ class LaneControl:
                 self.metrics.admitted.labels(klass, label).inc(done)
                 for outcome, n in now.outcomes(before).items():
                     self.metrics.outcomes.labels(klass, label, outcome).inc(n)
-                old = before.buckets if len(before.buckets) == len(now.buckets) else (0,) * len(now.buckets)
-                per_bucket = [n - o for n, o in zip(now.buckets, old)]
+                per_bucket = since(now.buckets, before.buckets)
                 if per_bucket:  # the same histogram as the Python path's requests: one latency panel sees both
                     add_observations(self.metrics.latency.labels(klass, label), per_bucket, seconds)
             overflow = now.overflow - before.overflow
