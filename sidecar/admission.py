@@ -221,7 +221,7 @@ class AdmissionState(AdmissionView):
             law = self._engine_limits.get(model_name)
             if law is not None:
                 law.observe_first_token(res.first_response_at - res.admitted_at)
-                law.observe_running(self.ledger.started_by_model[model_name])
+                law.observe_running(self.ledger.started_by_model[model_name], res.first_response_at)
             self._judge_top_class(model_name, res.request.klass, res.first_response_at,
                                   res.first_response_at - res.arrived_at)
         if res.prefill_bytes == 0:
@@ -249,8 +249,10 @@ class AdmissionState(AdmissionView):
         self.estimates.observe_end(model, now, now - res.admitted_at,
                                    whole=res.first_response_at is None and linger_s == 0, tokens_per_sequence=per_seq)
         law = self._engine_limits.get(model)
-        if law is not None and responses is not None and responses > 1 and res.first_response_at is not None and linger_s == 0:
-            law.observe_gap((now - res.first_response_at) / (responses - 1))
+        if law is not None:
+            law.observe_running(self.ledger.started_by_model[model], now)
+            if responses is not None and responses > 1 and res.first_response_at is not None and linger_s == 0:
+                law.observe_gap((now - res.first_response_at) / (responses - 1))
         if linger_s > 0:
             self.ledger.linger(res, now + linger_s)
         else:

@@ -73,7 +73,8 @@ class EngineConcurrency:
     _last_judged: float = -math.inf  # when the last judgement was made
     _ups_in_row: int = 0
     _full_seen: bool = False
-    _running_peak: int = 0  # the most past their first token at once since the last judgement
+    _running_held: dict[int, float] = field(default_factory=dict)  # seconds at each count past first token, this interval
+    _running_level: tuple[int, float] | None = None  # the count past first token now, and since when
     _proven: deque[int] = field(default_factory=deque)  # what ran in each recent judgement with none late
     _full_in_row: int = 0  # judgements in a row that found the engine full
 
@@ -93,9 +94,26 @@ class EngineConcurrency:
     def observe_first_token(self, upstream_ttft_s: float) -> None:
         self._ttft.append(upstream_ttft_s)
 
-    def observe_running(self, running: int) -> None:
-        """The model's requests past their first token, each time that count grows."""
-        self._running_peak = max(self._running_peak, running)
+    def observe_running(self, running: int, now: float) -> None:
+        """The model's requests past their first token, each time that count changes."""
+        if self._running_level is not None:
+            level, since = self._running_level
+            self._running_held[level] = self._running_held.get(level, 0.0) + max(0.0, now - since)
+        self._running_level = (running, now)
+
+    def _ran(self, now: float, running: int) -> int:
+        """What the engine ran since the last judgement: the most past their first token for at least
+        `running_share` of that time (QueueingEnginePolicy.running_share says why); `running`, the
+        count now, when nothing was observed."""
+        self.observe_running(running, now)
+        held, self._running_held = self._running_held, {}
+        total = sum(held.values())
+        covered = 0.0
+        for level in sorted(held, reverse=True):
+            covered += held[level]
+            if covered >= self.cfg.running_share * total > 0:
+                return level
+        return running
 
     def observe_gap(self, gap_s: float) -> None:
         if gap_s > 0:
@@ -119,8 +137,8 @@ class EngineConcurrency:
         `demand`: requests of the model waited in the sidecar (or were refused) for this limit since
         the last judgement. `pending_ages`: how long each of the model's requests at the engine that
         has no first token yet has been there. `running`: its requests past their first token now;
-        the engine is judged full at the most that ran at once since the last judgement, not at
-        this instant's count (sequences that started together end together)."""
+        the engine is judged full at what ran since the last judgement (`_ran`), not at this
+        instant's count."""
         cfg = self.cfg
         if not self.due(now):
             return "hold"
@@ -132,7 +150,7 @@ class EngineConcurrency:
         # what ran with none late, and the run of full judgements all count intervals, not ticks.
         self._last_judged = now
         late = sum(1 for age in pending_ages if age > late_after)
-        running, self._running_peak = max(running, self._running_peak), running
+        running = self._ran(now, running)
         self._proven.append(running if late == 0 else 0)
         while len(self._proven) > cfg.proven_judgements:
             self._proven.popleft()

@@ -244,15 +244,23 @@ function M.body()
     end
 end
 
--- Triton's gRPC status of a carried ModelInfer: in its trailers, or in its headers when it answered
--- with headers alone. (HTTP status, error text) as an HTTP answer would give them.
-local function grpc_end()
+-- Triton's gRPC status of a carried call (the lane's too): in its trailers, or in its headers when it
+-- answered with headers alone. nil when it is OK or the call was not gRPC, else Triton's message.
+function M.grpc_failure()
     local code = ngx.var.upstream_trailer_grpc_status or ngx.var.upstream_http_grpc_status
     if code == nil or code == "" or code == "0" then
+        return nil
+    end
+    return ngx.unescape_uri(ngx.var.upstream_trailer_grpc_message or ngx.var.upstream_http_grpc_message or "")
+end
+
+-- A carried ModelInfer's (HTTP status, error text), as an HTTP answer would give them.
+local function grpc_end()
+    local message = M.grpc_failure()
+    if message == nil then
         return ngx.status, ""
     end
-    local message = ngx.var.upstream_trailer_grpc_message or ngx.var.upstream_http_grpc_message or ""
-    return 500, ngx.unescape_uri(message)
+    return 500, message
 end
 
 -- how: "ok" (nginx carried it to its end, or the client left), "down" (Triton could not be reached).

@@ -185,8 +185,7 @@ local function failure(how)
     if status >= 400 then
         return "e"
     end
-    local code = ngx.var.upstream_trailer_grpc_status or ngx.var.upstream_http_grpc_status
-    if code ~= nil and code ~= "" and code ~= "0" then
+    if require("tritongen_decide").grpc_failure() then
         return "e"
     end
     return nil

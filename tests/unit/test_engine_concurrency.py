@@ -50,10 +50,11 @@ class QueueingEngine:
             if seq[1] < 0:
                 seq[1] = end
                 law.observe_first_token(end - seq[0])
-                law.observe_running(self.started)
+                law.observe_running(self.started, end)
             if seq[2] >= self.output:
                 law.observe_gap((end - seq[1]) / max(1, seq[2] - 1))
                 self.running.remove(seq)
+                law.observe_running(self.started, end)
                 finished += 1
         return end, finished
 
@@ -178,3 +179,29 @@ def test_its_memory_counts_judgements_not_ticks() -> None:
     for t in (2.5, 3.5, 4.5):  # then late requests while 4 run, three judgements in a row
         law.update(t, demand=True, pending_ages=[0.3, 0.25], running=4)
     assert law.limit >= 13, law.last  # the engine ran 12 with none late two seconds ago
+
+
+def test_what_ran_is_the_count_held_not_a_moment_above_it() -> None:
+    # Relayed out of order (a busy event loop, nginx's batched reports), first tokens are counted
+    # before the ends of the requests they replaced: 44-45 past their first token for moments,
+    # where the engine runs 32 (seen on the real vLLM, max_num_seqs 32).
+    law = measured_law(start=39, first_token_s=0.05)
+    law.observe_running(32, 0.0)
+    law.observe_running(45, 0.5)
+    law.observe_running(32, 0.55)
+    assert law.update(1.0, demand=True, pending_ages=[1.0, 0.9], running=32) == "hold"  # full once: wait for the next
+    law.observe_running(44, 1.5)
+    law.observe_running(32, 1.52)
+    assert law.update(2.0, demand=True, pending_ages=[2.0, 1.9], running=32) == "down"
+    assert law.limit == 33 and law.signals["running"] == 32, law.last
+
+
+def test_what_ran_is_not_the_dip_between_two_batches() -> None:
+    # Sequences that start together end together: between one batch and the next the count drops
+    # for a step; the judgement at that instant still reads what ran.
+    law = measured_law(start=39, first_token_s=0.05)
+    for t in (0.0, 1.0):
+        law.observe_running(32, t)
+        law.observe_running(2, t + 0.95)
+        law.update(t + 1.0, demand=True, pending_ages=[9.0, 9.0], running=2)
+    assert law.limit == 33 and law.signals["running"] == 32, law.last

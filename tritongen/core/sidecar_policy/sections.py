@@ -160,12 +160,6 @@ class QueueingEnginePolicy(PolicyModel):
     increase_fraction: float = Field(
         default=0.25, gt=0, le=1, description="Step up by this fraction of the limit (at least one request)."
     )
-    decrease_fraction: float = Field(
-        default=0.25, gt=0, le=1, description="Step down to what the engine runs and one more, but by at most this "
-        "fraction of the limit per judgement (1: straight there). A judgement, the same as the step up: from a "
-        "limit twice too high the engine's figure is three judgements away, and a misread costs a quarter of "
-        "the slots for one interval."
-    )
     full_judgements: int = Field(
         default=2, ge=1, description="Judgements in a row that must find requests late at the engine before the "
         "limit steps down. A judgement: a full engine keeps requests waiting for a slot from one judgement (an "
@@ -183,6 +177,15 @@ class QueueingEnginePolicy(PolicyModel):
         "fraction of the limit per judgement (1: straight there). A judgement, the same as the step up: from a "
         "limit twice too high the engine's figure is three judgements away, and a late prefill misread as a full "
         "engine costs a quarter of the slots for one interval, not most of them."
+    )
+
+
+    running_share: float = Field(
+        default=0.25, gt=0, le=1, description="What the engine runs, as a judgement reads it: the most requests past "
+        "their first token at once for at least this share of the interval since the last judgement. Not the peak: a "
+        "first token relayed before another request's end (a busy event loop, or nginx's batched reports) lifts the "
+        "count above what runs for moments (on the real vLLM at 32 sequences, peaks of 40-45). Not the count at the "
+        "instant: sequences that start together end together, and the count dips between one batch and the next."
     )
 
 
