@@ -34,10 +34,11 @@ nginx:
 	  if [ $$rc -ne 0 ]; then tail -5 /tmp/tritongen-apt.log >&2; echo "installing $(NGINX_PACKAGES) failed" >&2; exit 1; fi; \
 	else echo "the sidecar's native front needs nginx with Lua: apt-get install $(NGINX_PACKAGES)" >&2; exit 1; fi
 
-# Unit tests are pure and CPU-bound: two workers. Integration tests measure a live server: one at a time.
+# Unit tests are pure and CPU-bound: two workers. Integration tests mostly wait on servers (281 CPU-s in
+# 531 s alone on 2 cores, 2026-12-04): two modules at once, each on its own servers (docs/benchmarks.md, `make test`).
 test: $(STAMP) nginx
 	$(PY) -m pytest -q -n 2 tests/unit
-	$(PY) -m pytest -q tests/integration
+	$(PY) -m pytest -q -n 2 --dist loadfile tests/integration
 
 # The demo's sidecar takes the native front where nginx can be had (`--front auto`), else its own listeners.
 demo: $(STAMP)

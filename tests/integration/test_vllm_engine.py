@@ -250,11 +250,14 @@ def test_the_sidecar_finds_what_the_engine_runs_from_a_wrong_policy(server: Trit
     """Issue 31: the engine runs up to 32 sequences (max_num_seqs). From
     a policy that says 4, the limit grows while requests wait and the engine starts them at once;
     from one that says 64, it drops to what the engine ran when requests wait inside the engine."""
-    grown = limit_under_load(server, tmp_path, start=4, streams=24, seconds=20.0, until=lambda limit: limit >= 12)
-    assert max(grown) >= 12, grown  # three times the policy's figure (alone it reaches 16+ in 14 s; in the suite 13)
+    # Within the 30 s issue 31 allows a wrong start; each phase ends once its reading is there (alone:
+    # 12 within 6 s, and 64, 48, 36 within 8 s; with another test module beside it the drop took more
+    # than 10 s: five readings at 64 before the law had measured enough and found the engine full twice).
+    grown = limit_under_load(server, tmp_path, start=4, streams=24, seconds=30.0, until=lambda limit: limit >= 12)
+    assert max(grown) >= 12, grown  # three times the policy's figure
     # From 64: all 48 streams reach the engine, 16 of them wait inside it without a first token, and
-    # the limit falls toward the 32 it runs (64, 48, 36, 33 alone), so the sidecar holds the rest.
-    shrunk = limit_under_load(server, tmp_path, start=64, streams=48, seconds=10.0, until=lambda limit: limit <= 40)
+    # the limit falls toward the 32 it runs, so the sidecar holds the rest.
+    shrunk = limit_under_load(server, tmp_path, start=64, streams=48, seconds=30.0, until=lambda limit: limit <= 40)
     assert min(shrunk) <= 40, shrunk
 
 
