@@ -48,6 +48,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import shutil
 import statistics
 import subprocess
@@ -68,7 +69,7 @@ from tritongen.core.plan import plan_deployment
 from tritongen.core.sidecar_policy.build import build_sidecar_policy
 from tritongen.render import render_repository, write_repository
 from tritongen.server import ServerOptions, TritonServer
-from tritongen.shared.processes import die_with_parent, free_port, term_with_parent
+from tritongen.shared.processes import free_port, tied_to_parent
 from tritongen.sidecar_process import SidecarProcess
 from tritongen.specio import load_spec
 
@@ -251,8 +252,8 @@ class Nginx:
     def __enter__(self) -> Nginx:
         log = open(self.tmp / "stderr.log", "wb")  # noqa: SIM115 - owned by the child
         self.proc = subprocess.Popen(
-            [NGINX, "-p", str(self.tmp), "-c", str(self.conf), "-e", str(self.tmp / "error.log")],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=term_with_parent,
+            tied_to_parent([NGINX, "-p", str(self.tmp), "-c", str(self.conf), "-e", str(self.tmp / "error.log")], signal.SIGTERM),
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         log.close()
         try:
@@ -456,7 +457,7 @@ def proxy_floor(policy: Path, work: Path, seconds: float, warmup: float, rounds:
         metrics_url = f"http://{http_url}/metrics"
 
     port = int(Null.http_url.rsplit(":", 1)[1])
-    upstream = subprocess.Popen([sys.executable, "-c", NULL_UPSTREAM, str(port)], preexec_fn=die_with_parent)
+    upstream = subprocess.Popen(tied_to_parent([sys.executable, "-c", NULL_UPSTREAM, str(port)], signal.SIGKILL))
     load = workload("identity")
     try:
         wait_http_ready(f"http://{Null.http_url}/v2/health/ready", upstream, "the null upstream")

@@ -40,7 +40,7 @@ from sidecar.lane import LaneCounts, LaneKey, caps_body, parse_counts
 from sidecar.metrics import LATENCY_BUCKETS
 from tritongen.core.sidecar_policy.schema import SidecarPolicy
 from tritongen.errors import BadInput
-from tritongen.shared.processes import kill_group, term_with_parent
+from tritongen.shared.processes import kill_group, tied_to_parent
 
 NGINX = "/usr/sbin/nginx"
 MODULE_DIR = "/usr/lib/nginx/modules"
@@ -156,6 +156,7 @@ def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy:
         grpc_send_timeout {LONG_S}s;
         header_filter_by_lua_block {{ ngx.header["Server"] = nil; ngx.header["Date"] = nil }}
         set $tg_lane "";
+        set $tg_decided "";  # else every lane request's log phase warns that it is uninitialized
         location = /inference.GRPCInferenceService/ModelInfer {{
             lua_check_client_abort on;
             access_by_lua_block {{ require("tritongen_lane").grpc() }}
@@ -302,9 +303,12 @@ class NginxFront:
         with contextlib.suppress(FileNotFoundError):
             control_socket(self.work).unlink()  # a dead nginx's socket file would refuse the bind
         with open(self.work / "stderr.log", "wb") as log:
+            # SIGTERM when the sidecar dies: nginx's fast shutdown takes its workers down too (a
+            # SIGKILLed master would orphan them, and they keep the ports).
             self.proc = subprocess.Popen(
-                [str(self.install.binary), "-p", str(self.work), "-c", str(self.conf), "-e", str(self.work / "error.log")],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=term_with_parent,
+                tied_to_parent([str(self.install.binary), "-p", str(self.work), "-c", str(self.conf),
+                                "-e", str(self.work / "error.log")], signal.SIGTERM),
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
         self._session = aiohttp.ClientSession(
             connector=aiohttp.UnixConnector(path=str(control_socket(self.work))),

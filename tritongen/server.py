@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 from tritongen.errors import BadInput, RunFailed
-from tritongen.shared.processes import die_with_parent, free_port, kill_group
+from tritongen.shared.processes import free_port, kill_group, tied_to_parent
 
 
 def _port_taken(port: int) -> bool:
@@ -277,13 +277,12 @@ class TritonServer:
             self.log_path = self._workdir / "tritonserver.log"
         self._log_handle = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
-            self.command(backend_dir, install),
+            tied_to_parent(self.command(backend_dir, install), signal.SIGKILL, opts.cpus),
             stdout=self._log_handle,
             stderr=subprocess.STDOUT,
             env=self.environment(install),
             cwd=self._workdir,
             start_new_session=True,
-            preexec_fn=self._preexec,
         )
         try:
             self.wait_ready(start_timeout(opts))
@@ -291,11 +290,6 @@ class TritonServer:
             self.stop()
             raise
         return self
-
-    def _preexec(self) -> None:
-        die_with_parent()
-        if self.options.cpus:
-            os.sched_setaffinity(0, self.options.cpus)
 
     def log_text(self) -> str:
         if self.log_path is None or not Path(self.log_path).exists():

@@ -15,7 +15,7 @@ import httpx
 
 from tritongen.errors import RunFailed
 from tritongen.shared.fronts import DEFAULT_FRONT
-from tritongen.shared.processes import die_with_parent, free_port, kill_group
+from tritongen.shared.processes import free_port, kill_group, tied_to_parent
 
 
 class Upstream(Protocol):
@@ -70,8 +70,8 @@ class SidecarProcess:
     def __enter__(self) -> SidecarProcess:
         handle = open(self.log, "wb")  # noqa: SIM115 - owned by the child
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from tritongen.cli.main import run; run()", *self.args],
-            stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
+            tied_to_parent([sys.executable, "-c", "from tritongen.cli.main import run; run()", *self.args], signal.SIGKILL),
+            stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
             env=self.env,
         )
         handle.close()

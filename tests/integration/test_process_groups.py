@@ -44,3 +44,38 @@ def test_a_group_already_gone_is_not_an_error(monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(os, "killpg", gone)
     processes.kill_group(Reaped(4242, None))  # type: ignore[arg-type]
+
+
+def test_a_tied_child_gets_the_signal_when_its_parent_dies_and_runs_on_its_cpus() -> None:
+    """tied_to_parent sets the parent-death signal and the CPUs with no code run in the child
+    before exec: a parent that started a child that way and died takes the child with it."""
+    import subprocess
+    import sys
+    import time
+
+    cpu = min(os.sched_getaffinity(0))
+    parent = (
+        "import subprocess, signal, sys\n"
+        "from tritongen.shared.processes import tied_to_parent\n"
+        f"child = subprocess.Popen(tied_to_parent(['sleep', '60'], signal.SIGTERM, {{{cpu}}}))\n"
+        "print(child.pid, flush=True)\n"
+    )
+    started = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=30, check=True)
+    pid = int(started.stdout.strip())
+    deadline = time.monotonic() + 10
+    state = ""
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                state = status.read()
+        except FileNotFoundError:
+            break  # gone and reaped
+        if "\nState:\tZ" in state:
+            break  # killed; its new parent has not reaped it yet
+        time.sleep(0.05)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        raise AssertionError(f"the child outlived its parent: {state[:200]}")
+    pinned = subprocess.run(processes.tied_to_parent(["grep", "Cpus_allowed_list", "/proc/self/status"], signal.SIGTERM, {cpu}),
+                            capture_output=True, text=True, timeout=30, check=True)
+    assert pinned.stdout.split()[-1] == str(cpu)

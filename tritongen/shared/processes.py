@@ -9,35 +9,36 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
+from collections.abc import Collection, Sequence
 
 
-def signal_with_parent(sig: int) -> None:
-    """In a preexec_fn: the child gets `sig` when the process that started it dies (Linux prctl)."""
-    try:
-        import ctypes
+def tied_to_parent(argv: Sequence[str], sig: signal.Signals, cpus: Collection[int] | None = None) -> list[str]:
+    """`argv` prefixed so that the child gets `sig` when the thread that started it dies, and runs on
+    `cpus` when given, with nothing run between fork and exec.
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
-    except OSError:  # not glibc/Linux: the PID-based stop still applies
-        pass
-
-
-def term_with_parent() -> None:
-    """preexec_fn for nginx: its master gets SIGTERM (nginx's fast shutdown, which takes its workers
-    down too) when the process that started it dies; `die_with_parent`'s SIGKILL would orphan the
-    workers, which keep the ports."""
-    signal_with_parent(signal.SIGTERM)
-
-
-def die_with_parent() -> None:
-    """preexec_fn: the child gets SIGKILL when the process that started it dies.
-
-    A server in its own session would otherwise outlive a killed parent (a test timeout, a
-    SIGKILLed CLI) and keep its ports and memory.
+    A server in its own session would otherwise outlive a killed parent (a test timeout, a SIGKILLed
+    CLI) and keep its ports and memory. Why not a preexec_fn calling prctl there: with one, Python
+    forks and runs code in the child, and a parent with gRPC's threads running (the sidecar, a test's
+    client) can leave that child inside gRPC's fork handlers. nginx started that way by the sidecar
+    aborted at start (SIGABRT, "Epoll1Poller ... epoll_wait error: Bad file descriptor", 2026-12-04,
+    two test modules at once). util-linux's setpriv and taskset (Debian's essential set) set the same
+    and exec the program, so the PID stays the program's. Without setpriv (not Linux) the child is not
+    tied, and the PID-based stop still applies.
     """
-    signal_with_parent(signal.SIGKILL)
+    command = list(argv)
+    if cpus:
+        taskset = shutil.which("taskset")
+        if taskset is None:
+            raise FileNotFoundError("pinning a child process to CPUs needs util-linux's taskset on PATH")
+        command = [taskset, "--cpu-list", ",".join(str(c) for c in sorted(cpus)), *command]
+    setpriv = shutil.which("setpriv")
+    if setpriv is not None:
+        command = [setpriv, "--pdeathsig", signal.Signals(sig).name, "--", *command]
+    return command
 
 
 def free_port() -> int:
