@@ -38,7 +38,7 @@ nginx:
 # 531 s alone on 2 cores, 2026-12-04): two modules at once, each on its own servers (docs/benchmarks.md, `make test`).
 test: $(STAMP) nginx
 	$(PY) -m pytest -q -n 2 tests/unit
-	$(PY) -m pytest -q -n 2 --dist loadfile tests/integration
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests/integration
 
 # The demo's sidecar takes the native front where nginx can be had (`--front auto`), else its own listeners.
 demo: $(STAMP)
