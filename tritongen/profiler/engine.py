@@ -27,21 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from tritongen.client import numpy_inputs
-from tritongen.core.engine_inference import (
-    ProbeRun,
-    bytes_per_token_from_counts,
-    capacity_from_probe,
-    counter_delta,
-    only_timing_says_no,
-    run_fits,
-)
-from tritongen.core.engine_metrics import (
-    PROMPT_TOKENS_COUNTER,
-    TRTLLM_BLOCK_TYPE,
-    TRTLLM_KV_BLOCKS,
-    VLLM_USAGE_GAUGES,
-    is_out_of_memory,
-)
+from tritongen.core.engine_inference import (ProbeRun, bytes_per_token_from_counts, capacity_from_probe, counter_delta,
+                                             only_timing_says_no, run_fits)
+from tritongen.core.engine_metrics import (PROMPT_TOKENS_COUNTER, TRTLLM_BLOCK_TYPE, TRTLLM_KV_BLOCKS, VLLM_USAGE_GAUGES,
+                                           is_out_of_memory)
 from tritongen.core.engine_sources import VLLM_DEFAULT_BLOCK_SIZE, EngineSourceError, vllm_stated
 from tritongen.core.llm_interface import LLMInterface, UnknownInterface
 from tritongen.core.llm_interface_config import interface_from_config
@@ -354,6 +343,16 @@ class EngineProfiler:
                 return s.value
         return None
 
+    def _settled_usage(self, timeout_s: float = 10.0) -> float:
+        """The usage gauge once the engine let go of earlier, cancelled streams (0), or after `timeout_s`:
+        a busy engine frees their blocks steps later, and the probe counted them as its own (the vLLM
+        stand-in's pool read 1,493 of 2,688 tokens beside another test module, 2026-12-05)."""
+        deadline, usage = time.monotonic() + timeout_s, self._usage() or 0.0
+        while usage > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            usage = self._usage() or 0.0
+        return usage
+
     def _vllm_capacity(self, bpt: float, block: int = VLLM_DEFAULT_BLOCK_SIZE) -> tuple[int, str] | None:
         """Hold streams whose prompts fill exactly 4 blocks and read the usage gauge while each has
         made a few tokens: every stream then holds exactly 5 blocks (its 5th fills while it makes
@@ -365,6 +364,7 @@ class EngineProfiler:
         load = self._stream(stream_inputs(self.interface, prompt, 4 * block, bpt))
         exact: list[float] = []
         for _attempt in range(3):
+            before = self._settled_usage()  # what the probe's streams add to it is theirs
             workers, stop = load.start(streams, limit=1, together=True)
             try:
                 deadline = time.monotonic() + 30.0
@@ -378,8 +378,8 @@ class EngineProfiler:
                     if usage is not None and usage >= 0.98:  # the pool is smaller: it preempts
                         streams = max(1, streams // 2)
                         break
-                    if usage and len(after) == streams and max(after) <= block // 2 + 2:
-                        exact.append(streams * 5 / usage * block)
+                    if usage and usage > before and len(after) == streams and max(after) <= block // 2 + 2:
+                        exact.append(streams * 5 / (usage - before) * block)
                     elif after and max(after) > block // 2 + 2:
                         break
             finally:
