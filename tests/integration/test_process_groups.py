@@ -54,10 +54,16 @@ def test_a_tied_child_gets_the_signal_when_its_parent_dies_and_runs_on_its_cpus(
     import time
 
     cpu = min(os.sched_getaffinity(0))
+    # The parent exits once the child runs `sleep` (setpriv has set the signal): a parent that dies
+    # before that leaves an orphan the signal never reaches, a race a server's parent never runs
+    # (it waits for the server to be ready).
     parent = (
-        "import subprocess, signal, sys\n"
+        "import subprocess, signal, time\n"
         "from tritongen.shared.processes import tied_to_parent\n"
-        f"child = subprocess.Popen(tied_to_parent(['sleep', '60'], signal.SIGTERM, {{{cpu}}}))\n"
+        f"child = subprocess.Popen(tied_to_parent(['sleep', '60'], signal.SIGTERM, {{{cpu}}}), stdout=subprocess.DEVNULL)\n"
+        "deadline = time.monotonic() + 10\n"
+        "while time.monotonic() < deadline and open(f'/proc/{child.pid}/comm').read().strip() != 'sleep':\n"
+        "    time.sleep(0.01)\n"
         "print(child.pid, flush=True)\n"
     )
     started = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=30, check=True)

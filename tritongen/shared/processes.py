@@ -27,7 +27,8 @@ def tied_to_parent(argv: Sequence[str], sig: signal.Signals, cpus: Collection[in
     aborted at start (SIGABRT, "Epoll1Poller ... epoll_wait error: Bad file descriptor", 2026-12-04,
     two test modules at once). util-linux's setpriv and taskset (Debian's essential set) set the same
     and exec the program, so the PID stays the program's. Without setpriv (not Linux) the child is not
-    tied, and the PID-based stop still applies.
+    tied, and the PID-based stop still applies. As with prctl in a preexec_fn, a parent that dies
+    before setpriv has run leaves the child untied; our parents wait for their child to be ready.
     """
     command = list(argv)
     if cpus:
