@@ -249,7 +249,8 @@ def limit_under_load(server: TritonServer, tmp_path: Path, start: int, streams: 
 def test_the_sidecar_finds_what_the_engine_runs_from_a_wrong_policy(server: TritonServer, tmp_path: Path):
     """Issue 31: the engine runs up to 32 sequences (max_num_seqs). From
     a policy that says 4, the limit grows while requests wait and the engine starts them at once;
-    from one that says 64, it drops to what the engine ran when requests wait inside the engine."""
+    from one that says 64, it steps down when requests wait inside the engine (toward what it ran;
+    the comment below says why the verdict asks no more)."""
     # Within the 30 s issue 31 allows a wrong start; each phase ends once its reading is there.
     grown = limit_under_load(server, tmp_path, start=4, streams=24, seconds=30.0, until=lambda limit: limit >= 12)
     assert max(grown) >= 12, grown  # three times the policy's figure (alone: within 6 s)
