@@ -438,8 +438,9 @@ class _Admission:
             ctl.dispatch()
         ctl._finished(self._series, ticket.klass, self._mlabel, outcome)
         end = ctl.clock()
-        if outcome == "ok":
-            self._series.latency.observe(end - ticket.arrived)
+        # Every admitted request's end-to-end time, whatever its outcome: nginx's lane counts its
+        # requests so (its log phase sees every end), and one panel must read both paths alike.
+        self._series.latency.observe(end - ticket.arrived)
         if log.isEnabledFor(logging.DEBUG):
             ttft = "-" if ticket.first_token_at is None else f"{1000 * (ticket.first_token_at - ticket.arrived):.1f}"
             log.debug("%s %s %s (tenant %s): waited %.1f ms, first response %s ms, total %.1f ms, %d responses",

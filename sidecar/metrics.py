@@ -79,7 +79,8 @@ class SidecarMetrics:
                                  registry=r)
         self.queue_wait = Histogram("sidecar_queue_wait_seconds", "Time admitted requests waited in the sidecar.",
                                     ["class"], buckets=WAIT_BUCKETS, registry=r)
-        self.latency = Histogram("sidecar_request_duration_seconds", "End-to-end time of admitted requests.",
+        self.latency = Histogram("sidecar_request_duration_seconds",
+                                 "End-to-end time of admitted requests, whatever their outcome.",
                                  ["class", "model"], buckets=LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram("sidecar_time_to_first_token_seconds", "Arrival to first streamed response.",
                               ["class", "model"], buckets=LATENCY_BUCKETS, registry=r)
