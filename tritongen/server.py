@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -24,16 +23,12 @@ from pathlib import Path
 import httpx
 
 from tritongen.errors import BadInput, RunFailed
-from tritongen.shared.processes import free_port, kill_group, tied_to_parent
+from tritongen.shared.processes import free_port, kill_group, port_free, tied_to_parent
 
 
-def _port_taken(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-        return False
+PORT_FIELDS = ("http_port", "grpc_port", "metrics_port")
+PORT_CLASH = "already in use"  # tritonserver's words when an endpoint cannot bind its port
+PORT_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -254,11 +249,12 @@ class TritonServer:
         opts = self.options
         if not Path(opts.repository).is_dir():
             raise BadInput(f"model repository {opts.repository} is not a directory")
-        for name in ("http_port", "grpc_port", "metrics_port"):
+        chosen = [name for name in PORT_FIELDS if getattr(opts, name) == 0]
+        for name in PORT_FIELDS:
             port = getattr(opts, name)
             if port == 0:
                 setattr(opts, name, free_port())
-            elif _port_taken(port):
+            elif not port_free(port):
                 raise RunFailed(
                     f"port {port} ({name.replace('_', ' ')}) on 127.0.0.1 is already in use; "
                     "pick another or omit it to choose a free one"
@@ -272,24 +268,35 @@ class TritonServer:
         python_backend_sources(opts.python_backends)  # a bad entry fails before anything starts
         install = TritonInstall.locate()
         self._workdir = Path(tempfile.mkdtemp(prefix="tritongen-server-"))
-        backend_dir = install.backend_dir(self._workdir / "backends", opts.python_backends)
         if self.log_path is None:
             self.log_path = self._workdir / "tritonserver.log"
-        self._log_handle = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(
-            tied_to_parent(self.command(backend_dir, install), signal.SIGKILL, opts.cpus),
-            stdout=self._log_handle,
-            stderr=subprocess.STDOUT,
-            env=self.environment(install),
-            cwd=self._workdir,
-            start_new_session=True,
-        )
-        try:
-            self.wait_ready(start_timeout(opts))
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            backend_dir = install.backend_dir(self._workdir / "backends", opts.python_backends)  # stop() removes it
+            self._log_handle = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+            self.process = subprocess.Popen(
+                tied_to_parent(self.command(backend_dir, install), signal.SIGKILL, opts.cpus),
+                stdout=self._log_handle,
+                stderr=subprocess.STDOUT,
+                env=self.environment(install),
+                cwd=self._workdir,
+                start_new_session=True,
+            )
+            try:
+                self.wait_ready(start_timeout(opts))
+                return self
+            except RunFailed as err:
+                self.stop()
+                # A port we chose was free when chosen and taken before the server bound it (the
+                # server binds after loading its models): choose again. A port the user named is
+                # checked before start, and its clash is theirs to resolve.
+                if not (chosen and attempt < PORT_ATTEMPTS and PORT_CLASH in str(err)):
+                    raise
+                for name in chosen:
+                    setattr(opts, name, free_port())
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def log_text(self) -> str:
         if self.log_path is None or not Path(self.log_path).exists():

@@ -29,7 +29,6 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
-import tritongen.server as server_module
 from sidecar.admission_types import Cost, Request
 from sidecar.config import SidecarConfig
 from sidecar.run import SidecarThread
@@ -355,7 +354,7 @@ def test_headroom_source_failing(stack: Stack) -> None:
     stack.wait_idle()
 
 
-def test_triton_killed_and_restarted_under_load(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_triton_killed_and_restarted_under_load(stack: Stack) -> None:
     results: list[tuple[str, float, Any]] = []  # (kind, seconds after the kill, status)
     killed_at: list[float] = []
     stop = asyncio.Event
@@ -467,9 +466,8 @@ def test_triton_killed_and_restarted_under_load(stack: Stack, monkeypatch: pytes
     assert state["status"]["upstream"]["up"] is False
     assert httpx.get(f"{stack.http}/v2/health/ready", timeout=5).status_code == 503
 
-    # Triton comes back on the same ports. Sockets of the killed server may linger in TIME_WAIT;
-    # tritonserver binds with SO_REUSEADDR, the launcher's own pre-check does not: skip it.
-    monkeypatch.setattr(server_module, "_port_taken", lambda port: False)
+    # Triton comes back on the same ports (sockets of the killed server linger in TIME_WAIT; the
+    # launcher's pre-check binds with SO_REUSEADDR, as tritonserver does, so they do not count).
     stack.server = stack.start_server()
     deadline = time.monotonic() + 10
     while not stack.state()["status"]["upstream"]["up"]:

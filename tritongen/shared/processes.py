@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
 import subprocess
 from collections.abc import Collection, Sequence
+from pathlib import Path
 
 
 def tied_to_parent(argv: Sequence[str], sig: signal.Signals, cpus: Collection[int] | None = None) -> list[str]:
@@ -42,8 +44,50 @@ def tied_to_parent(argv: Sequence[str], sig: signal.Signals, cpus: Collection[in
     return command
 
 
+# Listening ports are drawn from here up to the kernel's ephemeral range: above the well-known and
+# commonly configured service ports (Triton's 8000-8002, Prometheus' 9090, ...), below the ports the
+# kernel hands to outgoing connections.
+LOW_PORT = 10000
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_draw = random.SystemRandom()  # never the seeded module-level generator: two processes must not draw alike
+
+
+def _listening_range() -> tuple[int, int] | None:
+    """[low, high) for ports to listen on, or None when the ephemeral range is unknown or leaves
+    too little room below it."""
+    try:
+        first = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return (LOW_PORT, first) if first - LOW_PORT >= 1000 else None
+
+
+def port_free(port: int) -> bool:
+    """Whether a listener could bind `port` on 127.0.0.1 now. With SO_REUSEADDR, as servers bind
+    (tritonserver, nginx): a closed connection's socket lingering in TIME_WAIT does not hold the
+    port, a listener or a live connection does."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
-    """A port the kernel just handed out on 127.0.0.1 (racy by nature, but collisions are rare)."""
+    """A port free on 127.0.0.1 now, for a child to listen on. Racy by nature: it is free until the
+    child binds it. Why not the kernel's `bind(0)`: that draws from the ephemeral range, which every
+    outgoing connection on the host also draws from, and a server that takes 30 s to load its models
+    (a vLLM engine) loses its port to a client's connection meanwhile ("failed to start GRPC
+    service: Socket ... already in use", two test modules at once, 2026-12-05). A random free port
+    below that range is only taken by another process that picks a listening port the same way."""
+    bounds = _listening_range()
+    if bounds is not None:
+        for _ in range(64):
+            port = _draw.randrange(*bounds)
+            if port_free(port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
