@@ -315,7 +315,7 @@ class Sidecar:
             self.grpc_port = int(grpc_listen.rsplit(":", 1)[1])
         self.lane = LaneControl(self.nginx, self.state, self.metrics, lambda: bool(self.health and self.health.up),
                                 self.controller.dispatch)
-        self.controller.on_queued = self.lane.wake
+        self.controller.on_queued = self.lane.queued
         self.controller.reclaim = self.lane.reclaim
 
     @property
@@ -464,7 +464,8 @@ class Sidecar:
     async def _metrics_handler(self, request: web.Request) -> web.Response:
         if self.controller is not None:
             self.controller.publish()
-        return web.Response(body=self.metrics.exposition(), content_type="text/plain", charset="utf-8")
+        return web.Response(body=self.metrics.exposition(request.query.getall("name[]", [])),
+                            content_type="text/plain", charset="utf-8")
 
 
 def _bound_port(runner: web.AppRunner) -> int:

@@ -72,8 +72,19 @@ class LaneControl:
         await self._background.stop()
 
     def wake(self) -> None:
-        """Something entered the Python queue: stop growing the lane now, not at the next period."""
+        """Sync now, not at the next period."""
         self._wake.set()
+
+    def holds_slots(self) -> bool:
+        return any(self.slots.values())
+
+    def queued(self) -> None:
+        """A request entered the Python queue: stop growing the lane now, not at the next period.
+        A lane holding no slot has none to give back and is not growing: nothing to sync for. Why
+        it matters: an LLM's requests queue one by one under overload, and a sync per queued
+        request (an HTTP exchange with nginx) cost the sidecar more CPU than the requests did."""
+        if self.holds_slots():
+            self._wake.set()
 
     def policy_changed(self) -> None:
         """A reloaded policy may add or remove lane pairs; a removed one's slots go back as its
@@ -142,7 +153,8 @@ class LaneControl:
         self._account(counts)
         overflowed = any(self._overflowed.values())
         caps = self.plan(counts)
-        self.hot = overflowed or caps != self.pushed or self.state.waiting > 0
+        # Requests waiting in Python keep the sync quick only while the lane holds slots they may need.
+        self.hot = overflowed or caps != self.pushed or (self.state.waiting > 0 and self.holds_slots())
         if caps != self.pushed:
             self._account(await self.front.exchange(caps))
             self.pushed = caps

@@ -121,8 +121,11 @@ class SidecarMetrics:
                                 "that nginx may fill without asking (counted in sidecar_inflight_requests).",
                                 ["class", "model"], registry=r)
 
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+    def exposition(self, names: Sequence[str] = ()) -> bytes:
+        """The text format; only the series `names` when given (`GET /metrics?name[]=...`, as
+        prometheus_client's own handlers take it): a watcher that samples one gauge often need not
+        make the sidecar format every histogram each time."""
+        return generate_latest(self.registry.restricted_registry(names) if names else self.registry)
 
 
 def add_observations(child: object, per_bucket: Sequence[int], seconds: float) -> None:

@@ -68,7 +68,9 @@ def admission_state(**over: Any) -> tuple[AdmissionState, FakeClock]:
     return AdmissionState(parse_policy(policy_doc(**over)), clock), clock
 
 
-_request_ids = count(1)
+# Strings: an AdmissionController numbers its own requests 1, 2, ... in the same state, and a test
+# run first in its process would otherwise reuse them ("request id 1 is already known").
+_request_ids = (f"request-{n}" for n in count(1))
 
 
 def admission_request(model: str = "llm", klass: str = "normal", kv: int = 0, prefill: int = 0, request: int = 0,

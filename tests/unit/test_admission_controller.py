@@ -195,3 +195,17 @@ def test_tenant_accounting_is_released_on_every_way_out() -> None:
         assert (state.inflight, state.reserved_bytes, state.waiting) == (0, 0, 0)
 
     asyncio.run(main())
+
+
+def test_the_exposition_gives_only_the_series_named() -> None:
+    """`GET /metrics?name[]=...`: a watcher that samples one gauge gets that gauge and nothing the
+    sidecar would have to format besides."""
+    from sidecar.metrics import SidecarMetrics
+
+    metrics = SidecarMetrics()
+    metrics.limit.set(7)
+    metrics.latency.labels("normal", "m").observe(0.1)
+    text = metrics.exposition(["sidecar_concurrency_limit"]).decode()
+    assert "sidecar_concurrency_limit 7.0" in text
+    assert "sidecar_request_duration_seconds" not in text
+    assert "sidecar_request_duration_seconds_count" in metrics.exposition().decode()

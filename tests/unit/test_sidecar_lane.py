@@ -299,3 +299,25 @@ def test_config_names_the_policys_headers_and_limits_and_keeps_the_private_ports
     no_grpc = render_config(install, tmp_path, FrontAddresses("127.0.0.1:9000", "127.0.0.1:8000", "127.0.0.1:1"),
                             parse_policy(doc))
     assert "grpc_pass" not in no_grpc
+
+
+def test_a_queued_request_wakes_the_sync_only_while_the_lane_holds_slots() -> None:
+    """An LLM's requests queue one by one under overload; a lane with no slot has nothing to give
+    back or stop growing, so they neither wake the sync nor keep it at the busy cadence."""
+    state, clock = state_of()
+    lane, front, _ = control(state, clock, [True])
+    assert sync(lane, clock)[N] == 0  # idle: no slots
+    actions = [state.submit(Request(f"py{i}", "cls", "normal", Cost(request_bytes=100))).action for i in range(6)]
+    assert actions[-1] is Action.QUEUE and state.waiting > 0  # the Python path filled the quota itself
+    lane.queued()
+    assert not lane._wake.is_set()
+    sync(lane, clock)
+    assert not lane.hot
+    for i in range(6):  # the quota comes free and the lane carries requests again
+        state.release(f"py{i}")
+    state.take_events()
+    front.counts = {N: LaneCounts(inflight=1, peak=1)}
+    sync(lane, clock)
+    assert lane.holds_slots()
+    lane.queued()
+    assert lane._wake.is_set()
