@@ -149,6 +149,11 @@ class LaneControl:
 
     async def sync(self) -> dict[LaneKey, int]:
         """One round: read, account, move the slots, push if changed. Returns the caps in force."""
+        if not self.keys and not self.slots and self.pushed == {}:
+            # No model the lane may carry (a policy of LLMs only): nginx was told so and has nothing
+            # to count. An exchange per period here was the sidecar's largest idle cost.
+            self.hot = False
+            return {}
         counts = await self.front.exchange(None)
         self._account(counts)
         overflowed = any(self._overflowed.values())

@@ -321,3 +321,27 @@ def test_a_queued_request_wakes_the_sync_only_while_the_lane_holds_slots() -> No
     assert lane.holds_slots()
     lane.queued()
     assert lane._wake.is_set()
+
+
+def test_a_policy_with_nothing_for_the_lane_tells_nginx_once_and_then_leaves_it_alone() -> None:
+    """LLMs only: the first sync pushes the empty caps, later ones ask nginx nothing (an exchange
+    per period was the sidecar's largest idle cost); a policy that brings a classic model back
+    syncs again."""
+    state, clock = state_of(models=[m for m in policy_doc()["models"] if m["kind"] == "llm"])
+    lane, front, _ = control(state, clock, [True])
+    assert not lane.keys
+    calls = []
+    exchange = front.exchange
+
+    async def counted(caps: dict[str, int] | None) -> dict[str, LaneCounts]:
+        calls.append(caps)
+        return await exchange(caps)
+
+    front.exchange = counted  # type: ignore[method-assign]
+    assert sync(lane, clock) == {} and front.pushes == 1
+    for _ in range(3):
+        assert sync(lane, clock) == {}
+    assert len(calls) == 2 and not lane.hot  # the read and the push of the first sync, nothing since
+    state.apply_policy(parse_policy(policy_doc(models=[classic("cls", max_inflight=40)])))
+    lane.policy_changed()
+    assert sync(lane, clock) == {N: 0, B: 0, I: 0}
