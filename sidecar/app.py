@@ -55,6 +55,14 @@ from tritongen.shared.reach import METRICS, unreachable_message
 log = logging.getLogger("tritongen.sidecar")
 
 
+# How often the loop-lag timer fires. Every wake of an idle process costs CPU, far more on a
+# virtual machine than its Python work: a bare uvloop timer loop cost 2 / 7 / 18 ms of CPU per second
+# at 10 / 40 / 200 Hz on the 2-vCPU VM of 2026-12-05 (150-200 µs per wake), and this timer at 40 Hz
+# was a third of the sidecar's idle CPU. At 10 Hz it still sees every stall longer than 100 ms, and
+# a shorter one of L ms with probability L / 100 ms.
+LOOP_LAG_PERIOD_S = 0.1
+
+
 class _QuietBadRequests(logging.Filter):
     """aiohttp logs a malformed request (a header over the size limit, say) as an error with a
     traceback; it is the client's fault and already answered with a 400: one line is enough."""
@@ -379,7 +387,7 @@ class Sidecar:
             self.last_reload = {"ok": True, "why": why, "message": message, "at": time.time()}
             return True, message
 
-    async def _watch_loop_lag(self, period_s: float = 0.025) -> None:
+    async def _watch_loop_lag(self, period_s: float = LOOP_LAG_PERIOD_S) -> None:
         """A busy or blocked event loop delays every request before the sidecar can stamp its
         arrival, so its own latency histograms cannot see it; this timer's lateness can."""
         loop = asyncio.get_running_loop()

@@ -771,7 +771,7 @@ def test_metrics_endpoint(deployment: Deployment) -> None:
                    "sidecar_upstream_up 1.0"):
         assert family in text, family
     assert 'sidecar_headroom_source_up{source="triton_metrics"} 1.0' in text
-    # The loop-lag timer samples every 25 ms from start: within a second it has many samples.
+    # The loop-lag timer samples every 100 ms from start (sidecar.app.LOOP_LAG_PERIOD_S): 10 within a few seconds.
     deadline = time.monotonic() + 5.0
     while (lag_count := metric_total(text, "sidecar_event_loop_lag_seconds_count")) < 10 and time.monotonic() < deadline:
         time.sleep(0.1)
