@@ -249,12 +249,10 @@ class TritonServer:
         opts = self.options
         if not Path(opts.repository).is_dir():
             raise BadInput(f"model repository {opts.repository} is not a directory")
-        chosen = [name for name in PORT_FIELDS if getattr(opts, name) == 0]
+        chosen = [name for name in PORT_FIELDS if getattr(opts, name) == 0]  # ours to choose, at each start
         for name in PORT_FIELDS:
             port = getattr(opts, name)
-            if port == 0:
-                setattr(opts, name, free_port())
-            elif not port_free(port):
+            if port and not port_free(port):
                 raise RunFailed(
                     f"port {port} ({name.replace('_', ' ')}) on 127.0.0.1 is already in use; "
                     "pick another or omit it to choose a free one"
@@ -271,6 +269,8 @@ class TritonServer:
         if self.log_path is None:
             self.log_path = self._workdir / "tritonserver.log"
         for attempt in range(1, PORT_ATTEMPTS + 1):
+            for name in chosen:
+                setattr(opts, name, free_port())
             backend_dir = install.backend_dir(self._workdir / "backends", opts.python_backends)  # stop() removes it
             self._log_handle = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
             self.process = subprocess.Popen(
@@ -284,18 +284,14 @@ class TritonServer:
             try:
                 self.wait_ready(start_timeout(opts))
                 return self
-            except RunFailed as err:
+            except BaseException as err:
                 self.stop()
                 # A port we chose was free when chosen and taken before the server bound it (the
                 # server binds after loading its models): choose again. A port the user named is
                 # checked before start, and its clash is theirs to resolve.
-                if not (chosen and attempt < PORT_ATTEMPTS and PORT_CLASH in str(err)):
+                lost_port = isinstance(err, RunFailed) and PORT_CLASH in str(err)
+                if not (chosen and lost_port and attempt < PORT_ATTEMPTS):
                     raise
-                for name in chosen:
-                    setattr(opts, name, free_port())
-            except BaseException:
-                self.stop()
-                raise
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def log_text(self) -> str:

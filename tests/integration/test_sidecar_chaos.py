@@ -365,6 +365,7 @@ def test_triton_killed_and_restarted_under_load(stack: Stack) -> None:
         if now < until:
             return True
         return bool(killed_at) and now < killed_at[0] + 10 and not any(r[0] == kind for r in results)
+
     stop = asyncio.Event
 
     async def load(kind: str, session: aiohttp.ClientSession, until: float) -> None:

@@ -268,7 +268,7 @@ def test_a_burst_is_held_to_the_quota_and_nginx_never_exceeds_its_slots(native: 
                 while time.monotonic() < deadline:
                     async with session.post(f"{base}/v2/models/ranker/infer", data=BODY) as resp:
                         text = await resp.text()
-                        if resp.status == 503 and "Request timeout expired" in text:
+                        if resp.status == 503 and STALL_TIMEOUT in text:
                             triton_own.append(text)
                         else:
                             statuses.append(resp.status)
