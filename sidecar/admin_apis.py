@@ -73,11 +73,6 @@ GRPC_CATEGORIES: dict[str, str] = {
 GRPC_ADMIN: dict[str, str] = {m: c for m, c in GRPC_CATEGORIES.items() if c in SHUT}
 
 
-def grpc_category(method: str) -> str | None:
-    """Triton's category of a full gRPC method name (`/inference.GRPCInferenceService/X`); None: not Triton's."""
-    return GRPC_CATEGORIES.get(method)
-
-
 def grpc_admin_category(method: str) -> str | None:
     """The shut category of a gRPC method, or None (one dict lookup)."""
     return GRPC_ADMIN.get(method)
@@ -91,10 +86,6 @@ _HTTP_ADMIN_ROOTS = {
     "trace": TRACE,
     "systemsharedmemory": SHARED_MEMORY,
     "cudasharedmemory": SHARED_MEMORY,
-}
-_MODEL_KINDS = {
-    "": METADATA, "ready": HEALTH, "infer": INFERENCE, "generate": INFERENCE, "generate_stream": INFERENCE,
-    "config": MODEL_CONFIG, "stats": STATISTICS,  # trace/setting: an admin path, found before
 }
 
 
@@ -127,29 +118,6 @@ def http_admin_category(path: str) -> str | None:
     if "%" in path or "//" in path or "/." in path:
         return _admin(path) or _admin(_normalised(path))
     return _admin(path)
-
-
-def http_category(path: str) -> str | None:
-    """Triton's category of a request path (no query); None: a path Triton answers 404."""
-    admin = http_admin_category(path)
-    if admin is not None:
-        return admin
-    if path == "/v2":
-        return METADATA
-    if path in ("/v2/health/live", "/v2/health/ready"):
-        return HEALTH
-    if path == "/v2/models/stats":
-        return STATISTICS
-    if not path.startswith("/v2/models/"):
-        return None
-    model, _, rest = path[len("/v2/models/"):].partition("/")
-    if not model:
-        return None
-    if rest.startswith("versions/"):
-        version, _, rest = rest[len("versions/"):].partition("/")
-        if not version.isdigit():
-            return None
-    return _MODEL_KINDS.get(rest)
 
 
 # -- the admin token and refusals ------------------------------------------------------------------

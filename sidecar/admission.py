@@ -41,9 +41,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Mapping
 
-from sidecar.admission_estimates import WaitTerms, wait_from
+from sidecar.admission_estimates import wait_from
 from sidecar.admission_limits import LowerShare
-from sidecar.admission_queue import Waiting
+from sidecar.admission_queue import Group, Waiting
 from sidecar.admission_types import (
     CLASS_NOT_SERVED,
     EXCEEDS_BUDGET,

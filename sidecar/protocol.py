@@ -68,11 +68,6 @@ def decode_bytes_elements(raw: bytes | memoryview) -> list[memoryview]:
     return elements
 
 
-def decode_bytes_tensor(raw: bytes | memoryview) -> list[int]:
-    """Lengths of the elements of a BYTES tensor in Triton's binary form."""
-    return [len(e) for e in decode_bytes_elements(raw)]
-
-
 def decode_ints(raw: bytes | memoryview, datatype: str) -> list[int]:
     code = _NUMERIC.get(datatype.upper())
     if code is None:

@@ -151,9 +151,9 @@ def test_http_infer_malformed(body: bytes, length: str | None, message: str) -> 
 
 def test_bytes_tensor_truncated_is_malformed() -> None:
     with pytest.raises(protocol.BadRequest, match="length prefix"):
-        protocol.decode_bytes_tensor(b"\x01\x00")
+        protocol.decode_bytes_elements(b"\x01\x00")
     with pytest.raises(protocol.BadRequest, match="runs past"):
-        protocol.decode_bytes_tensor(struct.pack("<I", 10) + b"abc")
+        protocol.decode_bytes_elements(struct.pack("<I", 10) + b"abc")
 
 
 def test_generate_facts_class_and_priority() -> None:
