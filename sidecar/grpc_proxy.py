@@ -347,13 +347,22 @@ class GrpcProxy:
         upstream = self.channel.stream_stream(MODEL_STREAM_INFER)(metadata=metadata, timeout=context.time_remaining())
         reply_metadata = StreamMetadata(upstream)
         pending: dict[str, _Pending] = {}
-        write_lock = asyncio.Lock()
         up_lock = asyncio.Lock()
         tasks: set[asyncio.Task[None]] = set()
         upstream_failed: list[str] = []
+        # Replies go out in order through one writer, and Triton's side is read as fast as Triton
+        # sends: a request's first token and end are seen when the engine gives them, not when a
+        # slow client has taken the replies before them. Admission reads those two instants (what
+        # the engine runs, when its room frees), and a slow reader made the engine look fuller than
+        # it was. Triton's own gRPC front buffers a slow client's replies the same way.
+        outbox: asyncio.Queue[tuple[Any, bool] | None] = asyncio.Queue()
 
         async def to_client(message: Any, from_upstream: bool = False) -> None:
-            async with write_lock:
+            outbox.put_nowait((message, from_upstream))
+
+        async def write_client() -> None:
+            while (item := await outbox.get()) is not None:
+                message, from_upstream = item
                 await reply_metadata.before_write(context, from_upstream)
                 await context.write(message.SerializeToString())
 
@@ -439,19 +448,24 @@ class GrpcProxy:
 
         reader = asyncio.ensure_future(read_client())
         pump = asyncio.ensure_future(read_upstream())
+        writer = asyncio.ensure_future(write_client())
+        # A reply the client can no longer take (it went away, the deadline passed) ends the call.
+        writer.add_done_callback(lambda done: done.cancelled() or done.exception() is None or reader.cancel())
         try:
             # If Triton's side fails first, the requests in flight were answered with UNAVAILABLE and
             # the ones still to come are too (see one()), until the client closes its side.
             await reader
             await pump
+            outbox.put_nowait(None)
+            await writer
             with contextlib.suppress(grpc.aio.UsageError):  # the call already ended (deadline): nothing to add
                 await reply_metadata.finish(context)
         finally:
             reply_metadata.close()
-            for task in (reader, pump, *tasks):
+            for task in (reader, pump, writer, *tasks):
                 task.cancel()
             upstream.cancel()
-            await asyncio.gather(reader, pump, *tasks, return_exceptions=True)
+            await asyncio.gather(reader, pump, writer, *tasks, return_exceptions=True)
 
     async def _route(
         self, message: Any, pending: dict[str, _Pending], to_client: Callable[[Any, bool], Awaitable[None]]

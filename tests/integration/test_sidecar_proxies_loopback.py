@@ -28,6 +28,7 @@ from tests.sidecar_rigs import admission_parts, policy_doc, started_grpc_server,
 pytestmark = pytest.mark.integration
 
 SERVER_METADATA = SERVICE + "ServerMetadata"
+BIG_REPLIES, BIG_REPLY = 16, 256 << 10  # 4 MiB in all
 TENANTS = {"tenants": [{"name": "acme", "max_inflight": 1, "classes": ["interactive", "normal"]}]}
 
 
@@ -78,13 +79,18 @@ class FakeTriton:
             if first:  # like a server that sends its headers with its first response
                 await context.send_initial_metadata((("x-stream-initial", "hello"),))
                 first = False
-            out = pb.ModelStreamInferResponse()
-            out.infer_response.id = request.id
-            out.infer_response.model_name = request.model_name
-            out.infer_response.outputs.add(name="OUT", datatype="BYTES", shape=[1])
-            out.infer_response.raw_output_contents.append(b"\x01\x00\x00\x00x")
-            out.infer_response.parameters["triton_final_response"].bool_param = True
-            await context.write(out.SerializeToString())
+            # A request with the parameter "big" gets BIG_REPLIES replies of BIG_REPLY bytes before its
+            # final one: more than a client that does not read takes in before flow control holds.
+            parts = BIG_REPLIES if "big" in request.parameters else 0
+            for part in range(parts + 1):
+                out = pb.ModelStreamInferResponse()
+                out.infer_response.id = request.id
+                out.infer_response.model_name = request.model_name
+                out.infer_response.outputs.add(name="OUT", datatype="BYTES", shape=[1])
+                body = b"x" * (BIG_REPLY if part < parts else 1)
+                out.infer_response.raw_output_contents.append(len(body).to_bytes(4, "little") + body)
+                out.infer_response.parameters["triton_final_response"].bool_param = part == parts
+                await context.write(out.SerializeToString())
         context.set_trailing_metadata((("x-stream-trailing", "bye"),))
 
     async def server_metadata(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -210,6 +216,34 @@ def test_grpc_stream_keeps_ids_and_relays_metadata() -> None:
             assert tuple(await call.trailing_metadata()) == (("x-stream-trailing", "bye"),)
             assert await call.code() == grpc.StatusCode.OK
             assert idle(rig.state) == (0, 0, 0, 0, 0)
+
+    asyncio.run(main())
+
+
+def test_grpc_stream_request_ends_when_triton_ends_it_not_when_the_client_reads() -> None:
+    """A client that reads its stream slowly does not hold the reservation of a request Triton has
+    finished: the sidecar reads Triton's side as it comes (admission sees what the engine runs and
+    when its room frees) and keeps the replies, in order, for the client."""
+
+    async def main() -> None:
+        async with grpc_rig(parse_policy(policy_doc())) as rig:
+            call = rig.channel.stream_stream(MODEL_STREAM_INFER)(timeout=20)
+            big = pb.ModelInferRequest(model_name="cls", id="big-1")
+            big.parameters["big"].bool_param = True
+            await call.write(big.SerializeToString())
+            for _ in range(500):  # the client reads nothing meanwhile
+                if rig.state.inflight == 0 and rig.metrics.exposition().count(b'outcome="ok"'):
+                    break
+                await asyncio.sleep(0.01)
+            assert idle(rig.state) == (0, 0, 0, 0, 0)
+            sizes = []
+            for _ in range(BIG_REPLIES + 1):
+                reply = pb.ModelStreamInferResponse.FromString(await call.read())
+                assert reply.infer_response.id == "big-1" and not reply.error_message
+                sizes.append(len(reply.infer_response.raw_output_contents[0]) - 4)
+            assert sizes == [BIG_REPLY] * BIG_REPLIES + [1]
+            await call.done_writing()
+            assert await call.read() is grpc.aio.EOF and await call.code() == grpc.StatusCode.OK
 
     asyncio.run(main())
 
