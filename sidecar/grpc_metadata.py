@@ -1,5 +1,6 @@
 """gRPC metadata across the sidecar's relay: what may cross a hop, and Triton's reply metadata
-(initial and trailing, errors included) brought back onto the client's call as Triton sent it."""
+(initial and trailing, errors included) brought back onto the client's call as Triton sent it;
+and the gRPC status a refusal the HTTP side answers with a given status goes out with."""
 
 from __future__ import annotations
 
@@ -12,6 +13,15 @@ _DROP_METADATA = ("user-agent", "content-type", "te", "authority", "host")
 _STATUS_WAIT_S = 1.0  # after Triton's last stream message, how long its status (and trailers) may take
 
 Metadata = tuple[tuple[str, Any], ...]
+
+_GRPC_STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 403: grpc.StatusCode.PERMISSION_DENIED,
+                413: grpc.StatusCode.RESOURCE_EXHAUSTED, 429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+                401: grpc.StatusCode.UNAUTHENTICATED, 503: grpc.StatusCode.UNAVAILABLE}
+
+
+def grpc_code(status: int) -> grpc.StatusCode:
+    """The gRPC status of a refusal the HTTP side answers with `status` (sidecar/controller.py's refusal)."""
+    return _GRPC_STATUS.get(status, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 
 def forwardable(metadata: Any) -> Metadata:

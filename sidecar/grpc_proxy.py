@@ -4,10 +4,9 @@ this relay what its lane does not take, and every `ModelStreamInfer` (see sideca
 
 `ModelInfer` and `ModelStreamInfer` go through admission; every other method is passed through
 as raw bytes. Client metadata is forwarded; the only change to a request is its `priority`
-parameter (set from its class) and, on streams, an internal request id (mapped back on every
-response, so the client sees its own ids) plus `triton_enable_empty_final_response`, so the
-sidecar sees each request's end. Empty final responses the client did not ask for are not
-forwarded. The tenant is the `tenant_header` metadata key (default `x-tenant`).
+parameter (set from its class) and, on streams, what sidecar/grpc_stream.py says (an internal id
+and Triton's empty final response, so the sidecar sees each request's end). The tenant is the
+`tenant_header` metadata key (default `x-tenant`).
 
 Triton's response metadata comes back as Triton sent it, on every method: the initial metadata
 before the first message, the trailing metadata with the status (errors included). Only the keys
@@ -29,12 +28,10 @@ call lacks it, the JSON refusal as details. The token's key is not forwarded.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -45,14 +42,14 @@ from sidecar import admin_apis, protocol
 from sidecar.controller import (
     AdmissionController,
     Rejected,
-    Ticket,
     refusal,
     unavailable,
 )
 from sidecar.cost import cost_for
 from sidecar.grpc_metadata import (
-    Metadata, StreamMetadata, abort_like, call_metadata, header_value, relay_reply_metadata,
+    Metadata, abort_like, call_metadata, grpc_code, header_value, relay_reply_metadata,
 )
+from sidecar.grpc_stream import StreamRelay
 from sidecar.http_proxy import Answer, Prepared
 from sidecar.metrics import SidecarMetrics
 from sidecar.upstream import Reconnecting, UpstreamHealth
@@ -63,25 +60,6 @@ log = logging.getLogger("tritongen.sidecar.grpc")
 SERVICE = "/inference.GRPCInferenceService/"
 MODEL_INFER = SERVICE + "ModelInfer"
 MODEL_STREAM_INFER = SERVICE + "ModelStreamInfer"
-_FINAL = "triton_final_response"
-_EMPTY_FINAL = "triton_enable_empty_final_response"
-_GRPC_STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 403: grpc.StatusCode.PERMISSION_DENIED,
-                413: grpc.StatusCode.RESOURCE_EXHAUSTED, 429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-                401: grpc.StatusCode.UNAUTHENTICATED, 503: grpc.StatusCode.UNAVAILABLE}
-
-
-def grpc_code(status: int) -> grpc.StatusCode:
-    """The gRPC status of a refusal the HTTP side answers with `status` (sidecar/controller.py's refusal)."""
-    return _GRPC_STATUS.get(status, grpc.StatusCode.RESOURCE_EXHAUSTED)
-
-
-@dataclass
-class _Pending:
-    ticket: Ticket
-    client_id: str
-    model: str
-    wants_empty_final: bool
-    done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class GrpcProxy:
@@ -223,7 +201,7 @@ class GrpcProxy:
         await relay_reply_metadata(call, context)
         return response
 
-    def _prepare(self, request: Any, metadata: Metadata) -> tuple[Any, Any, Any, str]:
+    def prepare(self, request: Any, metadata: Metadata) -> tuple[Any, Any, Any, str]:
         """(model policy, class policy, cost, tenant) of one ModelInferRequest; sets its priority."""
         policy = self.policy()
         model = self.controller.state.model_policy(request.model_name)
@@ -255,7 +233,7 @@ class GrpcProxy:
         """(the request with its priority set, class policy, cost, tenant), or the malformed answer."""
         try:
             request = pb.ModelInferRequest.FromString(raw)
-            _, klass, cost, tenant = self._prepare(request, metadata)
+            _, klass, cost, tenant = self.prepare(request, metadata)
         except (protocol.BadRequest, ValueError) as err:
             self.metrics.malformed.labels("grpc").inc()
             return _grpc_answer(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {err}")
@@ -345,148 +323,11 @@ class GrpcProxy:
         assert self.channel is not None
         metadata = call_metadata(context)
         upstream = self.channel.stream_stream(MODEL_STREAM_INFER)(metadata=metadata, timeout=context.time_remaining())
-        reply_metadata = StreamMetadata(upstream)
-        pending: dict[str, _Pending] = {}
-        up_lock = asyncio.Lock()
-        tasks: set[asyncio.Task[None]] = set()
-        upstream_failed: list[str] = []
-        # Replies go out in order through one writer, and Triton's side is read as fast as Triton
-        # sends: a request's first token and end are seen when the engine gives them, not when a
-        # slow client has taken the replies before them. Admission reads those two instants (what
-        # the engine runs, when its room frees), and a slow reader made the engine look fuller than
-        # it was. Triton's own gRPC front buffers a slow client's replies the same way.
-        outbox: asyncio.Queue[tuple[Any, bool] | None] = asyncio.Queue()
+        await StreamRelay(self, upstream, metadata, context).run(requests)
 
-        async def to_client(message: Any, from_upstream: bool = False) -> None:
-            outbox.put_nowait((message, from_upstream))
-
-        async def write_client() -> None:
-            while (item := await outbox.get()) is not None:
-                message, from_upstream = item
-                await reply_metadata.before_write(context, from_upstream)
-                await context.write(message.SerializeToString())
-
-        def error_response(request_id: str, model: str, message: str) -> Any:
-            out = pb.ModelStreamInferResponse(error_message=message)
-            out.infer_response.id = request_id
-            out.infer_response.model_name = model
-            return out
-
-        async def one(request: Any) -> None:
-            client_id = request.id
-            try:
-                _, klass, cost, tenant = self._prepare(request, metadata)
-            except (protocol.BadRequest, ValueError) as err:
-                self.metrics.malformed.labels("grpc").inc()
-                await to_client(error_response(client_id, request.model_name, f"malformed request: {err}"))
-                return
-            uid = f"sidecar-{next(self._ids)}"
-            try:
-                async with self.controller.admit(request.model_name, klass.name, cost, tenant) as ticket:
-                    entry = _Pending(ticket, client_id, request.model_name,
-                                     _EMPTY_FINAL in request.parameters and request.parameters[_EMPTY_FINAL].bool_param)
-                    pending[uid] = entry
-                    try:
-                        request.id = uid
-                        request.parameters[_EMPTY_FINAL].bool_param = True
-                        async with up_lock:
-                            if upstream_failed:
-                                raise ConnectionError(upstream_failed[0])
-                            ticket.started()
-                            await upstream.write(request.SerializeToString())
-                        await entry.done.wait()
-                    finally:
-                        pending.pop(uid, None)
-            except Rejected as rejected:
-                status, body = refusal(rejected.decision, rejected.model, rejected.klass, rejected.tenant)
-                code = grpc_code(status).name
-                await to_client(error_response(client_id, request.model_name, f"{code}: {json.dumps(body)}"))
-            except (ConnectionError, grpc.aio.AioRpcError, asyncio.InvalidStateError) as err:
-                await to_client(error_response(client_id, request.model_name, f"UNAVAILABLE: Triton stream failed: {err}"))
-
-        async def read_client() -> None:
-            async for raw in requests:
-                try:
-                    request = pb.ModelInferRequest.FromString(raw)
-                except Exception as err:
-                    self.metrics.malformed.labels("grpc").inc()
-                    await to_client(error_response("", "", f"malformed request: {type(err).__name__}: {err}"))
-                    continue
-                if not self.health.up or upstream_failed:
-                    body = unavailable(self.health.reason or (upstream_failed[0] if upstream_failed else None))
-                    await to_client(error_response(request.id, request.model_name, f"UNAVAILABLE: {json.dumps(body)}"))
-                    continue
-                task = asyncio.ensure_future(one(request))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            while tasks:
-                await asyncio.gather(*list(tasks), return_exceptions=True)
-            with contextlib.suppress(Exception):
-                await upstream.done_writing()
-
-        async def read_upstream() -> None:
-            try:
-                async for raw in upstream:
-                    message = pb.ModelStreamInferResponse.FromString(raw)
-                    await self._route(message, pending, to_client)
-            except grpc.aio.AioRpcError as err:
-                if err.code() == grpc.StatusCode.CANCELLED:
-                    return
-                reason = f"{err.code().name}: {err.details()}"
-                upstream_failed.append(reason)
-                if err.code() == grpc.StatusCode.UNAVAILABLE:
-                    self.health.mark_down(f"gRPC stream: {reason}")
-            finally:
-                for uid, entry in list(pending.items()):
-                    if not entry.done.is_set():
-                        entry.ticket.upstream_lost()
-                        await _quiet(to_client(error_response(
-                            entry.client_id, entry.model,
-                            f"UNAVAILABLE: Triton stream ended before the request did ({upstream_failed[0] if upstream_failed else 'closed'})",
-                        )))
-                        entry.done.set()
-
-        reader = asyncio.ensure_future(read_client())
-        pump = asyncio.ensure_future(read_upstream())
-        writer = asyncio.ensure_future(write_client())
-        # A reply the client can no longer take (it went away, the deadline passed) ends the call.
-        writer.add_done_callback(lambda done: done.cancelled() or done.exception() is None or reader.cancel())
-        try:
-            # If Triton's side fails first, the requests in flight were answered with UNAVAILABLE and
-            # the ones still to come are too (see one()), until the client closes its side.
-            await reader
-            await pump
-            outbox.put_nowait(None)
-            await writer
-            with contextlib.suppress(grpc.aio.UsageError):  # the call already ended (deadline): nothing to add
-                await reply_metadata.finish(context)
-        finally:
-            reply_metadata.close()
-            for task in (reader, pump, writer, *tasks):
-                task.cancel()
-            upstream.cancel()
-            await asyncio.gather(reader, pump, writer, *tasks, return_exceptions=True)
-
-    async def _route(
-        self, message: Any, pending: dict[str, _Pending], to_client: Callable[[Any, bool], Awaitable[None]]
-    ) -> None:
-        response = message.infer_response
-        entry = pending.get(response.id)
-        if entry is None:
-            await to_client(message, True)  # not ours (should not happen): pass it on untouched
-            return
-        params = response.parameters
-        final = bool(message.error_message) or (_FINAL in params and params[_FINAL].bool_param)
-        empty = not message.error_message and not len(response.outputs)
-        if not message.error_message and len(response.outputs):
-            entry.ticket.first_token()
-            entry.ticket.streamed(1)
-        response.id = entry.client_id
-        if not (final and empty and not entry.wants_empty_final):
-            await to_client(message, True)
-        if final:
-            entry.ticket.finished(message.error_message or None)
-            entry.done.set()
+    def next_id(self) -> str:
+        """An id for a request on Triton's side of a stream, unique across the sidecar's streams."""
+        return f"sidecar-{next(self._ids)}"
 
 
 def _grpc_answer(code: grpc.StatusCode, message: str, retry_after: str | None = None) -> Answer:
@@ -505,8 +346,3 @@ async def _abort_with(context: grpc.aio.ServicerContext, answer: Answer) -> None
 
 async def _close_channel(channel: grpc.aio.Channel) -> None:
     await channel.close(grace=None)
-
-
-async def _quiet(awaitable: Any) -> None:
-    with contextlib.suppress(Exception):
-        await awaitable
