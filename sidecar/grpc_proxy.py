@@ -49,7 +49,7 @@ from sidecar.cost import cost_for
 from sidecar.grpc_metadata import (
     Metadata, abort_like, call_metadata, grpc_code, header_value, relay_reply_metadata,
 )
-from sidecar.grpc_stream import StreamRelay
+from sidecar.grpc_stream import StreamRelay, error_reply
 from sidecar.http_proxy import Answer, Prepared
 from sidecar.metrics import SidecarMetrics
 from sidecar.upstream import Reconnecting, UpstreamHealth
@@ -311,10 +311,7 @@ class GrpcProxy:
                 request = pb.ModelInferRequest.FromString(raw)
             except Exception:
                 request = pb.ModelInferRequest()
-            out = pb.ModelStreamInferResponse(error_message=f"UNAVAILABLE: {body}")
-            out.infer_response.id = request.id
-            out.infer_response.model_name = request.model_name
-            await context.write(out.SerializeToString())
+            await context.write(error_reply(request.id, request.model_name, f"UNAVAILABLE: {body}").SerializeToString())
 
     async def model_stream_infer(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
         if not self.health.up or not await self._connected():

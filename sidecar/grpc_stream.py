@@ -56,6 +56,7 @@ class _Pending:
 
 
 def error_reply(request_id: str, model: str, message: str) -> Any:
+    """A reply that fails one request of a stream, as Triton reports per-request errors on one."""
     out = pb.ModelStreamInferResponse(error_message=message)
     out.infer_response.id = request_id
     out.infer_response.model_name = model

@@ -1,7 +1,8 @@
 """The proxies in front of a fake Triton (in-process gRPC and HTTP servers that record what they
 receive and answer with metadata of their own): gRPC metadata goes both ways untouched, request ids
 come back, and the tenant header reaches admission on both protocols, with refusals naming the
-tenant limit and nothing left reserved afterwards. In-process servers on loopback ports, so here
+tenant limit and nothing left reserved afterwards; a stream's requests end when Triton ends them,
+whatever the client reads, and are answered UNAVAILABLE one by one when Triton is gone. In-process servers on loopback ports, so here
 rather than in tests/unit (issue 33)."""
 
 from __future__ import annotations
@@ -122,6 +123,8 @@ class GrpcRig:
     state: AdmissionState
     metrics: SidecarMetrics
     channel: grpc.aio.Channel
+    proxy: GrpcProxy
+    upstream: grpc.aio.Server
 
     async def infer(self, rid: str, metadata: tuple[tuple[str, Any], ...] = (), model: str = "cls") -> Any:
         call = self.channel.unary_unary(MODEL_INFER)(
@@ -141,7 +144,7 @@ async def grpc_rig(policy: SidecarPolicy) -> AsyncIterator[GrpcRig]:
     server, port = await started_grpc_server(proxy.handler())
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
-        yield GrpcRig(fake, state, metrics, channel)
+        yield GrpcRig(fake, state, metrics, channel, proxy, upstream)
     finally:
         await channel.close()
         await server.stop(grace=None)
@@ -244,6 +247,26 @@ def test_grpc_stream_request_ends_when_triton_ends_it_not_when_the_client_reads(
             assert sizes == [BIG_REPLY] * BIG_REPLIES + [1]
             await call.done_writing()
             assert await call.read() is grpc.aio.EOF and await call.code() == grpc.StatusCode.OK
+
+    asyncio.run(main())
+
+
+def test_grpc_stream_with_triton_gone_answers_each_request_unavailable() -> None:
+    """Triton does not answer: each request of the stream gets UNAVAILABLE with its own id, as Triton
+    reports per-request errors on a stream, and nothing stays reserved."""
+
+    async def main() -> None:
+        async with grpc_rig(parse_policy(policy_doc())) as rig:
+            await rig.upstream.stop(grace=None)
+            rig.proxy.connect_timeout_s = 0.2
+            call = rig.channel.stream_stream(MODEL_STREAM_INFER)(timeout=10)
+            for rid in ("gone-1", "gone-2"):
+                await call.write(pb.ModelInferRequest(model_name="cls", id=rid).SerializeToString())
+                reply = pb.ModelStreamInferResponse.FromString(await call.read())
+                assert reply.infer_response.id == rid and reply.error_message.startswith("UNAVAILABLE: "), reply
+            await call.done_writing()
+            assert await call.read() is grpc.aio.EOF
+            assert idle(rig.state) == (0, 0, 0, 0, 0)
 
     asyncio.run(main())
 
