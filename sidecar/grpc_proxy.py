@@ -49,7 +49,7 @@ from sidecar.cost import cost_for
 from sidecar.grpc_metadata import (
     Metadata, abort_like, call_metadata, grpc_code, header_value, relay_reply_metadata,
 )
-from sidecar.grpc_stream import StreamRelay, error_reply
+from sidecar.grpc_stream import STREAM_BUFFER_BYTES, StreamRelay, error_reply
 from sidecar.http_proxy import Answer, Prepared
 from sidecar.metrics import SidecarMetrics
 from sidecar.upstream import Reconnecting, UpstreamHealth
@@ -82,6 +82,7 @@ class GrpcProxy:
         self._unary_calls: dict[str, Any] = {}
         self.channels: Reconnecting[grpc.aio.Channel] = Reconnecting(self._new_channel, _close_channel, health)
         self.connect_timeout_s = 3.0
+        self.stream_buffer_bytes = STREAM_BUFFER_BYTES
 
     # -- upstream channel -------------------------------------------------------------------------
 

@@ -8,7 +8,10 @@ to the client through one writer, in order: a request's first token and end reac
 the engine gives them, not when a slow client has taken the replies before them (a client that
 read nothing held a finished request's reservation; admission reads those two instants for what the
 engine runs and when its room frees). Triton's own gRPC front buffers a slow client's replies the
-same way. A refusal, a malformed request or a failed upstream answers that request alone, with an
+same way. What is buffered is bounded by intake, not by reading Triton: while more than
+`STREAM_BUFFER_BYTES` of replies wait for a client, its next request waits unadmitted (and gRPC's
+flow control then holds the client), so a client that never reads cannot have the sidecar admit
+without end and keep every reply. A refusal, a malformed request or a failed upstream answers that request alone, with an
 `error_message`, as Triton reports per-request errors on a stream.
 """
 
@@ -30,6 +33,11 @@ from sidecar.grpc_metadata import Metadata, StreamMetadata, grpc_code
 from sidecar.metrics import SidecarMetrics
 from sidecar.upstream import UpstreamHealth
 
+STREAM_BUFFER_BYTES = 16 << 20
+"""Replies waiting for one stream's client past which its next request waits unadmitted: four of the
+largest message gRPC takes by default (4 MiB), and thousands of token replies; a reply is never
+dropped or held from the buffer, whatever its size."""
+
 _FINAL = "triton_final_response"
 _EMPTY_FINAL = "triton_enable_empty_final_response"
 
@@ -40,6 +48,7 @@ class StreamHost(Protocol):
     controller: AdmissionController
     health: UpstreamHealth
     metrics: SidecarMetrics
+    stream_buffer_bytes: int  # STREAM_BUFFER_BYTES unless set
 
     def prepare(self, request: Any, metadata: Metadata) -> tuple[Any, Any, Any, str]: ...
 
@@ -72,14 +81,21 @@ class StreamRelay:
     pending: dict[str, _Pending] = field(default_factory=dict)  # by internal id
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     upstream_failed: list[str] = field(default_factory=list)
-    outbox: asyncio.Queue[tuple[Any, bool] | None] = field(default_factory=asyncio.Queue)
+    outbox: asyncio.Queue[tuple[bytes, bool] | None] = field(default_factory=asyncio.Queue)
+    buffered: int = 0  # bytes in the outbox
+    _drained: asyncio.Event = field(default_factory=asyncio.Event)  # set while buffered is within the bound
     _up_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def __post_init__(self) -> None:
         self.reply_metadata = StreamMetadata(self.upstream)
+        self._drained.set()
 
     def send(self, message: Any, from_upstream: bool = False) -> None:
-        self.outbox.put_nowait((message, from_upstream))
+        data = message.SerializeToString()
+        self.buffered += len(data)
+        if self.buffered > self.proxy.stream_buffer_bytes:
+            self._drained.clear()
+        self.outbox.put_nowait((data, from_upstream))
 
     async def run(self, requests: AsyncIterator[bytes]) -> None:
         reader = asyncio.ensure_future(self._read_client(requests))
@@ -105,30 +121,39 @@ class StreamRelay:
 
     async def _write_client(self) -> None:
         while (item := await self.outbox.get()) is not None:
-            message, from_upstream = item
+            data, from_upstream = item
             await self.reply_metadata.before_write(self.context, from_upstream)
-            await self.context.write(message.SerializeToString())
+            await self.context.write(data)
+            self.buffered -= len(data)
+            if self.buffered <= self.proxy.stream_buffer_bytes:
+                self._drained.set()
 
     async def _read_client(self, requests: AsyncIterator[bytes]) -> None:
-        proxy = self.proxy
         async for raw in requests:
-            try:
-                request = pb.ModelInferRequest.FromString(raw)
-            except Exception as err:
-                proxy.metrics.malformed.labels("grpc").inc()
-                self.send(error_reply("", "", f"malformed request: {type(err).__name__}: {err}"))
-                continue
-            if not proxy.health.up or self.upstream_failed:
-                body = unavailable(proxy.health.reason or (self.upstream_failed[0] if self.upstream_failed else None))
-                self.send(error_reply(request.id, request.model_name, f"UNAVAILABLE: {json.dumps(body)}"))
-                continue
-            task = asyncio.ensure_future(self._one(request))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            await self._drained.wait()  # a request is taken only while the client takes its replies
+            self._take(raw)
         while self.tasks:
             await asyncio.gather(*list(self.tasks), return_exceptions=True)
         with contextlib.suppress(Exception):
             await self.upstream.done_writing()
+
+    def _take(self, raw: bytes) -> None:
+        """One request from the client: answered at once when malformed or Triton is down, else off to
+        admission on its own task."""
+        proxy = self.proxy
+        try:
+            request = pb.ModelInferRequest.FromString(raw)
+        except Exception as err:
+            proxy.metrics.malformed.labels("grpc").inc()
+            self.send(error_reply("", "", f"malformed request: {type(err).__name__}: {err}"))
+            return
+        if not proxy.health.up or self.upstream_failed:
+            body = unavailable(proxy.health.reason or (self.upstream_failed[0] if self.upstream_failed else None))
+            self.send(error_reply(request.id, request.model_name, f"UNAVAILABLE: {json.dumps(body)}"))
+            return
+        task = asyncio.ensure_future(self._one(request))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     async def _one(self, request: Any) -> None:
         proxy, client_id = self.proxy, request.id

@@ -29,7 +29,7 @@ from tests.sidecar_rigs import admission_parts, policy_doc, started_grpc_server,
 pytestmark = pytest.mark.integration
 
 SERVER_METADATA = SERVICE + "ServerMetadata"
-BIG_REPLIES, BIG_REPLY = 16, 256 << 10  # 4 MiB in all
+BIG_REPLIES, BIG_REPLY = 16, 256 << 10  # 4 MiB: more than a client that does not read takes in (about 3.75)
 TENANTS = {"tenants": [{"name": "acme", "max_inflight": 1, "classes": ["interactive", "normal"]}]}
 
 
@@ -50,6 +50,7 @@ class FakeTriton:
     A request whose id starts with "hold" waits for `release`."""
 
     seen: list[dict[str, Any]] = field(default_factory=list)
+    streamed: int = 0  # requests that reached it on streams
     release: asyncio.Event = field(default_factory=asyncio.Event)
     started: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -77,12 +78,13 @@ class FakeTriton:
         first = True
         async for raw in requests:
             request = pb.ModelInferRequest.FromString(raw)
+            self.streamed += 1
             if first:  # like a server that sends its headers with its first response
                 await context.send_initial_metadata((("x-stream-initial", "hello"),))
                 first = False
-            # A request with the parameter "big" gets BIG_REPLIES replies of BIG_REPLY bytes before its
-            # final one: more than a client that does not read takes in before flow control holds.
-            parts = BIG_REPLIES if "big" in request.parameters else 0
+            # A request with the parameter "big" (a count) gets that many replies of BIG_REPLY bytes
+            # before its final one.
+            parts = request.parameters["big"].int64_param if "big" in request.parameters else 0
             for part in range(parts + 1):
                 out = pb.ModelStreamInferResponse()
                 out.infer_response.id = request.id
@@ -232,7 +234,7 @@ def test_grpc_stream_request_ends_when_triton_ends_it_not_when_the_client_reads(
         async with grpc_rig(parse_policy(policy_doc())) as rig:
             call = rig.channel.stream_stream(MODEL_STREAM_INFER)(timeout=20)
             big = pb.ModelInferRequest(model_name="cls", id="big-1")
-            big.parameters["big"].bool_param = True
+            big.parameters["big"].int64_param = BIG_REPLIES
             await call.write(big.SerializeToString())
             for _ in range(500):  # the client reads nothing meanwhile
                 if rig.state.inflight == 0 and rig.metrics.exposition().count(b'outcome="ok"'):
@@ -245,6 +247,33 @@ def test_grpc_stream_request_ends_when_triton_ends_it_not_when_the_client_reads(
                 assert reply.infer_response.id == "big-1" and not reply.error_message
                 sizes.append(len(reply.infer_response.raw_output_contents[0]) - 4)
             assert sizes == [BIG_REPLY] * BIG_REPLIES + [1]
+            await call.done_writing()
+            assert await call.read() is grpc.aio.EOF and await call.code() == grpc.StatusCode.OK
+
+    asyncio.run(main())
+
+
+def test_grpc_stream_client_that_does_not_read_gets_nothing_more_admitted() -> None:
+    """What waits for a client is bounded: past `stream_buffer_bytes` of replies its next request is
+    neither admitted nor sent to Triton until it takes them; then it is served as usual."""
+
+    async def main() -> None:
+        async with grpc_rig(parse_policy(policy_doc())) as rig:
+            rig.proxy.stream_buffer_bytes = 1 << 20
+            call = rig.channel.stream_stream(MODEL_STREAM_INFER)(timeout=20)
+            big = pb.ModelInferRequest(model_name="cls", id="big-1")
+            big.parameters["big"].int64_param = 4 * BIG_REPLIES  # 16 MiB: most of it waits in the sidecar
+            await call.write(big.SerializeToString())
+            for _ in range(500):  # Triton has answered big-1 in full; the client reads nothing meanwhile
+                if rig.fake.streamed == 1 and rig.state.inflight == 0:
+                    break
+                await asyncio.sleep(0.01)
+            await call.write(pb.ModelInferRequest(model_name="cls", id="next").SerializeToString())
+            await asyncio.sleep(0.5)
+            assert rig.fake.streamed == 1 and idle(rig.state) == (0, 0, 0, 0, 0)
+            ids = [pb.ModelStreamInferResponse.FromString(await call.read()).infer_response.id
+                   for _ in range(4 * BIG_REPLIES + 2)]
+            assert ids == ["big-1"] * (4 * BIG_REPLIES + 1) + ["next"] and rig.fake.streamed == 2
             await call.done_writing()
             assert await call.read() is grpc.aio.EOF and await call.code() == grpc.StatusCode.OK
 
