@@ -307,9 +307,12 @@ class SidecarWatch:
             self.limits += [x.value for x in self._samples()
                             if x.name == "sidecar_engine_limit" and x.labels.get("model") == self.model]
 
-    def words(self) -> str:
+    def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+
+    def words(self) -> str:
+        self.stop()
         after = self._queued()
         held = {k: after[k] - self.before.get(k, 0.0) for k in after if after[k] - self.before.get(k, 0.0) > 0}
         queued = ", ".join(f"{k} {v:.0f}" for k, v in sorted(held.items(), key=lambda kv: -kv[1])) or "none"
@@ -487,7 +490,7 @@ def idle_cpu_per_s(case: Case, seconds: float = 3.0) -> float:
     before = process_cpu_s(case.sidecar.proc.pid)
     time.sleep(seconds)
     after = process_cpu_s(case.sidecar.proc.pid)
-    watch.words()
+    watch.stop()
     return 0.0 if before is None or after is None else max(0.0, (after - before) / seconds)
 
 

@@ -84,7 +84,7 @@ class LaneControl:
         it matters: an LLM's requests queue one by one under overload, and a sync per queued
         request (an HTTP exchange with nginx) cost the sidecar more CPU than the requests did."""
         if self.holds_slots():
-            self._wake.set()
+            self.wake()
 
     def policy_changed(self) -> None:
         """A reloaded policy may add or remove lane pairs; a removed one's slots go back as its

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,6 +155,21 @@ async def grpc_rig(policy: SidecarPolicy) -> AsyncIterator[GrpcRig]:
         await upstream.stop(grace=None)
 
 
+async def settled(condition: Callable[[], Any], seconds: float = 5.0) -> None:
+    """Until `condition()` holds or `seconds` pass; the caller asserts what it needs afterwards."""
+    for _ in range(int(seconds / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+
+
+def big_request(rid: str, replies: int) -> bytes:
+    """A stream request the fake Triton answers with `replies` replies of BIG_REPLY bytes, then its final one."""
+    request = pb.ModelInferRequest(model_name="cls", id=rid)
+    request.parameters["big"].int64_param = replies
+    return request.SerializeToString()
+
+
 def idle(state: AdmissionState) -> tuple[int, int, int, int, int]:
     return (state.inflight, state.reserved_bytes, state.waiting, state.inflight_of_tenant("acme"),
             state.reserved_of_tenant("acme"))
@@ -233,13 +248,9 @@ def test_grpc_stream_request_ends_when_triton_ends_it_not_when_the_client_reads(
     async def main() -> None:
         async with grpc_rig(parse_policy(policy_doc())) as rig:
             call = rig.channel.stream_stream(MODEL_STREAM_INFER)(timeout=20)
-            big = pb.ModelInferRequest(model_name="cls", id="big-1")
-            big.parameters["big"].int64_param = BIG_REPLIES
-            await call.write(big.SerializeToString())
-            for _ in range(500):  # the client reads nothing meanwhile
-                if rig.state.inflight == 0 and rig.metrics.exposition().count(b'outcome="ok"'):
-                    break
-                await asyncio.sleep(0.01)
+            await call.write(big_request("big-1", BIG_REPLIES))
+            # the client reads nothing meanwhile
+            await settled(lambda: rig.state.inflight == 0 and rig.metrics.exposition().count(b'outcome="ok"'))
             assert idle(rig.state) == (0, 0, 0, 0, 0)
             sizes = []
             for _ in range(BIG_REPLIES + 1):
@@ -261,13 +272,9 @@ def test_grpc_stream_client_that_does_not_read_gets_nothing_more_admitted() -> N
         async with grpc_rig(parse_policy(policy_doc())) as rig:
             rig.proxy.stream_buffer_bytes = 1 << 20
             call = rig.channel.stream_stream(MODEL_STREAM_INFER)(timeout=20)
-            big = pb.ModelInferRequest(model_name="cls", id="big-1")
-            big.parameters["big"].int64_param = 4 * BIG_REPLIES  # 16 MiB: most of it waits in the sidecar
-            await call.write(big.SerializeToString())
-            for _ in range(500):  # Triton has answered big-1 in full; the client reads nothing meanwhile
-                if rig.fake.streamed == 1 and rig.state.inflight == 0:
-                    break
-                await asyncio.sleep(0.01)
+            await call.write(big_request("big-1", 4 * BIG_REPLIES))  # 16 MiB: most of it waits in the sidecar
+            # Triton has answered big-1 in full; the client reads nothing meanwhile
+            await settled(lambda: rig.fake.streamed == 1 and rig.state.inflight == 0)
             await call.write(pb.ModelInferRequest(model_name="cls", id="next").SerializeToString())
             await asyncio.sleep(0.5)
             assert rig.fake.streamed == 1 and idle(rig.state) == (0, 0, 0, 0, 0)
@@ -370,10 +377,7 @@ def test_grpc_client_gone_mid_request_releases_the_tenant() -> None:
             await rig.fake.started.wait()
             assert rig.state.inflight_of_tenant("acme") == 1
             call.cancel()
-            for _ in range(200):
-                if idle(rig.state) == (0, 0, 0, 0, 0):
-                    break
-                await asyncio.sleep(0.01)
+            await settled(lambda: idle(rig.state) == (0, 0, 0, 0, 0), seconds=2.0)
             assert idle(rig.state) == (0, 0, 0, 0, 0)
             rig.fake.release.set()
 
@@ -421,10 +425,7 @@ def test_http_tenant_header_reaches_admission() -> None:
             url = f"{base}/v2/models/cls/infer"
             doc = {"inputs": []}
             holder = asyncio.ensure_future(session.post(url, json=doc, headers={"x-tenant": "acme", "x-hold": "1"}))
-            for _ in range(200):
-                if state.inflight_of_tenant("acme"):
-                    break
-                await asyncio.sleep(0.01)
+            await settled(lambda: state.inflight_of_tenant("acme"), seconds=2.0)
             assert state.inflight_of_tenant("acme") == 1
             async with session.post(url, json=doc, headers={"x-tenant": "acme"}) as resp:
                 body = await resp.json()
