@@ -157,6 +157,16 @@ def start_timeout(opts: "ServerOptions") -> float:
     return ENGINE_START_TIMEOUT_S if "vllm" in opts.python_backends else START_TIMEOUT_S
 
 
+def describe_exit(pid: int, returncode: int, log: str, log_path: Path | None) -> str:
+    """How a server ended, and its log's last lines. The exit code alone hides the fact that says
+    whose fault it was: a signal (SIGSEGV: the server's own crash, which it prints as "Signal (11)
+    received" above its stack; SIGKILL: another process, or the kernel out of memory) or its own
+    exit."""
+    how = f"was killed by {signal.Signals(-returncode).name}" if returncode < 0 else f"exited with code {returncode}"
+    tail = "\n".join(log.splitlines()[-20:]).strip() or "(the server printed nothing)"
+    return f"tritonserver (pid {pid}) {how}; its log ({log_path}) ends:\n{tail}"
+
+
 @dataclass
 class ServerOptions:
     """What the launcher passes to tritonserver; ports of 0 are picked free at start."""
@@ -193,6 +203,7 @@ class TritonServer:
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
     _workdir: Path | None = field(default=None, init=False)
     _log_handle: object | None = field(default=None, init=False)
+    _stop_asked: bool = field(default=False, init=False)  # stop() ran: an exit from here on is ours
 
     @property
     def http_url(self) -> str:
@@ -273,6 +284,7 @@ class TritonServer:
                 setattr(opts, name, free_port())
             backend_dir = install.backend_dir(self._workdir / "backends", opts.python_backends)  # stop() removes it
             self._log_handle = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+            self._stop_asked = False
             self.process = subprocess.Popen(
                 tied_to_parent(self.command(backend_dir, install), signal.SIGKILL, opts.cpus),
                 stdout=self._log_handle,
@@ -310,6 +322,13 @@ class TritonServer:
         picked = errors[-12:] if errors else lines[-12:]
         return "\n".join(picked).strip() or "(the server printed nothing)"
 
+    def exit_report(self) -> str | None:
+        """None while the server runs or after stop(); else `describe_exit` of how it ended."""
+        proc = self.process
+        if proc is None or self._stop_asked or proc.poll() is None:
+            return None
+        return describe_exit(proc.pid, proc.returncode, self.log_text(), self.log_path)
+
     def wait_ready(self, timeout_s: float) -> None:
         """Ready means the server and every model it was asked to load are ready (strict readiness)."""
         assert self.process is not None
@@ -338,6 +357,7 @@ class TritonServer:
         and what they started are its children). A group-wide SIGINT would reach an engine's own
         child processes (vLLM's EngineCore) before the backend's finalize() could stop them."""
         proc = self.process
+        self._stop_asked = True
         if proc is not None and proc.poll() is None:
             try:
                 os.kill(proc.pid, signal.SIGINT)

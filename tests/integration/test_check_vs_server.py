@@ -347,7 +347,9 @@ def world() -> Iterator[World]:
                                 extra_args=["--model-load-thread-count=4"])
         with TritonServer(options) as server:
             outcomes: dict[str, Outcome] = {}
-            with httpx.Client(base_url=f"http://{server.http_url}", timeout=60.0) as client:
+            # A load here takes a second or two; beside another test module's engine at full load
+            # (the vLLM module's 64 streams) one took over 60 s in CI (2026-12-05), which is slow, not wrong.
+            with httpx.Client(base_url=f"http://{server.http_url}", timeout=240.0) as client:
                 # Four loads at a time; ensembles last, their members stay loaded.
                 ensembles = [c.name for c in CASES if "ensemble" in (c.config or "")]
                 plain = [c.name for c in CASES if c.name not in ensembles]

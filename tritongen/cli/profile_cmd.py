@@ -233,9 +233,8 @@ def profile(
         endpoints = endpoints_from_url(url, grpc_url, metrics_url)
 
     def server_check() -> str | None:
-        if server is not None and server.process is not None and server.process.poll() is not None:
-            return f"the embedded tritonserver exited with code {server.process.returncode}:\n{server.failure_reason()}"
-        return None
+        ended = server.exit_report() if server is not None else None
+        return f"the embedded {ended}" if ended is not None else None
 
     admin = TritonAdmin(endpoints)
     profiler: Profiler | None = None

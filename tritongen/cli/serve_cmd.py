@@ -49,8 +49,9 @@ def serve(
         )
         while not stop["now"] and server.process is not None and server.process.poll() is None:
             time.sleep(0.5)
-        if server.process is not None and server.process.poll() is not None:
-            console.print(f"[red]tritonserver exited with code {server.process.returncode}[/]:\n{server.failure_reason()}")
+        ended = server.exit_report()
+        if ended is not None:
+            console.print(ended, style="red", markup=False)
             raise typer.Exit(code=1)
     except KeyboardInterrupt:
         pass
