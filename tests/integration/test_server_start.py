@@ -1,8 +1,10 @@
 """The launcher's ports: drawn below the kernel's ephemeral range (read from the kernel), and one it
-chose and lost before tritonserver bound it is chosen again."""
+chose and lost before tritonserver bound it is chosen again; and what its Python stubs keep in shared
+memory goes with it."""
 
 from __future__ import annotations
 
+import signal
 import socket
 from pathlib import Path
 
@@ -60,3 +62,38 @@ def test_the_listening_range_ends_where_the_ephemeral_range_begins(
 def test_an_unreadable_range_is_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(processes, "_EPHEMERAL_RANGE", tmp_path / "missing")
     assert processes._listening_range() is None
+
+
+IDENTITY_CONFIG = '''backend: "python"
+max_batch_size: 0
+input [ { name: "IN", data_type: TYPE_FP32, dims: [ 1 ] } ]
+output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 1 ] } ]
+'''
+IDENTITY_MODEL = '''import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
+                for r in requests]
+'''
+
+
+def test_a_killed_server_leaves_no_shared_memory_behind(tmp_path: Path) -> None:
+    """The Python backend's stubs keep their regions in /dev/shm, which only a clean shutdown
+    removes: a server killed (or crashed) left them in RAM until the host rebooted. Each server has
+    a prefix of its own, and stop() clears it, however the server ended."""
+    (tmp_path / "identity" / "1").mkdir(parents=True)
+    (tmp_path / "identity" / "config.pbtxt").write_text(IDENTITY_CONFIG)
+    (tmp_path / "identity" / "1" / "model.py").write_text(IDENTITY_MODEL)
+    server = TritonServer(ServerOptions(repository=tmp_path)).start()
+    try:
+        assert server.shm_prefix is not None
+        assert list(server_module.SHM_DIR.glob(f"{server.shm_prefix}*")), "the stub's regions carry this server's prefix"
+        assert server.process is not None
+        processes.kill_group(server.process, signal.SIGKILL)  # no shutdown: the stubs' regions stay
+        server.process.wait(timeout=10)
+        assert list(server_module.SHM_DIR.glob(f"{server.shm_prefix}*"))
+    finally:
+        server.stop()
+    assert not list(server_module.SHM_DIR.glob(f"{server.shm_prefix}*"))
