@@ -243,8 +243,9 @@ class TritonServer:
             "--allow-cpu-metrics=true",
             "--strict-readiness=true",
         ]
-        if self.shm_prefix is not None:
-            cmd.append(f"--backend-config=python,{SHM_PREFIX_FLAG}={self.shm_prefix}")
+        if self.shm_prefix is not None:  # Python-based backends (vllm, ...) read their own section
+            cmd.extend(f"--backend-config={name},{SHM_PREFIX_FLAG}={self.shm_prefix}"
+                       for name in dict.fromkeys(("python", *sorted(opts.python_backends))))
         if opts.model_control == "explicit":
             cmd.append("--model-control-mode=explicit")
             cmd.extend(f"--load-model={name}" for name in opts.load_models)
