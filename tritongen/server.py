@@ -243,8 +243,11 @@ class TritonServer:
             "--allow-cpu-metrics=true",
             "--strict-readiness=true",
         ]
-        if self.shm_prefix is not None:  # Python-based backends (vllm, ...) read their own section
-            cmd.extend(f"--backend-config={name},{SHM_PREFIX_FLAG}={self.shm_prefix}"
+        if self.shm_prefix is not None:
+            # Python-based backends (vllm, ...) read a section of their own, and each needs a prefix
+            # of its own: two backends under one prefix collide (tritonserver aborted at start with
+            # boost::interprocess::lock_exception, python and tinyllm models loading together).
+            cmd.extend(f"--backend-config={name},{SHM_PREFIX_FLAG}={self.shm_prefix}{name}_"
                        for name in dict.fromkeys(("python", *sorted(opts.python_backends))))
         if opts.model_control == "explicit":
             cmd.append("--model-control-mode=explicit")
