@@ -360,22 +360,32 @@ def test_doctor_diagnoses_an_overloaded_engine_from_the_upstream_metrics_alone(s
     # load lasts until doctor returns, however slowly doctor starts on a busy host; nothing is
     # measured after its window: the load stops 2 s after that, unfinished.
     capacity = completions_per_s(server, interface, prompt_tokens=96, output_tokens=32, bytes_per_token=1.0)
-    arrivals = generate_arrivals(TrafficSpec(shape="poisson", rate_per_s=3.0 * capacity, duration_s=120.0, classes=classes),
-                                 seed=7)
-    stop = threading.Event()
-    loaded = threading.Thread(target=run_load, args=(arrivals, {"all": target}),
-                              kwargs={"grpc_url": server.grpc_url, "request_timeout_s": 60.0, "drain_s": 2.0, "stop": stop},
-                              daemon=True)
-    loaded.start()
-    try:
-        result = cli("doctor", "--url", server.http_url, "--metrics-url", server.metrics_url, "--window", "8",
-                     "--budget-ms", "500", "--json")
-    finally:
-        stop.set()
-        loaded.join(timeout=90)
-    report = json.loads(result.stdout)
+
+    def doctor_under(rate_per_s: float) -> dict:
+        arrivals = generate_arrivals(TrafficSpec(shape="poisson", rate_per_s=rate_per_s, duration_s=120.0, classes=classes),
+                                     seed=7)
+        stop = threading.Event()
+        loaded = threading.Thread(target=run_load, args=(arrivals, {"all": target}),
+                                  kwargs={"grpc_url": server.grpc_url, "request_timeout_s": 60.0, "drain_s": 2.0, "stop": stop},
+                                  daemon=True)
+        loaded.start()
+        try:
+            result = cli("doctor", "--url", server.http_url, "--metrics-url", server.metrics_url, "--window", "8",
+                         "--budget-ms", "500", "--json")
+        finally:
+            stop.set()
+            loaded.join(timeout=90)
+        assert result.returncode in (0, 1), result.stdout[-2000:] + result.stderr[-2000:]
+        return json.loads(result.stdout)
+
+    report = doctor_under(3.0 * capacity)
+    if not [f for f in report["findings"] if f["model"] == MODEL and f["code"] == "DR110"]:
+        # The rig's precondition, not the verdict: a capacity read while another module held the
+        # cores can be a third of what the engine does a moment later, and 3x of it no overload
+        # (2026-12-05, a contended run: 46.7 completed/s at a mean TTFT of 25 ms). Once more, harder.
+        report = doctor_under(9.0 * capacity)
     ttft = [f for f in report["findings"] if f["model"] == MODEL and f["code"] == "DR110"]
-    assert ttft, result.stdout[-3000:]
+    assert ttft, json.dumps(report)[-3000:]
     assert "past its capacity" in ttft[0]["message"] and "inferred" in ttft[0]["message"], ttft[0]["message"]
     (unseen,) = [u for u in report["unseen"] if u["model"] == MODEL]
     assert "the engine's queue" in unseen["inferred"] and "the engine's queue" not in unseen["missing"]
