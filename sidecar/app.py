@@ -45,6 +45,7 @@ from sidecar.nginx_front import (
     FrontAddresses, NativeFrontUnavailable, NginxFront, NginxInstall, decision_socket, find_nginx,
 )
 from sidecar.tokens import load_counters
+from sidecar.tasks import stop_step
 from sidecar.upstream import UpstreamHealth
 from tritongen.core.sidecar_policy.schema import PolicyError, SidecarPolicy
 from tritongen.errors import BadInput
@@ -235,32 +236,32 @@ class Sidecar:
         for task in self._tasks:
             task.cancel()
 
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await stop_step("background tasks", asyncio.gather(*self._tasks, return_exceptions=True))
         self._tasks.clear()
         if self.lane is not None:
-            await self.lane.stop()
-        if self.nginx is not None:  # clients are cut at the front first
+            await stop_step("the lane", self.lane.stop())
+        if self.nginx is not None:  # clients are cut at the front first (bounded on its own: 5 s, then a kill)
             await self.nginx.stop()
             self.nginx = None
         if self.decisions is not None:  # then what nginx's requests held goes back
-            await self.decisions.stop()
+            await stop_step("the decision socket", self.decisions.stop())
             self.decisions = None
         if self._grpc_server is not None:
-            await self._grpc_server.stop(grace=1.0)
+            await stop_step("the gRPC listener", self._grpc_server.stop(grace=1.0))
             self._grpc_server = None
         for runner in self._runners:
-            await runner.cleanup()
+            await stop_step("an HTTP listener", runner.cleanup())
         self._runners.clear()
         if self.health is not None:
-            await self.health.stop()
+            await stop_step("the upstream probe", self.health.stop())
         if self.controller is not None:
-            await self.controller.stop()
+            await stop_step("admission", self.controller.stop())
         if self.http is not None:
-            await self.http.close()
+            await stop_step("the HTTP upstream pool", self.http.close())
         if self.grpc is not None:
-            await self.grpc.close()
+            await stop_step("the gRPC upstream channel", self.grpc.close())
         if self._side_session is not None:
-            await self._side_session.close()
+            await stop_step("the metrics session", self._side_session.close())
         if self.chain is not None:
             for source in self.chain.sources:
                 close = getattr(source, "close", None)

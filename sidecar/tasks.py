@@ -1,11 +1,36 @@
-"""One background coroutine owned by an object: started once, cancelled and awaited on stop."""
+"""Background coroutines owned by an object (started once, cancelled and awaited on stop), and the
+bounded steps a shutdown is made of."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Coroutine
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
+
+log = logging.getLogger("tritongen.sidecar")
+
+# A shutdown step that takes longer than this is stuck (a task that will not unwind, a connection
+# that will not close): the sidecar logs which one and goes on, so that SIGTERM stops it within the
+# time its supervisors wait (tritongen's own launcher 10 s, Kubernetes 30 s) instead of ending in
+# their SIGKILL with nothing said. None of the steps waits on the network for longer than the gRPC
+# listener's grace (1 s) when all is well.
+STOP_STEP_S = 3.0
+
+
+async def stop_step(name: str, step: Awaitable[Any], limit_s: float = STOP_STEP_S) -> None:
+    """Await one step of a shutdown for at most `limit_s`; a slow one is named in the log."""
+    began = time.monotonic()
+    try:
+        await asyncio.wait_for(step, limit_s)
+    except asyncio.TimeoutError:
+        log.error("stopping: %s did not finish within %.0f s; stopping without it", name, limit_s)
+        return
+    took = time.monotonic() - began
+    if took > 1.0:
+        log.warning("stopping: %s took %.1f s", name, took)
 
 
 class BackgroundTask:
