@@ -365,8 +365,14 @@ def test_doctor_diagnoses_an_overloaded_engine_from_the_upstream_metrics_alone(s
         arrivals = generate_arrivals(TrafficSpec(shape="poisson", rate_per_s=rate_per_s, duration_s=120.0, classes=classes),
                                      seed=7)
         stop = threading.Event()
+        # In flight at most what the engine runs and about four seconds of its queue at this rate's
+        # third (TTFT past the 500 ms budget however fast the engine), drained at the end, not
+        # cancelled: a few hundred in-flight gRPC requests cancelled at once made this tritonserver
+        # abort (gRPC core "sync.cc:105 ASSERTION FAILED: prior > 0", SIGABRT, 2026-12-05).
+        in_flight = 32 + int(4.0 * rate_per_s / 3.0)
         loaded = threading.Thread(target=run_load, args=(arrivals, {"all": target}),
-                                  kwargs={"grpc_url": server.grpc_url, "request_timeout_s": 60.0, "drain_s": 2.0, "stop": stop},
+                                  kwargs={"grpc_url": server.grpc_url, "request_timeout_s": 60.0, "drain_s": 60.0, "stop": stop,
+                                          "max_in_flight": in_flight},
                                   daemon=True)
         loaded.start()
         try:
@@ -374,7 +380,7 @@ def test_doctor_diagnoses_an_overloaded_engine_from_the_upstream_metrics_alone(s
                          "--budget-ms", "500", "--json")
         finally:
             stop.set()
-            loaded.join(timeout=90)
+            loaded.join(timeout=120)
         assert result.returncode in (0, 1), result.stdout[-2000:] + result.stderr[-2000:]
         return json.loads(result.stdout)
 

@@ -177,8 +177,8 @@ class StreamWorker(threading.Thread):
             self.fatal = shorten(f"the gRPC stream to {self.url} failed: {stream_cause(responses, err, last)}")
         finally:
             self.ready.set()
-            try:
-                client.stop_stream(cancel_requests=True)
+            try:  # a request still in flight (its timeout passed, the worker failed) is cancelled
+                client.stop_stream(cancel_requests=self.current is not None)
             except Exception:  # noqa: BLE001
                 pass
             try:
@@ -187,22 +187,26 @@ class StreamWorker(threading.Thread):
                 pass
 
     def _collect(self, record: StreamRecord, responses: queue.Queue, request_id: str) -> None:
+        """Until the request's final response. A stop does not cut it short: the request runs to its
+        end (or its timeout) and is marked "stopped", so that the stream closes with nothing in
+        flight. Cancelling in-flight stream requests made tritonserver 2.51 abort (gRPC core's
+        "sync.cc:105 ASSERTION FAILED: prior > 0", SIGABRT, 2026-12-05, a load of a few hundred
+        in flight cancelled at once), and a profile must never take down the server it measures."""
         deadline = record.start + self.request_timeout_s
+        stopped = False
         while True:
-            if self.stop.is_set():
-                record.error = record.error or "stopped"
-                return
+            stopped = stopped or self.stop.is_set()
             try:
                 arrived, result, error = responses.get(timeout=0.05)
             except queue.Empty:
                 if time.perf_counter() > deadline:
-                    record.error = f"no final response after {self.request_timeout_s:.0f} s"
+                    record.error = "stopped" if stopped else f"no final response after {self.request_timeout_s:.0f} s"
                     record.end = time.perf_counter()
                     return
                 continue
             if error is not None:
                 record.error_text = str(error)
-                record.error = shorten(record.error_text)
+                record.error = "stopped" if stopped else shorten(record.error_text)
                 record.end = arrived
                 return
             response = result.get_response()
@@ -214,6 +218,8 @@ class StreamWorker(threading.Thread):
             final = response.parameters.get("triton_final_response")
             if final is not None and final.bool_param:
                 record.end = arrived
+                if stopped:
+                    record.error = "stopped"  # ran past the stop: outside what the caller measures
                 return
 
 
