@@ -44,8 +44,8 @@ from sidecar.metrics import SidecarMetrics
 from sidecar.nginx_front import (
     FrontAddresses, NativeFrontUnavailable, NginxFront, NginxInstall, decision_socket, find_nginx,
 )
-from sidecar.tokens import load_counters
 from sidecar.tasks import stop_step
+from sidecar.tokens import load_counters
 from sidecar.upstream import UpstreamHealth
 from tritongen.core.sidecar_policy.schema import PolicyError, SidecarPolicy
 from tritongen.errors import BadInput

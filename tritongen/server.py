@@ -170,9 +170,13 @@ def describe_exit(pid: int, returncode: int, log: str, log_path: Path | None) ->
     whose fault it was: a signal (SIGSEGV: the server's own crash, which it prints as "Signal (11)
     received" above its stack; SIGKILL: another process, or the kernel out of memory) or its own
     exit."""
-    how = f"was killed by {signal.Signals(-returncode).name}" if returncode < 0 else f"exited with code {returncode}"
     tail = "\n".join(log.splitlines()[-20:]).strip() or "(the server printed nothing)"
-    return f"tritonserver (pid {pid}) {how}; its log ({log_path}) ends:\n{tail}"
+    return f"tritonserver (pid {pid}) {ended_how(returncode)}; its log ({log_path}) ends:\n{tail}"
+
+
+def ended_how(returncode: int) -> str:
+    """'was killed by SIGABRT' or 'exited with code 1': Popen gives a signal as a negative code."""
+    return f"was killed by {signal.Signals(-returncode).name}" if returncode < 0 else f"exited with code {returncode}"
 
 
 @dataclass
@@ -357,7 +361,7 @@ class TritonServer:
                 code = self.process.poll()
                 if code is not None:
                     raise RunFailed(
-                        f"tritonserver exited with code {code} during start-up:\n{self.failure_reason()}"
+                        f"tritonserver {ended_how(code)} during start-up:\n{self.failure_reason()}"
                     )
                 try:
                     if client.get(url).status_code == 200:

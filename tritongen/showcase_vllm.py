@@ -126,9 +126,8 @@ def run_vllm_showcase(
         measured = read_profiles(profiles).get(model) if profiles.is_dir() else None
         if measured is None or measured.engine is None:
             said = (profiled.stderr.strip() or profiled.stdout.strip())[-2000:]
-            exited = naive.process.poll() if naive.process is not None else None
-            server = ("" if exited is None else
-                      f"\ntritonserver had exited with code {exited}; its log:\n{naive.failure_reason()}")
+            ended = naive.exit_report()
+            server = "" if ended is None else f"\n{ended}"
             raise RunFailed(f"`tritongen profile` wrote no engine profile of {model} into {profiles} "
                             f"(exit {profiled.returncode}):\n{said}{server}")
         show.lap("profile")

@@ -28,7 +28,6 @@ def _servers_outlive_the_test(request: pytest.FixtureRequest):
     it in a fixture of its own, which has ended by now and is not among the test's arguments."""
     yield
     for value in list(request.node.funcargs.values()):
-        if isinstance(value, TritonServer) and value.process is not None:
-            ended = value.exit_report()
-            if ended is not None:
-                pytest.fail(f"a server this test shares {ended}", pytrace=False)
+        ended = value.exit_report() if isinstance(value, TritonServer) else None
+        if ended is not None:
+            pytest.fail(f"a server this test shares {ended}", pytrace=False)

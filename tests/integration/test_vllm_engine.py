@@ -189,8 +189,7 @@ def test_a_rendered_model_json_loads_and_serves_with_the_engine_gauges(server: T
     deadline = time.monotonic() + 60.0
     while time.monotonic() < deadline:
         index = httpx.post(f"http://{server.http_url}/v2/repository/index", json={}, timeout=10.0).json()
-        if all(entry.get("state") != "READY" and entry.get("state") != "UNLOADING" for entry in index
-               if entry["name"] == "tiny_llama"):
+        if all(entry.get("state") not in ("READY", "UNLOADING") for entry in index if entry["name"] == "tiny_llama"):
             break
         time.sleep(0.2)
     else:

@@ -16,7 +16,6 @@ def test_a_stated_start_timeout_wins() -> None:
     assert start_timeout(stated) == 30.0
 
 
-
 def test_a_server_that_died_says_by_which_signal_and_quotes_its_log() -> None:
     log = "I1205 ready\nSignal (11) received.\n 0# 0x000055d0 in tritonserver\n"
     crashed = describe_exit(4242, -11, log, Path("tritonserver.log"))
