@@ -53,7 +53,10 @@ def test_a_model_served_without_dynamic_batching_gets_a_curve(scorer_profile: Pr
     assert {1, 64} <= sizes and len(sizes) >= 4, sizes
     assert p.fit is not None
     per_row = (p.fit.predict(64) - p.fit.predict(1)) / 63  # the stand-in: 0.05 + 1.5 = 1.55 ms per row
-    assert 1.55 * 0.7 < per_row < 1.55 * 1.4, per_row
+    # A verdict, not the fit's accuracy (bench-profile and bench-instance-scaling print those): a
+    # slope of the stand-in's order, not flat, negative or in the wrong unit. In a full suite (two
+    # modules at once on 2 cores) the --quick fit read 2.33 ms once (2026-12-05).
+    assert 1.55 * 0.6 < per_row < 1.55 * 2.0, per_row
     assert p.variant is not None and "dynamic_batching" in p.variant
     assert p.overheads is not None and p.overheads.levels >= 2
     # the stand-in's host part is 4 ms a request; beside another module and a busy loop the median
