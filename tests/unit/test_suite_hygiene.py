@@ -350,3 +350,18 @@ def test_benches_import_no_tests_and_leave_sys_path_alone() -> None:
     assert bench / "rig" / "fidelity.py" in files
     found = [finding for path in files for finding in findings(path, _parse(path))]
     assert not found, "\n".join(found)
+
+
+# ------------------------------------------------------------------------------------------------
+# the integration modules' order (tests/integration/conftest.py): a renamed or deleted module would
+# silently lose its place and a long one could run last, alone, on one worker
+
+
+def test_the_integration_order_names_modules_that_exist() -> None:
+    conftest = TESTS / "integration" / "conftest.py"
+    listed = [ast.literal_eval(node.value) for node in _parse(conftest).body
+              if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "LONGEST_FIRST" for t in node.targets)]
+    assert len(listed) == 1 and listed[0], "tests/integration/conftest.py: LONGEST_FIRST, a tuple of module names"
+    missing = [name for name in listed[0] if not (conftest.parent / name).is_file()]
+    assert not missing, f"tests/integration/conftest.py: LONGEST_FIRST names {missing}, not in tests/integration/"
+    assert len(set(listed[0])) == len(listed[0])
