@@ -71,16 +71,6 @@ def load(server: TritonServer, model: str) -> None:
         raise SystemExit(f"loading {model} failed: {reply.text}")
 
 
-def unload(server: TritonServer, model: str) -> None:
-    httpx.post(f"http://{server.http_url}/v2/repository/models/{model}/unload", timeout=60)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        index = httpx.post(f"http://{server.http_url}/v2/repository/index", timeout=10).json()
-        if all(m.get("state") != "READY" for m in index if m["name"] == model):
-            return
-        time.sleep(0.2)
-
-
 def engine_log_pool(server: TritonServer) -> int | None:
     """The engine's own count: vLLM logs "KV cache size: N tokens" once its pool exists."""
     found = re.findall(r"KV cache size: ([\d,]+) tokens", server.log_text())
@@ -218,7 +208,7 @@ def run(server: TritonServer, repo: Path, spec: Path, tmp: Path, args) -> None:
                             classes=[{"name": "all", "share": 1.0, "priority": 1, "prompt_tokens": PROMPT, "output_tokens": OUTPUT}])
         return generate_arrivals(spec_, seed=seed)
 
-    unload(server, MODEL)
+    admin.unload(MODEL)  # waits until the profiled engine has stopped, before the next one loads
     load(server, TRUTH)
     target = LoadTarget(TRUTH, streaming=True, batched=False, interface=interface, bytes_per_token=eng.bytes_per_token)
     sim_capacity = simulate(sim_server, traffic(200.0, 1), seed=1).throughput_per_s

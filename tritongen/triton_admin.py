@@ -1,11 +1,12 @@
 """Triton's HTTP admin API as the profiler and doctor use it: where the server's HTTP, gRPC and
 metrics endpoints are (`endpoints_from_url`), and the calls besides inference (metadata, the model
-index, configs, statistics, loads, the metrics page), each failure one `RunFailed` that names the
+index, configs, statistics, loads and unloads, the metrics page), each failure one `RunFailed` that names the
 address and the option that set it (`tritongen.shared.reach`)."""
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -125,6 +126,22 @@ class TritonAdmin:
         response = self._call("POST", f"/v2/repository/models/{model}/load", json=body)
         if response.status_code != 200:
             raise RunFailed(f"reloading {model!r} failed ({response.status_code}): {response.text[:300]}")
+
+    def unload(self, model: str, timeout_s: float = 60.0) -> None:
+        """Unload `model` and wait until it is gone: Triton answers the call before the model's
+        finalize() has run (a vLLM engine still stopping, holding its memory and cores) and lists it
+        UNLOADING meanwhile (docs/server-behaviour.md)."""
+        response = self._call("POST", f"/v2/repository/models/{model}/unload", json={})
+        if response.status_code != 200:
+            raise RunFailed(f"unloading {model!r} failed ({response.status_code}): {response.text[:300]}")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            states = [entry.get("state") for entry in self.models() if entry.get("name") == model]
+            if not any(state in ("READY", "UNLOADING") for state in states):
+                return
+            if time.monotonic() > deadline:
+                raise RunFailed(f"{model!r} still {states[0]} {timeout_s:.0f} s after its unload: {states}")
+            time.sleep(0.2)
 
     def metrics(self) -> str | None:
         """The metrics page, or None when the server exports none (metrics are optional to a profile)."""

@@ -182,18 +182,9 @@ def test_a_rendered_model_json_loads_and_serves_with_the_engine_gauges(server: T
     assert ENGINE_GAUGES <= families(text, "tiny_llama")
     info = next(line for line in text.splitlines() if line.startswith("vllm:cache_config_info") and 'model="tiny_llama"' in line)
     assert f'num_gpu_blocks="{engine_args["num_gpu_blocks_override"]}"' in info and f'block_size="{engine_args["block_size"]}"' in info
-    unloaded = httpx.post(f"http://{server.http_url}/v2/repository/models/tiny_llama/unload", timeout=60.0)
-    assert unloaded.status_code == 200, unloaded.text
-    # The unload call returns before the engine has stopped: wait until it has, so that its shutdown
-    # is not inside the next test's timing (and no request meets a model halfway through unloading).
-    deadline = time.monotonic() + 60.0
-    while time.monotonic() < deadline:
-        index = httpx.post(f"http://{server.http_url}/v2/repository/index", json={}, timeout=10.0).json()
-        if all(entry.get("state") not in ("READY", "UNLOADING") for entry in index if entry["name"] == "tiny_llama"):
-            break
-        time.sleep(0.2)
-    else:
-        raise AssertionError(f"tiny_llama still unloading after 60 s: {index}")
+    # Waits until the engine has stopped (the call returns before), so that its shutdown is not
+    # inside the next test's timing and no request meets a model halfway through unloading.
+    TritonAdmin(Endpoints(http=server.http_url, grpc=server.grpc_url, metrics=server.metrics_url)).unload("tiny_llama")
 
 
 def sidecar_policy(tmp_path: Path, max_inflight: int, tokenizer: Path | None = None) -> Path:
