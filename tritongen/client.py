@@ -81,6 +81,26 @@ def numpy_inputs(tensors: Sequence[RequestTensor]) -> dict[str, np.ndarray]:
     return out
 
 
+class RequestInputs(dict):
+    """A request's input arrays, with the Triton request parameters it must carry beside them.
+
+    Some LLMs take their token budget in the request's parameters, not in a tensor (an interface
+    whose `request_parameters` is not empty); a request sent without them runs at the model's own
+    default budget, and a profile would measure the wrong thing. Keeping the parameters on the
+    arrays' mapping lets every sender (stream workers, single probes) pass them on without a second
+    argument threaded through each call."""
+
+    def __init__(self, arrays: Mapping[str, np.ndarray], parameters: Mapping[str, object] | None = None) -> None:
+        super().__init__(arrays)
+        self.parameters: dict[str, object] = dict(parameters or {})
+
+
+def request_parameters_of(inputs: Mapping[str, np.ndarray]) -> dict[str, object] | None:
+    """The request parameters `inputs` carries (`RequestInputs`), or None."""
+    parameters = getattr(inputs, "parameters", None)
+    return dict(parameters) if parameters else None
+
+
 def infer_inputs(module, inputs: Mapping[str, np.ndarray]) -> list:
     """tritonclient InferInputs (of `module`: tritonclient.http or .grpc) holding `inputs`."""
     from tritonclient.utils import np_to_triton_dtype

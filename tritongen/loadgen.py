@@ -207,7 +207,7 @@ class _Runner:
             "model_name": target.model, "inputs": inputs, "priority": priority,
             "enable_empty_final_response": True,
         }
-        parameters = self._class_parameters(i, target)
+        parameters = {**target.interface.request_parameters(int(self.arr.output[i])), **(self._class_parameters(i, target) or {})}
         if parameters:
             request["parameters"] = parameters
 

@@ -115,6 +115,29 @@ def results_tables(profiles: list[Profile]) -> list[Table]:
                 f"{e.request_overhead_ms:.2f} ms", capacity, f"{e.bytes_per_token:g} ({e.bytes_per_token_source})",
             )
         tables.append(t)
+    unary = [p for p in profiles if p.llm is not None]
+    if unary:
+        t = Table(title="LLMs that are not decoupled: one response per request, so TTFT is the end-to-end time")
+        for col in ("model", "interface", "end-to-end by budget", "budget honoured", "static batch (probe)", "KV capacity"):
+            t.add_column(col)
+        for p in unary:
+            u = p.llm
+            assert u is not None
+            by_budget = ", ".join(f"{b}: {fmt_ms(ms)} ms" for b, ms in u.latency_ms_by_budget) or "-"
+            honoured = "-" if u.budget_honoured is None else ("yes" if u.budget_honoured else "no")
+            fits = ", ".join(f"{b}{'' if ok else ' OOM'}" for b, ok in u.batch_fits) or "-"
+            capacity = "-" if u.kv_capacity_tokens is None else f"{u.kv_capacity_tokens:,} tokens"
+            t.add_row(p.model, u.interface, by_budget, honoured, fits, capacity)
+        tables.append(t)
+    gapped = [p for p in profiles if p.gaps]
+    if gapped:
+        t = Table(title="What the models did not show (optional measurements), and what was taken instead")
+        for col in ("model", "measurement", "not seen", "taken instead"):
+            t.add_column(col)
+        for p in gapped:
+            for gap in p.gaps:
+                t.add_row(p.model, gap.measurement, gap.unseen, gap.inferred)
+        tables.append(t)
     scaled = [p for p in classic if p.scaling is not None or p.overheads is not None]
     if scaled:
         t = Table(title="Classic models: overheads and instance scaling on one device (what simulate and tune use)")

@@ -212,6 +212,46 @@ class DecodeSample(_Model):
         "the decode fit reads the step at this many.")
 
 
+class MeasurementGap(_Model):
+    """An optional measurement the model did not support: what could not be seen, and what the
+    profile took instead. A profile goes on past each of these (issue 43); simulate, render and
+    the sidecar read the inferred value, and the user reads why."""
+
+    measurement: Literal["token counts", "final flag", "metrics", "kv capacity", "prefill beside a stream",
+                         "token budget", "static batch capacity", "streaming"] = Field(
+        description="Which optional measurement.")
+    unseen: str = Field(description="What could not be seen, and why.")
+    inferred: str = Field(description="What the profile took instead (or 'nothing', and how to supply it).")
+
+
+class UnaryLLMMeasurement(_Model):
+    """An LLM that is not decoupled: one response holds the whole completion, so its first token
+    reaches the client with its last (TTFT is the end-to-end time), and Triton's dynamic batcher
+    forms its batches (static batching: a batch runs until its longest request is done)."""
+
+    interface: str = Field(description="The LLM interface the profile spoke (LLMInterface.describe).")
+    budget_honoured: bool | None = Field(
+        description="Whether a larger token budget made a request take longer (the model reads the budget where "
+        "tritongen sends it); None: could not be told.")
+    latency_ms_by_budget: list[tuple[int, float]] = Field(
+        default_factory=list, description="(max_tokens, median end-to-end ms of single requests on an idle server).")
+    ms_per_output_token: float | None = Field(
+        default=None, description="Slope of the end-to-end time over the budget: one decode step at batch 1.")
+    probe_prompt_tokens: int = Field(description="Prompt tokens (as sent) of the static-batch probe's requests.")
+    probe_max_tokens: int = Field(description="Budget of the static-batch probe's requests.")
+    batch_fits: list[tuple[int, bool]] = Field(
+        default_factory=list, description="(requests sent together, whether every one succeeded) per probe step.")
+    largest_batch_that_fits: int | None = Field(
+        default=None, description="The largest batch of probe requests that ran whole; None: none did.")
+    smallest_batch_that_fails: int | None = Field(
+        default=None, description="The smallest batch that failed with an out-of-memory answer; None: none did "
+        "up to the served max_batch_size.")
+    kv_capacity_tokens: int | None = Field(
+        default=None, description="Tokens a batch may hold at most: the largest batch that fit x (prompt + budget) "
+        "tokens; a lower bound where no batch failed.")
+    failure_sample: str | None = Field(default=None, description="The model's own error for the batch that failed, verbatim.")
+
+
 class EngineMeasurement(_Model):
     """The engine behind a decoupled model, measured from outside: what simulate and tune use."""
 
@@ -345,6 +385,10 @@ class Profile(_Model):
     variant: str | None = Field(
         default=None, description="Classic: the config the load levels ran on, when not the served one (loaded through the load API)."
     )
+    llm: UnaryLLMMeasurement | None = Field(
+        default=None, description="Classic: an LLM that is not decoupled, measured as one (TTFT = end-to-end).")
+    gaps: list[MeasurementGap] = Field(
+        default_factory=list, description="Optional measurements the model did not support, and what was inferred.")
     notes: list[str] = Field(default_factory=list, description="What was measured how, and what could not be.")
 
 

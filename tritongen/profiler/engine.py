@@ -24,20 +24,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
-from tritongen.client import numpy_inputs
-from tritongen.core.engine_inference import (ProbeRun, bytes_per_token_from_counts, capacity_from_probe, counter_delta,
-                                             only_timing_says_no, run_fits)
-from tritongen.core.engine_metrics import (PROMPT_TOKENS_COUNTER, TRTLLM_BLOCK_TYPE, TRTLLM_KV_BLOCKS, VLLM_USAGE_GAUGES,
-                                           is_out_of_memory)
-from tritongen.core.engine_sources import VLLM_DEFAULT_BLOCK_SIZE, EngineSourceError, vllm_stated
+from tritongen.client import RequestInputs, numpy_inputs
+from tritongen.core.engine_inference import bytes_per_token_from_counts, counter_delta
+from tritongen.core.engine_metrics import PROMPT_TOKENS_COUNTER
 from tritongen.core.llm_interface import LLMInterface, UnknownInterface
 from tritongen.core.llm_interface_config import interface_from_config
 from tritongen.core.prompts import prompt_of
-from tritongen.core.prometheus import kv_gauges, parse_prometheus
-from tritongen.core.profile_types import DecodeSample, EngineMeasurement, PrefillSample
-from tritongen.errors import BadInput, RunFailed
+from tritongen.core.profile_types import DecodeSample, EngineMeasurement, MeasurementGap, PrefillSample
+from tritongen.errors import BadInput, RunFailed, TritongenError
 from tritongen.profiler.engine_fits import (
     decode_step_ms,
     decode_steps_ms,
@@ -47,11 +41,11 @@ from tritongen.profiler.engine_fits import (
     nearest_token_ms,
     prefill_runs_in_step,
 )
+from tritongen.profiler.engine_capacity import EngineCapacity
 from tritongen.profiler.first_output import first_output_int
 from tritongen.profiler.load import ModelFailed, StreamLoad, StreamRecord, first_error
 
 ASSUMED_BYTES_PER_TOKEN = 4.0
-VLLM_CACHE_INFO = "vllm:cache_config_info"  # vLLM's own server: labels num_gpu_blocks and block_size
 
 
 def interface_of(name: str, config: dict) -> LLMInterface:
@@ -62,9 +56,12 @@ def interface_of(name: str, config: dict) -> LLMInterface:
 
 
 def stream_inputs(interface: LLMInterface, prompt_tokens: int, max_tokens: int, bytes_per_token: float,
-                  count_input_tokens: bool = False) -> dict[str, np.ndarray]:
-    return numpy_inputs(interface.request(prompt_of(prompt_tokens, bytes_per_token), max_tokens, stream=True,
-                                          count_input_tokens=count_input_tokens))
+                  count_input_tokens: bool = False) -> RequestInputs:
+    """One request's arrays in the model's interface, with the request parameters that carry its
+    budget where no tensor does."""
+    arrays = numpy_inputs(interface.request(prompt_of(prompt_tokens, bytes_per_token), max_tokens, stream=True,
+                                            count_input_tokens=count_input_tokens))
+    return RequestInputs(arrays, interface.request_parameters(max_tokens))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,7 +107,7 @@ def engine_settings(max_context: int | None, prompt: int, output: int, quick: bo
     )
 
 
-class EngineProfiler:
+class EngineProfiler(EngineCapacity):
     """One model's engine measurement. `admin` is the profiler's TritonAdmin (stats, metrics)."""
 
     def __init__(self, admin, grpc_url: str, model: str, config: dict, settings: EngineSettings,
@@ -127,11 +124,19 @@ class EngineProfiler:
         self.run_level = run_level  # (StreamLoad, concurrency) -> (records, windows, start)
         self.update = update
         self.notes: list[str] = []
+        self.gaps: list[MeasurementGap] = []  # optional measurements the model did not support
+        # Model tokens per prompt token sent, at worst: 1 where the bytes per token were counted or
+        # stated; where they were assumed, every byte may be a token (a byte-level tokenizer), so a
+        # request is sized to fit the model's context even then.
+        self.worst_tokens_per_token = 1.0
 
     # -- pieces ---------------------------------------------------------------------------------
 
     def _stream(self, inputs) -> StreamLoad:
         return StreamLoad(self.grpc_url, self.model, inputs, self.interface.text_output, prompt_input=self.interface.text_input)
+
+    def _request(self, prompt_tokens: int, max_tokens: int, bpt: float) -> RequestInputs:
+        return stream_inputs(self.interface, prompt_tokens, max_tokens, bpt)
 
     def _counter(self, name: str) -> float | None:
         values = [s.value for s in self._families() if s.name == name]
@@ -152,8 +157,12 @@ class EngineProfiler:
             prompt_bytes = len(prompt_of(sent, 1.0))
             tensors = stream_inputs(self.interface, sent, 1, 1.0, count_input_tokens=bool(output))
             before = self._counter(PROMPT_TOKENS_COUNTER)
-            count = first_output_int(self.grpc_url, self.model, tensors, output or self.interface.text_output,
-                                      want_int=bool(output))
+            try:
+                count = first_output_int(self.grpc_url, self.model, tensors, output or self.interface.text_output,
+                                          want_int=bool(output), parameters=tensors.parameters)
+            except ModelFailed as err:  # optional: a count the model will not give is a gap, not a failure
+                self.notes.append(f"bytes per token: a {sent}-byte prompt was refused: {err}")
+                continue
             after = self._wait_counter(PROMPT_TOKENS_COUNTER, before)
             if output and count:
                 counted.append((prompt_bytes, float(count)))
@@ -166,10 +175,13 @@ class EngineProfiler:
         found = bytes_per_token_from_counts(by_counter)
         if found:
             return round(found, 4), f"the engine's {PROMPT_TOKENS_COUNTER} against the prompt bytes sent"
-        self.notes.append(
-            f"bytes per token: the backend returned no token counts and exports no {PROMPT_TOKENS_COUNTER}; "
-            f"assumed {ASSUMED_BYTES_PER_TOKEN:g}"
-        )
+        self.gaps.append(MeasurementGap(
+            measurement="token counts",
+            unseen=f"the model returns no prompt token count (no num_input_tokens output) and exports no "
+                   f"{PROMPT_TOKENS_COUNTER}: its tokens per prompt byte could not be seen",
+            inferred=f"assumed {ASSUMED_BYTES_PER_TOKEN:g} bytes per token (state `bytes_per_token` in the spec to "
+                     "replace it); prompts were sized to fit the context even if every byte were a token",
+        ))
         return ASSUMED_BYTES_PER_TOKEN, f"assumed ({ASSUMED_BYTES_PER_TOKEN:g})"
 
     def _wait_counter(self, name: str, before: float | None, timeout_s: float = 2.0) -> float | None:
@@ -209,13 +221,38 @@ class EngineProfiler:
             raise ModelFailed(f"model {self.model!r} refused the long request the prefill measurement runs beside: {said}")
         raise ModelFailed(f"model {self.model!r}: a long request made no tokens within 5 s")
 
+    def _worst_tokens(self, prompt_tokens: int) -> int:
+        """What the model may count for a prompt of `prompt_tokens` tokens, at worst."""
+        return int(-(-prompt_tokens * self.worst_tokens_per_token // 1))
+
+    def _fit_context(self) -> None:
+        """Shrink the prompt lengths, and the decode levels' prompt and budget, to what fits the
+        model's context at the worst token count (`worst_tokens_per_token`)."""
+        if not self.max_context:
+            return
+        s = self.settings
+        longest = max(4, int((self.max_context - 2) / self.worst_tokens_per_token))
+        lengths = sorted({min(length, longest) for length in s.prefill_lengths})
+        prompt, output = s.prompt_tokens, s.output_tokens
+        if self._worst_tokens(prompt) + output > self.max_context:
+            prompt = max(1, min(prompt, int(self.max_context / 2 / self.worst_tokens_per_token)))
+            output = max(1, min(output, self.max_context - self._worst_tokens(prompt)))
+        if (lengths, prompt, output) != (s.prefill_lengths, s.prompt_tokens, s.output_tokens):
+            self.notes.append(
+                f"the bytes per token are assumed, so every prompt byte may be a token: prompts and budgets were "
+                f"sized to fit the model's context of {self.max_context} tokens even then (prefill lengths "
+                f"{lengths}, decode at {prompt} + {output} tokens)"
+            )
+            self.settings = EngineSettings(**{**s.__dict__, "prefill_lengths": lengths, "prompt_tokens": prompt,
+                                              "output_tokens": output})
+
     def prefill(self, bpt: float) -> list[PrefillSample]:
         """At each prompt length: single requests (max_tokens 1) on an idle engine, whose time to
         first token grows with the prompt by the prefill's cost per token; then the same beside a
         long stream, whose gap that holds a single's prefill grows by the engine time it added,
         and whose next token shows whether that prefill ran inside the decode step."""
         probe_prompt = 8
-        room = (self.max_context - probe_prompt - 1) if self.max_context else 512
+        room = (self.max_context - self._worst_tokens(probe_prompt) - 1) if self.max_context else 512
         long_load = self._stream(stream_inputs(self.interface, probe_prompt, max(16, min(512, room)), bpt))
         samples = []
         for length in self.settings.prefill_lengths:
@@ -232,13 +269,27 @@ class EngineProfiler:
                 StreamLoad.finish(long_workers, long_stop)
             runs = [list(r.token_times) for r in long_workers[0].records]
             measured = [(grown, r) for r in records if r.ttft_s is not None and (grown := gap_growth(runs, r)) is not None]
-            if not measured or not idle:
-                raise ModelFailed(
-                    f"model {self.model!r}: no single {length}-token request was prefilled while a long stream ran "
-                    "(does the engine batch continuously?)"
-                )
+            if not idle:
+                raise ModelFailed(f"model {self.model!r}: no single {length}-token request made a token on an idle engine")
             queue_ms = (ns1 - ns0) / max(1, n1 - n0) / 1e6
             ttft = statistics.median(r.ttft_s * 1000.0 for r in idle)
+            if not measured:
+                # optional: an engine that does not prefill a newcomer while another stream runs (it
+                # finishes one batch before the next) shows its prefill only on an idle engine
+                if not any(g.measurement == "prefill beside a stream" for g in self.gaps):
+                    self.gaps.append(MeasurementGap(
+                        measurement="prefill beside a stream",
+                        unseen=f"no single request was prefilled while a long stream ran (first at {length} tokens): "
+                               "the engine may not batch continuously",
+                        inferred="the prefill's engine time is the idle time to first token less Triton's queue; "
+                                 "whether a prefill stalls running streams is unknown",
+                    ))
+                samples.append(PrefillSample(
+                    prompt_tokens=length, prompt_bytes=len(prompt_of(length, bpt)), requests=len(idle),
+                    ttft_ms=round(ttft, 3), queue_ms=round(queue_ms, 3), engine_ms=round(max(0.0, ttft - queue_ms), 3),
+                    step_wait_ms=0.0, path_ms=0.0, lag_steps=None,
+                ))
+                continue
             engine = statistics.median(g for (g, _), _ in measured)
             usual = statistics.median(u for (_, u), _ in measured)
             lags = [lag for (_, u), r in measured if (lag := nearest_token_ms(runs, r)) is not None and u > 0]
@@ -275,178 +326,13 @@ class EngineProfiler:
         above it measures a step of that many sequences, not of its streams."""
         return self._stated().get("max_num_seqs")  # type: ignore[return-value]
 
-    # -- KV capacity ----------------------------------------------------------------------------
-
-    def _families(self) -> list:
-        """This model's samples (and those with no model label, e.g. an engine's server-wide gauges)."""
-        text = self.admin.metrics()
-        samples = parse_prometheus(text) if text else []
-        return [x for x in samples if x.labels.get("model", self.model) == self.model]
-
-    def capacity(self, bpt: float, prefill_ms: float = 0.0) -> tuple[int | None, int | None, str | None, str | None, list[str]]:
-        """(capacity tokens, block tokens, source, detail, engine metric families seen).
-        `prefill_ms`: the idle time to first token of the probe's prompt, which the probe allows
-        streams sent together to stagger by."""
-        samples = self._families()
-        names = sorted({s.name for s in samples if s.name.startswith(("vllm:", "nv_trt_llm_")) or "_kv_" in s.name})
-        trt = {s.labels.get(TRTLLM_BLOCK_TYPE): s.value for s in samples if s.name == TRTLLM_KV_BLOCKS}
-        if trt.get("max") and trt.get("tokens_per"):
-            tokens = int(trt["max"] * trt["tokens_per"])
-            return tokens, int(trt["tokens_per"]), "trt-llm metrics", f"{trt['max']:.0f} blocks x {trt['tokens_per']:.0f} tokens", names
-        gauges = kv_gauges(samples, self.model)
-        if gauges.blocks_total and gauges.block_tokens:
-            return (gauges.blocks_total * gauges.block_tokens, gauges.block_tokens, "model metrics",
-                    f"{gauges.blocks_total} blocks x {gauges.block_tokens} tokens (*_kv_blocks_total)", names)
-        info = next((s for s in samples if s.name == VLLM_CACHE_INFO), None)
-        if info is not None and info.labels.get("num_gpu_blocks", "").isdigit() and info.labels.get("block_size", "").isdigit():
-            blocks, size = int(info.labels["num_gpu_blocks"]), int(info.labels["block_size"])
-            if blocks and size:
-                return blocks * size, size, "vllm metrics", f"{VLLM_CACHE_INFO}: {blocks} blocks x {size} tokens", names
-        files = self._capacity_from_files()
-        if files is not None:
-            return (*files, names)
-        if any(n in VLLM_USAGE_GAUGES for n in names):
-            found = self._vllm_capacity(bpt)
-            if found is not None:
-                return found[0], VLLM_DEFAULT_BLOCK_SIZE, "vllm metrics", found[1], names
-        if self.settings.capacity_probe:
-            found = self._probe(bpt, prefill_ms / 1000.0)
-            if found is not None:
-                return found[0], None, "capacity probe", found[1], names
-        return None, None, None, None, names
-
-    def _stated(self) -> dict[str, object]:
-        """What the engine's own files state (vLLM's model.json, where the profile sees the
-        repository), read as simulate's resolver reads them; nothing where a value is no count."""
-        if not self.engine_args:
-            return {}
-        try:
-            return vllm_stated(self.model, self.engine_args)
-        except EngineSourceError:
-            return {}
-
-    def _capacity_from_files(self):
-        """The pool the engine's own files fix: `num_gpu_blocks_override` x `block_size`."""
-        stated = self._stated()
-        blocks = stated.get("kv_pool_blocks")
-        if not blocks:
-            return None
-        size = stated.get("kv_block_tokens")
-        if not size:
-            size = VLLM_DEFAULT_BLOCK_SIZE
-            self.notes.append(f"model.json sets no block_size: vLLM's default {size} assumed")
-        return blocks * size, size, "engine files", f"model.json: num_gpu_blocks_override {blocks} x block_size {size}"
-
-    def _usage(self) -> float | None:
-        for s in self._families():
-            if s.name in VLLM_USAGE_GAUGES:
-                return s.value
-        return None
-
-    def _settled_usage(self, timeout_s: float = 10.0) -> float:
-        """The usage gauge once the engine let go of earlier, cancelled streams (0), or after `timeout_s`:
-        a busy engine frees their blocks steps later, and the probe counted them as its own (the vLLM
-        stand-in's pool read 1,493 of 2,688 tokens beside another test module, 2026-12-05)."""
-        deadline, usage = time.monotonic() + timeout_s, self._usage() or 0.0
-        while usage > 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-            usage = self._usage() or 0.0
-        return usage
-
-    def _vllm_capacity(self, bpt: float, block: int = VLLM_DEFAULT_BLOCK_SIZE) -> tuple[int, str] | None:
-        """Hold streams whose prompts fill exactly 4 blocks and read the usage gauge while each has
-        made a few tokens: every stream then holds exactly 5 blocks (its 5th fills while it makes
-        tokens 2 to block + 1), so capacity = streams x 5 / usage, whatever the client's lag.
-        vLLM's default block size (16): the metric does not say the block size."""
-        s = self.settings
-        streams = max(s.concurrency_levels)
-        prompt = 4 * block
-        load = self._stream(stream_inputs(self.interface, prompt, 4 * block, bpt))
-        exact: list[float] = []
-        for _attempt in range(3):
-            before = self._settled_usage()  # what the probe's streams add to it is theirs
-            workers, stop = load.start(streams, limit=1, together=True)
-            try:
-                deadline = time.monotonic() + 30.0
-                while any(w.is_alive() for w in workers) and time.monotonic() < deadline and not exact:
-                    counts = [len(w.current.token_times) for w in workers if w.current is not None]
-                    if len(counts) < streams or min(counts) < 2:
-                        time.sleep(0.002)
-                        continue
-                    usage = self._usage()
-                    after = [len(w.current.token_times) for w in workers if w.current is not None]
-                    if usage is not None and usage >= 0.98:  # the pool is smaller: it preempts
-                        streams = max(1, streams // 2)
-                        break
-                    if usage and usage > before and len(after) == streams and max(after) <= block // 2 + 2:
-                        exact.append(streams * 5 / (usage - before) * block)
-                    elif after and max(after) > block // 2 + 2:
-                        break
-            finally:
-                StreamLoad.finish(workers, stop)
-            if exact:
-                break
-        if not exact:
-            self.notes.append("vLLM metrics: the usage gauge could not be read while every stream held 5 blocks")
-            return None
-        tokens = int(round(statistics.median(exact)))
-        return tokens, f"kv_cache_usage_perc while {streams} streams held 5 blocks of {block} each"
-
-    def _preemptions(self) -> float:
-        return sum(s.value for s in self._families() if s.name == "vllm:num_preemptions_total")
-
-    def _probe(self, bpt: float, prefill_s: float) -> tuple[int, str] | None:
-        """Raise the concurrency of long requests sent together (doubling, then bisecting) until
-        one level does not run whole: an out-of-memory answer, a counted preemption, or, where the
-        engine counts none, a stream parked for many steps (`core.engine_inference.run_fits`)."""
-        s = self.settings
-        prompt, output = s.prompt_tokens, s.output_tokens
-        load = self._stream(stream_inputs(self.interface, prompt, output, bpt))
-        counted = self._counter("vllm:num_preemptions_total") is not None
-        runs: list[ProbeRun] = []
-
-        def fits(streams: int) -> bool:
-            self.update(f"KV capacity probe: {streams} streams")
-            run = measured(streams)
-            if only_timing_says_no(run):
-                self.update(f"KV capacity probe: {streams} streams again (a stream parked)")
-                run = measured(streams)
-            runs.append(run)
-            return run_fits(run)
-
-        def measured(streams: int) -> ProbeRun:
-            before = self._preemptions()
-            workers, stop = load.start(streams, limit=1, together=True)
-            for w in workers:
-                w.join(60.0)
-            StreamLoad.finish(workers, stop)
-            records = [r for w in workers for r in w.records]
-            errors = [r.error for r in records if r.error and r.error != "stopped"]
-            return ProbeRun(
-                streams=streams, prompt=prompt, output=output,
-                token_times=tuple(tuple(r.token_times) for r in records if r.token_times),
-                starts=tuple(r.start for r in records if r.token_times),
-                out_of_memory=any(is_out_of_memory(e) for e in errors),
-                preemptions=(self._preemptions() - before) if counted else None,
-                prefill_s=prefill_s,
-            )
-
-        fit, streams = 0, 1
-        while streams <= 512 and fits(streams):
-            fit, streams = streams, streams * 2
-        if not fit or streams > 512:
-            return None
-        low, high = fit, streams
-        while high - low > max(1, low // 8):
-            mid = (low + high) // 2
-            low, high = (mid, high) if fits(mid) else (low, mid)
-        verdict = capacity_from_probe(runs)
-        return None if verdict is None else (verdict.capacity_tokens, verdict.detail)
-
     # -- all of it ------------------------------------------------------------------------------
 
     def measure(self) -> EngineMeasurement:
         bpt, bpt_source = self.bytes_per_token()
+        if bpt_source.startswith("assumed"):
+            self.worst_tokens_per_token = bpt
+            self._fit_context()
         preempt0 = self._preemptions()
         prefill = self.prefill(bpt)
         lengths = [p.prompt_tokens for p in prefill]
@@ -472,7 +358,25 @@ class EngineProfiler:
         prefill = [p.model_copy(update={"path_ms": round(p.ttft_ms - p.queue_ms - fixed - per_token * p.prompt_tokens - first_step, 3)})
                    for p in prefill]
         self.update("KV capacity")
-        capacity, block, source, detail, names = self.capacity(bpt, idle_fixed + per_token * self.settings.prompt_tokens)
+        try:
+            capacity, block, source, detail, names = self.capacity(bpt, idle_fixed + per_token * self.settings.prompt_tokens)
+        except TritongenError as err:  # optional: the probe failing is a gap, the rest of the profile stands
+            capacity, block, source, detail, names = None, None, None, None, []
+            self.gaps.append(MeasurementGap(
+                measurement="kv capacity", unseen=f"the KV capacity measurement failed: {err}",
+                inferred="nothing: state `engine: {kv_capacity_tokens: N}` in the spec, or give simulate "
+                         "--engine kv_capacity_tokens=N",
+            ))
+        else:
+            if capacity is None:
+                self.gaps.append(MeasurementGap(
+                    measurement="kv capacity",
+                    unseen="the engine exports no KV metrics and its files state no pool"
+                           + ("" if self.settings.capacity_probe else " (the capacity probe was not asked for)"),
+                    inferred="nothing: simulate takes the spec's engine section or --engine kv_capacity_tokens=N; "
+                             + ("the probe found no level that failed" if self.settings.capacity_probe
+                                else "profile with --kv-capacity-probe to measure it"),
+                ))
         return EngineMeasurement(
             interface=self.interface.describe(),
             interface_kind=self.interface.kind,

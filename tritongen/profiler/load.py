@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tritongen.client import infer_inputs
+from tritongen.client import RequestInputs, infer_inputs, request_parameters_of
 from tritongen.core.prompts import salted
 from tritongen.errors import RunFailed
 from tritongen.shared.reach import stream_cause
@@ -91,7 +91,7 @@ _SALTS = itertools.count(secrets.randbelow(1000) * 10**6)
 def unique_prompt(inputs: Mapping[str, np.ndarray], prompt_input: str | None) -> dict[str, np.ndarray]:
     """`inputs` with the prompt tensor's text made unique (core.prompts.salted); unchanged
     when there is no such tensor or it holds no text."""
-    out = dict(inputs)
+    out = RequestInputs(inputs, request_parameters_of(inputs))
     value = out.get(prompt_input) if prompt_input else None
     if value is None or value.size == 0:
         return out
@@ -130,7 +130,7 @@ class StreamWorker(threading.Thread):
         self.go = go  # when given, the first request waits for it (streams that start together)
         self.url = url
         self.model = model
-        self.inputs = dict(inputs)
+        self.inputs = RequestInputs(inputs, request_parameters_of(inputs))
         self.output = output
         self.stop = stop
         self.limit = limit
@@ -164,7 +164,8 @@ class StreamWorker(threading.Thread):
                 sent += 1
                 if self.prompt_input:
                     tensors = infer_inputs(grpcclient, unique_prompt(self.inputs, self.prompt_input))
-                client.async_stream_infer(self.model, tensors, request_id=request_id, enable_empty_final_response=True)
+                client.async_stream_infer(self.model, tensors, request_id=request_id, enable_empty_final_response=True,
+                                          parameters=request_parameters_of(self.inputs))
                 self._collect(record, responses, request_id)
                 self.records.append(record)
                 self.current = None
@@ -230,7 +231,7 @@ class StreamLoad:
                  prompt_input: str | None = None) -> None:
         self.url = url
         self.model = model
-        self.inputs = dict(inputs)
+        self.inputs = RequestInputs(inputs, request_parameters_of(inputs))
         self.output = output
         self.request_timeout_s = request_timeout_s
         self.prompt_input = prompt_input  # the input holding the prompt: each request's is made unique

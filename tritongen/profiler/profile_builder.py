@@ -14,7 +14,8 @@ from datetime import datetime, timezone
 
 from tritongen import __version__
 from tritongen.core import profile_math as pm
-from tritongen.core.profile_types import EngineMeasurement, MemorySection, Profile, ProfileSettings, StreamingSection
+from tritongen.core.profile_types import (EngineMeasurement, MeasurementGap, MemorySection, Profile, ProfileSettings,
+                                         StreamingSection, UnaryLLMMeasurement)
 from tritongen.profiler.classic import ClassicResult
 from tritongen.profiler.targets import Target
 
@@ -33,6 +34,8 @@ class ProfileBuilder:
     streaming: StreamingSection | None = None
     engine: EngineMeasurement | None = None
     classic: ClassicResult = field(default_factory=ClassicResult)
+    llm: UnaryLLMMeasurement | None = None
+    gaps: list[MeasurementGap] = field(default_factory=list)
 
     def build(self, complete: bool, error: str | None) -> Profile:
         c = self.classic
@@ -65,5 +68,7 @@ class ProfileBuilder:
             overheads=c.overheads,
             scaling=c.scaling,
             variant=c.variant,
+            llm=self.llm,
+            gaps=self.gaps,
             notes=c.notes,
         )

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from tritongen.core import profile_math as pm
-from tritongen.core.profile_types import KVMeasurement, MemorySection, PrefillPoint, ProfileSettings, StreamingSection, StreamLevel
+from tritongen.core.profile_types import KVMeasurement, MeasurementGap, MemorySection, PrefillPoint, ProfileSettings, StreamingSection, StreamLevel
 from tritongen.core.prometheus import kv_gauges, parse_prometheus
 from tritongen.errors import RunFailed, TritongenError
 from tritongen.profiler.engine import EngineProfiler, engine_settings, interface_of
@@ -108,6 +108,13 @@ class StreamingSteps:
             max_context=target.max_context,
             engine_args=self._engine_args(target),
         )
+        builder.gaps = profiler.gaps  # kept in a partial profile too
+        if self.admin.metrics() is None:
+            profiler.gaps.append(MeasurementGap(
+                measurement="metrics", unseen=f"the metrics endpoint ({self.endpoints.metrics}) did not answer",
+                inferred="engine gauges and counters were not read; what they give was measured from the streams "
+                         "or assumed (see the other gaps)",
+            ))
         builder.engine = profiler.measure()
 
     def _engine_args(self, target: Target) -> dict | None:
