@@ -46,6 +46,9 @@ class ProbeRun:
     token_times: tuple[tuple[float, ...], ...]
     out_of_memory: bool = False
     starts: tuple[float, ...] | None = None  # each stream's send time, in the order of token_times
+    # whether a stream that got an out-of-memory answer had made tokens first (None: no such answer):
+    # an engine that grows and kills fails a sequence mid-stream, one that reserves refuses it up front
+    oom_after_tokens: bool | None = None
     preemptions: float | None = None  # the engine's preemption counter's growth, where it exports one
     # one prompt's time to first token on an idle engine (seconds): streams sent together prefill
     # one after another where the engine cannot batch them, which staggers first tokens and
@@ -132,3 +135,39 @@ def capacity_from_probe(runs: Sequence[ProbeRun]) -> ProbeVerdict | None:
         fails=worst.streams,
         detail=f"{best.streams} streams of {best.prompt} + {best.output} tokens all ran, {worst.streams} did not ({why})",
     )
+
+
+@dataclass(frozen=True)
+class PolicySeen:
+    """The KV policy a capacity probe's first failing level showed, with the evidence in words."""
+
+    kv_policy: str
+    evidence: str
+
+
+def policy_from_probe(runs: Sequence[ProbeRun]) -> PolicySeen | None:
+    """What the engine did when its KV memory ran out, read off the smallest probe level that did
+    not run whole: an out-of-memory answer after tokens (grow and kill) or before any (reserve and
+    kill); a counted preemption (grow and preempt); a stream held back before its first token while
+    the others ran (reserve and wait) or parked mid-stream (grow and preempt). None: no level failed."""
+    failing = sorted((r for r in runs if not run_fits(r)), key=lambda r: r.streams)
+    if not failing:
+        return None
+    run = failing[0]
+    at = f"at {run.streams} streams of {run.prompt} + {run.output} tokens"
+    if run.out_of_memory:
+        if run.oom_after_tokens:
+            return PolicySeen("grow_kill", f"a stream got an out-of-memory answer after its first tokens {at}")
+        return PolicySeen("reserve_kill", f"a stream got an out-of-memory answer before any token {at}")
+    if run.preemptions:
+        return PolicySeen("grow_preempt", f"the engine counted {run.preemptions:.0f} preemption(s) {at}")
+    gaps = [b - a for times in run.token_times for a, b in zip(times, times[1:])]
+    if run.starts is not None and len(run.starts) == len(run.token_times):
+        firsts = [times[0] - start for times, start in zip(run.token_times, run.starts) if times]
+    else:
+        firsts = [times[0] for times in run.token_times if times]
+    longest_gap = max(gaps) if gaps else 0.0
+    first_spread = (max(firsts) - min(firsts)) if len(firsts) > 1 else 0.0
+    if first_spread >= longest_gap:
+        return PolicySeen("reserve_wait", f"a stream was held back before its first token while the others ran {at}")
+    return PolicySeen("grow_preempt", f"a stream was parked mid-stream while the others ran {at}")

@@ -54,6 +54,8 @@ class MeasuredEngine:
     kv_capacity_tokens: int | None = None
     kv_capacity_source: str | None = None
     kv_block_tokens: int | None = None
+    kv_policy: str | None = None  # what the capacity probe saw the engine do (EngineMeasurement.kv_policy_seen)
+    kv_policy_evidence: str | None = None
 
 
 @dataclass
@@ -275,11 +277,16 @@ def resolve_engine_limits(
     if measured is not None and measured.kv_block_tokens is not None and claims.get("kv_block_tokens") is None:
         claims.add("kv_block_tokens", measured.kv_block_tokens, f"the profile ({measured.kv_capacity_source})")
 
+    if claims.get("kv_policy") is None and measured is not None and measured.kv_policy is not None:
+        # stated values win; the probe's reading only fills what nothing states
+        claims.add("kv_policy", measured.kv_policy, f"the profile's capacity probe ({measured.kv_policy_evidence})")
     policy = claims.get("kv_policy")
     if policy is None:
         raise EngineSourceError(
-            f"model {model!r} (backend {backend or '?'}): its KV policy is unknown; set engine.kv_policy in the spec "
-            f"to one of {list(KV_POLICIES)} (what the backend does when its KV memory runs out)"
+            f"model {model!r} (backend {backend or '?'}): its KV policy is unknown (its config does not state it); "
+            f"set engine.kv_policy in the spec, or pass --engine kv_policy=POLICY, to one of {list(KV_POLICIES)} "
+            "(what the backend does when its KV memory runs out), or profile with --kv-capacity-probe, which "
+            "sees it"
         )
     sources = {name: where for name, (_value, where) in claims.values.items()}
     block = claims.get("kv_block_tokens")
@@ -358,4 +365,6 @@ def measured_from_profile(engine) -> MeasuredEngine:
         kv_capacity_tokens=engine.kv_capacity_tokens,
         kv_capacity_source=engine.kv_capacity_source,
         kv_block_tokens=engine.kv_block_tokens,
+        kv_policy=getattr(engine, "kv_policy_seen", None),
+        kv_policy_evidence=getattr(engine, "kv_policy_evidence", None),
     )

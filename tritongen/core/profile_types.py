@@ -281,6 +281,9 @@ class EngineMeasurement(_Model):
     kv_block_tokens: int | None = None
     kv_capacity_source: str | None = Field(default=None, description="'vllm metrics', 'trt-llm metrics', 'model metrics', 'capacity probe'.")
     kv_capacity_detail: str | None = None
+    kv_policy_seen: Literal["reserve_wait", "reserve_kill", "grow_preempt", "grow_kill"] | None = Field(
+        default=None, description="What the engine did when the capacity probe ran it out of KV memory; None: not seen.")
+    kv_policy_evidence: str | None = Field(default=None, description="What the probe saw that says so.")
     engine_metrics: list[str] = Field(default_factory=list, description="Engine metric families found on the endpoint.")
     preemptions_seen: int = Field(default=0, description="Preemptions the engine counted during the profile.")
     notes: list[str] = Field(default_factory=list)

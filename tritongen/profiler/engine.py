@@ -396,6 +396,8 @@ class EngineProfiler(EngineCapacity):
             kv_block_tokens=block,
             kv_capacity_source=source,
             kv_capacity_detail=detail,
+            kv_policy_seen=self.policy_seen.kv_policy if self.policy_seen else None,
+            kv_policy_evidence=self.policy_seen.evidence if self.policy_seen else None,
             engine_metrics=names,
             preemptions_seen=int(self._preemptions() - preempt0),
             notes=self.notes,

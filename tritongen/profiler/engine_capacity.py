@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from tritongen.core.engine_inference import ProbeRun, capacity_from_probe, only_timing_says_no, run_fits
+from tritongen.core.engine_inference import ProbeRun, capacity_from_probe, only_timing_says_no, policy_from_probe, run_fits
 from tritongen.core.engine_metrics import TRTLLM_BLOCK_TYPE, TRTLLM_KV_BLOCKS, VLLM_USAGE_GAUGES, is_out_of_memory
 from tritongen.core.engine_sources import VLLM_DEFAULT_BLOCK_SIZE, EngineSourceError, vllm_stated
 from tritongen.core.prometheus import kv_gauges, parse_prometheus
@@ -19,6 +19,7 @@ VLLM_CACHE_INFO = "vllm:cache_config_info"  # vLLM's own server: labels num_gpu_
 
 
 class EngineCapacity:
+    policy_seen = None  # the KV policy the capacity probe saw (core.engine_inference.PolicySeen), if it ran
     # -- KV capacity ----------------------------------------------------------------------------
 
     def _families(self) -> list:
@@ -166,11 +167,13 @@ class EngineCapacity:
             StreamLoad.finish(workers, stop)
             records = [r for w in workers for r in w.records]
             errors = [r.error for r in records if r.error and r.error != "stopped"]
+            oom = [r for r in records if r.error and r.error != "stopped" and is_out_of_memory(r.error)]
             return ProbeRun(
                 streams=streams, prompt=prompt, output=output,
                 token_times=tuple(tuple(r.token_times) for r in records if r.token_times),
                 starts=tuple(r.start for r in records if r.token_times),
                 out_of_memory=any(is_out_of_memory(e) for e in errors),
+                oom_after_tokens=any(bool(r.token_times) for r in oom) if oom else None,
                 preemptions=(self._preemptions() - before) if counted else None,
                 prefill_s=prefill_s,
             )
@@ -185,4 +188,5 @@ class EngineCapacity:
             mid = (low + high) // 2
             low, high = (mid, high) if fits(mid) else (low, mid)
         verdict = capacity_from_probe(runs)
+        self.policy_seen = policy_from_probe(runs)
         return None if verdict is None else (verdict.capacity_tokens, verdict.detail)
