@@ -193,7 +193,13 @@ class ClassicProfiler:
             if self.loaded_variant:
                 self._restore(original)
 
+    # An LLM that is not decoupled is loaded with prompts of its typical size and its budget, where it
+    # takes them (`unary_llm.unary_inputs`): random features would measure the model's default budget.
+    llm_inputs: Callable[[int | None], dict[str, np.ndarray]] | None = None
+
     def _inputs(self, rows: int | None) -> dict[str, np.ndarray]:
+        if self.llm_inputs is not None:
+            return self.llm_inputs(rows)
         rng = np.random.default_rng(self.s.seed)
         return {x.name: sample_input(x, rows, rng, "hello", 8) for x in self.target.inputs if not x.optional}
 

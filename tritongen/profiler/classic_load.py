@@ -17,6 +17,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from tritongen.client import RequestInputs, request_parameters_of
 from tritongen.profiler.load import ModelFailed, RequestRecord, Window, WindowCallback, failing, shorten
 
 
@@ -83,7 +84,7 @@ class ClassicLoad:
     ) -> None:
         self.url = url
         self.model = model
-        self.inputs = dict(inputs)
+        self.inputs = RequestInputs(inputs, request_parameters_of(inputs))  # with the budget where it travels in parameters
         self.outputs = list(outputs)
         self.request_timeout_s = request_timeout_s
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -141,7 +142,8 @@ class ClassicLoad:
             start = time.perf_counter()
             error = None
             try:
-                await self.client.infer(self.model, tensors, outputs=wanted, timeout=int(self.request_timeout_s * 1e6))
+                await self.client.infer(self.model, tensors, outputs=wanted, timeout=int(self.request_timeout_s * 1e6),
+                                        parameters=request_parameters_of(self.inputs))
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # server-side errors and lost connections alike: count, go on

@@ -31,13 +31,17 @@ from pathlib import Path
 from typing import Protocol
 
 from tritongen.core import profile_math as pm
-from tritongen.core.profile_types import LoadLevel, MemorySection, Profile, ProfileSettings
+from tritongen.core.llm_interface import UnknownInterface
+from tritongen.core.llm_interface_config import interface_from_config
+from tritongen.core.profile_types import LoadLevel, MeasurementGap, MemorySection, Profile, ProfileSettings
 from tritongen.errors import RunFailed, TritongenError
+from tritongen.profiler.engine import ASSUMED_BYTES_PER_TOKEN
 from tritongen.profiler.classic import SCALING_INSTANCES, ClassicProfiler, batch_scan_rows
 from tritongen.profiler.load import RequestRecord, Window, distinct_errors
 from tritongen.profiler.memory import MemoryProbe, NullProbe, NvmlProbe, ProcFS, StubRssProbe, steady_value, stub_parents
 from tritongen.profiler.profile_builder import ProfileBuilder
 from tritongen.profiler.streaming_steps import StreamingSteps
+from tritongen.profiler.unary_llm import UnaryLLMProfiler, unary_inputs
 from tritongen.profiler.targets import Target, resolve_targets, spec_entries  # noqa: F401  (the run's entry points)
 from tritongen.triton_admin import Endpoints, TritonAdmin, endpoints_from_url  # noqa: F401
 
@@ -269,11 +273,57 @@ class Profiler(StreamingSteps):
         memory.base_bytes = steady_value(probe)
         builder.memory = memory
         self.reporter.update(f"{target.name}: memory read", advance=1)
-        ClassicProfiler(
-            self.admin, self.endpoints.http, self.settings, target, self.can_reload, self._wait_ready,
+        settings = self.settings
+        unary = self._unary_llm(target, builder)
+        if unary is not None:
+            # first: a served max_batch_size whose batch does not fit would fail the load levels whole
+            builder.llm = unary.measure()
+            fit, fail = builder.llm.largest_batch_that_fits, builder.llm.smallest_batch_that_fails
+            if fail is not None:
+                levels = sorted({min(c, fit or 1) for c in settings.concurrency_levels})
+                settings = settings.model_copy(update={"concurrency_levels": levels})
+                builder.classic.notes.append(
+                    f"a batch of {fail} requests of {unary.prompt_tokens} + {unary.output_tokens} tokens ran out of memory "
+                    f"(the served max_batch_size is {target.max_batch_size}): the load levels kept at most {fit or 1} "
+                    f"in flight ({levels}); render max_batch_size {fit or 1} or less for requests of this size"
+                )
+        classic = ClassicProfiler(
+            self.admin, self.endpoints.http, settings, target, self.can_reload, self._wait_ready,
             lambda text, advance: self.reporter.update(text, advance=advance), self._decide(), self._on_window,
             self._classic_level, builder.classic,
-        ).run()
+        )
+        if unary is not None:
+            classic.llm_inputs = lambda rows: unary_inputs(unary.interface, unary.prompt_tokens, unary.output_tokens,
+                                                           unary.bytes_per_token, rows)
+        classic.run()
+
+    def _unary_llm(self, target: Target, builder: ProfileBuilder) -> UnaryLLMProfiler | None:
+        """The LLM measurement of a model that is not decoupled, where its config shows an LLM
+        interface by role (a text input, a text output: `llm_interface.detect_interface`); None for
+        a classic model."""
+        try:
+            interface = interface_from_config(target.config, model=target.name)
+        except UnknownInterface:
+            return None
+        prompt, output = self._stream_lengths(target)
+        bpt = target.bytes_per_token
+        if not bpt:
+            bpt = ASSUMED_BYTES_PER_TOKEN
+            builder.gaps.append(MeasurementGap(
+                measurement="token counts",
+                unseen="the model is not decoupled and the spec states no bytes_per_token: its tokens per prompt byte "
+                       "could not be seen",
+                inferred=f"assumed {ASSUMED_BYTES_PER_TOKEN:g} bytes per token to size prompts (state `bytes_per_token` "
+                         "in the spec to replace it)",
+            ))
+        builder.classic.notes.append(
+            f"an LLM that is not decoupled ({interface.describe()}): one response holds the whole completion, so its "
+            f"time to first token is its end-to-end time; loaded with {prompt}-token prompts and a budget of {output}"
+        )
+        unary = UnaryLLMProfiler(self.endpoints.http, target.name, interface, target.max_batch_size, prompt, output, bpt,
+                                 lambda what: self.reporter.update(f"{target.name}: {what}"))
+        unary.gaps = builder.gaps  # kept in a partial profile too
+        return unary
 
     def _classic_level(
         self, concurrency: int, records: list[RequestRecord], windows: list[Window], start: float, delta
