@@ -20,6 +20,7 @@ import jinja2
 
 from tritongen.core.plan import DeploymentPlan, plan_deployment
 from tritongen.core.profile_types import Profile
+from tritongen.core.static_batch import cap_static_batches
 from tritongen.core.file_names import POLICY_FILE
 from tritongen.core.sidecar_policy.build import build_sidecar_policy
 from tritongen.core.sidecar_policy.schema import parse_policy
@@ -92,6 +93,11 @@ def render_repository(
 ) -> RenderedRepository:
     """Plan from the spec (and measured pads), then render the plan and the sidecar's policy."""
     plan = plan_deployment(loaded.spec, loaded.architectures, measured_pads_mb)
+    if profiles:
+        models = {m.name: m for m in loaded.spec.models}
+        sizes = {e.name: ((models[e.spec_model].typical_prompt_tokens or 0) + (models[e.spec_model].typical_output_tokens or 0))
+                 or None for e in plan.entries}
+        plan = cap_static_batches(plan, profiles, sizes)
     policy = build_sidecar_policy(loaded.spec, plan, profiles, model_dir_tokenizers(loaded, plan))
     return render_plan(plan, loaded.path.name, templates, sidecar_policy=policy)
 

@@ -129,10 +129,19 @@ def _assert_llm_profile(path: Path) -> None:
             [level.error_samples for level in profile.load_levels]
 
 
+@pytest.fixture(scope="module")
+def url_profiles(server: TritonServer, tmp_path_factory) -> dict[str, tuple[Path, str]]:
+    """Each model profiled once without a spec through --url: (its profile, what the CLI printed)."""
+    out: dict[str, tuple[Path, str]] = {}
+    for model in [*_zoo_models(), "tinyllm"]:
+        where = tmp_path_factory.mktemp(f"url-{model}")
+        out[model] = (where / f"{model}.json", _profile(where, "--model", model, *_url_args(server)))
+    return out
+
+
 @pytest.mark.parametrize("model", [*_zoo_models(), "tinyllm"] if ZOO.is_dir() else ["tinyllm"])
-def test_profile_without_a_spec_through_url(server: TritonServer, tmp_path: Path, model: str) -> None:
-    _profile(tmp_path, "--model", model, *_url_args(server))
-    _assert_llm_profile(tmp_path / f"{model}.json")
+def test_profile_without_a_spec_through_url(url_profiles: dict[str, tuple[Path, str]], model: str) -> None:
+    _assert_llm_profile(url_profiles[model][0])
 
 
 @pytest.mark.parametrize("model", _zoo_models() if ZOO.is_dir() else [])
@@ -141,13 +150,13 @@ def test_profile_without_a_spec_through_repo(repo: Path, tmp_path: Path, model: 
     _assert_llm_profile(tmp_path / f"{model}.json")
 
 
-def test_a_static_batch_llm_is_told_the_batch_its_memory_holds(server: TritonServer, tmp_path: Path) -> None:
+def test_a_static_batch_llm_is_told_the_batch_its_memory_holds(url_profiles: dict[str, tuple[Path, str]]) -> None:
     """oneshot fails a whole batch whose KV passes its pool: the profile finds the largest batch
     that fits before its load levels, and keeps the levels within it (no out-of-memory failure)."""
-    if not (ZOO / "oneshot").is_dir():
+    if "oneshot" not in url_profiles:
         pytest.fail("the zoo has no oneshot model", pytrace=False)
-    said = _profile(tmp_path, "--model", "oneshot", *_url_args(server))
-    llm = read_profile((tmp_path / "oneshot.json").read_text()).llm
+    path, said = url_profiles["oneshot"]
+    llm = read_profile(path.read_text()).llm
     assert llm is not None and llm.largest_batch_that_fits is not None
     if llm.smallest_batch_that_fails is not None:
         assert llm.smallest_batch_that_fails == llm.largest_batch_that_fits + 1
