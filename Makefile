@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.tritongen-installed
 
-.PHONY: demo test venv nginx clean bench bench-fidelity bench-sidecar bench-profile bench-simulator bench-fixed-vs-tuned bench-check-conformance bench-llm-fidelity bench-vllm-fidelity bench-llm-guard bench-vs-model-analyzer bench-instance-scaling bench-admission bench-native-admission
+.PHONY: demo test venv nginx clean bench bench-zoo bench-fidelity bench-sidecar bench-profile bench-simulator bench-fixed-vs-tuned bench-check-conformance bench-llm-fidelity bench-vllm-fidelity bench-llm-guard bench-vs-model-analyzer bench-instance-scaling bench-admission bench-native-admission
 
 venv: $(STAMP)
 
@@ -72,6 +72,9 @@ bench-fixed-vs-tuned: $(STAMP)
 
 bench-llm-fidelity: $(STAMP)
 	$(PY) -m bench.bench_llm_fidelity
+
+bench-zoo: $(STAMP)
+	$(PY) -m bench.bench_zoo
 
 bench-vllm-fidelity: $(STAMP)
 	$(PY) -m bench.bench_vllm_fidelity

@@ -68,7 +68,8 @@ def profile(server: TritonServer, model: str, case: dict, out: Path):
     try:
         targets = [replace(t, bytes_per_token=case["bytes_per_token"], prompt_tokens=case["prompt"], output_tokens=case["output"])
                    for t in resolve_targets(admin, [model], None)]
-        profiler = Profiler(admin, endpoints, default_settings(quick=False).model_copy(update={"stream_concurrency_levels": [1, 4, 8, 16]}), out)
+        profiler = Profiler(admin, endpoints, default_settings(quick=False).model_copy(update={"stream_concurrency_levels": [1, 4, 8, 16]}), out,
+                            kv_capacity_probe=bool(case.get("capacity_probe")))
         return profiler.run(targets)[0]
     finally:
         admin.close()
@@ -113,6 +114,10 @@ def one_model(server: TritonServer, model: str, case: dict, tmp: Path, seconds: 
           f"KV capacity {eng.kv_capacity_tokens} tokens ({eng.kv_capacity_source}: {eng.kv_capacity_detail})")
     for note in eng.notes:
         print(f"note: {note}")
+    for gap in prof.gaps:
+        print(f"gap ({gap.measurement}): {gap.unseen}; taken instead: {gap.inferred}")
+    if eng.kv_policy_seen:
+        print(f"KV policy seen by the capacity probe: {eng.kv_policy_seen} ({eng.kv_policy_evidence})")
     print("| prompt tokens | TTFT ms | queue ms | engine ms (prefill) | path ms |\n|---|---|---|---|---|")
     for p in eng.prefill:
         print(f"| {p.prompt_tokens} | {p.ttft_ms:.2f} | {p.queue_ms:.2f} | {p.engine_ms:.2f} | {p.path_ms:.2f} |")

@@ -47,10 +47,11 @@ from tritongen.core.profile_types import (
     ProfileSettings,
     ScalingLevel,
 )
+from tritongen.core.engine_metrics import is_out_of_memory
 from tritongen.core.simulator import LiveObservation, Overheads, ServiceCurve, fit_overheads
 from tritongen.errors import RunFailed, TritongenError
 from tritongen.profiler.classic_load import ClassicLoad
-from tritongen.profiler.load import RequestRecord, Window
+from tritongen.profiler.load import ModelFailed, RequestRecord, Window
 
 SCALING_INSTANCES = (1, 2, 4)
 SCALING_EXECUTIONS_PER_WINDOW = 8  # one instance's executions a scaling window holds at least
@@ -231,13 +232,30 @@ class ClassicProfiler:
 
     # -- steps -------------------------------------------------------------------------------
 
+    def _out_of_memory_ends(self, err: ModelFailed, what: str) -> bool:
+        """An LLM's out-of-memory answer under load is a finding (its batches pass its memory), not a
+        failed profile, once something was measured: say so and stop raising the load. False: raise."""
+        if self.llm_inputs is None or not is_out_of_memory(str(err)) or not self.result.levels:
+            return False
+        self.result.notes.append(
+            f"{what} ran out of memory ({err}): the profile stops raising the load there; Triton's batcher formed "
+            f"batches the model's memory does not hold at this request size: lower max_batch_size "
+            f"({self.target.max_batch_size} served)"
+        )
+        return True
+
     def _levels(self, load: ClassicLoad) -> None:
         for concurrency in self.s.concurrency_levels:
             label = f"{self.target.name}: concurrency {concurrency}"
             self.update(f"{label}: warming up", 0)
-            records, windows, start, before, after, delta = self._measure(
-                load, concurrency, label, self.s.warmup_s, self.s.window_s, self.decide
-            )
+            try:
+                records, windows, start, before, after, delta = self._measure(
+                    load, concurrency, label, self.s.warmup_s, self.s.window_s, self.decide
+                )
+            except ModelFailed as err:
+                if self._out_of_memory_ends(err, f"concurrency {concurrency}"):
+                    break
+                raise
             self._grow_curve(delta)
             self.result.levels.append(self.level_of(concurrency, records, windows, start, delta))
             self._observe(records, windows, start, before, after, delta)
@@ -264,7 +282,12 @@ class ClassicProfiler:
             label = f"{self.target.name}: batch scan, {n} row(s) per request"
             self.update(label, 0)
             load.inputs = self._inputs(n)
-            *_, delta = self._measure(load, 1, label, min(self.s.warmup_s, 0.2), window, lambda rates: len(rates) >= 2)
+            try:
+                *_, delta = self._measure(load, 1, label, min(self.s.warmup_s, 0.2), window, lambda rates: len(rates) >= 2)
+            except ModelFailed as err:
+                if self._out_of_memory_ends(err, f"a request of {n} rows"):
+                    break
+                raise
             self._grow_curve(delta)
         load.inputs = self._inputs(1)
         self.update(f"{self.target.name}: batch scan", 1)

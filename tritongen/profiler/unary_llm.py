@@ -84,6 +84,19 @@ class UnaryLLMProfiler:
         finally:
             client.close()
 
+    def _batches_run(self) -> dict[int, int]:
+        """Executions per batch size so far (Triton's batch_stats); empty where it cannot be read."""
+        import tritonclient.http as httpclient
+
+        client = httpclient.InferenceServerClient(self.http_url)
+        try:
+            stats = (client.get_inference_statistics(self.model).get("model_stats") or [{}])[0]
+        except Exception:  # noqa: BLE001 - statistics are optional: the probe then trusts what it sent
+            return {}
+        finally:
+            client.close()
+        return {int(b["batch_size"]): int((b.get("compute_infer") or {}).get("count", 0)) for b in stats.get("batch_stats") or []}
+
     def _together(self, n: int, inputs: Mapping[str, np.ndarray]) -> list[str | None]:
         """`n` requests released at once (so Triton's batcher may put them in one batch); their errors."""
         results: list[str | None] = [None] * n
@@ -135,15 +148,26 @@ class UnaryLLMProfiler:
         tried: dict[int, bool] = {}
         sample: list[str] = []
 
+        short: list[int] = []  # batch sizes the batcher did not form although the requests all ran
+
         def fits(n: int) -> bool:
             self.update(f"static batch probe: {n} request(s) together")
+            before = self._batches_run()
             errors = [e for e in self._together(n, inputs) if e is not None]
+            after = self._batches_run()
+            formed = max((size for size, count in after.items() if count > before.get(size, 0)), default=None)
             oom = [e for e in errors if is_out_of_memory(e)]
             other = [e for e in errors if not is_out_of_memory(e)]
             if other and not oom:
                 raise ModelFailed(f"model {self.model!r} failed {len(other)} of {n} requests sent together: {other[0]}")
             if oom and not sample:
                 sample.append(oom[0])
+            if not oom and formed is not None and formed < n:
+                # the requests did not meet in one batch (a busy host staggers them): only the batch
+                # that formed is known to fit, and a larger one was not tried
+                tried[formed] = True
+                short.append(n)
+                return False
             tried[n] = not oom
             return not oom
 
@@ -154,6 +178,15 @@ class UnaryLLMProfiler:
             if fit == ceiling:
                 break
         fail = n if fit < ceiling and n in tried and not tried[n] else None
+        if short and fail is None:
+            fit = max([fit, *(size for size, ok in tried.items() if ok)])
+            self.gaps.append(MeasurementGap(
+                measurement="static batch capacity",
+                unseen=f"{short[0]} requests sent together did not meet in one batch (Triton formed at most {fit}): "
+                       "larger batches could not be driven from here",
+                inferred=f"a batch of {fit} is known to fit; the load levels stop at the first out-of-memory answer",
+            ))
+            return sorted(tried.items()), (fit or None), None, None
         if fit and fail:
             low, high = fit, fail
             while high - low > 1:
@@ -174,7 +207,7 @@ class UnaryLLMProfiler:
                 inferred="nothing: one request's memory is all a run holds",
             ))
         per_request = self.prompt_tokens + self.output_tokens
-        if self.max_batch_size > 0 and fail is None:
+        if self.max_batch_size > 0 and fail is None and not any(g.measurement == "static batch capacity" for g in self.gaps):
             self.gaps.append(MeasurementGap(
                 measurement="static batch capacity",
                 unseen=f"no batch up to the served max_batch_size {self.max_batch_size} ran out of memory at "
