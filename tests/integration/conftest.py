@@ -27,7 +27,7 @@ LONGEST_FIRST = (
     "test_example_repository.py",  # 142: the demo, with a real vLLM started twice (76 alone)
     "test_llm_standins.py",  # 62
     "test_vllm_engine.py",  # 127: a real vLLM, two engines loaded (82-92 alone)
-    "test_zoo_conformance.py",  # 120: the zoo's LLMs and tinyllm profiled as a new user starts (issue 43)
+    "test_zoo_conformance.py",  # 100: the zoo's LLMs and tinyllm profiled as a new user starts (issue 43)
     "test_profile.py",  # 54
     "test_check_vs_server.py",  # 52
     "test_classic_profile.py",  # 47
