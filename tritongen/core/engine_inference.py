@@ -7,7 +7,7 @@ Pure: the profiler measures, these read the measurements.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -171,3 +171,23 @@ def policy_from_probe(runs: Sequence[ProbeRun]) -> PolicySeen | None:
     if first_spread >= longest_gap:
         return PolicySeen("reserve_wait", f"a stream was held back before its first token while the others ran {at}")
     return PolicySeen("grow_preempt", f"a stream was parked mid-stream while the others ran {at}")
+
+
+def double_until_fail(fits: Callable[[int], bool], ceiling: int) -> tuple[int, int | None]:
+    """The first half of a capacity search: 1, 2, 4, ... (the last step capped at `ceiling`) until
+    one size does not fit. (largest that fit, 0 for none; first that failed, None where `ceiling` fit)."""
+    fit, n = 0, 1
+    while fits(n):
+        fit = n
+        if n >= ceiling:
+            return fit, None
+        n = min(2 * n, ceiling)
+    return fit, n
+
+
+def bisect_fit(fits: Callable[[int], bool], low: int, high: int, slack: Callable[[int], int] = lambda low: 1) -> tuple[int, int]:
+    """The second half: `low` fits and `high` does not; halve the bracket until it is within `slack(low)`."""
+    while high - low > slack(low):
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low, high

@@ -48,6 +48,16 @@ from tritongen.profiler.load import ModelFailed, StreamLoad, StreamRecord, first
 ASSUMED_BYTES_PER_TOKEN = 4.0
 
 
+def assumed_bytes_per_token_gap(unseen: str) -> MeasurementGap:
+    """The gap of a model whose tokens per prompt byte could not be seen (`unseen`: why), and what
+    every profile then takes instead."""
+    return MeasurementGap(
+        measurement="token counts", unseen=f"{unseen}: its tokens per prompt byte could not be seen",
+        inferred=f"assumed {ASSUMED_BYTES_PER_TOKEN:g} bytes per token to size prompts (state `bytes_per_token` in "
+                 "the spec to replace it)",
+    )
+
+
 def interface_of(name: str, config: dict) -> LLMInterface:
     try:
         return interface_from_config(config, model=name)
@@ -175,13 +185,8 @@ class EngineProfiler(EngineCapacity):
         found = bytes_per_token_from_counts(by_counter)
         if found:
             return round(found, 4), f"the engine's {PROMPT_TOKENS_COUNTER} against the prompt bytes sent"
-        self.gaps.append(MeasurementGap(
-            measurement="token counts",
-            unseen=f"the model returns no prompt token count (no num_input_tokens output) and exports no "
-                   f"{PROMPT_TOKENS_COUNTER}: its tokens per prompt byte could not be seen",
-            inferred=f"assumed {ASSUMED_BYTES_PER_TOKEN:g} bytes per token (state `bytes_per_token` in the spec to "
-                     "replace it); prompts were sized to fit the context even if every byte were a token",
-        ))
+        self.gaps.append(assumed_bytes_per_token_gap(
+            f"the model returns no prompt token count (no num_input_tokens output) and exports no {PROMPT_TOKENS_COUNTER}"))
         return ASSUMED_BYTES_PER_TOKEN, f"assumed ({ASSUMED_BYTES_PER_TOKEN:g})"
 
     def _wait_counter(self, name: str, before: float | None, timeout_s: float = 2.0) -> float | None:

@@ -9,12 +9,14 @@ from __future__ import annotations
 import statistics
 import time
 
-from tritongen.core.engine_inference import ProbeRun, capacity_from_probe, only_timing_says_no, policy_from_probe, run_fits
+from tritongen.core.engine_inference import (ProbeRun, bisect_fit, capacity_from_probe, double_until_fail, only_timing_says_no,
+                                             policy_from_probe, run_fits)
 from tritongen.core.engine_metrics import TRTLLM_BLOCK_TYPE, TRTLLM_KV_BLOCKS, VLLM_USAGE_GAUGES, is_out_of_memory
 from tritongen.core.engine_sources import VLLM_DEFAULT_BLOCK_SIZE, EngineSourceError, vllm_stated
 from tritongen.core.prometheus import kv_gauges, parse_prometheus
 from tritongen.profiler.load import StreamLoad
 
+PROBE_MAX_STREAMS = 512  # the capacity probe's last doubling; an engine that holds this many is not bracketed
 VLLM_CACHE_INFO = "vllm:cache_config_info"  # vLLM's own server: labels num_gpu_blocks and block_size
 
 
@@ -178,15 +180,10 @@ class EngineCapacity:
                 prefill_s=prefill_s,
             )
 
-        fit, streams = 0, 1
-        while streams <= 512 and fits(streams):
-            fit, streams = streams, streams * 2
-        if not fit or streams > 512:
+        fit, failed = double_until_fail(fits, PROBE_MAX_STREAMS)
+        if not fit or failed is None:
             return None
-        low, high = fit, streams
-        while high - low > max(1, low // 8):
-            mid = (low + high) // 2
-            low, high = (mid, high) if fits(mid) else (low, mid)
+        bisect_fit(fits, fit, failed, slack=lambda low: max(1, low // 8))
         verdict = capacity_from_probe(runs)
         self.policy_seen = policy_from_probe(runs)
         return None if verdict is None else (verdict.capacity_tokens, verdict.detail)

@@ -33,9 +33,9 @@ from typing import Protocol
 from tritongen.core import profile_math as pm
 from tritongen.core.llm_interface import UnknownInterface
 from tritongen.core.llm_interface_config import interface_from_config
-from tritongen.core.profile_types import LoadLevel, MeasurementGap, MemorySection, Profile, ProfileSettings
+from tritongen.core.profile_types import LoadLevel, MemorySection, Profile, ProfileSettings
 from tritongen.errors import RunFailed, TritongenError
-from tritongen.profiler.engine import ASSUMED_BYTES_PER_TOKEN
+from tritongen.profiler.engine import ASSUMED_BYTES_PER_TOKEN, assumed_bytes_per_token_gap
 from tritongen.profiler.classic import SCALING_INSTANCES, ClassicProfiler, batch_scan_rows
 from tritongen.profiler.load import RequestRecord, Window, distinct_errors
 from tritongen.profiler.memory import MemoryProbe, NullProbe, NvmlProbe, ProcFS, StubRssProbe, steady_value, stub_parents
@@ -309,13 +309,8 @@ class Profiler(StreamingSteps):
         bpt = target.bytes_per_token
         if not bpt:
             bpt = ASSUMED_BYTES_PER_TOKEN
-            builder.gaps.append(MeasurementGap(
-                measurement="token counts",
-                unseen="the model is not decoupled and the spec states no bytes_per_token: its tokens per prompt byte "
-                       "could not be seen",
-                inferred=f"assumed {ASSUMED_BYTES_PER_TOKEN:g} bytes per token to size prompts (state `bytes_per_token` "
-                         "in the spec to replace it)",
-            ))
+            builder.gaps.append(assumed_bytes_per_token_gap(
+                "the model is not decoupled, returns no token count, and the spec states no bytes_per_token"))
         builder.classic.notes.append(
             f"an LLM that is not decoupled ({interface.describe()}): one response holds the whole completion, so its "
             f"time to first token is its end-to-end time; loaded with {prompt}-token prompts and a budget of {output}"

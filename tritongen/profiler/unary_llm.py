@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from tritongen.client import RequestInputs, infer_inputs, request_parameters_of
+from tritongen.core.engine_inference import bisect_fit, double_until_fail
 from tritongen.core.engine_metrics import is_out_of_memory
 from tritongen.core.llm_interface import LLMInterface
 from tritongen.core.profile_types import MeasurementGap, UnaryLLMMeasurement
@@ -171,13 +172,8 @@ class UnaryLLMProfiler:
             tried[n] = not oom
             return not oom
 
-        fit, n = 0, 1
-        while n <= ceiling and fits(n):
-            fit = n
-            n = ceiling if n < ceiling < 2 * n else 2 * n
-            if fit == ceiling:
-                break
-        fail = n if fit < ceiling and n in tried and not tried[n] else None
+        fit, stopped = double_until_fail(fits, ceiling)
+        fail = stopped if stopped is not None and stopped not in short else None
         if short and fail is None:
             fit = max([fit, *(size for size, ok in tried.items() if ok)])
             self.gaps.append(MeasurementGap(
@@ -188,11 +184,7 @@ class UnaryLLMProfiler:
             ))
             return sorted(tried.items()), (fit or None), None, None
         if fit and fail:
-            low, high = fit, fail
-            while high - low > 1:
-                mid = (low + high) // 2
-                low, high = (mid, high) if fits(mid) else (low, mid)
-            fit, fail = low, high
+            fit, fail = bisect_fit(fits, fit, fail)
         return sorted(tried.items()), (fit or None), fail, (sample[0] if sample else None)
 
     def measure(self) -> UnaryLLMMeasurement:
