@@ -101,6 +101,56 @@ def request_parameters_of(inputs: Mapping[str, np.ndarray]) -> dict[str, object]
     return dict(parameters) if parameters else None
 
 
+EMPTY_FINAL = "triton_enable_empty_final_response"
+
+
+def aio_stream_infer(client, requests):
+    """`client.stream_infer(requests)` of tritonclient's asyncio gRPC client, with every request
+    asking for the empty final response: an async iterator of (InferResult | None, error | None).
+
+    That client (2.73) builds each streamed request from a fixed list of keys, so it drops
+    `enable_empty_final_response`, and it refuses `triton_*` request parameters. A model that flags
+    its end on a response of its own with no outputs (the final flag alone, a common shape of users'
+    Python backends) then never ends the stream for the client: the flag is not sent back without
+    it, and every such request ran to the client's timeout. So the requests are built here with the
+    library's own builder, the flag set on each message, and sent on the client's stub."""
+    import grpc as grpc_module
+    from tritonclient.grpc import InferResult
+    from tritonclient.grpc._utils import _get_inference_request
+    from tritonclient.utils import InferenceServerException
+
+    async def messages():
+        async for request in requests:
+            message = _get_inference_request(
+                model_name=request["model_name"], inputs=request["inputs"], model_version="",
+                request_id=request.get("request_id", ""), outputs=None, sequence_id=0, sequence_start=False,
+                sequence_end=False, priority=request.get("priority", 0), timeout=None,
+                parameters=request.get("parameters"),
+            )
+            message.parameters[EMPTY_FINAL].bool_param = True
+            yield message
+
+    call = client._client_stub.ModelStreamInfer(messages())
+
+    class Responses:
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            try:
+                response = await call.__aiter__().__anext__()
+            except grpc_module.RpcError as err:
+                raise InferenceServerException(msg=str(err.details() if hasattr(err, "details") else err)) from None
+            if response.error_message != "":
+                return None, InferenceServerException(msg=response.error_message)
+            return InferResult(response.infer_response), None
+
+        def cancel(self):
+            return call.cancel()
+
+    return Responses()
+
+
 def infer_inputs(module, inputs: Mapping[str, np.ndarray]) -> list:
     """tritonclient InferInputs (of `module`: tritonclient.http or .grpc) holding `inputs`."""
     from tritonclient.utils import np_to_triton_dtype

@@ -41,7 +41,7 @@ import aiohttp
 import numpy as np
 
 from tritongen.core.simulator import OK, OOM, QUEUE_FULL, TIMEOUT
-from tritongen.client import infer_inputs, numpy_inputs, sample_input
+from tritongen.client import aio_stream_infer, infer_inputs, numpy_inputs, sample_input
 from tritongen.core.llm_interface import LLMInterface
 from tritongen.core.prompts import prompt_of
 from tritongen.core.plan import TensorView
@@ -203,10 +203,7 @@ class _Runner:
         priority = int(self.arr.class_priority[int(self.arr.cls[i])])
         finished = asyncio.Event()
 
-        request = {
-            "model_name": target.model, "inputs": inputs, "priority": priority,
-            "enable_empty_final_response": True,
-        }
+        request = {"model_name": target.model, "inputs": inputs, "priority": priority}
         parameters = {**target.interface.request_parameters(int(self.arr.output[i])), **(self._class_parameters(i, target) or {})}
         if parameters:
             request["parameters"] = parameters
@@ -216,7 +213,7 @@ class _Runner:
             await finished.wait()  # keep our side open until the last response
 
         self.send_t[i] = self._now()
-        stream = grpc.stream_infer(requests())
+        stream = aio_stream_infer(grpc, requests())
         try:
             async with asyncio.timeout(self.request_timeout_s) if hasattr(asyncio, "timeout") else _null():
                 async for result, error in stream:

@@ -197,3 +197,26 @@ def test_with_a_spec_profile_render_simulate_and_the_sidecar(server: TritonServe
     assert response.status_code == 200, response.text
     events = [line for line in response.text.splitlines() if line.startswith("data:")]
     assert len(events) >= 4, response.text
+
+
+def test_the_load_generator_ends_streams_whose_final_flag_comes_alone(server: TritonServer) -> None:
+    """A model that flags its end on a response of its own with no outputs (textgen's shape) ends
+    each stream of the load generator (`tune --verify`, the benches): tritonclient's asyncio client
+    drops enable_empty_final_response, so every such request ran to the client's timeout
+    (`client.aio_stream_infer`)."""
+    from tritongen.core.llm_interface_config import interface_from_config
+    from tritongen.core.traffic import TrafficSpec, generate_arrivals
+    from tritongen.loadgen import LoadTarget, run_load
+
+    decoupled = [m for m in _zoo_models() if not _not_decoupled(m)]
+    assert decoupled, "the zoo has no decoupled model"
+    for model in decoupled:
+        config = httpx.get(f"http://{server.http_url}/v2/models/{model}/config", timeout=10).json()
+        arrivals = generate_arrivals(TrafficSpec(
+            shape="poisson", rate_per_s=5, duration_s=1.5, warmup_s=0.0,
+            classes=[{"name": "all", "share": 1.0, "priority": 1, "prompt_tokens": 16, "output_tokens": 8}]), seed=1)
+        target = LoadTarget(model, streaming=True, batched=False, interface=interface_from_config(config, model=model),
+                            bytes_per_token=4.0)
+        result = run_load(arrivals, {"all": target}, grpc_url=server.grpc_url, request_timeout_s=20.0)
+        summary = result.summary()[0][0]
+        assert summary.sent > 0 and summary.completed == summary.sent, summary

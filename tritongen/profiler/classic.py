@@ -84,6 +84,15 @@ def batching_variant(config: dict) -> dict:
     return out
 
 
+def gathering_variant(config: dict, window_us: int) -> dict:
+    """The served config with a dynamic batcher that waits `window_us` for a batch and prefers no
+    size: requests sent together from one client all meet in one batch (the served window may be a
+    couple of milliseconds, less than a loaded client takes to send a handful)."""
+    out = batching_variant(config)
+    out["dynamic_batching"] = {"max_queue_delay_microseconds": window_us}
+    return out
+
+
 def scaled_variant(config: dict, instances: int) -> dict:
     """The served config with `instances` per instance group (per device) and no dynamic batcher."""
     out = json.loads(json.dumps(config))

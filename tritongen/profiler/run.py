@@ -26,7 +26,8 @@ Streaming (decoupled) models, in this order so each memory reading starts from a
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
@@ -36,7 +37,7 @@ from tritongen.core.llm_interface_config import interface_from_config
 from tritongen.core.profile_types import LoadLevel, MemorySection, Profile, ProfileSettings
 from tritongen.errors import RunFailed, TritongenError
 from tritongen.profiler.engine import ASSUMED_BYTES_PER_TOKEN, assumed_bytes_per_token_gap
-from tritongen.profiler.classic import SCALING_INSTANCES, ClassicProfiler, batch_scan_rows
+from tritongen.profiler.classic import SCALING_INSTANCES, ClassicProfiler, batch_scan_rows, gathering_variant
 from tritongen.profiler.load import RequestRecord, Window, distinct_errors
 from tritongen.profiler.memory import MemoryProbe, NullProbe, NvmlProbe, ProcFS, StubRssProbe, steady_value, stub_parents
 from tritongen.profiler.profile_builder import ProfileBuilder
@@ -47,6 +48,9 @@ from tritongen.triton_admin import Endpoints, TritonAdmin, endpoints_from_url  #
 
 # ---------------------------------------------------------------------------------------------
 # Settings
+
+
+GATHERING_WINDOW_US = 200_000  # the static-batch probe's batcher window where the profile may reload: a client's burst meets in it
 
 
 def default_settings(quick: bool = False, seed: int = 0) -> ProfileSettings:
@@ -318,7 +322,21 @@ class Profiler(StreamingSteps):
         unary = UnaryLLMProfiler(self.endpoints.http, target.name, interface, target.max_batch_size, prompt, output, bpt,
                                  lambda what: self.reporter.update(f"{target.name}: {what}"))
         unary.gaps = builder.gaps  # kept in a partial profile too
+        if self.can_reload:
+            unary.batch_window = lambda: self._gathering(target)
         return unary
+
+    @contextmanager
+    def _gathering(self, target: Target) -> Iterator[None]:
+        """The static-batch probe's batches on a config whose batcher waits for them
+        (`classic.gathering_variant`), the served config loaded back after, whatever happened."""
+        self.admin.load(target.name, gathering_variant(target.config, GATHERING_WINDOW_US))
+        try:
+            self._wait_ready(target.name)
+            yield
+        finally:
+            self.admin.load(target.name, target.config)
+            self._wait_ready(target.name)
 
     def _classic_level(
         self, concurrency: int, records: list[RequestRecord], windows: list[Window], start: float, delta

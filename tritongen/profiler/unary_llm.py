@@ -19,6 +19,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 
 import numpy as np
 
@@ -59,6 +60,9 @@ class UnaryLLMProfiler:
         self.bytes_per_token = bytes_per_token
         self.update = update
         self.gaps: list[MeasurementGap] = []
+        # Where the profile may reload the model (--repo, --allow-reload): a context in which the
+        # served config's batcher waits long enough for a burst to meet in one batch.
+        self.batch_window: Callable[[], AbstractContextManager] = nullcontext
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -180,7 +184,8 @@ class UnaryLLMProfiler:
                 measurement="static batch capacity",
                 unseen=f"{short[0]} requests sent together did not meet in one batch (Triton formed at most {fit}): "
                        "larger batches could not be driven from here",
-                inferred=f"a batch of {fit} is known to fit; the load levels stop at the first out-of-memory answer",
+                inferred=f"a batch of {fit} is known to fit; the load levels stop at the first out-of-memory answer "
+                         "(profile with --repo, or --allow-reload, to probe on a batcher that waits for the burst)",
             ))
             return sorted(tried.items()), (fit or None), None, None
         if fit and fail:
@@ -190,7 +195,8 @@ class UnaryLLMProfiler:
     def measure(self) -> UnaryLLMMeasurement:
         latencies, honoured, slope = self._budget()
         if self.max_batch_size > 0:
-            fits, fit, fail, sample = self._batches()
+            with self.batch_window():
+                fits, fit, fail, sample = self._batches()
         else:
             fits, fit, fail, sample = [], None, None, None
             self.gaps.append(MeasurementGap(
