@@ -78,15 +78,18 @@ def example_render():
     )
 
 
-def cli(*args: str, cwd: Path | None = None, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run the real console entry point in a subprocess: exit codes and stderr as users see them.
-    For integration tests; unit tests start no process and use `run_cli` (test_suite_hygiene)."""
+def cli(*args: str, cwd: Path | None = None, timeout_s: float = 120,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the real console entry point in a subprocess: exit codes and stderr as users see them
+    (`env` adds to this process's environment). For integration tests; unit tests start no process
+    and use `run_cli` (test_suite_hygiene)."""
     return subprocess.run(
         [sys.executable, "-c", "from tritongen.cli.main import run; run()", *args],
         capture_output=True,
         text=True,
         cwd=cwd or REPO_ROOT,
         timeout=timeout_s,
+        env={**os.environ, **env} if env else None,
     )
 
 

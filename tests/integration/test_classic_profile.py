@@ -14,13 +14,13 @@ Margins are wide (a shared 2-core host): the stand-in's own figures are exact by
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.helpers import EXAMPLES, cli
+from tests.readme_tour import WIDE, missing_lines, sandbox, tour_command
 from tritongen.core.profile_types import Profile, read_profile
 from tritongen.core.served_overheads import profile_device_curve
 from tritongen.core.simulator import ModelSim, Overheads, ServerSim, ServiceCurve, simulate
@@ -31,18 +31,20 @@ SCORER = EXAMPLES / "classic_standins" / "repository"
 
 @pytest.fixture(scope="module")
 def scorer_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("scorer")
+    """The README tour's working directory: `examples/`, then what its steps write (`profiles`)."""
+    return sandbox(tmp_path_factory.mktemp("scorer") / "tour")
 
 
 @pytest.fixture(scope="module")
 def scorer_profile(scorer_root: Path) -> Profile:
+    """The README tour's profile of scorer, as written (--repo on the example repository, --quick)."""
     root = scorer_root
-    repo = root / "repository"
-    shutil.copytree(SCORER, repo, ignore=shutil.ignore_patterns("__pycache__"))
-    result = cli("profile", "-m", "scorer", "--repo", str(repo), "-o", str(root / "profiles"), "--quick")
+    command = tour_command("tritongen profile -m scorer --repo")
+    result = cli(*command.argv[1:], cwd=root, env=WIDE)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert not missing_lines(command, result.stdout, headers_only=True), (command.where(), result.stdout)
     assert "instance scaling" in result.stdout
-    served = (repo / "scorer" / "config.pbtxt").read_text()
+    served = (SCORER / "scorer" / "config.pbtxt").read_text()
     assert "dynamic_batching {" not in served  # the variants went through the load API, not the files
     return read_profile((root / "profiles" / "scorer.json").read_text())
 
@@ -100,14 +102,12 @@ def test_the_simulated_shared_device_delivers_what_the_instances_delivered(score
 def test_tune_for_capacity_measures_the_capacity_it_predicts(scorer_profile: Profile, scorer_root: Path) -> None:
     """`tune --objective capacity --verify`, short: one candidate, small live runs; the measured
     capacity is real (a pass was found) and of the predicted order (within 2x either way)."""
-    report = scorer_root / "tune.json"
-    result = cli(
-        "tune", str(EXAMPLES / "classic_standins" / "deployment.yaml"), "--profiles", str(scorer_root / "profiles"),
-        "--traffic", str(EXAMPLES / "classic_standins" / "traffic.yaml"), "--objective", "capacity", "--requests", "1000",
-        "--verify", "--verify-top", "1", "--verify-requests", "400", "--repo", str(scorer_root / "repository"),
-        "--report", str(report),
-    )
+    command = tour_command("tritongen tune examples/classic_standins/deployment.yaml")  # the README's, as written
+    where = scorer_root  # the profile above wrote its profiles there
+    result = cli(*command.argv[1:], cwd=where, env=WIDE)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert not missing_lines(command, result.stdout, headers_only=True), (command.where(), result.stdout)
+    report = where / command.argv[command.argv.index("--report") + 1]
     # the table has a row of the live capacities; its label wraps inside the first column as the
     # other columns' widths vary ("capacity" / "(measured live)" on a contended run), so read that column
     labels = " ".join(line.split("│")[1].strip() for line in result.stdout.splitlines() if line.count("│") >= 2)

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import EXAMPLES, MODEL_REPOSITORY, REPO_ROOT, cli
+from tests.readme_tour import WIDE, missing_lines, sandbox, tour_command
 from tritongen.core.profile_types import Profile, read_profile
 from tritongen.core.prometheus import kv_gauges, parse_prometheus
 from tritongen.profiler.memory import NvmlProbe, PeakSampler, ProcFS, StubRssProbe, find_stubs
@@ -68,10 +69,13 @@ def _flags(repo: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def profiled(repo: Path, tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
-    """Both example models profiled from the spec on the embedded server (--repo, --quick)."""
-    out = tmp_path_factory.mktemp("profile-out")
-    result = cli("profile", str(SPEC), "--repo", str(repo), "-o", str(out), "--quick")
-    return result, out
+    """Both example models profiled from the spec on the embedded server: the README tour's command
+    as written (--repo, --quick), its model_repository the rendered one above."""
+    command = tour_command("tritongen profile examples/deployment.yaml --repo")
+    where = sandbox(tmp_path_factory.mktemp("profile-tour") / "tour", model_repository=repo)
+    result = cli(*command.argv[1:], cwd=where, env=WIDE)
+    assert not missing_lines(command, result.stdout, headers_only=True), (command.where(), result.stdout)
+    return result, where / command.argv[command.argv.index("-o") + 1]
 
 
 @pytest.fixture(scope="module")

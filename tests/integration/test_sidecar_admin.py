@@ -16,6 +16,7 @@ import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -26,6 +27,7 @@ from tritonclient.utils import InferenceServerException
 from sidecar import admin_apis
 from sidecar.config import SidecarConfig
 from sidecar.run import SidecarThread
+from tests.readme_tour import tour_command
 from tests.sidecar_rigs import policy_doc
 
 pytestmark = pytest.mark.integration
@@ -125,6 +127,18 @@ def refused_counts(sidecar: SidecarThread) -> dict[tuple[str, str], float]:
 
 # ------------------------------------------------------------------------------------------------
 # HTTP
+
+
+def test_the_readme_tours_curl_gets_what_the_readme_shows(sidecars: dict[str, SidecarThread]) -> None:
+    """The README tour's `curl` as written, against the guarded sidecar (nginx in front) on its port:
+    the status line and the refusal's reason and category it shows."""
+    command = tour_command("curl ")
+    method, url = command.argv[command.argv.index("-X") + 1], urlsplit(command.argv[-1])
+    got = httpx.request(method, f"http://127.0.0.1:{sidecars['guarded'].sidecar.http_port}{url.path}", timeout=10)
+    assert got.status_code == int(command.shown[0].split()[1]), (command.where(), got.text)
+    shown = next(line for line in command.shown if line.startswith("{"))
+    for key in ("reason", "category"):
+        assert f'"{key}": "{got.json()[key]}"' in shown, (command.where(), got.text)
 
 
 @pytest.mark.parametrize(("name", "category", "call"), HTTP_CALLS, ids=[c[0] for c in HTTP_CALLS])

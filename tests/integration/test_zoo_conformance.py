@@ -28,6 +28,7 @@ import httpx
 import pytest
 
 from tests.helpers import EXAMPLES, MODEL_REPOSITORY, REPO_ROOT, cli
+from tests.readme_tour import WIDE, missing_lines, tour_command, with_option
 from tritongen.core.profile_types import read_profile
 from tritongen.server import ServerOptions, TritonServer
 from tritongen.sidecar_process import SidecarProcess
@@ -99,8 +100,12 @@ def server(repo: Path):
         yield started
 
 
-def _profile(out: Path, *args: str):
-    done = cli("profile", *args, "-o", str(out), *QUICK, timeout_s=240)
+def _profile(out: Path, *args: str) -> str:
+    return _run_profile("profile", *args, "-o", str(out), *QUICK)
+
+
+def _run_profile(*argv: str) -> str:
+    done = cli(*argv, timeout_s=240, env=WIDE)
     said = done.stdout + done.stderr
     assert CANCEL not in said, said[-2000:]
     assert done.returncode == 0, said[-2000:]
@@ -134,9 +139,18 @@ def _assert_llm_profile(path: Path) -> None:
 def url_profiles(server: TritonServer, tmp_path_factory) -> dict[str, tuple[Path, str]]:
     """Each model profiled once without a spec through --url: (its profile, what the CLI printed)."""
     out: dict[str, tuple[Path, str]] = {}
+    tour = tour_command("tritongen profile --model oneshot --url")  # the README's, as written
     for model in [*_zoo_models(), "tinyllm"]:
         where = tmp_path_factory.mktemp(f"url-{model}")
-        out[model] = (where / f"{model}.json", _profile(where, "--model", model, *_url_args(server)))
+        if model == "oneshot":
+            argv = tour.argv[1:]
+            for option, value in zip(_url_args(server)[::2], _url_args(server)[1::2]):
+                argv = with_option(argv, option, value)
+            said = _run_profile(*with_option(argv, "-o", str(where)))
+            assert not missing_lines(tour, said, headers_only=True), (tour.where(), said)
+        else:
+            said = _profile(where, "--model", model, *_url_args(server))
+        out[model] = (where / f"{model}.json", said)
     return out
 
 

@@ -59,7 +59,8 @@ def _gpu_count(gpus: Optional[int], spec: Optional[Path]) -> tuple[Optional[int]
     if spec is not None:
         from tritongen.specio import load_spec
 
-        return len(load_spec(spec).spec.hardware.devices_mb()), f"the spec's hardware ({spec.name})"
+        hardware = load_spec(spec).spec.hardware  # a CPU-only spec's one device is its memory pool, not a GPU
+        return sum(gpu.count for gpu in hardware.gpus), f"the spec's hardware ({spec.name})"
     return None, None
 
 
