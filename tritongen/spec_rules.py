@@ -110,7 +110,7 @@ def kv_capacity(configs: dict[str, ModelConfig], plan: DeploymentPlan) -> list[F
         for sequences, field in _sequences_of(config, entry):
             if isinstance(planned, int):
                 # vLLM preempts and recomputes when its pool runs dry, it does not run out of memory: its
-                # limit is the pool at the typical sequence (plan.vllm_max_num_seqs), not at full context
+                # limit is the pool at the typical sequence (kv_plan.typical_sequences), not at full context
                 if sequences > planned:
                     findings.append(Finding(
                         "error", "TG303", entry.name, field,
