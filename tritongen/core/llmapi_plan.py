@@ -15,12 +15,19 @@ Pure: the spec, the KV plan and the placement in; a nested mapping and the reaso
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from tritongen.core.kv_plan import KVPlan, typical_sequences
 from tritongen.core.llmapi_spec import KV_DTYPE_TO_TRTLLM, KV_POLICY_TO_CAPACITY
 from tritongen.core.spec import MIB, ModelSpec
-from tritongen.core.trtllm_args import DEFAULT_BLOCK_REUSE, DEFAULT_CAPACITY_POLICY, RELEASE, TRITON_CONFIG
+from tritongen.core.trtllm_args import (
+    DEFAULT_BLOCK_REUSE,
+    DEFAULT_CAPACITY_POLICY,
+    DEFAULT_FREE_GPU_MEMORY_FRACTION,
+    RELEASE,
+    TRITON_CONFIG,
+)
 
 
 class LLMApiFile:
@@ -113,3 +120,21 @@ def llmapi_model_yaml(model: ModelSpec, kv: KVPlan, device_bytes: int, others_by
             "the spec's streaming: tokens stream as they come" if model.streaming else
             "the spec's streaming is off: one response per request")
     return out
+
+
+def kv_pool_bytes(data: Mapping[str, Any], kv: KVPlan, device_bytes: int, others_bytes: int) -> tuple[int, str]:
+    """The KV memory a model.yaml lets the engine take on one GPU, and how: the smaller of
+    kv_cache_config.max_tokens x bytes per token and free_gpu_memory_fraction (the release's
+    default when unstated) x the memory it finds free (`free_fraction`'s), per rank."""
+    section = data.get("kv_cache_config") or {}
+    section = section if isinstance(section, Mapping) else {}
+    fraction = section.get("free_gpu_memory_fraction")
+    fraction = float(DEFAULT_FREE_GPU_MEMORY_FRACTION if fraction is None else fraction)
+    _, free = free_fraction(kv, others_bytes, device_bytes)
+    by_fraction = int(fraction * max(0, free))
+    how = f"free_gpu_memory_fraction {fraction:g} x {max(0, free) / MIB:.0f} MiB free = {by_fraction / MIB:.0f} MiB"
+    tokens = section.get("max_tokens")
+    if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens * kv.kv_bytes_per_token < by_fraction:
+        by_tokens = tokens * kv.kv_bytes_per_token
+        return by_tokens, f"kv_cache_config.max_tokens {tokens} x {kv.kv_bytes_per_token} B = {by_tokens / MIB:.0f} MiB"
+    return by_fraction, how

@@ -165,17 +165,17 @@ def all_paths(keys: Sequence[Key] = MODEL_YAML_KEYS, prefix: tuple[str, ...] = (
 
 
 def _unknown_fix(top: Sequence[Key], path: tuple[str | int, ...]) -> str:
-    """The closest key in the same section; else the section where a key of that name lives."""
+    """The section where a key of that name lives; else the closest key in the same section."""
     name = str(path[-1])
     parent = _key_at(top, path[:-1]) if len(path) > 1 else None
     siblings = [k.name for k in (parent.keys if parent is not None else top)]
+    elsewhere = [".".join(p) for p in all_paths(top) if p[-1] == name and p != path]
+    if elsewhere:  # the exact name in another section says more than a near one here
+        return f"`{name}` is the key `{elsewhere[0]}`, not one of this section: move it there"
     close = difflib.get_close_matches(name, siblings, n=1, cutoff=0.6)
     here = ".".join(str(p) for p in path[:-1])
     if close:
         return f"did you mean `{(here + '.') if here else ''}{close[0]}`? rename it"
-    elsewhere = [".".join(p) for p in all_paths(top) if p[-1] == name and p != path]
-    if elsewhere:
-        return f"`{name}` belongs under `{elsewhere[0]}`: move it there"
     if name == TRITON_CONFIG:
         return f"{TRITON_CONFIG} is the Triton model's section of model.yaml, not an LLM() argument: remove it"
     return (f"remove it (TensorRT-LLM {RELEASE}'s LLM() does not take it and refuses to start), or check it "
