@@ -1,5 +1,6 @@
-"""Read an LLM engine's values from a model directory (config.pbtxt beside the backend's own files)
-and resolve them with the profile and the spec (`tritongen.core.engine_sources`)."""
+"""Read an LLM engine's values from a model directory (config.pbtxt beside the backend's own files:
+vLLM's model.json, TensorRT-LLM's LLM-API model.yaml) and resolve them with the profile and the
+spec (`tritongen.core.engine_sources`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tritongen.core.profile_types import StatedEngine
 from tritongen.core.simulator import Overheads
 from tritongen.core.spec import EngineSection
 from tritongen.errors import BadInput
+from tritongen.llmapi_files import llmapi_args
 
 
 def vllm_engine_args(model_dir: Path) -> dict | None:
@@ -78,6 +80,7 @@ def engine_for(
         )
     backend = config.backend or None
     engine_args = vllm_engine_args(model_dir) if backend == "vllm" and model_dir is not None else None
+    llm_args = llmapi_args(model_dir, backend) if model_dir is not None else None  # TensorRT-LLM's model.yaml
     carried = getattr(profile, "stated_engine", None)  # profiles written before it have none
     below = [(said.section, f"the spec's engine: section ({said.source}){how}")
              for said, how in ((spec, ""), (carried, ", carried by the profile")) if said is not None]
@@ -88,6 +91,7 @@ def engine_for(
             parameters=config_parameters(config),
             measured=measured_from_profile(profile.engine),
             engine_args=engine_args,
+            llm_args=llm_args,
             spec=stated,
             spec_where=stated_where,
             max_batch_size=int(config.max_batch_size),

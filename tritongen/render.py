@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import jinja2
+import yaml
 
 from tritongen.core.plan import DeploymentPlan, plan_deployment
 from tritongen.core.profile_types import Profile
@@ -24,6 +25,8 @@ from tritongen.core.static_batch import cap_static_batches
 from tritongen.core.file_names import POLICY_FILE
 from tritongen.core.sidecar_policy.build import build_sidecar_policy
 from tritongen.core.sidecar_policy.schema import parse_policy
+from tritongen.core.trtllm_args import MODEL_YAML, RELEASE
+from tritongen.core.trtllm_args_check import check_model_yaml
 from tritongen.errors import BadInput, TritongenError
 from tritongen.pbtxt import ConfigSyntaxError, parse_model_config
 from tritongen.server_flags import SERVER_FLAGS_FILE
@@ -48,6 +51,12 @@ def pbstr(value: object) -> str:
     return f'"{text}"'
 
 
+def yaml_value(value: object) -> str:
+    """A YAML value on one line (flow style for a mapping or a list), as model.yaml writes it."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 20, sort_keys=False).strip()
+    return text.removesuffix("\n...").removesuffix("...").strip()
+
+
 def template_env(user_dir: Path | None = None) -> jinja2.Environment:
     loaders: list[jinja2.BaseLoader] = []
     if user_dir is not None:
@@ -62,6 +71,7 @@ def template_env(user_dir: Path | None = None) -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["pbstr"] = pbstr
+    env.filters["yaml"] = yaml_value
     env.filters["json"] = lambda v: json.dumps(v, indent=2, sort_keys=True)
     return env
 
@@ -151,6 +161,8 @@ def render_plan(
             files[f"{entry.name}/1/model.json"] = _render_template(
                 env, "model.json.j2", entry.name, engine_args=entry.engine_args, m=entry
             )
+        elif entry.llm_args is not None:
+            files[f"{entry.name}/1/{MODEL_YAML}"] = _render_llmapi(env, entry, spec_name)
         elif entry.source_model != entry.name:  # lanes of a Python model share its code
             links[f"{entry.name}/1"] = f"../{entry.source_model}/1"
     files[SERVER_FLAGS_FILE] = _render_template(env, "server_flags.txt.j2", SERVER_FLAGS_FILE, plan=plan)
@@ -160,6 +172,25 @@ def render_plan(
         parse_policy(sidecar_policy, f"the rendered {SIDECAR_POLICY_FILE}")
         files[SIDECAR_POLICY_FILE] = json.dumps(sidecar_policy, indent=2, sort_keys=True) + "\n"
     return RenderedRepository(files=dict(sorted(files.items())), links=links, plan=plan)
+
+
+def _render_llmapi(env: jinja2.Environment, entry, spec_name: str) -> str:
+    """TensorRT-LLM's model.yaml, read back and checked against the release's key table before
+    anything is written: a template (the user's own, too) that drops or mangles a key fails here."""
+    path = f"{entry.name}/1/{MODEL_YAML}"
+    text = _render_template(env, "model.yaml.j2", path, m=entry, spec_name=spec_name, release=RELEASE)
+    try:
+        parsed = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise BadInput(f"the template produced a {path} that is not YAML: {err}") from None
+    if parsed != entry.llm_args:
+        raise BadInput(f"the template produced a {path} that does not say what the plan holds: "
+                       f"{parsed!r} instead of {entry.llm_args!r}")
+    problems = check_model_yaml(parsed)
+    if problems:
+        raise BadInput(f"{path} would be refused by TensorRT-LLM {RELEASE}: "
+                       + "; ".join(f"{p.key}: {p.message} ({p.fix})" for p in problems))
+    return text
 
 
 def write_repository(rendered: RenderedRepository, out_dir: Path) -> list[str]:

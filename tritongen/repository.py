@@ -33,6 +33,7 @@ from tritonclient.grpc.model_config_pb2 import ModelConfig
 from tritongen.core.config_rules import RULES, check_cross_model, check_model_config, is_ensemble
 from tritongen.core.findings import Finding, count_errors, count_warnings, sort_findings
 from tritongen.errors import BadInput
+from tritongen.llmapi_files import llmapi_findings
 from tritongen.pbtxt import ConfigSyntaxError, field_line, parse_model_config
 from tritongen.shared.nvml import gpu_count
 
@@ -173,6 +174,8 @@ def check_repository(
                                           autofill_source=_autofill_source(model, model_file) if autofill else None):
             findings.append(_locate(finding, model))
         findings.extend(_file_rules(model))
+        findings.extend(llmapi_findings(model.name, model.directory, model.config, model.display_path,
+                                        model.selected or model.versions[-1:], autofill))
     # Models that exist but could not be parsed (or have no config) still count as present.
     known: dict[str, ModelConfig] = {name: ModelConfig(name=name) for name in by_name}
     known.update(parsed)
@@ -388,7 +391,10 @@ def _file_rules(model: _Model) -> list[Finding]:
                     f"(default_model_filename '{config.default_model_filename or ''}'); the server hangs "
                     "loading version " + str(version),
                     f"add {filename} to {model.directory / str(version)}"
-                    + ("" if config.default_model_filename else ", or set default_model_filename"),
+                    + ("" if config.default_model_filename else ", or set default_model_filename")
+                    + (" (TensorRT-LLM's LLM-API model: copy model.py and helpers.py from its "
+                       "triton_backend/all_models/llmapi/tensorrt_llm/1/)"
+                       if (model.directory / str(version) / "model.yaml").is_file() else ""),
                 )
         env = config.parameters.get("EXECUTION_ENV_PATH")
         if env is not None and env.string_value:

@@ -18,6 +18,7 @@ from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelInstanceGroup
 from tritongen.core.findings import Finding
 from tritongen.core.plan import DeploymentPlan, ModelEntryPlan
 from tritongen.core.spec import MIB
+from tritongen.llmapi_spec_rules import llmapi_rules
 from tritongen.pbtxt import parse_model_config
 from tritongen.profiles import measured_pads_mb, read_profiles
 from tritongen.render import render_repository
@@ -26,7 +27,9 @@ from tritongen.specio import LoadedSpec, load_spec
 ExtraRule = Callable[[dict[str, ModelConfig]], list[Finding]]
 
 
-def rules_for_spec(spec_path: Path, profiles_dir: Path | None = None) -> list[ExtraRule]:
+def rules_for_spec(spec_path: Path, profiles_dir: Path | None = None, repository: Path | None = None) -> list[ExtraRule]:
+    """The spec's rules over a repository's configs; with `repository`, also over the backend files
+    check reads there (TensorRT-LLM's model.yaml: `llmapi_spec_rules`)."""
     loaded = load_spec(spec_path)
     profiles = read_profiles(profiles_dir) if profiles_dir is not None else None
     pads = measured_pads_mb(profiles) if profiles else None
@@ -38,11 +41,14 @@ def rules_for_spec(spec_path: Path, profiles_dir: Path | None = None) -> list[Ex
         for path, text in rendered.files.items()
         if path.endswith("/config.pbtxt")
     }
-    return [
+    rules: list[ExtraRule] = [
         lambda configs: memory_per_device(configs, plan),
         lambda configs: kv_capacity(configs, plan),
         lambda configs: drift_findings(configs, expected, loaded),
     ]
+    if repository is not None:
+        rules.append(llmapi_rules(plan, rendered.files, Path(repository), str(loaded.path)))
+    return rules
 
 
 def memory_per_device(configs: dict[str, ModelConfig], plan: DeploymentPlan) -> list[Finding]:
@@ -110,7 +116,7 @@ def kv_capacity(configs: dict[str, ModelConfig], plan: DeploymentPlan) -> list[F
         for sequences, field in _sequences_of(config, entry):
             if isinstance(planned, int):
                 # vLLM preempts and recomputes when its pool runs dry, it does not run out of memory: its
-                # limit is the pool at the typical sequence (plan.vllm_max_num_seqs), not at full context
+                # limit is the pool at the typical sequence (kv_plan.typical_sequences), not at full context
                 if sequences > planned:
                     findings.append(Finding(
                         "error", "TG303", entry.name, field,

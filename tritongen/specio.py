@@ -39,7 +39,7 @@ def format_loc(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
-def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+def line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
     """1-based line of the deepest node along `loc` that exists in the YAML tree."""
     line = node.start_mark.line + 1 if node is not None else None
     for part in loc:
@@ -74,7 +74,7 @@ def validation_message(err: ValidationError, source: str, root: yaml.Node | None
     lines = []
     for error in err.errors():
         loc = tuple(error["loc"])
-        line = _line_of(root, loc)
+        line = line_of(root, loc)
         where = f"{source}:{line}" if line else source
         lines.append(f"{where}: {format_loc(loc)}: {_describe(error)}")
     count = len(lines)
@@ -119,7 +119,7 @@ def load_spec(path: Path) -> LoadedSpec:
             try:
                 architectures[model.name] = load_architecture(config_path)
             except BadInput as err:
-                line = _line_of(root, ("models", index, "architecture_config"))
+                line = line_of(root, ("models", index, "architecture_config"))
                 raise BadInput(f"{path}:{line}: models[{index}].architecture_config: {err}") from None
     spec = _resolve_tokenizers(spec, root, path)
     return LoadedSpec(spec=spec, path=path, architectures=architectures)
@@ -133,7 +133,7 @@ def _resolve_tokenizers(spec: DeploymentSpec, root: Any, path: Path) -> Deployme
         if model.tokenizer is not None:
             found = model.tokenizer if model.tokenizer.is_absolute() else (path.parent / model.tokenizer).resolve()
             if not found.is_file():
-                line = _line_of(root, ("models", index, "tokenizer"))
+                line = line_of(root, ("models", index, "tokenizer"))
                 raise BadInput(f"{path}:{line}: models[{index}].tokenizer: {found} is not a file; give the path of "
                                "the model's tokenizer.json (relative to the spec)")
             model = model.model_copy(update={"tokenizer": found})

@@ -30,14 +30,14 @@ class OutputFormat(str, Enum):
     github = "github"
 
 
-def _spec_rules(spec: Optional[Path], profiles: Optional[Path]) -> list[ExtraRule]:
+def _spec_rules(spec: Optional[Path], profiles: Optional[Path], directory: Path) -> list[ExtraRule]:
     if spec is None:
         if profiles is not None:
             raise BadInput("--profiles needs the spec (`check SPEC DIR --profiles P`: the profiles refine the spec's render)")
         return []
     from tritongen.spec_rules import rules_for_spec
 
-    return list(rules_for_spec(spec, profiles))
+    return list(rules_for_spec(spec, profiles, directory))
 
 
 def spec_and_directory(paths: list[Path], spec_option: Optional[Path]) -> tuple[Optional[Path], Path]:
@@ -152,7 +152,7 @@ def check(
         raise BadInput(f"{directory} is not a directory; give the model repository directory")
     count, source = _gpu_count(gpus, spec)
     report = check_repository(directory, gpu_available=gpu, gpu_count=count, gpu_count_source=source,
-                              autofill=autofill, extra_rules=_spec_rules(spec, profiles))
+                              autofill=autofill, extra_rules=_spec_rules(spec, profiles, directory))
     if chosen is OutputFormat.json:
         typer.echo(report_to_json(report))
     elif chosen is OutputFormat.github:

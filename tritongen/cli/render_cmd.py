@@ -65,6 +65,10 @@ def render(
             console.print(f"memory quota of {placement.model}: {placement.quota_bytes / MIB:.1f} MiB, "
                           f"{placement.quota_source}", highlight=False)
     console.print(f"{len(changed)} file(s) written" + (": " + ", ".join(changed) if changed else " (already up to date)"))
+    code = [e.name for e in rendered.plan.entries if e.llm_args is not None and not (out / e.name / "1" / "model.py").is_file()]
+    if code:  # render writes model.yaml and config.pbtxt, never the model's code
+        console.print(f"[yellow]note:[/] copy model.py and helpers.py from TensorRT-LLM's "
+                      f"triton_backend/all_models/llmapi/tensorrt_llm/1/ into {out}/<model>/1/ for {', '.join(code)}")
     missing = [e.name for e in rendered.plan.entries if not any((out / e.name).glob("[0-9]*"))]
     if missing:
         console.print(f"[yellow]note:[/] no version folder yet for {', '.join(missing)}: put the model files in {out}/<model>/1/")

@@ -9,6 +9,13 @@ documented `engine:` section, then what the profile measured.
   (`guaranteed_no_evict` reserves at admission, `max_utilization` pauses and resumes),
   `max_tokens_in_paged_kv_cache`, `enable_chunked_context`. Tokens per block and the runtime batch
   are engine build options: the spec's `engine:` section names them.
+- TensorRT-LLM's LLM-API model (a Python-backend model with `1/model.yaml`, `llm_args`):
+  `scheduler_config.capacity_scheduler_policy` (GUARANTEED_NO_EVICT reserves at admission and
+  waits, MAX_UTILIZATION grows and pauses; STATIC_BATCH is not modelled), `max_batch_size` (the
+  sequences the engine runs), `max_num_tokens`, `max_seq_len`, `kv_cache_config.tokens_per_block`
+  and `kv_cache_config.max_tokens` (the pool; `free_gpu_memory_fraction` alone sizes it from
+  memory only the plan knows, which then fills it). Unstated values are the release's defaults
+  (`core.trtllm_args`). `kv_cache_config.enable_block_reuse` is recorded as `prefix_cache`.
 - Any other backend (tinyllm, a user's Python backend): tritongen's documented engine parameters
   in the config (`kv_policy`, `max_num_seqs`, `kv_block_tokens`, `kv_pool_blocks`,
   `max_batched_tokens`, `max_context`), which `render` writes from the spec's `engine:` section
@@ -31,7 +38,9 @@ from dataclasses import asdict, dataclass, field
 
 from tritongen.core.engine import KV_POLICIES, EngineModel, LLMCurve
 from tritongen.core.kv import KVFootprint
+from tritongen.core.llmapi_spec import KV_POLICY_TO_CAPACITY
 from tritongen.core.spec import EngineSection
+from tritongen.core.trtllm_args import CAPACITY_POLICIES, MODEL_YAML, RELEASE, default_of
 
 # tritongen's documented engine parameters (config.pbtxt `parameters`), read for backends other
 # than vLLM and TensorRT-LLM.
@@ -131,6 +140,48 @@ def _from_trtllm(claims: _Claims, parameters: Mapping[str, str]) -> None:
         claims.add("kv_pool_tokens", tokens, where)
 
 
+LLMAPI_POLICIES = {capacity: policy for policy, capacity in KV_POLICY_TO_CAPACITY.items()}
+
+
+def _from_llmapi(claims: _Claims, args: Mapping[str, object]) -> None:
+    """TensorRT-LLM's LLM-API model.yaml (module docstring)."""
+    where = MODEL_YAML
+    m = claims.model
+    kv = args.get("kv_cache_config") or {}
+    scheduler = args.get("scheduler_config") or {}
+    if not isinstance(kv, Mapping) or not isinstance(scheduler, Mapping):
+        raise EngineSourceError(f"model {m!r}: kv_cache_config and scheduler_config in {where} must be mappings")
+    stated = "capacity_scheduler_policy" in scheduler
+    capacity = str(scheduler.get("capacity_scheduler_policy", default_of("scheduler_config", "capacity_scheduler_policy")))
+    if capacity not in LLMAPI_POLICIES:
+        known = "not modelled by the engine model (it admits a new batch only when the running one ends)" \
+            if capacity in CAPACITY_POLICIES else f"not one of {list(CAPACITY_POLICIES)}"
+        raise EngineSourceError(f"model {m!r}: scheduler_config.capacity_scheduler_policy {capacity!r} in {where} is "
+                                f"{known}; simulate {' or '.join(LLMAPI_POLICIES)}")
+    claims.add("kv_policy", LLMAPI_POLICIES[capacity],
+               f"capacity_scheduler_policy {capacity} ({where}" + ("" if stated else f", TensorRT-LLM {RELEASE}'s default") + ")")
+    block = kv.get("tokens_per_block")
+    claims.add("kv_block_tokens", _int(block if block is not None else default_of("kv_cache_config", "tokens_per_block"),
+                                       "kv_cache_config.tokens_per_block", where, m),
+               where if block is not None else f"TensorRT-LLM {RELEASE}'s default tokens_per_block")
+    claims.add("max_num_seqs", _int(args.get("max_batch_size"), "max_batch_size", where, m), f"max_batch_size ({where})")
+    tokens = args.get("max_num_tokens")
+    claims.add("max_batched_tokens", _int(tokens if tokens is not None else default_of("max_num_tokens"),
+                                          "max_num_tokens", where, m),
+               f"max_num_tokens ({where})" if tokens is not None else f"TensorRT-LLM {RELEASE}'s default max_num_tokens")
+    claims.add("max_context", _int(args.get("max_seq_len"), "max_seq_len", where, m), f"max_seq_len ({where})")
+    claims.add("kv_pool_tokens", _int(kv.get("max_tokens"), "kv_cache_config.max_tokens", where, m),
+               f"kv_cache_config.max_tokens ({where})")
+
+
+def llmapi_prefix_cache(args: Mapping[str, object]) -> bool:
+    """Whether the LLM-API engine reuses KV blocks of shared prefixes (kv_cache_config.enable_block_reuse,
+    the release's default when unstated)."""
+    kv = args.get("kv_cache_config") or {}
+    value = kv.get("enable_block_reuse") if isinstance(kv, Mapping) else None
+    return bool(default_of("kv_cache_config", "enable_block_reuse") if value is None else value)
+
+
 def _from_parameters(claims: _Claims, parameters: Mapping[str, str]) -> None:
     where = "config.pbtxt parameters"
     m = claims.model
@@ -202,6 +253,7 @@ class EngineLimits:
     sources: dict[str, str]
     kv_footprint: KVFootprint | None = None  # set, with kv_pool_bytes, for a model that is not uniform
     kv_pool_bytes: int | None = None
+    prefix_cache: bool | None = None  # the engine reuses shared prefixes' KV blocks (None: not stated)
 
     @property
     def pool_tokens(self) -> int:
@@ -217,8 +269,8 @@ def resolve_engine(*, measured: MeasuredEngine | None, **where: object) -> Engin
             f"model {where.get('model')!r}: its step costs are unknown; profile it (`tritongen profile`) and pass "
             "the profile"
         )
-    return EngineModel(**{**asdict(limits), "curve": measured.curve,
-                          "sources": {**limits.sources, "curve": "the profile"}})
+    fields = {k: v for k, v in asdict(limits).items() if k in EngineModel.model_fields}
+    return EngineModel(**{**fields, "curve": measured.curve, "sources": {**limits.sources, "curve": "the profile"}})
 
 
 def entry_sources(entry, model) -> dict[str, object]:
@@ -226,6 +278,7 @@ def entry_sources(entry, model) -> dict[str, object]:
     the backend's files and parameters as rendered, the spec's engine section and the KV plan."""
     return dict(
         model=entry.name, backend=entry.backend, parameters=entry.parameters, engine_args=entry.engine_args,
+        llm_args=getattr(entry, "llm_args", None),
         spec=model.engine, max_context=model.max_context, max_batch_size=entry.max_batch_size,
         # The plan counts its pool in blocks of ITS block size (spec.kv_block_tokens), which need
         # not be the engine's (a token-granular engine, vLLM's default): tokens are what both share.
@@ -242,6 +295,7 @@ def resolve_engine_limits(
     parameters: Mapping[str, str],
     measured: MeasuredEngine | None = None,
     engine_args: Mapping[str, object] | None = None,
+    llm_args: Mapping[str, object] | None = None,
     spec: EngineSection | None = None,
     spec_where: str = "the spec's engine: section",
     below: Sequence[tuple[EngineSection, str]] = (),
@@ -262,7 +316,9 @@ def resolve_engine_limits(
     re-blocked here at the engine's block size: a block count is only meaningful with the block
     size it was counted in."""
     claims = _Claims(model)
-    if backend == "vllm":
+    if llm_args is not None:
+        _from_llmapi(claims, llm_args)
+    elif backend == "vllm":
         _from_vllm(claims, engine_args or {})
     elif backend == "tensorrtllm":
         _from_trtllm(claims, parameters)
@@ -339,7 +395,11 @@ def resolve_engine_limits(
             int(pool_blocks) * block * footprint.kv_bytes_per_token)  # type: ignore[call-overload]
         sources["kv_pool_bytes"] = (sources["kv_pool_blocks"] + (", as bytes" if from_plan else
                                     ", read as tokens of every attention layer"))
+    prefix_cache = llmapi_prefix_cache(llm_args) if llm_args is not None else None
+    if prefix_cache is not None:
+        sources["prefix_cache"] = f"kv_cache_config.enable_block_reuse ({MODEL_YAML})"
     return EngineLimits(
+        prefix_cache=prefix_cache,
         kv_policy=str(policy),
         kv_block_tokens=block,
         kv_pool_blocks=int(pool_blocks),  # type: ignore[arg-type]

@@ -89,3 +89,21 @@ def plan_kv(
         pool_blocks=budget // block_bytes if block_bytes else 0,  # a state-only model has no token blocks
         footprint=footprint,
     )
+
+
+def typical_sequences(model: ModelSpec, kv: KVPlan) -> int:
+    """What the pool holds at the typical sequence: the running limit of an engine that grows
+    sequences and waits or preempts rather than dies when the pool runs dry (vLLM; TensorRT-LLM's
+    GUARANTEED_NO_EVICT and MAX_UTILIZATION). vLLM grows a sequence's blocks as it goes and
+    preempts (recomputes) when the pool runs dry; it never dies of it. So its running limit is
+    what the pool holds at the typical sequence (prompt + output, in whole blocks), not at
+    max_context: the worst case is the engine's to absorb, and sizing for it would idle most of the pool (a 512-token context held 4 where the
+    typical 160-token sequence fits 14). Without typical lengths, max_context is the only size known."""
+    typical = (model.typical_prompt_tokens or 0) + (model.typical_output_tokens or 0)
+    uniform = kv.footprint is None or kv.footprint.uniform
+    # a lane's context already bounds its sequences; a layer mix that is not uniform is sized per
+    # sequence by its footprint (KVPlan.max_sequences), not in attention-token blocks
+    if not typical or not kv.pool_blocks or model.lanes is not None or not uniform:
+        return max(1, kv.max_sequences)
+    blocks_each = -(-typical // kv.block_tokens)
+    return max(1, kv.max_sequences, kv.pool_blocks // blocks_each)

@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from tritongen.core.architecture import Architecture
-from tritongen.core.kv_plan import KVPlan, plan_kv
+from tritongen.core.kv_plan import KVPlan, plan_kv, typical_sequences
+from tritongen.core.llmapi_plan import llmapi_model_yaml
+from tritongen.core.llmapi_spec import LLMAPI
 from tritongen.core.placement import Placement, plan_memory
 from tritongen.core.spec import (
     MIB,
@@ -79,6 +81,8 @@ class ModelEntryPlan(View):
     parameters: dict[str, str]
     kv: KVPlan | None
     engine_args: dict[str, object] | None  # vLLM model.json
+    llm_args: dict[str, object] | None = None  # TensorRT-LLM LLM-API model.yaml (core.llmapi_plan)
+    llm_args_why: dict[str, str] = {}  # dotted key of llm_args -> why it holds its value
     lane: str | None
     prompt_tokens_max: int | None
     notes: list[str]
@@ -186,8 +190,9 @@ def _instance_groups(spec: DeploymentSpec, model: ModelSpec, placement: Placemen
         # a second instance would allocate a second pool of num_gpu_blocks_override blocks.
         count = 1 if model.backend == "vllm" else model.instances
         return [InstanceGroupView(kind="KIND_CPU", count=count, gpus=[], compute_units=model.compute_quota)]
-    if model.tensor_parallel > 1 or model.backend == "vllm":
-        # The engine spreads itself over its GPUs (vLLM needs KIND_MODEL for tensor parallelism).
+    if model.tensor_parallel > 1 or model.backend in ("vllm", LLMAPI):
+        # The engine spreads itself over its GPUs (vLLM needs KIND_MODEL for tensor parallelism;
+        # TensorRT-LLM's LLM-API model starts its own ranks).
         return [InstanceGroupView(kind="KIND_MODEL", count=1, gpus=[], compute_units=model.compute_quota)]
     return [
         InstanceGroupView(kind="KIND_GPU", count=model.instances, gpus=placement.gpus, compute_units=model.compute_quota)
@@ -219,27 +224,11 @@ def engine_parameters(kv: KVPlan, model: ModelSpec) -> dict[str, str]:
     return out
 
 
-def vllm_max_num_seqs(model: ModelSpec, kv: KVPlan) -> int:
-    """vLLM grows a sequence's blocks as it goes and preempts (recomputes) when the pool runs dry;
-    it never dies of it. So its running limit is what the pool holds at the typical sequence
-    (prompt + output, in whole blocks), not at max_context: the worst case is the engine's to
-    absorb, and sizing for it would idle most of the pool (a 512-token context held 4 where the
-    typical 160-token sequence fits 14). Without typical lengths, max_context is the only size known."""
-    typical = (model.typical_prompt_tokens or 0) + (model.typical_output_tokens or 0)
-    uniform = kv.footprint is None or kv.footprint.uniform
-    # a lane's context already bounds its sequences; a layer mix that is not uniform is sized per
-    # sequence by its footprint (KVPlan.max_sequences), not in attention-token blocks
-    if not typical or not kv.pool_blocks or model.lanes is not None or not uniform:
-        return max(1, kv.max_sequences)
-    blocks_each = -(-typical // kv.block_tokens)
-    return max(1, kv.max_sequences, kv.pool_blocks // blocks_each)
-
-
 def _vllm_engine_args(spec: DeploymentSpec, model: ModelSpec, kv: KVPlan, device_bytes: int) -> dict[str, object]:
     """vLLM's `1/model.json` (AsyncEngineArgs). No `disable_log_requests`: vLLM 0.13 removed it
     (`enable_log_requests`, default off, replaced it) and refuses the unknown name."""
     kv_dtype = {"auto": "auto", "fp8": "fp8", "int8": "fp8"}.get(model.kv_dtype, "auto")
-    seqs = vllm_max_num_seqs(model, kv)
+    seqs = typical_sequences(model, kv)
     if model.engine is not None and model.engine.max_num_seqs:
         seqs = min(seqs, model.engine.max_num_seqs)
     args: dict[str, object] = {
@@ -323,10 +312,11 @@ def plan_deployment(
                 ("short", model.lanes.split_prompt_tokens, model.lanes.short_share),
                 ("long", model.max_context, 1.0 - model.lanes.short_share),
             ]
+        neighbours = [p for p in placements.values() if p.model != model.name and set(p.gpus) & set(placement.gpus)]
         for (lane, prompt_max, share), entry_name in zip(lanes, entry_names_of(model)):
             entries.append(
                 _plan_entry(spec, model, architectures.get(model.name), placement, groups, total_instances,
-                            lane, prompt_max, share, entry_name, device_bytes, pads.get(model.name))
+                            lane, prompt_max, share, entry_name, device_bytes, pads.get(model.name), neighbours)
             )
     flags = server_flags(spec)
     return DeploymentPlan(
@@ -353,6 +343,7 @@ def _plan_entry(
     entry_name: str,
     device_bytes: list[int],
     pad_mb: float | None = None,
+    neighbours: list[Placement] | None = None,
 ) -> ModelEntryPlan:
     policy = spec.policy
     notes: list[str] = []
@@ -361,6 +352,7 @@ def _plan_entry(
     preferred: list[int]
     kv: KVPlan | None = None
     engine_args: dict[str, object] | None = None
+    llm_args = None
     derived: dict[str, str] = {}
     window = window_for(spec, model, lane)
     if model.kind == "llm":
@@ -389,6 +381,16 @@ def _plan_entry(
             )
             if spec.hardware.cpu_only:
                 notes.append(_vllm_cpu_note(engine_args))
+        elif model.backend == LLMAPI:
+            max_batch = 0  # as upstream's triton_config: the engine batches, Triton passes requests through
+            others = neighbours or []
+            llm_args = llmapi_model_yaml(model, kv, device_bytes[placement.gpus[0]], sum(p.quota_bytes for p in others),
+                                         ", ".join(p.model for p in others))
+            notes.append(
+                f"TensorRT-LLM's LLM-API model: its engine arguments are in 1/model.yaml (max_batch_size "
+                f"{llm_args.data['max_batch_size']}, kv_cache_config.max_tokens {llm_args.data['kv_cache_config']['max_tokens']}); "
+                "copy model.py and helpers.py from TensorRT-LLM's triton_backend/all_models/llmapi/tensorrt_llm/1/"
+            )
         else:
             max_batch = kv.max_sequences
             derived = engine_parameters(kv, model)
@@ -407,7 +409,7 @@ def _plan_entry(
         name=entry_name,
         spec_model=model.name,
         source_model=entry_names_of(model)[0] if lane else model.name,
-        backend=model.backend,
+        backend="python" if model.backend == LLMAPI else model.backend,
         kind=model.kind,
         max_batch_size=max_batch,
         inputs=_tensors(model.inputs),
@@ -418,6 +420,8 @@ def _plan_entry(
         parameters=_merge_parameters(model, derived),
         kv=kv,
         engine_args=engine_args,
+        llm_args=llm_args.data if llm_args is not None else None,
+        llm_args_why=llm_args.why if llm_args is not None else {},
         lane=lane,
         prompt_tokens_max=prompt_max,
         notes=notes,

@@ -8,12 +8,14 @@ default and an out-of-memory error in production. Memory sizes are MiB (1024 x 1
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from tritongen.core.strict import Strict
 from tritongen.core.architecture import Architecture
+from tritongen.core.llmapi_spec import LLMAPI, llmapi_spec_problem
+from tritongen.core.trtllm_args import DEFAULT_TOKENS_PER_BLOCK
 
 MIB = 1024 * 1024
 
@@ -162,8 +164,9 @@ class ModelSpec(StrictModel):
     """One served model."""
 
     name: Name
-    backend: Literal["python", "onnxruntime", "pytorch", "tensorflow", "tensorrt", "openvino", "vllm"] = Field(
-        description="Triton backend that runs the model."
+    backend: Literal["python", "onnxruntime", "pytorch", "tensorflow", "tensorrt", "openvino", "vllm", "llmapi"] = Field(
+        description="Triton backend that runs the model; `llmapi`: TensorRT-LLM's LLM-API model (a Python-backend "
+        "model, triton_backend/all_models/llmapi), rendered with its 1/model.yaml."
     )
     kind: Literal["llm", "classic"] = Field(description="'llm': KV-cache bound generator; 'classic': a batched network.")
     streaming: bool = Field(default=False, description="LLMs: stream tokens (decoupled transaction policy).")
@@ -204,6 +207,13 @@ class ModelSpec(StrictModel):
         description="vLLM: further engine arguments (AsyncEngineArgs names: load_format, enforce_eager, dtype, "
         "enable_prefix_caching, ...) written into 1/model.json as given; the names tritongen derives from the spec "
         "(model, max_model_len, max_num_seqs, block_size, the KV pool) are refused here.",
+    )
+    llm_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="llmapi: further TensorRT-LLM LLM() arguments written into 1/model.yaml (enable_chunked_prefill, "
+        "cuda_graph_config, kv_cache_config.enable_block_reuse, ...), checked against the release's key table "
+        "(tritongen.core.trtllm_args); the ones tritongen derives from the spec are refused here "
+        "(core.llmapi_spec.DERIVED_LLM_ARGS).",
     )
     engine: EngineSection | None = Field(default=None, description="LLMs: the engine behind the model (see EngineSection).")
     bytes_per_token: float | None = Field(
@@ -254,6 +264,10 @@ class ModelSpec(StrictModel):
             )
         if self.engine_args and self.backend != "vllm":
             raise ValueError(f"{where}: `engine_args` is written into the vLLM backend's model.json; this model's backend is {self.backend}")
+        if self.llm_args and self.backend != LLMAPI:
+            raise ValueError(f"{where}: `llm_args` is written into TensorRT-LLM's model.yaml; this model's backend is {self.backend}")
+        if self.backend == LLMAPI and (problem := llmapi_spec_problem(self, where)):
+            raise ValueError(problem)
         if self.backend == "vllm" and not self.hf_model:
             raise ValueError(f"{where}: the vllm backend needs `hf_model` (the model id or path the engine loads)")
         return self
@@ -363,6 +377,9 @@ class DeploymentSpec(StrictModel):
             if any(m.kind == "llm" for m in self.models) and hw.cpu_memory_mb is None:
                 raise ValueError("hardware has no gpus: set hardware.cpu_memory_mb, the memory LLM KV budgets come from")
             for model in self.models:
+                if model.backend == LLMAPI:
+                    raise ValueError(f"model {model.name!r}: TensorRT-LLM's LLM-API model runs on GPUs, but hardware.gpus "
+                                     "is empty; declare the GPUs, or serve it with backend vllm")
                 if model.tensor_parallel > 1:
                     raise ValueError(
                         f"model {model.name!r}: tensor_parallel {model.tensor_parallel} needs GPUs, "
@@ -406,9 +423,12 @@ class DeploymentSpec(StrictModel):
 
 def kv_block_tokens(model: ModelSpec, policy: Policy) -> tuple[int, str]:
     """Tokens per KV block the plan sizes a model's pool in, and the spec field that sets them:
-    the model's `engine.kv_block_tokens`, else `policy.kv_block_tokens`."""
+    the model's `engine.kv_block_tokens`, else (an llmapi model, the policy silent) TensorRT-LLM's
+    own default, else `policy.kv_block_tokens`."""
     if model.engine is not None and model.engine.kv_block_tokens:
         return model.engine.kv_block_tokens, f"model {model.name!r} engine.kv_block_tokens"
+    if model.backend == LLMAPI and "kv_block_tokens" not in policy.model_fields_set:
+        return DEFAULT_TOKENS_PER_BLOCK, "TensorRT-LLM's default kv_cache_config.tokens_per_block"
     return policy.kv_block_tokens, "policy.kv_block_tokens"
 
 

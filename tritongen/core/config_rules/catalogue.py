@@ -206,5 +206,23 @@ RULES: dict[str, Rule] = rule_table(
            "refused: depends on 'M' whose required version N is not loaded"),
         _r("TG212", "error", "model directory cannot be read", "refused"),
         _r("TG200", "warning", "the repository holds no model directory", "serves nothing"),
+        # TensorRT-LLM's LLM-API model.yaml (tritongen.core.llmapi_rules): what model.py and the
+        # release's LLM() do with it, read from their code (no GPU server here to observe it)
+        _r("TG401", "error", "LLM-API model.yaml unreadable, not YAML or not a mapping",
+           "load fails: model.py's auto_complete_config cannot read triton_config"),
+        _r("TG402", "error", "model.yaml key that is not an LLM() argument of the release",
+           "load fails: LLM() refuses extra fields (StrictBaseModel, extra='forbid')"),
+        _r("TG403", "error", "model.yaml value of the wrong type", "load fails: LLM()'s pydantic validation"),
+        _r("TG404", "error", "model.yaml value out of range",
+           "load fails: LLM()'s validation, or the engine (a size below 1)"),
+        _r("TG405", "error", "model.yaml enum value that is not one of the release's (a misspelt policy)",
+           "load fails: not a CapacitySchedulerPolicy (or other enum) value"),
+        _r("TG406", "error", "model.yaml lacks a required key (model, triton_config.max_batch_size/decoupled)",
+           "load fails: LLM() needs model; model.py reads triton_config[...] without a default"),
+        _r("TG407", "error", "triton_config conflicts with config.pbtxt",
+           "load fails: pb_utils refuses to change decoupled or lower max_batch_size in auto_complete_config"),
+        _r("TG408", "warning", "config.pbtxt max_batch_size below triton_config's",
+           "loaded; auto_complete_config replaces config.pbtxt's value"),
+        _r("TG409", "warning", "triton_config key model.py does not read", "loaded; the key has no effect"),
     ]
 )

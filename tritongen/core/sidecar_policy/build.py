@@ -294,7 +294,7 @@ def _engine_limits(model: ModelSpec, entry: ModelEntryPlan, profile: Profile | N
     """The engine the entry runs, or None when nothing states its KV policy (a user's own backend
     the spec says nothing about); contradictions between sources are errors (EngineSourceError)."""
     stated = (model.engine is not None or entry.backend in ("vllm", "tensorrtllm")
-              or "kv_policy" in entry.parameters)
+              or entry.llm_args is not None or "kv_policy" in entry.parameters)
     if not stated:
         return None
     engine = getattr(profile, "engine", None)
@@ -411,8 +411,11 @@ def build_sidecar_policy(
 
 
 def _engine_sequences(entry: ModelEntryPlan) -> int | None:
-    """max_num_seqs as the entry renders it: vLLM's model.json, or tritongen's engine parameters."""
+    """max_num_seqs as the entry renders it: vLLM's model.json, TensorRT-LLM's model.yaml
+    (max_batch_size), or tritongen's engine parameters."""
     if entry.engine_args and entry.engine_args.get("max_num_seqs"):
         return int(entry.engine_args["max_num_seqs"])  # type: ignore[arg-type]
+    if entry.llm_args and entry.llm_args.get("max_batch_size"):
+        return int(entry.llm_args["max_batch_size"])  # type: ignore[call-overload]
     value = entry.parameters.get("max_num_seqs")
     return int(value) if value and value.isdigit() else None
