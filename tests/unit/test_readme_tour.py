@@ -3,9 +3,11 @@ live one in the integration module `tests/readme_tour.LIVE` names (see tests/rea
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from tests.helpers import REPO_ROOT, run_cli
 from tests.readme_tour import (
@@ -35,6 +37,7 @@ def test_an_offline_tour_command_prints_what_the_readme_shows(command: TourComma
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in WIDE.items():
         monkeypatch.setenv(name, value)
+    _widen_module_consoles(monkeypatch)
     where = sandbox(tmp_path / "tour")
     for earlier in COMMANDS[: COMMANDS.index(command)]:  # what the tour made before this step
         if earlier in OFFLINE_COMMANDS and earlier.argv[1] == "render":
@@ -45,6 +48,18 @@ def test_an_offline_tour_command_prints_what_the_readme_shows(command: TourComma
     missing = missing_lines(command, printed)
     assert not missing, f"{command.where()}: the README shows lines this run did not print:\n" + "\n".join(
         missing) + f"\n--- printed:\n{printed}"
+
+
+def _widen_module_consoles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A console made at import took its width from COLUMNS then (a fresh process reads WIDE; an
+    earlier test in this process may have imported the command first): widen those too."""
+    import tritongen.cli.main  # noqa: F401  imports every command module
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("tritongen.cli."):
+            for value in vars(module).values():
+                if isinstance(value, Console):
+                    monkeypatch.setattr(value, "_width", int(WIDE["COLUMNS"]))
 
 
 def test_a_line_the_run_did_not_print_is_caught(tmp_path: Path) -> None:
