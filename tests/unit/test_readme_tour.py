@@ -52,9 +52,8 @@ def test_an_offline_tour_command_prints_what_the_readme_shows(command: TourComma
 
 def _widen_module_consoles(monkeypatch: pytest.MonkeyPatch) -> None:
     """A console made at import took its width from COLUMNS then (a fresh process reads WIDE; an
-    earlier test in this process may have imported the command first): widen those too."""
-    import tritongen.cli.main  # noqa: F401  imports every command module
-
+    earlier test in this process may have imported the command first): widen those. A command
+    module the run imports itself reads WIDE from the environment."""
     for name, module in list(sys.modules.items()):
         if name.startswith("tritongen.cli."):
             for value in vars(module).values():
