@@ -73,8 +73,10 @@ bench-fixed-vs-tuned: $(STAMP)
 bench-llm-fidelity: $(STAMP)
 	$(PY) -m bench.bench_llm_fidelity
 
-bench-zoo: $(STAMP)
+ZOO ?= ../shared/zoo
+bench-zoo: $(STAMP) nginx
 	$(PY) -m bench.bench_zoo
+	$(PY) -m bench.bench_llm_guard --spec bench/zoo/textgen.yaml --repository $(ZOO) --report zoo-sidecar --burst 0
 
 bench-vllm-fidelity: $(STAMP)
 	$(PY) -m bench.bench_vllm_fidelity

@@ -98,7 +98,7 @@ def main() -> None:
                     med = float(np.median(measured))
                     rows.append((n, rate, predicted, measured, med, predicted / med - 1.0))
             print()
-            print(f"| instances | offered (/s) | predicted (/s) | measured (/s) | median | error |")
+            print("| instances | offered (/s) | predicted (/s) | measured (/s) | median | error |")
             print("|---:|---:|---:|---|---:|---:|")
             for n, rate, predicted, measured, med, err in rows:
                 print(f"| {n} | {rate:.0f} | {predicted:.0f} | {' / '.join(f'{m:.0f}' for m in measured)} | {med:.0f} | {err:+.1%} |")

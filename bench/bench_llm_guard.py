@@ -738,16 +738,29 @@ def main() -> int:
                     help="diagnosis: the real vLLM also exports its own gauges (preemptions, running, waiting), which "
                     "Triton's vLLM backend does not; the sidecar may then read them too, so figures are not the "
                     "upstream-metrics-only deployment's")
+    ap.add_argument("--spec", type=Path,
+                    help="a user's own LLMs instead of this repository's: their spec (with --repository, which serves "
+                    "them as it is); --models then names some of the spec's models (default: all)")
+    ap.add_argument("--repository", type=Path, help="the model repository that serves --spec's models")
+    ap.add_argument("--report", default="", help="the name of the saved report (default: from --protocol and --front)")
     args = ap.parse_args()
-    models = [m for m in args.models.split(",") if m]
-    unknown = sorted(set(models) - set(MODELS))
+    if (args.spec is None) != (args.repository is None):
+        ap.error("--spec and --repository go together: a user's spec and the repository that serves its models")
+    choices = [m.name for m in load_spec(args.spec).spec.models] if args.spec else list(MODELS)
+    models = [m for m in args.models.split(",") if m] if args.spec is None or "--models" in sys.argv else choices
+    unknown = sorted(set(models) - set(choices))
     if unknown:
-        ap.error(f"unknown models {unknown}; choose from {', '.join(MODELS)}")
+        ap.error(f"unknown models {unknown}; choose from {', '.join(choices)}")
     start = time.perf_counter()
-    report = ("llm_guard" if args.protocol == "grpc" else "llm_guard-http") + ("" if args.front == "auto" else
-                                                                                f"-{args.front}")
+    report = args.report or ("llm_guard" if args.protocol == "grpc" else "llm_guard-http") + (
+        "" if args.front == "auto" else f"-{args.front}")
     with saved_report(report), tempfile.TemporaryDirectory(prefix="llm-guard-") as tmp_name:
         tmp = Path(tmp_name)
+        if args.spec is not None:  # served from a copy: the backend may write beside a user's model code
+            repository = tmp / "repository"
+            shutil.copytree(args.repository, repository, ignore=shutil.ignore_patterns("__pycache__"))
+            serve_group(args.spec, models, ServerOptions(repository=repository), None, args, tmp)
+            models = []  # this repository's own models are not part of a run on a user's
         if "tiny_llama" in models:
             # A real vLLM: the example spec rendered as a user would, its engine on a core of its own
             # (as a GPU engine has its device), Triton, the sidecar and the clients on the rest.

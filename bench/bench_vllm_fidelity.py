@@ -39,7 +39,6 @@ from bench.rig.cpu import busy, cpu_times
 from bench.report import ms, rel, saved_report
 from tritongen.core.engine_sources import measured_from_profile, resolve_engine
 from tritongen.core.llm_interface_config import interface_from_config
-from tritongen.core.prompts import prompt_of
 from tritongen.core.prometheus import parse_prometheus
 from tritongen.core.simulator import ModelSim, Overheads, ServerSim, simulate
 from tritongen.core.traffic import TrafficSpec, generate_arrivals

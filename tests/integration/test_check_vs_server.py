@@ -432,9 +432,10 @@ def test_failing_warmup_is_refused_or_crashes_the_server(case: Case, tmp_path: P
 
 
 def test_every_error_rule_is_proven_here(world: World) -> None:
-    """All error codes but the repository-read one have a refused case in this module."""
+    """All error codes but the repository-read one have a refused case in this module (those read
+    from a backend's code this machine cannot run, `observed=False`, are not claimed)."""
     proven = {c.code for c in CASES + WARMUP_ERRORS if c.code and RULES[c.code].severity == "error"} | {HANGS.code}
-    errors = {code for code, rule in RULES.items() if rule.severity == "error"}
+    errors = {code for code, rule in RULES.items() if rule.severity == "error" and rule.observed}
     # TG212, an unreadable directory: not reproducible as root. TG147, a runtime path that escapes the
     # backend directory: the server only says so once a library exists at the escaped path, outside
     # the backend directory this fixture's server owns; the rule is Triton's own case

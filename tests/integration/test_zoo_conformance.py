@@ -37,45 +37,9 @@ ZOO = REPO_ROOT.parent / "shared" / "zoo"
 CANCEL = "Locally cancelled"
 QUICK = ("--quick", "--stream-concurrency", "1,2", "--window", "0.25")
 
-# textgen as a user describes it from its config.pbtxt and docstring: reserves prompt + budget from
-# a pool of pool_tokens tokens and waits when full; about 4 prompt bytes per token. It has no
-# architecture a user could name, so a made-up one stands in (its KV bytes per token cancel out: the
-# pool and every request's cost are counted in the same bytes).
-TEXTGEN_SPEC = """\
-version: 1
-name: zoo-textgen
-hardware:
-  gpus:
-    - {name: made-up-device-1GiB, memory_mb: 1024, count: 1}
-models:
-  - name: textgen
-    backend: python
-    kind: llm
-    streaming: true
-    max_batch_size: 0
-    architecture_config: arch.json
-    weights: {bytes: 0}
-    max_context: 1024
-    typical_prompt_tokens: 32
-    typical_output_tokens: 16
-    bytes_per_token: 4
-    memory_quota_mb: 256
-    engine:
-      kv_policy: reserve_wait
-      kv_pool_tokens: 6144
-      kv_block_tokens: 1
-    inputs:
-      - {name: prompt, data_type: STRING, dims: [1]}
-      - {name: max_new_tokens, data_type: INT32, dims: [1], optional: true}
-    outputs:
-      - {name: generated_text, data_type: STRING, dims: [-1]}
-traffic_classes:
-  - {name: interactive, kind: interactive, priority: 1, p99_ms: 500, share: 0.5}
-  - {name: batch, kind: batch, priority: 2, p99_ms: 10000, share: 0.5}
-policy:
-  kv_safety_pad_mb: 0
-  framework_reserve_mb: 0
-"""
+# textgen as a user describes it from its config.pbtxt and docstring (bench-zoo's sidecar cells
+# read the same file)
+TEXTGEN_SPEC = REPO_ROOT / "bench" / "zoo" / "textgen.yaml"
 
 
 def _zoo_models() -> list[str]:
@@ -187,9 +151,7 @@ def test_a_static_batch_llm_is_told_the_batch_its_memory_holds(url_profiles: dic
 
 
 def test_with_a_spec_profile_render_simulate_and_the_sidecar(server: TritonServer, tmp_path: Path) -> None:
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(TEXTGEN_SPEC)
-    shutil.copy(EXAMPLES / "llm_standins" / "standin-arch.json", tmp_path / "arch.json")
+    spec = TEXTGEN_SPEC
     profiles = tmp_path / "profiles"
     _profile(profiles, str(spec), *_url_args(server))
     _assert_llm_profile(profiles / "textgen.json")

@@ -1,6 +1,8 @@
 """The catalogue of rules: every code with its severity, title and what tritonserver 2.51 did
 with a config that breaks it (each observed on the real server; tests/integration/
-test_check_vs_server.py proves them again). A new rule starts here, with a code no other has."""
+test_check_vs_server.py proves them again), or, for a backend this machine cannot run (TensorRT-LLM
+needs a GPU), what its own code does, read from it and marked `observed=False`, so the suite does
+not claim to have seen it. A new rule starts here, with a code no other has."""
 
 from __future__ import annotations
 
@@ -15,11 +17,17 @@ class Rule:
     code: str
     severity: Severity
     title: str
-    server: str  # what tritonserver 2.51 did with it, as observed
+    server: str  # what tritonserver 2.51 did with it, as observed (or as the backend's code says)
+    observed: bool = True  # False: read from the backend's code, not seen on a running server
 
 
 def _r(code: str, severity: Severity, title: str, server: str) -> Rule:
     return Rule(code, severity, title, server)
+
+
+def _read(code: str, severity: Severity, title: str, backend_does: str) -> Rule:
+    """A rule whose consequence was read from a backend's code, not observed on a server."""
+    return Rule(code, severity, title, backend_does, observed=False)
 
 
 def rule_table(rules: Iterable[Rule]) -> dict[str, Rule]:
@@ -208,21 +216,21 @@ RULES: dict[str, Rule] = rule_table(
         _r("TG200", "warning", "the repository holds no model directory", "serves nothing"),
         # TensorRT-LLM's LLM-API model.yaml (tritongen.core.llmapi_rules): what model.py and the
         # release's LLM() do with it, read from their code (no GPU server here to observe it)
-        _r("TG401", "error", "LLM-API model.yaml unreadable, not YAML or not a mapping",
+        _read("TG401", "error", "LLM-API model.yaml unreadable, not YAML or not a mapping",
            "load fails: model.py's auto_complete_config cannot read triton_config"),
-        _r("TG402", "error", "model.yaml key that is not an LLM() argument of the release",
+        _read("TG402", "error", "model.yaml key that is not an LLM() argument of the release",
            "load fails: LLM() refuses extra fields (StrictBaseModel, extra='forbid')"),
-        _r("TG403", "error", "model.yaml value of the wrong type", "load fails: LLM()'s pydantic validation"),
-        _r("TG404", "error", "model.yaml value out of range",
+        _read("TG403", "error", "model.yaml value of the wrong type", "load fails: LLM()'s pydantic validation"),
+        _read("TG404", "error", "model.yaml value out of range",
            "load fails: LLM()'s validation, or the engine (a size below 1)"),
-        _r("TG405", "error", "model.yaml enum value that is not one of the release's (a misspelt policy)",
+        _read("TG405", "error", "model.yaml enum value that is not one of the release's (a misspelt policy)",
            "load fails: not a CapacitySchedulerPolicy (or other enum) value"),
-        _r("TG406", "error", "model.yaml lacks a required key (model, triton_config.max_batch_size/decoupled)",
+        _read("TG406", "error", "model.yaml lacks a required key (model, triton_config.max_batch_size/decoupled)",
            "load fails: LLM() needs model; model.py reads triton_config[...] without a default"),
-        _r("TG407", "error", "triton_config conflicts with config.pbtxt",
+        _read("TG407", "error", "triton_config conflicts with config.pbtxt",
            "load fails: pb_utils refuses to change decoupled or lower max_batch_size in auto_complete_config"),
-        _r("TG408", "warning", "config.pbtxt max_batch_size below triton_config's",
+        _read("TG408", "warning", "config.pbtxt max_batch_size below triton_config's",
            "loaded; auto_complete_config replaces config.pbtxt's value"),
-        _r("TG409", "warning", "triton_config key model.py does not read", "loaded; the key has no effect"),
+        _read("TG409", "warning", "triton_config key model.py does not read", "loaded; the key has no effect"),
     ]
 )
