@@ -345,3 +345,18 @@ def test_a_simulated_shared_system_prompt_costs_only_the_rest_after_the_first_re
     ttft = [round((first - sent) * 1000, 6) for first, sent in zip(sim.t_first, sim.t_send)]
     assert ttft[0] == 6.5 and set(ttft[1:]) == {1.7}
     assert sim.result.model("llm").prefix_cache_hit_rate == pytest.approx(96 / 120)  # the first is in the warm-up
+
+
+def test_simulate_prints_the_hit_rate_where_an_engine_caches_shared_prompts() -> None:
+    from rich.console import Console
+
+    from tritongen.cli.simulate_cmd import results_table
+
+    klass = {"name": "a", "share": 1.0, "prompt_tokens": 20, "output_tokens": 4, "shared_prefix": {"tokens": 100}}
+    arrivals = generate_arrivals(TrafficSpec(shape="poisson", rate_per_s=1.0, duration_s=30, warmup_s=2, classes=[klass]), seed=2)
+    server = ServerSim(models=[ModelSim(name="llm", max_batch_size=8, llm=engine(block=16))], overheads=Overheads())
+    plain = ServerSim(models=[ModelSim(name="llm", max_batch_size=8, llm=engine(block=16, caching=False))], overheads=Overheads())
+    console = Console(width=200, record=True)
+    console.print(results_table("t", ["cached", "not"], [simulate(server, arrivals), simulate(plain, arrivals)], streaming=True))
+    row = next(line for line in console.export_text().splitlines() if "prefix cache hits" in line)
+    assert [cell.strip() for cell in row.split("│")[2:4]] == ["80%", "-"]  # 96 of 120 tokens served; no cache: -
