@@ -43,7 +43,7 @@ import numpy as np
 from tritongen.core.simulator import OK, OOM, QUEUE_FULL, TIMEOUT
 from tritongen.client import aio_stream_infer, infer_inputs, numpy_inputs, sample_input
 from tritongen.core.llm_interface import LLMInterface
-from tritongen.core.prompts import prompt_of
+from tritongen.core.prompts import arrival_prompt
 from tritongen.core.plan import TensorView
 from tritongen.core.traffic import Arrivals
 from tritongen.load_result import LoadResult
@@ -138,7 +138,8 @@ class _Runner:
         self.in_flight = 0
         self.rng = np.random.default_rng(seed)
         # Each LLM request's prompt starts uniquely (core.prompts.salted), from a random base so
-        # that a second run against the same server meets no prompt of the first in a prefix cache.
+        # that a second run against the same server meets no prompt of the first in a prefix cache;
+        # prompts the traffic says share a prefix or a conversation share it within the run.
         self.salt0 = secrets.randbelow(1000) * 10**7
         self._tensor_cache: dict[tuple[str, int], np.ndarray] = {}
         self.t0 = 0.0
@@ -147,7 +148,8 @@ class _Runner:
         self.sse_wanted = False
 
     def _prompt(self, i: int, target: LoadTarget) -> str:
-        return prompt_of(int(self.arr.prompt[i]), target.bytes_per_token, salt=self.salt0 + i)
+        """Request i's text: its own, or sharing what the arrivals say it shares (core.prompts)."""
+        return arrival_prompt(self.arr, i, target.bytes_per_token, self.salt0)
 
     def _error(self, i: int, message: str, now: float) -> None:
         self.status[i] = classify_error(message)

@@ -271,10 +271,10 @@ def test_the_capacity_policy_is_the_engine_models_kv_policy() -> None:
                                     "kv_cache_config": {"max_tokens": 65536, "tokens_per_block": 64}}
     limits = _limits(base | {"scheduler_config": {"capacity_scheduler_policy": "MAX_UTILIZATION"}})
     assert (limits.kv_policy, limits.max_num_seqs, limits.pool_tokens, limits.kv_block_tokens) == ("grow_preempt", 48, 65536, 64)
-    assert limits.max_context == 4096 and limits.prefix_cache is True
+    assert limits.max_context == 4096 and limits.prefix_caching is True
     reserve = _limits(base | {"kv_cache_config": {"max_tokens": 65536, "enable_block_reuse": False}})
     assert reserve.kv_policy == "reserve_wait" and "default" in reserve.sources["kv_policy"]
-    assert reserve.prefix_cache is False and reserve.kv_block_tokens == 32
+    assert reserve.prefix_caching is False and reserve.kv_block_tokens == 32
     assert reserve.max_batched_tokens == default_of("max_num_tokens")
     with pytest.raises(EngineSourceError, match="STATIC_BATCH.*not modelled"):
         _limits(base | {"scheduler_config": {"capacity_scheduler_policy": "STATIC_BATCH"}})

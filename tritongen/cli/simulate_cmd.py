@@ -219,6 +219,10 @@ def results_table(title: str, labels: list[str], results: list[SimResult], strea
             table.add_row("  OOM killed", *[str(c.oom_killed) for c in cs])
     if streaming:
         table.add_row("preemptions", *[", ".join(str(m.preemptions) for m in r.models) for r in results])
+    if any(m.prefix_cache_hit_rate is not None for r in results for m in r.models):
+        # prompt tokens the engine's prefix cache served, where the traffic's prompts share
+        table.add_row("prefix cache hits", *[", ".join("-" if m.prefix_cache_hit_rate is None else f"{m.prefix_cache_hit_rate:.0%}"
+                                                       for m in r.models) for r in results])
     table.add_row("[bold]total throughput /s", *[f"{r.throughput_per_s:.1f}" for r in results])
     table.add_row("utilisation", *[", ".join(f"{m.utilisation:.0%}" for m in r.models) for r in results])
     table.add_row("device busy", *[", ".join(f"{v:.0%}" for v in r.device_busy.values()) or "-" for r in results])

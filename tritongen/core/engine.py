@@ -36,18 +36,30 @@ sequence is charged `footprint.bytes_at(blocks x block_tokens)` for the blocks i
 admission and as it grows; the policies above are unchanged. Without a footprint the pool is in
 blocks and a sequence is charged its block count, as before.
 
+With `prefix_caching` (vLLM's automatic prefix caching, TensorRT-LLM's block reuse) the block pool
+keeps the full blocks of prompts that others may begin with (`tritongen.core.prefix_cache`): a
+request admitted with its leading blocks cached holds them without computing them (its prefill
+and its share of the step's token budget count only the rest), a block held by several running
+sequences counts once, and a block nobody holds stays cached but free until the pool needs it
+(least recently freed first). The policies are unchanged, in blocks: reserve_* reserve prompt +
+max_tokens less the cached blocks it shares, grow_* take blocks as tokens come, and preemption
+releases a sequence's blocks (the shared ones stay while others hold them; a resumed sequence
+finds what is still cached). The cache serves only what `PromptSharing` says requests share;
+traffic that shares nothing, or an engine without the cache, runs exactly as before.
+
 Pure and deterministic: no I/O, no clock, no randomness.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from pydantic import Field, model_validator
 
 from tritongen.core.kv import KVFootprint
+from tritongen.core.prefix_cache import Key, PrefixCache, PromptSharing
 from tritongen.core.strict import Strict
 
 KVPolicy = Literal["reserve_wait", "reserve_kill", "grow_preempt", "grow_kill"]
@@ -101,6 +113,12 @@ class EngineModel(Strict):
         "and a sequence is charged its exact footprint (module docstring). None: a block pool.",
     )
     kv_pool_bytes: int | None = Field(default=None, ge=1, description="The pool in bytes, with kv_footprint.")
+    prefix_caching: bool = Field(
+        default=False,
+        description="The engine keeps the full blocks of prompts (kv_block_tokens each) and serves a later "
+        "prompt's identical leading blocks from them (vLLM enable_prefix_caching, TensorRT-LLM block reuse); "
+        "module docstring. A block pool only.",
+    )
     sources: dict[str, str] = Field(default_factory=dict, description="Field name -> where its value came from.")
 
     @model_validator(mode="after")
@@ -109,6 +127,11 @@ class EngineModel(Strict):
             raise ValueError(
                 "kv_footprint and kv_pool_bytes go together: a byte pool needs each sequence's footprint, "
                 f"and a footprint a pool in bytes (got kv_pool_bytes={self.kv_pool_bytes})"
+            )
+        if self.prefix_caching and self.kv_footprint is not None:
+            raise ValueError(
+                "prefix_caching is modelled on a block pool only: a byte pool (kv_footprint) charges each sequence "
+                "its own footprint, which shared blocks would not follow; set prefix_caching false for this model"
             )
         return self
 
@@ -130,23 +153,40 @@ class EngineModel(Strict):
             return blocks
         return self.kv_footprint.bytes_at(blocks * self.kv_block_tokens)
 
-    def sequences_fitting(self, prompt_tokens: int, output_tokens: int) -> int:
-        """Sequences of this size the pool holds at their longest (at most max_num_seqs)."""
-        per = max(1, self.charge(self.blocks_for(prompt_tokens + output_tokens)))
-        return max(0, min(self.max_num_seqs, self.pool_units // per))
+    def sequences_fitting(self, prompt_tokens: int, output_tokens: int, shared_tokens: int = 0) -> int:
+        """Sequences of this size the pool holds at their longest (at most max_num_seqs). With the
+        prefix cache, sequences whose first `shared_tokens` prompt tokens are the same hold those
+        full blocks once (at most all but the last prompt token's, as admission serves them)."""
+        shared = self.cacheable_blocks(prompt_tokens, shared_tokens)
+        per = max(1, self.charge(self.blocks_for(prompt_tokens + output_tokens) - shared))
+        return max(0, min(self.max_num_seqs, (self.pool_units - shared) // per))
+
+    def cacheable_blocks(self, prompt_tokens: int, shared_tokens: int) -> int:
+        """Full blocks of a prompt's first `shared_tokens` the cache can serve: none without the
+        cache; never the block of the prompt's last token, which the engine must compute."""
+        if not self.prefix_caching or shared_tokens <= 0:
+            return 0
+        return min(shared_tokens, prompt_tokens - 1) // self.kv_block_tokens
 
 
 class EngineState:
     """The running state of one engine. The caller owns time: `step(now)` returns when the step
     ends and what happened to which request, and the caller schedules the next step there.
 
-    Requests are caller indices; `prompt[r]` and `output[r]` are their token counts.
+    Requests are caller indices; `prompt[r]` and `output[r]` are their token counts, and `sharing`
+    (optional) says which of their prompts begin alike, for an engine with a prefix cache.
     """
 
-    def __init__(self, model: EngineModel, prompt: Sequence[int], output: Sequence[int]) -> None:
+    def __init__(self, model: EngineModel, prompt: Sequence[int], output: Sequence[int],
+                 sharing: PromptSharing | None = None) -> None:
         self.model = model
         self.prompt = prompt
         self.output = output
+        self.sharing = sharing
+        # The prefix cache, where the engine has one and some prompts share blocks with others.
+        self.cache = PrefixCache(model.kv_pool_blocks) if model.prefix_caching and sharing is not None else None
+        self.keys: dict[int, list[Key]] = {}  # the cached blocks each sequence holds, in prompt order
+        self.cached_tokens: dict[int, int] = {}  # prompt tokens the cache served at a request's first admission
         self.waiting: deque[int] = deque()
         self.running: list[int] = []  # in admission order: the last is preempted first
         self.free = model.pool_units  # what is left of the pool, in pool units (blocks or bytes)
@@ -162,13 +202,57 @@ class EngineState:
     def busy(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def hit_rate(self, counted: Callable[[int], bool]) -> float | None:
+        """Prompt tokens the prefix cache served at first admission / their prompt tokens, over the
+        admitted requests `counted` keeps (a run's window); None without a cache or such requests."""
+        if self.cache is None:
+            return None
+        served = [(self.prompt[r], hit) for r, hit in self.cached_tokens.items() if counted(r)]
+        total = sum(p for p, _ in served)
+        return sum(hit for _, hit in served) / total if total else None
+
     def submit(self, r: int) -> None:
         self.waiting.append(r)
 
     def _release(self, r: int) -> None:
         self.blocks.pop(r, None)
-        self.free += self.held.pop(r, 0)
+        units = self.held.pop(r, 0)
+        keys = self.keys.pop(r, None)
+        if keys is None:
+            self.free += units
+        else:
+            assert self.cache is not None
+            self.free += self.cache.release(keys, units - len(keys))
         self.cache_len.pop(r, None)
+
+    def _take(self, units: int) -> None:
+        """Take `units` of the pool (the cache's free queue too, evicting its oldest free blocks)."""
+        self.free -= units
+        if self.cache is not None:
+            self.cache.take(units)
+
+    def _cached(self, r: int, tokens: int) -> tuple[list[Key], int, int]:
+        """(the keys of r's full prompt blocks others may hold, how many of them from the first
+        are cached and may be served, how many of those are free) for an admission that would
+        compute `tokens`: never the block of its last token, which the engine must compute."""
+        if self.cache is None or self.sharing is None:
+            return [], 0, 0
+        block = self.model.kv_block_tokens
+        keys = self.sharing.block_keys(r, self.prompt[r] // block, block)
+        if not keys:
+            return keys, 0, 0
+        hits, free = self.cache.hits(keys[: (tokens - 1) // block])
+        return keys, hits, free
+
+    def _hold(self, r: int, keys: list[Key], hits: int, blocks: int) -> None:
+        """Admitted r holds its `hits` cached blocks and `blocks - hits` new ones, of which those
+        of its keyed prompt blocks it computes are cached from now on (registered as scheduled)."""
+        assert self.cache is not None
+        self.cache.hold(keys[:hits])
+        self.cache.take(blocks - hits)
+        self.keys[r] = keys[:hits] + [k for k in keys[hits:] if self.cache.register(k)]
+        if r not in self.generated:
+            self.cached_tokens[r] = hits * self.model.kv_block_tokens
 
     def _admission_need(self, r: int) -> tuple[int, int]:
         """(blocks to take now, prefill tokens) for the head request."""
@@ -186,7 +270,7 @@ class EngineState:
         curve = m.curve
         events: list[tuple[int, str, float]] = []
         t = now
-        admitted: list[tuple[int, int]] = []
+        admitted: list[tuple[int, int, int]] = []  # (request, tokens its prefill computes, tokens it then holds)
         batched = 0
         while self.waiting and len(self.running) + len(admitted) < m.max_num_seqs:
             r = self.waiting[0]
@@ -206,9 +290,12 @@ class EngineState:
                 self.waiting.popleft()
                 events.append((r, REFUSED, t))
                 continue
-            if m.max_batched_tokens is not None and admitted and batched + tokens > m.max_batched_tokens:
+            keys, hits, free_hits = self._cached(r, tokens)
+            computed = tokens - hits * m.kv_block_tokens  # what its prefill computes; the cache serves the rest
+            if m.max_batched_tokens is not None and admitted and batched + computed > m.max_batched_tokens:
                 break  # the step's token budget is spent: the head goes in the next step
-            if cost > self.free:
+            take = cost - hits + free_hits  # cached blocks are in the pool already; a free one leaves the free queue
+            if take > self.free:
                 if m.kv_policy in ("reserve_kill", "grow_kill"):
                     self.waiting.popleft()
                     self.killed += 1
@@ -216,15 +303,17 @@ class EngineState:
                     continue
                 break  # held back until running sequences free their blocks
             self.waiting.popleft()
-            self.free -= cost
+            self.free -= take
+            if self.cache is not None:
+                self._hold(r, keys, hits, need)
             self.blocks[r] = need
             self.held[r] = cost
-            batched += tokens
-            admitted.append((r, tokens))
+            batched += computed
+            admitted.append((r, computed, tokens))
         if curve.prefill_in_step:
             return self._mixed_step(now, admitted, events)
-        for r, tokens in admitted:
-            t += curve.prefill_ms(tokens) / 1000.0
+        for r, computed, tokens in admitted:
+            t += curve.prefill_ms(computed) / 1000.0
             self._enter(r, tokens, t, events)
         batch = self._grow(t, events)
         if batch:
@@ -263,19 +352,20 @@ class EngineState:
             r = self.waiting.popleft()
             events.append((r, REFUSED, t))
 
-    def _mixed_step(self, now: float, admitted: list[tuple[int, int]],
+    def _mixed_step(self, now: float, admitted: list[tuple[int, int, int]],
                     events: list[tuple[int, str, float]]) -> tuple[float, list[tuple[int, str, float]]]:
         """One forward pass over the running sequences' next tokens and the newcomers' prompts
-        (`curve.prefill_in_step`); every token of it, first tokens included, comes at its end."""
+        (`curve.prefill_in_step`); every token of it, first tokens included, comes at its end.
+        A newcomer's prefill costs the tokens it computes; its attention reads all it holds."""
         curve = self.model.curve
         batch = self._grow(now, events)
-        newcomers = [r for r, _ in admitted if r not in self.generated]
-        context = sum(self.cache_len[r] + 1 for r in batch) + sum(tokens for _, tokens in admitted)
+        newcomers = [r for r, _, _ in admitted if r not in self.generated]
+        context = sum(self.cache_len[r] + 1 for r in batch) + sum(tokens for _, _, tokens in admitted)
         cost = curve.decode_ms(len(batch) + len(newcomers), context) if (batch or admitted) else 0.0
-        cost += sum(curve.prefill_ms(tokens) for _, tokens in admitted)
+        cost += sum(curve.prefill_ms(computed) for _, computed, _ in admitted)
         t = now + cost / 1000.0
         self._decoded(batch, t, events)
-        for r, tokens in admitted:
+        for r, _, tokens in admitted:
             self._enter(r, tokens, t, events)
         self.last_batch = len(batch) + len(admitted)
         self._refuse_stuck(bool(admitted or batch), t, events)
@@ -309,7 +399,7 @@ class EngineState:
                         break
                 if r not in self.blocks:  # preempted itself: nothing left to make room from
                     continue
-                self.free -= extra
+                self._take(extra)
                 self.held[r] += extra
                 self.blocks[r] += 1
             batch.append(r)

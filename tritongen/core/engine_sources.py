@@ -2,24 +2,28 @@
 documented `engine:` section, then what the profile measured.
 
 - vLLM backend (`backend: "vllm"`): `1/model.json` engine arguments (`max_num_seqs`,
-  `max_num_batched_tokens`, `block_size`, `max_model_len`, `num_gpu_blocks_override`); the KV
-  policy is grow-and-preempt. Without `num_gpu_blocks_override` the pool is what vLLM sized from
-  the GPU, which only the engine's metrics (or a probe) can tell.
+  `max_num_batched_tokens`, `block_size`, `max_model_len`, `num_gpu_blocks_override`,
+  `enable_prefix_caching`); the KV policy is grow-and-preempt. Without `num_gpu_blocks_override`
+  the pool is what vLLM sized from the GPU, which only the engine's metrics (or a probe) can tell.
+  Without `enable_prefix_caching` the prefix cache is on: vLLM V1's default.
 - TensorRT-LLM (`backend: "tensorrtllm"`): config parameters `batch_scheduler_policy`
   (`guaranteed_no_evict` reserves at admission, `max_utilization` pauses and resumes),
-  `max_tokens_in_paged_kv_cache`, `enable_chunked_context`. Tokens per block and the runtime batch
-  are engine build options: the spec's `engine:` section names them.
+  `max_tokens_in_paged_kv_cache`, `enable_chunked_context`, `enable_kv_cache_reuse` (the
+  executor's `enable_block_reuse`; off when unset, the backend's default). Tokens per block and
+  the runtime batch are engine build options: the spec's `engine:` section names them.
 - TensorRT-LLM's LLM-API model (a Python-backend model with `1/model.yaml`, `llm_args`):
   `scheduler_config.capacity_scheduler_policy` (GUARANTEED_NO_EVICT reserves at admission and
   waits, MAX_UTILIZATION grows and pauses; STATIC_BATCH is not modelled), `max_batch_size` (the
   sequences the engine runs), `max_num_tokens`, `max_seq_len`, `kv_cache_config.tokens_per_block`
   and `kv_cache_config.max_tokens` (the pool; `free_gpu_memory_fraction` alone sizes it from
-  memory only the plan knows, which then fills it). Unstated values are the release's defaults
-  (`core.trtllm_args`). `kv_cache_config.enable_block_reuse` is recorded as `prefix_cache`.
+  memory only the plan knows, which then fills it), `kv_cache_config.enable_block_reuse` (the
+  prefix cache). Unstated values are the release's defaults (`core.trtllm_args`).
 - Any other backend (tinyllm, a user's Python backend): tritongen's documented engine parameters
   in the config (`kv_policy`, `max_num_seqs`, `kv_block_tokens`, `kv_pool_blocks`,
-  `max_batched_tokens`, `max_context`), which `render` writes from the spec's `engine:` section
-  for backends that read them (`engine.render_parameters`), or the spec's section itself.
+  `max_batched_tokens`, `max_context`, `prefix_caching`), which `render` writes from the spec's
+  `engine:` section for backends that read them (`engine.render_parameters`), or the spec's
+  section itself. Where none states `prefix_caching`, the engine is assumed not to cache
+  prefixes (a hand-written engine rarely does), and its source says so.
 
 Two sources that both state a value and disagree are an error naming both: the simulation would
 otherwise model an engine the server does not run.
@@ -44,7 +48,8 @@ from tritongen.core.trtllm_args import CAPACITY_POLICIES, MODEL_YAML, RELEASE, d
 
 # tritongen's documented engine parameters (config.pbtxt `parameters`), read for backends other
 # than vLLM and TensorRT-LLM.
-ENGINE_PARAMETERS = ("kv_policy", "max_num_seqs", "kv_block_tokens", "kv_pool_blocks", "max_batched_tokens", "max_context")
+ENGINE_PARAMETERS = ("kv_policy", "max_num_seqs", "kv_block_tokens", "kv_pool_blocks", "max_batched_tokens", "max_context",
+                     "prefix_caching")
 
 VLLM_DEFAULT_MAX_NUM_SEQS = 256  # vLLM EngineArgs default
 VLLM_DEFAULT_BLOCK_SIZE = 16
@@ -65,6 +70,8 @@ class MeasuredEngine:
     kv_block_tokens: int | None = None
     kv_policy: str | None = None  # what the capacity probe saw the engine do (EngineMeasurement.kv_policy_seen)
     kv_policy_evidence: str | None = None
+    prefix_caching: bool | None = None  # what a probe saw: a repeated prompt's first token sooner than a fresh one's
+    prefix_caching_evidence: str | None = None
 
 
 @dataclass
@@ -106,6 +113,18 @@ def _truthy(value: object) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
+def _switch(value: object, name: str, where: str, model: str) -> bool | None:
+    """An on/off setting as a backend's file writes it (JSON true, "true", "1", ...); None unset."""
+    if value is None or value == "":
+        return None
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise EngineSourceError(f"model {model!r}: {name} in {where} is {value!r}, not true or false")
+
+
 def _from_vllm(claims: _Claims, args: Mapping[str, object]) -> None:
     where = "model.json"
     m = claims.model
@@ -116,6 +135,7 @@ def _from_vllm(claims: _Claims, args: Mapping[str, object]) -> None:
     claims.add("max_context", _int(args.get("max_model_len"), "max_model_len", where, m), where)
     blocks = _int(args.get("num_gpu_blocks_override"), "num_gpu_blocks_override", where, m)
     claims.add("kv_pool_blocks", blocks, where)
+    claims.add("prefix_caching", _switch(args.get("enable_prefix_caching"), "enable_prefix_caching", where, m), where)
 
 
 def vllm_stated(model: str, args: Mapping[str, object]) -> dict[str, object]:
@@ -138,6 +158,8 @@ def _from_trtllm(claims: _Claims, parameters: Mapping[str, str]) -> None:
     tokens = _int(parameters.get("max_tokens_in_paged_kv_cache"), "max_tokens_in_paged_kv_cache", where, m)
     if tokens is not None:
         claims.add("kv_pool_tokens", tokens, where)
+    reuse = _switch(parameters.get("enable_kv_cache_reuse"), "enable_kv_cache_reuse", where, m)
+    claims.add("prefix_caching", reuse, f"enable_kv_cache_reuse ({where})")
 
 
 LLMAPI_POLICIES = {capacity: policy for policy, capacity in KV_POLICY_TO_CAPACITY.items()}
@@ -172,9 +194,13 @@ def _from_llmapi(claims: _Claims, args: Mapping[str, object]) -> None:
     claims.add("max_context", _int(args.get("max_seq_len"), "max_seq_len", where, m), f"max_seq_len ({where})")
     claims.add("kv_pool_tokens", _int(kv.get("max_tokens"), "kv_cache_config.max_tokens", where, m),
                f"kv_cache_config.max_tokens ({where})")
+    reuse = kv.get("enable_block_reuse")
+    claims.add("prefix_caching", _llmapi_block_reuse(args),
+               f"kv_cache_config.enable_block_reuse ({where})" if reuse is not None
+               else f"TensorRT-LLM {RELEASE}'s default enable_block_reuse")
 
 
-def llmapi_prefix_cache(args: Mapping[str, object]) -> bool:
+def _llmapi_block_reuse(args: Mapping[str, object]) -> bool:
     """Whether the LLM-API engine reuses KV blocks of shared prefixes (kv_cache_config.enable_block_reuse,
     the release's default when unstated)."""
     kv = args.get("kv_cache_config") or {}
@@ -192,10 +218,11 @@ def _from_parameters(claims: _Claims, parameters: Mapping[str, str]) -> None:
         claims.add("kv_policy", policy, where)
     for name in ("max_num_seqs", "kv_block_tokens", "kv_pool_blocks", "max_batched_tokens", "max_context"):
         claims.add(name, _int(parameters.get(name), name, where, m), where)
+    claims.add("prefix_caching", _switch(parameters.get("prefix_caching"), "prefix_caching", where, m), where)
 
 
 # The values of the spec's engine: section a source states (EngineSection less render_parameters).
-_SECTION_VALUES = ("kv_policy", "max_num_seqs", "kv_block_tokens", "kv_pool_tokens", "max_batched_tokens")
+_SECTION_VALUES = ("kv_policy", "max_num_seqs", "kv_block_tokens", "kv_pool_tokens", "max_batched_tokens", "prefix_caching")
 
 
 def _unstated_in(section: EngineSection, above: Sequence[EngineSection]) -> EngineSection:
@@ -213,6 +240,7 @@ def _from_section(claims: _Claims, section: EngineSection, where: str, backend: 
     claims.add("max_num_seqs", section.max_num_seqs, where)
     claims.add("kv_block_tokens", section.kv_block_tokens, where)
     claims.add("max_batched_tokens", section.max_batched_tokens, where)
+    claims.add("prefix_caching", section.prefix_caching, where)
     if section.kv_pool_tokens is not None:
         stated = claims.values.get("kv_pool_blocks") or claims.values.get("kv_pool_tokens")
         if stated is None:
@@ -253,7 +281,7 @@ class EngineLimits:
     sources: dict[str, str]
     kv_footprint: KVFootprint | None = None  # set, with kv_pool_bytes, for a model that is not uniform
     kv_pool_bytes: int | None = None
-    prefix_cache: bool | None = None  # the engine reuses shared prefixes' KV blocks (None: not stated)
+    prefix_caching: bool = False
 
     @property
     def pool_tokens(self) -> int:
@@ -395,11 +423,8 @@ def resolve_engine_limits(
             int(pool_blocks) * block * footprint.kv_bytes_per_token)  # type: ignore[call-overload]
         sources["kv_pool_bytes"] = (sources["kv_pool_blocks"] + (", as bytes" if from_plan else
                                     ", read as tokens of every attention layer"))
-    prefix_cache = llmapi_prefix_cache(llm_args) if llm_args is not None else None
-    if prefix_cache is not None:
-        sources["prefix_cache"] = f"kv_cache_config.enable_block_reuse ({MODEL_YAML})"
+    caching = _prefix_caching(claims, sources, backend, measured, bytes_pool=pool_bytes is not None)
     return EngineLimits(
-        prefix_cache=prefix_cache,
         kv_policy=str(policy),
         kv_block_tokens=block,
         kv_pool_blocks=int(pool_blocks),  # type: ignore[arg-type]
@@ -409,7 +434,37 @@ def resolve_engine_limits(
         sources=sources,
         kv_footprint=footprint if pool_bytes else None,
         kv_pool_bytes=pool_bytes or None,
+        prefix_caching=caching,
     )
+
+
+# Whether an engine caches prefixes when nothing states it, by backend, with the reason.
+PREFIX_CACHING_DEFAULTS = {
+    "vllm": (True, "vLLM V1's default (model.json does not set enable_prefix_caching, and V1 turns it on)"),
+    "tensorrtllm": (False, "the TensorRT-LLM backend's default (enable_kv_cache_reuse unset: no block reuse)"),
+}
+ASSUMED_NO_PREFIX_CACHING = ("assumed off: neither the config's parameters nor the spec's engine: section state "
+                             "prefix_caching (a hand-written engine rarely caches prefixes)")
+
+
+def _prefix_caching(claims: _Claims, sources: dict[str, str], backend: str | None, measured: MeasuredEngine | None,
+                    bytes_pool: bool) -> bool:
+    """Whether the engine model keeps a prefix cache, its source written into `sources`: what a
+    file or the spec states, else what a probe saw, else the backend's default (or an assumption
+    that says so). A byte pool is not modelled with one (`engine.EngineModel`), which its source
+    says where the engine does cache."""
+    stated = claims.get("prefix_caching")
+    if stated is not None:
+        on, where = bool(stated), sources["prefix_caching"]
+    elif measured is not None and measured.prefix_caching is not None:
+        on, where = measured.prefix_caching, f"the profile ({measured.prefix_caching_evidence})"
+    else:
+        on, where = PREFIX_CACHING_DEFAULTS.get(backend or "", (False, ASSUMED_NO_PREFIX_CACHING))
+    if on and bytes_pool:
+        on, where = False, (f"not modelled: {where} says the engine caches prefixes, but a model whose layers do "
+                            "not all grow alike is pooled in bytes, where shared blocks are not followed")
+    sources["prefix_caching"] = where
+    return on
 
 
 def measured_from_profile(engine) -> MeasuredEngine:

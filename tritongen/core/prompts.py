@@ -1,8 +1,10 @@
 """Prompts of a given size in tokens for measurements and loads, each with a unique start so an
-engine's prefix cache does not serve it from memory."""
+engine's prefix cache does not serve it from memory, except where the traffic says prompts share
+their beginning (`arrival_prompt`)."""
 
 from __future__ import annotations
 
+from tritongen.core.traffic import Arrivals
 
 _FILLER = "Triton serves models; tritongen measures them before it configures them. "
 
@@ -13,9 +15,22 @@ _SALT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "e
 def prompt_of(tokens: int, bytes_per_token: float, salt: int | None = None) -> str:
     """An ASCII prompt of about `tokens` tokens for a tokenizer of `bytes_per_token` bytes per token;
     with `salt`, its start is unique (see `salted`)."""
-    size = max(1, int(round(tokens * bytes_per_token)))
-    text = (_FILLER * (size // len(_FILLER) + 1))[:size]
+    text = _filler(tokens, bytes_per_token)
     return text if salt is None else salted(text, salt)
+
+
+def _filler(tokens: int, bytes_per_token: float) -> str:
+    size = max(1, int(round(tokens * bytes_per_token)))
+    return (_FILLER * (size // len(_FILLER) + 1))[:size]
+
+
+def spelled(number: int) -> str:
+    """A number in English words, digit by digit."""
+    return " ".join(_SALT_WORDS[int(d)] for d in str(abs(int(number))))
+
+
+def _headed(text: str, head: str) -> str:
+    return (head + text)[: len(text)] if len(text) > len(head) else head[: len(text)]
 
 
 def salted(text: str, salt: int) -> str:
@@ -25,5 +40,43 @@ def salted(text: str, salt: int) -> str:
     seen from memory: a measurement or a load that repeats one prompt would see almost no prefill,
     where real users' prompts differ. Words, not digits, so the salt tokenizes at about the rate of
     the text it replaces and the prompt keeps its size in tokens."""
-    head = " ".join(_SALT_WORDS[int(d)] for d in str(abs(int(salt)))) + ": "
-    return (head + text)[: len(text)] if len(text) > len(head) else head[: len(text)]
+    return _headed(text, spelled(salt) + ": ")
+
+
+def _own_text(tokens: int, bytes_per_token: float, kind: str, ident: int, run: int) -> str:
+    """Text of one identity (a prefix, a conversation, a request's own part), headed by its id
+    spelled last digit first, then its kind and the run: texts of two identities part at their
+    first word or two. What follows a shared prefix starts mid-block, and an engine caches the
+    block the prefix ends in if the next few tokens of two prompts agree: a salt's long common
+    leading digits would make them agree."""
+    ident_words = " ".join(_SALT_WORDS[int(d)] for d in reversed(str(abs(int(ident)))))
+    return _headed(_filler(tokens, bytes_per_token), f"{ident_words} {kind} {spelled(run)}: ")
+
+
+def arrival_prompt(arrivals: Arrivals, i: int, bytes_per_token: float, salt0: int) -> str:
+    """The text of request `i`, sized as `prompt_of` sizes prompts, that shares exactly what the
+    arrivals say it shares (`tritongen.core.traffic_sharing`), so the live engine's prefix cache
+    sees what the simulated one does:
+    - its shared prefix, byte for byte the same in every request with that prefix (headed by the
+      prefix's id, ending in a newline so its last token does not merge with what follows);
+    - then, in a conversation, the conversation's own text up to the prompt's length, so a later
+      turn begins with the whole text of every earlier one (the previous reply a stand-in of its
+      length);
+    - else its own text, headed by the request's index.
+    A prompt that shares nothing is salted as it always was (`prompt_of`, salt `salt0 + i`).
+    `salt0` sets the run: another base makes every text new, so a second run meets no prompt of
+    the first in a cache."""
+    tokens = int(arrivals.prompt[i])
+    prefix, conversation = int(arrivals.prefix_id[i]), int(arrivals.conversation[i])
+    if prefix < 0 and conversation < 0:
+        return prompt_of(tokens, bytes_per_token, salt=salt0 + i)
+    head = ""
+    if prefix >= 0:
+        shared = int(arrivals.prefix_tokens[i])
+        head = _own_text(shared, bytes_per_token, "prefix", prefix, salt0)[:-1] + "\n"
+        tokens -= shared
+    if tokens <= 0:
+        return head
+    if conversation >= 0:
+        return head + _own_text(tokens, bytes_per_token, "conversation", conversation, salt0)
+    return head + _own_text(tokens, bytes_per_token, "request", i, salt0)

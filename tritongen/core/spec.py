@@ -150,6 +150,12 @@ class EngineSection(StrictModel):
         default=None, ge=1, description="Tokens the KV pool holds; default: the KV budget tritongen plans."
     )
     max_batched_tokens: int | None = Field(default=None, ge=1, description="Prefill tokens one engine step takes at most.")
+    prefix_caching: bool | None = Field(
+        default=None,
+        description="Whether the engine keeps a prefix cache (full KV blocks of prompts, served again to prompts "
+        "that begin the same way; vLLM enable_prefix_caching, TensorRT-LLM enable_kv_cache_reuse). Default: what "
+        "the backend's files say, else its default (vLLM on, TensorRT-LLM off), else off.",
+    )
     render_parameters: bool = Field(
         default=False,
         description=(

@@ -2,7 +2,8 @@
 
 A traffic file (`examples/traffic/*.yaml`) is a small strict schema, `TrafficSpec`: a shape
 (poisson, bursty on/off, a daily curve, or replay of a CSV trace), a mean rate, a duration and a
-mix of classes (share, Triton priority, rows per request, prompt/output lengths for LLMs).
+mix of classes (share, Triton priority, rows per request, prompt/output lengths for LLMs, and
+what LLM prompts share: a prefix, or a conversation's history, see `traffic_sharing`).
 `generate_arrivals(spec, seed)` turns it into `Arrivals`: sorted send times and per-request
 class, lengths and rows as numpy arrays. The same `Arrivals` drive the simulator and the live
 load generator, so a prediction and a measurement see exactly the same requests.
@@ -32,52 +33,9 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
+from tritongen.core.lengths import Length, length_array
 from tritongen.core.strict import Strict
-
-
-class LengthDist(Strict):
-    """A token-length distribution (prompt or output). Samples are integers in [min, max]."""
-
-    dist: Literal["fixed", "uniform", "exponential", "lognormal"] = Field(
-        default="fixed", description="fixed: always `mean`; uniform: [min, max]; exponential/lognormal around `mean`."
-    )
-    mean: float | None = Field(default=None, gt=0, description="Mean length (fixed, exponential, lognormal).")
-    min: int = Field(default=1, ge=0, description="Smallest length.")
-    max: int | None = Field(default=None, ge=1, description="Largest length (required for uniform).")
-    sigma: float = Field(default=0.5, gt=0, description="lognormal: sigma of the underlying normal.")
-
-    @model_validator(mode="after")
-    def _complete(self) -> "LengthDist":
-        if self.dist == "uniform":
-            if self.max is None:
-                raise ValueError("a uniform length needs `max` (and `min`)")
-            if self.max < self.min:
-                raise ValueError(f"max {self.max} is below min {self.min}; swap them")
-        elif self.mean is None:
-            raise ValueError(f"a {self.dist} length needs `mean`")
-        return self
-
-    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        if self.dist == "fixed":
-            out = np.full(n, float(self.mean or 0.0))
-        elif self.dist == "uniform":
-            out = rng.integers(self.min, (self.max or self.min) + 1, size=n).astype(float)
-        elif self.dist == "exponential":
-            out = rng.exponential(float(self.mean or 1.0), size=n)
-        else:
-            mu = math.log(float(self.mean or 1.0)) - self.sigma**2 / 2.0  # mean of the lognormal = mean
-            out = rng.lognormal(mu, self.sigma, size=n)
-        upper = self.max if self.max is not None else np.inf
-        return np.clip(np.rint(out), self.min, upper).astype(np.int64)
-
-
-Length = int | LengthDist
-
-
-def _length_array(value: Length, rng: np.random.Generator, n: int) -> np.ndarray:
-    if isinstance(value, int):
-        return np.full(n, value, dtype=np.int64)
-    return value.sample(rng, n)
+from tritongen.core.traffic_sharing import Conversation, SharedPrefix, SharedPrompts, share_prompts
 
 
 class ClassMix(Strict):
@@ -91,8 +49,19 @@ class ClassMix(Strict):
     )
     model: str | None = Field(default=None, description="Model (spec name) these requests go to; default: every tuned model.")
     rows: int = Field(default=1, ge=1, description="Batch rows per request (the leading dimension).")
-    prompt_tokens: Length = Field(default=0, description="LLMs: prompt length, a number or a distribution.")
+    prompt_tokens: Length = Field(
+        default=0,
+        description="LLMs: the prompt's own tokens, a number or a distribution: the whole prompt where the class "
+        "shares nothing; with shared_prefix, what follows the prefix; in a conversation, each turn's new text "
+        "(tritongen.core.traffic_sharing).",
+    )
     output_tokens: Length = Field(default=0, description="LLMs: max_tokens, a number or a distribution.")
+    shared_prefix: SharedPrefix | None = Field(
+        default=None, description="LLMs: the prompts begin with one of a few shared texts (a system prompt, a document)."
+    )
+    conversation: Conversation | None = Field(
+        default=None, description="LLMs: requests are turns of conversations, each carrying the history so far."
+    )
 
 
 class Bursty(Strict):
@@ -149,27 +118,50 @@ class TrafficSpec(Strict):
         return [c.name for c in self.classes]
 
 
+# Arrivals' per-request arrays: the original five, then what a prompt shares (traffic_sharing), which
+# default to "nothing" (-1 ids, 0 tokens) so arrivals built without them mean what they always meant.
+_REQUEST_ARRAYS = ("t", "cls", "prompt", "output", "rows", "prefix_id", "prefix_tokens", "conversation", "shared_tokens")
+_NOTHING_SHARED = {"prefix_id": -1, "prefix_tokens": 0, "conversation": -1, "shared_tokens": 0}
+
+
+def _empty() -> np.ndarray:
+    return np.zeros(0, dtype=np.int64)
+
+
 @dataclass
 class Arrivals:
     """Requests in send order. Times in seconds from the start of the traffic."""
 
     t: np.ndarray  # float64, sorted
     cls: np.ndarray  # int64 index into class_names
-    prompt: np.ndarray  # int64 prompt tokens (0 for classic models)
+    prompt: np.ndarray  # int64 whole prompt tokens, shared prefix and history included (0 for classic models)
     output: np.ndarray  # int64 max_tokens (0 for classic models)
     rows: np.ndarray  # int64 batch rows per request
     class_names: list[str]
     class_priority: list[int]  # Triton priority per class (0 = model default)
     class_model: list[str | None] = field(default_factory=list)
     warmup_s: float = 0.0
+    # What each prompt shares with others (tritongen.core.traffic_sharing); left out: nothing.
+    prefix_id: np.ndarray = field(default_factory=_empty)  # int64 shared prefix it starts with, -1 none
+    prefix_tokens: np.ndarray = field(default_factory=_empty)  # int64 that prefix's tokens, 0 none
+    conversation: np.ndarray = field(default_factory=_empty)  # int64 conversation it is a turn of, -1 none
+    shared_tokens: np.ndarray = field(default_factory=_empty)  # int64 leading tokens shared with earlier requests
 
     def __post_init__(self) -> None:
         n = len(self.t)
-        for name in ("cls", "prompt", "output", "rows"):
+        for name, nothing in _NOTHING_SHARED.items():
+            if n and not len(getattr(self, name)):
+                setattr(self, name, np.full(n, nothing, dtype=np.int64))
+        for name in _REQUEST_ARRAYS:
             if len(getattr(self, name)) != n:
                 raise ValueError(f"arrivals: `{name}` has {len(getattr(self, name))} entries, `t` has {n}")
         if not self.class_model:
             self.class_model = [None] * len(self.class_names)
+
+    @property
+    def shares_prompts(self) -> bool:
+        """Whether any prompt shares its beginning with another (a prefix, or an earlier turn)."""
+        return bool(len(self.t)) and bool((self.prefix_id >= 0).any() or (self.conversation >= 0).any())
 
     def __len__(self) -> int:
         return len(self.t)
@@ -186,11 +178,22 @@ class Arrivals:
         return np.asarray(self.class_priority, dtype=np.int64)[self.cls] if len(self.t) else np.zeros(0, np.int64)
 
     def take(self, mask: np.ndarray) -> "Arrivals":
+        """The requests `mask` selects. What they share stays as it was: a turn whose earlier turn was
+        left out still begins with that turn's text, which then is in no cache."""
+        arrays = {name: getattr(self, name)[mask] for name in _REQUEST_ARRAYS}
         return Arrivals(
-            t=self.t[mask], cls=self.cls[mask], prompt=self.prompt[mask], output=self.output[mask],
-            rows=self.rows[mask], class_names=list(self.class_names), class_priority=list(self.class_priority),
+            **arrays, class_names=list(self.class_names), class_priority=list(self.class_priority),
             class_model=list(self.class_model), warmup_s=self.warmup_s,
         )
+
+    def with_sharing(self, shared: SharedPrompts | None) -> "Arrivals":
+        """These requests with their prompts' sharing (`traffic_sharing.share_prompts`); None: as they are."""
+        if shared is None:
+            return self
+        out = self.take(np.ones(len(self.t), dtype=bool))
+        out.prompt, out.prefix_id, out.prefix_tokens = shared.prompt, shared.prefix_id, shared.prefix_tokens
+        out.conversation, out.shared_tokens = shared.conversation, shared.shared_tokens
+        return out
 
     def with_priorities(self, priority_by_class: dict[str, int]) -> "Arrivals":
         """The same requests with the Triton priority of each named class replaced."""
@@ -303,7 +306,9 @@ def generate_arrivals(spec: TrafficSpec, seed: int = 0, trace_text: str | None =
 
     `requests`: generate exactly this many (the duration grows or shrinks to fit; the warm-up
     keeps its share of the duration). A trace needs `trace_text` (the CSV the caller read) and is
-    cut to `requests` when given.
+    cut to `requests` when given. Classes that share prompts (`shared_prefix`, `conversation`) get
+    their sharing from a stream of the seed's own: times, classes and lengths stay those of the
+    same traffic without it (`traffic_sharing`).
     """
     rng = np.random.default_rng(seed)
     if spec.shape == "trace":
@@ -312,7 +317,7 @@ def generate_arrivals(spec: TrafficSpec, seed: int = 0, trace_text: str | None =
         arrivals = parse_trace_csv(trace_text, spec)
         if requests is not None:
             arrivals = arrivals.take(np.arange(len(arrivals)) < requests)
-        return arrivals
+        return _shared(arrivals, spec, seed)
     process = arrival_process(spec.shape)
     assert spec.rate_per_s is not None
     duration = spec.duration_s
@@ -341,14 +346,22 @@ def generate_arrivals(spec: TrafficSpec, seed: int = 0, trace_text: str | None =
     for i, klass in enumerate(spec.classes):
         mask = cls == i
         count = int(mask.sum())
-        prompt[mask] = _length_array(klass.prompt_tokens, rng, count)
-        output[mask] = _length_array(klass.output_tokens, rng, count)
+        prompt[mask] = length_array(klass.prompt_tokens, rng, count)
+        output[mask] = length_array(klass.output_tokens, rng, count)
         rows[mask] = klass.rows
-    return Arrivals(
+    arrivals = Arrivals(
         t=times.astype(np.float64), cls=cls, prompt=prompt, output=output, rows=rows,
         class_names=spec.class_names(), class_priority=[c.priority for c in spec.classes],
         class_model=[c.model for c in spec.classes], warmup_s=warmup,
     )
+    return _shared(arrivals, spec, seed)
+
+
+def _shared(arrivals: Arrivals, spec: TrafficSpec, seed: int) -> Arrivals:
+    """`arrivals` with what their classes share (a trace's prompt_tokens are the new part, as a
+    class's are); the same object where no class shares anything."""
+    return arrivals.with_sharing(
+        share_prompts(spec.classes, arrivals.t, arrivals.cls, arrivals.prompt, arrivals.output, seed))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import numpy as np
 
 from tritongen.core.engine import DONE, FIRST, KILLED, REFUSED, EngineState
 from tritongen.core.handoff import HandoffStats, handoff_stats
+from tritongen.core.prefix_cache import PromptSharing
 from tritongen.core.simulator.inputs import ServerSim
 from tritongen.core.simulator.model_state import EXECUTING, READY, REQUESTED, ModelState, Payload
 from tritongen.core.simulator.rate_limiter import ResourcePool, resource_totals
@@ -54,9 +55,11 @@ class Simulation:
         self.t_done = [math.nan] * n
         self.t_start = [math.nan] * n
         self.t_first = [math.nan] * n
+        sharing = PromptSharing(arrivals.prefix_id.tolist(), arrivals.prefix_tokens.tolist(),
+                                arrivals.conversation.tolist()) if arrivals.shares_prompts else None
         for m in self.models:
             if m.llm is not None:
-                m.engine = EngineState(m.llm, self.prompt, self.output)
+                m.engine = EngineState(m.llm, self.prompt, self.output, sharing)
         self.heap: list[tuple] = []
         self.seq = 0
         self.now = 0.0
@@ -468,6 +471,8 @@ class Simulation:
                     busy_fraction=min(1.0, m.any_busy_s / span),
                     preemptions=m.engine.preemptions if m.engine else 0,
                     engine_killed=m.engine.killed if m.engine else 0,
+                    prefix_cache_hit_rate=m.engine.hit_rate(lambda r: w0 <= self.t_send[r] <= w1) if m.engine else None,
+                    prefix_cache_evictions=m.engine.cache.evictions if m.engine and m.engine.cache else 0,
                 )
             )
         return SimResult(

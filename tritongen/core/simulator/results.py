@@ -51,6 +51,12 @@ class ModelStats(BaseModel):
     busy_fraction: float = Field(description="Share of the window with at least one instance (or the engine) busy.")
     preemptions: int = Field(default=0, description="LLM engines: sequences preempted (recomputed later), whole run.")
     engine_killed: int = Field(default=0, description="LLM engines: sequences killed for want of KV memory, whole run.")
+    prefix_cache_hit_rate: float | None = Field(
+        default=None,
+        description="LLM engines with a prefix cache, on traffic whose prompts share: prompt tokens the cache served "
+        "/ prompt tokens, over the requests sent in the window that the engine admitted. None: no cache, or nothing shared.",
+    )
+    prefix_cache_evictions: int = Field(default=0, description="LLM engines: cached blocks evicted for room, whole run.")
 
 
 class SimResult(BaseModel):
