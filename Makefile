@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.tritongen-installed
 
-.PHONY: demo test venv nginx clean bench bench-zoo bench-fidelity bench-sidecar bench-profile bench-simulator bench-fixed-vs-tuned bench-check-conformance bench-llm-fidelity bench-vllm-fidelity bench-llm-guard bench-vs-model-analyzer bench-instance-scaling bench-admission bench-native-admission
+.PHONY: demo test venv nginx clean bench bench-zoo bench-fidelity bench-sidecar bench-profile bench-simulator bench-fixed-vs-tuned bench-check-conformance bench-llm-fidelity bench-vllm-fidelity bench-prefix-cache bench-llm-guard bench-vs-model-analyzer bench-instance-scaling bench-admission bench-native-admission
 
 venv: $(STAMP)
 
@@ -49,7 +49,7 @@ demo: $(STAMP)
 # (date, machine, commit). Run them one at a time on a quiet host; `make bench` runs them all (~12 min, and ~33 more for bench-vs-model-analyzer).
 TRITON_SERVER_REPO ?= /tmp/triton-server
 
-bench: bench-simulator bench-profile bench-fidelity bench-llm-fidelity bench-vllm-fidelity bench-llm-guard bench-sidecar bench-fixed-vs-tuned bench-check-conformance bench-vs-model-analyzer bench-instance-scaling bench-admission
+bench: bench-simulator bench-profile bench-fidelity bench-llm-fidelity bench-vllm-fidelity bench-prefix-cache bench-llm-guard bench-sidecar bench-fixed-vs-tuned bench-check-conformance bench-vs-model-analyzer bench-instance-scaling bench-admission
 
 bench-fidelity: $(STAMP)
 	$(PY) -m bench.bench_sim_fidelity
@@ -77,6 +77,9 @@ ZOO ?= ../shared/zoo
 bench-zoo: $(STAMP) nginx
 	$(PY) -m bench.bench_zoo
 	$(PY) -m bench.bench_llm_guard --spec bench/zoo/textgen.yaml --repository $(ZOO) --report zoo-sidecar --burst 0
+
+bench-prefix-cache: $(STAMP)
+	$(PY) -m bench.bench_prefix_cache
 
 bench-vllm-fidelity: $(STAMP)
 	$(PY) -m bench.bench_vllm_fidelity

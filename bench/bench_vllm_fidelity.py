@@ -244,7 +244,7 @@ def run(server: TritonServer, repo: Path, spec: Path, tmp: Path, args) -> None:
     admin.close()
 
 
-def print_against_the_median(summary: list[tuple[float, list, object]]) -> None:
+def print_against_the_median(summary: list[tuple[float, list, object]]) -> int:
     """The simulator against the median of the live runs at each load, beside their range: where
     the live runs at one rate disagree by more than the goal's band, no model can meet it on every
     run, and the table shows whether the simulation at least lies inside what the engine did."""
@@ -270,6 +270,7 @@ def print_against_the_median(summary: list[tuple[float, list, object]]) -> None:
         row.append(f"{max(p50s) / min(p50s):.1f}x" if len(p50s) > 1 else "-")
         print("| " + " | ".join(row) + " |")
     print(f"\nagainst the live median: {met} of {cells} cells within the goal's band")
+    return met
 
 
 if __name__ == "__main__":

@@ -130,3 +130,21 @@ def test_budget_that_holds_no_sequence_says_by_how_much() -> None:
         plan_deployment(spec, archs)
     assert "qwen2.5-7b" in str(info.value)
     assert "MiB" in str(info.value)
+
+
+def test_the_specs_prefix_caching_reaches_both_engines_files() -> None:
+    """engine.prefix_caching is written where each engine reads it (vLLM enable_prefix_caching,
+    TensorRT-LLM's LLM-API kv_cache_config.enable_block_reuse); unstated, vLLM's model.json leaves
+    it to the engine's default."""
+    spec, archs = gpu_spec()
+    assert "enable_prefix_caching" not in plan_deployment(spec, archs).entry("qwen2.5-7b").engine_args
+
+    def off(data: dict) -> None:
+        for model in data["models"]:
+            if model["name"] in ("qwen2.5-7b", "qwen3-8b-trtllm"):
+                model["engine"] = {**(model.get("engine") or {}), "prefix_caching": False}
+
+    spec, archs = gpu_spec(off)
+    plan = plan_deployment(spec, archs)
+    assert plan.entry("qwen2.5-7b").engine_args["enable_prefix_caching"] is False
+    assert plan.entry("qwen3-8b-trtllm").llm_args["kv_cache_config"]["enable_block_reuse"] is False

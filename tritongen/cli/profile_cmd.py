@@ -34,6 +34,18 @@ from tritongen.triton_admin import Endpoints, TritonAdmin, endpoints_from_url
 console = Console()
 err_console = Console(stderr=True)
 
+
+def _prefix_cache_cell(probe) -> str:
+    """The prefix-cache probe's verdict in a few words: its longest telling length's first tokens."""
+    if probe is None:
+        return "-"
+    verdict = {True: "cached", False: "not cached", None: "could not tell"}[probe.caches]
+    longest = max(probe.samples, key=lambda s: s.prompt_tokens, default=None)
+    if longest is None:
+        return verdict
+    return (f"{verdict}: {fmt_ms(longest.repeat_ttft_ms)} vs {fmt_ms(longest.fresh_ttft_ms)} ms at "
+            f"{longest.prompt_tokens} tokens")
+
 def _levels(text: str | None, option: str) -> list[int] | None:
     if text is None:
         return None
@@ -102,7 +114,8 @@ def results_tables(profiles: list[Profile]) -> list[Table]:
     engines = [p for p in profiles if p.engine is not None]
     if engines:
         t = Table(title="LLM engines: what simulate and tune use (measured through the model's own interface)")
-        for col in ("model", "interface", "prefill", "decode step", "request path", "KV capacity", "bytes/token"):
+        for col in ("model", "interface", "prefill", "decode step", "request path", "KV capacity", "bytes/token",
+                    "prefix cache (repeat vs fresh TTFT)"):
             t.add_column(col)
         for p in engines:
             e = p.engine
@@ -113,6 +126,7 @@ def results_tables(profiles: list[Profile]) -> list[Table]:
                 f"{e.prefill_fixed_ms:.2f} ms + {e.prefill_ms_per_token * 1000:.1f} µs/token",
                 f"{e.decode_fixed_ms:.2f} ms + {e.decode_ms_per_seq:.3f} ms/seq",
                 f"{e.request_overhead_ms:.2f} ms", capacity, f"{e.bytes_per_token:g} ({e.bytes_per_token_source})",
+                _prefix_cache_cell(e.prefix_cache),
             )
         tables.append(t)
     unary = [p for p in profiles if p.llm is not None]

@@ -482,4 +482,6 @@ def measured_from_profile(engine) -> MeasuredEngine:
         kv_block_tokens=engine.kv_block_tokens,
         kv_policy=getattr(engine, "kv_policy_seen", None),
         kv_policy_evidence=getattr(engine, "kv_policy_evidence", None),
+        prefix_caching=probe.caches if (probe := getattr(engine, "prefix_cache", None)) is not None else None,
+        prefix_caching_evidence=probe.evidence if probe is not None else None,
     )

@@ -21,6 +21,7 @@ from typing import Any
 from tritongen.core.kv_plan import KVPlan, typical_sequences
 from tritongen.core.llmapi_spec import KV_DTYPE_TO_TRTLLM, KV_POLICY_TO_CAPACITY
 from tritongen.core.spec import MIB, ModelSpec
+from tritongen.errors import BadInput
 from tritongen.core.trtllm_args import (
     DEFAULT_BLOCK_REUSE,
     DEFAULT_CAPACITY_POLICY,
@@ -94,11 +95,16 @@ def llmapi_model_yaml(model: ModelSpec, kv: KVPlan, device_bytes: int, others_by
             f"the KV budget in whole blocks ({kv.pool_blocks} x {kv.block_tokens} tokens at {kv.kv_bytes_per_token} "
             "B/token); the engine takes the smaller of this and the fraction, whatever loads first")
     out.put("kv_cache_config.tokens_per_block", kv.block_tokens, "the block size the KV plan counts in")
-    reuse = user_kv.pop("enable_block_reuse", DEFAULT_BLOCK_REUSE)
+    said = engine.prefix_caching if engine is not None else None
+    if said is not None and "enable_block_reuse" in user_kv and user_kv["enable_block_reuse"] != said:
+        raise BadInput(f"model {model.name!r}: engine.prefix_caching is {said} but llm_args.kv_cache_config."
+                       f"enable_block_reuse is {user_kv['enable_block_reuse']}; state it once (engine.prefix_caching)")
+    reuse = user_kv.pop("enable_block_reuse", DEFAULT_BLOCK_REUSE if said is None else said)
     out.put("kv_cache_config.enable_block_reuse", reuse,
             "the spec's llm_args" if "enable_block_reuse" in (model.llm_args.get("kv_cache_config") or {}) else
-            "TensorRT-LLM's default: prompts that share a prefix reuse its blocks (llm_args.kv_cache_config."
-            "enable_block_reuse: false turns it off)")
+            "the spec's engine.prefix_caching" if said is not None else
+            "TensorRT-LLM's default: prompts that share a prefix reuse its blocks (engine.prefix_caching: false "
+            "turns it off)")
     dtype = KV_DTYPE_TO_TRTLLM[model.kv_dtype]
     if dtype is not None:
         out.put("kv_cache_config.dtype", dtype, f"the spec's kv_dtype {model.kv_dtype}")

