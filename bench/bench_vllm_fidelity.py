@@ -251,7 +251,7 @@ def print_against_the_median(summary: list[tuple[float, list, object]]) -> int:
     print("\n## the simulator against the live median (goal: within 10% for completed/s, 25% for TTFT)")
     print("| load | live runs | completed/s live median (range) / sim | TTFT P50 ms | TTFT P99 ms | live P50 spread (max / min) |")
     print("|---|---|---|---|---|---|")
-    met = cells = 0
+    met = cells = by_rule = 0
     for factor, lives, sc in summary:
         row = [f"{factor:g}x", str(len(lives))]
         for attr, band in (("throughput_per_s", 0.10), ("ttft_p50_ms", 0.25), ("ttft_p99_ms", 0.25)):
@@ -263,14 +263,19 @@ def print_against_the_median(summary: list[tuple[float, list, object]]) -> int:
             mid = statistics.median(values)
             ok = abs(sim_value - mid) <= band * mid
             inside = min(values) <= sim_value <= max(values)
-            met, cells = met + ok, cells + 1
+            # the goal's second clause: where the live runs' own spread is wider than the band, a
+            # simulation inside their range is as close as the engine is to itself
+            wide = (max(values) - min(values)) > band * mid
+            met, cells, by_rule = met + ok, cells + 1, by_rule + (ok or (inside and wide))
+            verdict = "MET" if ok else ("MET by the range" if inside and wide else "MISSED")
             row.append(f"{mid:.1f} ({min(values):.1f}-{max(values):.1f}) / {sim_value:.1f} ({rel(mid, sim_value)}"
-                       f"{', inside the live range' if inside else ''}) {'MET' if ok else 'MISSED'}")
+                       f"{', inside the live range' if inside else ''}) {verdict}")
         p50s = [lc.ttft_p50_ms for lc in lives if lc.ttft_p50_ms]
         row.append(f"{max(p50s) / min(p50s):.1f}x" if len(p50s) > 1 else "-")
         print("| " + " | ".join(row) + " |")
-    print(f"\nagainst the live median: {met} of {cells} cells within the goal's band")
-    return met
+    print(f"\nagainst the live median: {met} of {cells} cells within the goal's band; {by_rule} of {cells} by the goal's "
+          "rule (within the band, or inside the live runs' range where their own spread is wider than the band)")
+    return by_rule
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ live one in the integration module `tests/readme_tour.LIVE` names (see tests/rea
 
 from __future__ import annotations
 
-import sys
+import gc
 from pathlib import Path
 
 import pytest
@@ -52,13 +52,12 @@ def test_an_offline_tour_command_prints_what_the_readme_shows(command: TourComma
 
 def _widen_module_consoles(monkeypatch: pytest.MonkeyPatch) -> None:
     """A console made at import took its width from COLUMNS then (a fresh process reads WIDE; an
-    earlier test in this process may have imported the command first): widen those. A command
-    module the run imports itself reads WIDE from the environment."""
-    for name, module in list(sys.modules.items()):
-        if name.startswith("tritongen.cli."):
-            for value in vars(module).values():
-                if isinstance(value, Console):
-                    monkeypatch.setattr(value, "_width", int(WIDE["COLUMNS"]))
+    earlier test in this process may have imported the command first, or re-imported its module,
+    so the registered command may hold a console sys.modules no longer names): widen every console
+    this process holds. One the run makes itself reads WIDE from the environment."""
+    for value in gc.get_objects():
+        if isinstance(value, Console):
+            monkeypatch.setattr(value, "_width", int(WIDE["COLUMNS"]))
 
 
 def test_a_line_the_run_did_not_print_is_caught(tmp_path: Path) -> None:
