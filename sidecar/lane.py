@@ -26,6 +26,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from sidecar.reading import priority_to_write
 from tritongen.core.sidecar_policy.schema import SidecarPolicy
 from tritongen.core.sidecar_policy.tuning import LanePolicy
 
@@ -68,9 +69,8 @@ OUTCOMES = ("upstream_error", "upstream_failed", "client_disconnect")
 
 def lane_keys(policy: SidecarPolicy) -> set[LaneKey]:
     """The (model, class) pairs the lane may carry: classic models (an LLM's cost is in its body),
-    each class the model serves whose level Triton would use anyway (a model with priority levels
-    takes its default level from a request that names none; any other level must be written into
-    the request, which only the Python path does)."""
+    each class the model serves for which a request naming no priority needs none written
+    (`reading.priority_to_write`, the one rule: only the Python path writes one in)."""
     out: set[LaneKey] = set()
     for model in policy.models:
         if model.kind != "classic" or model.kv is not None:
@@ -78,9 +78,8 @@ def lane_keys(policy: SidecarPolicy) -> set[LaneKey]:
         for klass in policy.classes:
             if model.classes is not None and klass.name not in model.classes:
                 continue
-            if model.priority_levels and klass.priority != model.default_priority:
-                continue
-            out.add((model.name, klass.name))
+            if priority_to_write(model, klass, names_priority=False) is None:
+                out.add((model.name, klass.name))
     return out
 
 

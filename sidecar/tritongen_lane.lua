@@ -25,14 +25,17 @@ local caps = ngx.shared.tg_caps
 local inflight = ngx.shared.tg_inflight
 local stats = ngx.shared.tg_stats
 
--- Rendered from the policy by sidecar/nginx_front.py through M.configure.
+-- Rendered from the policy by sidecar/nginx_front.py through M.configure. The priority parameter's
+-- name is sidecar/reading.py's: a request naming one goes to Python, which rewrites it by its one rule.
 local class_var, tenant_var = "http_x_traffic_class", "http_x_tenant"
 local class_json, class_raw, default_class = '"traffic_class"', "traffic_class", "normal"
+local priority_json, priority_raw = nil, nil -- from M.configure, never a copy of the name here
 local bounds = {} -- the sidecar's latency histogram bounds, in seconds, ascending
 
 function M.configure(cfg)
     class_var, tenant_var, default_class = cfg.class_var, cfg.tenant_var, cfg.default_class
     class_json, class_raw = '"' .. cfg.class_parameter .. '"', cfg.class_parameter
+    priority_json, priority_raw = '"' .. cfg.priority_parameter .. '"', cfg.priority_parameter
     bounds = cfg.buckets
 end
 
@@ -112,7 +115,7 @@ function M.http(model)
             return decided(model)
         end
     end
-    local at = find(body, '"priority"', 1, true)
+    local at = find(body, priority_json, 1, true)
     if at and at <= head then
         return decided(model)
     end
@@ -146,7 +149,7 @@ function M.grpc()
     end
     local model = sub(body, at, at + len - 1)
     local rest = at + len
-    if header(tenant_var) ~= nil or find(body, "priority", rest, true) then
+    if header(tenant_var) ~= nil or find(body, priority_raw, rest, true) then
         return decided_grpc(model)
     end
     local class = header(class_var)
