@@ -170,17 +170,15 @@ class GrpcProxy:
         category = admin_apis.grpc_admin_category(method)
         assert category is not None
         metadata = call_metadata(context)
-        via_authorization = admin_apis.token_matches(admin_apis.bearer(header_value(metadata, "authorization")), self.token)
-        if not (
-            via_authorization
-            or admin_apis.token_matches(header_value(metadata, admin_apis.TOKEN_HEADER), self.token)
-            or category in self.policy().admin_apis.open
-        ):
+        carried = admin_apis.authorised(header_value(metadata, admin_apis.AUTHORIZATION),
+                                        header_value(metadata, admin_apis.TOKEN_HEADER), self.token)
+        if carried is None and category not in self.policy().admin_apis.open:
             status, body = admin_apis.refusal(category, "grpc", token_configured=bool(self.token))
             self.metrics.admin_refused.labels(category, "grpc").inc()
             log.debug("refused %s: Triton's %s API is shut (%d)", method, category, status)
             await context.abort(grpc_code(status), json.dumps(body))
-        drop = ("authorization", admin_apis.TOKEN_HEADER) if via_authorization else (admin_apis.TOKEN_HEADER,)
+        drop = (admin_apis.AUTHORIZATION, admin_apis.TOKEN_HEADER) if carried == admin_apis.AUTHORIZATION \
+            else (admin_apis.TOKEN_HEADER,)
         return await self.passthrough(method, request, context, tuple((k, v) for k, v in metadata if k not in drop))
 
     async def passthrough(

@@ -17,7 +17,6 @@ Also served here, behind a bearer token: `GET /sidecar/status` and `POST /sideca
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -180,16 +179,16 @@ class HttpProxy:
     # -- admin ------------------------------------------------------------------------------------
 
     def _authorised(self, request: web.Request) -> web.Response | None:
-        if not self.admin.token:
-            return _json_response(403, {"error": "status and reload are disabled: start the sidecar with --token-file"})
-        given = request.headers.get("Authorization", "")
-        token = given[7:].strip() if given.lower().startswith("bearer ") else request.headers.get("X-Sidecar-Token", "")
-        if not token or not hmac.compare_digest(token.encode(), self.admin.token.encode()):
-            return _json_response(
-                401, {"error": "a valid token is required: send `Authorization: Bearer <token>`"},
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        return None
+        """None when the request carries the admin token (admin_apis.authorised, the one check),
+        else the refusal of the sidecar's own endpoints."""
+        headers = request.headers
+        if admin_apis.authorised(headers.get("Authorization"), headers.get(admin_apis.TOKEN_HEADER), self.admin.token):
+            return None
+        return self._token_refusal(admin_apis.SIDECAR)
+
+    def _token_refusal(self, category: str) -> web.Response:
+        status, body = admin_apis.refusal(category, "http", token_configured=bool(self.admin.token))
+        return _json_response(status, body, headers={"WWW-Authenticate": "Bearer"} if status == 401 else None)
 
     async def status(self, request: web.Request) -> web.Response:
         denied = self._authorised(request)
@@ -330,20 +329,14 @@ class HttpProxy:
 
     def _admin_api(self, request: web.Request, category: str) -> tuple[web.Response | None, frozenset[str]]:
         """(a refusal or None, the headers not to forward) for a request to a shut admin API."""
-        token = self.admin.token
         headers = request.headers
-        via_authorization = admin_apis.token_matches(admin_apis.bearer(headers.get("Authorization")), token)
-        if (
-            via_authorization
-            or admin_apis.token_matches(headers.get(admin_apis.TOKEN_HEADER), token)
-            or category in self.policy().admin_apis.open
-        ):
-            return None, _ADMIN_DROP_AUTH if via_authorization else _ADMIN_DROP
-        status, body = admin_apis.refusal(category, "http", token_configured=bool(token))
+        carried = admin_apis.authorised(headers.get("Authorization"), headers.get(admin_apis.TOKEN_HEADER),
+                                        self.admin.token)
+        if carried is not None or category in self.policy().admin_apis.open:
+            return None, _ADMIN_DROP_AUTH if carried == admin_apis.AUTHORIZATION else _ADMIN_DROP
         self.metrics.admin_refused.labels(category, "http").inc()
-        log.debug("refused %s %s: Triton's %s API is shut (%d)", request.method, request.path, category, status)
-        challenge = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        return _json_response(status, body, headers=challenge), _ADMIN_DROP
+        log.debug("refused %s %s: Triton's %s API is shut", request.method, request.path, category)
+        return self._token_refusal(category), _ADMIN_DROP
 
     async def passthrough(self, request: web.Request) -> web.StreamResponse:
         if request.path.startswith("/sidecar/"):
