@@ -188,6 +188,14 @@ class NginxSide:
               start: str = "") -> None:
         self.send(f"admit\t{model}\t{op}\t{klass}\t{tenant}\t{header_length}\t{start}\t{len(body)}\n".encode() + body)
 
+    def carried(self, model: str, op: str, body: bytes, **fields: str) -> int:
+        """An admit granted at once and confirmed (`ok`) as nginx confirms a grant it read: its id."""
+        self.admit(model, op, body, **fields)
+        answer = self.answer()
+        assert answer is not None and answer[0][0] == "admit", answer
+        self.send(f"ok\t{answer[0][1]}\n".encode())
+        return int(answer[0][1])
+
     def answer(self) -> tuple[list[str], bytes] | None:
         """The next whole answer (its fields, its body), taken; None when there is none yet."""
         data = self.transport.data
