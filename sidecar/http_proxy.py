@@ -63,6 +63,7 @@ _REQUEST_DROP = _HOP | {"content-encoding"}
 _ADMIN_DROP = _REQUEST_DROP | {admin_apis.TOKEN_HEADER}
 _ADMIN_DROP_AUTH = _ADMIN_DROP | {"authorization"}
 _MODEL_OPS = ("infer", "generate", "generate_stream")
+_PRIORITY_JSON = f'"{PRIORITY}"'.encode()  # the priority parameter's key, as a JSON part names it
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 
@@ -373,7 +374,7 @@ def _parsed_infer(body: bytes, header_length: str | None, llm: bool, class_key: 
     parser says why); a plain classic request goes as it came, unparsed."""
     valid_length = header_length is None or (header_length.isdigit() and int(header_length) <= len(body))
     head = body[: int(header_length)] if header_length and valid_length else body
-    if llm or not valid_length or f'"{PRIORITY}"'.encode() in head or f'"{class_key}"'.encode() in head:
+    if llm or not valid_length or _PRIORITY_JSON in head or f'"{class_key}"'.encode() in head:
         return protocol.parse_infer(body, header_length)
     return None
 

@@ -89,12 +89,14 @@ def _class_value(parameters: Any, key: str) -> str | None:
     return value
 
 
-def _json_stated(parameters: dict[str, Any] | None, class_key: str, **llm: Any) -> Stated:
+def _json_stated(parameters: dict[str, Any] | None, class_key: str, prompts: tuple[Prompt, ...] | None = None,
+                 budget: tuple[Any, ...] = (), sampling: Any = None) -> Stated:
     """What a JSON request states (HTTP `infer`'s header, a `generate` body): its parameters and,
-    for an LLM, what its tensors said."""
-    parameters = parameters or {}
-    return Stated(class_parameter=_class_value(parameters, class_key), names_priority=PRIORITY in parameters,
-                  budget_parameter=parameters.get(MAX_TOKENS) if llm else None, **llm)
+    for an LLM (`prompts` given), what its tensors said."""
+    if not parameters:
+        return Stated(None, False, prompts or (), budget, sampling, None)
+    return Stated(_class_value(parameters, class_key), PRIORITY in parameters, prompts or (), budget, sampling,
+                  parameters.get(MAX_TOKENS) if prompts is not None else None)
 
 
 def _utf8(value: Any) -> bytes:
@@ -205,8 +207,7 @@ def infer_stated(body: InferBody, kv: KVCost | None, class_key: str) -> Stated:
         elif name == SAMPLING:
             elements = _infer_elements(tensor, binary, "BYTES")
             sampling = elements[0] if elements else None
-    return _json_stated(body.parameters, class_key, prompts=tuple(prompts), budget_tensor=tuple(budget),
-                        sampling=sampling)
+    return _json_stated(body.parameters, class_key, tuple(prompts), tuple(budget), sampling)
 
 
 def infer_with_priority(body: InferBody, priority: int) -> tuple[bytes, str | None]:
@@ -242,10 +243,10 @@ def generate_stated(doc: dict[str, Any], kv: KVCost | None, class_key: str) -> S
     if kv is None:
         return _json_stated(doc.get("parameters"), class_key)
     text = doc.get(kv.prompt_input)
-    prompts = () if text is None else tuple(_utf8(v) for v in _flatten(text))
+    prompts = () if text is None else tuple([_utf8(v) for v in _flatten(text)])
     raw = doc.get(kv.max_tokens_input)
-    return _json_stated(doc.get("parameters"), class_key, prompts=prompts,
-                        budget_tensor=() if raw is None else tuple(_flatten(raw)), sampling=doc.get(SAMPLING))
+    return _json_stated(doc.get("parameters"), class_key, prompts, () if raw is None else tuple(_flatten(raw)),
+                        doc.get(SAMPLING))
 
 
 def generate_with_priority(doc: dict[str, Any], priority: int) -> bytes:
