@@ -144,7 +144,7 @@ def budget_value(value: Any, where: str) -> int:
     """One stated max_tokens by the module's rule: a count of 0 or more, or a 400 naming `where`."""
     count = int_or_none(value)
     if count is None:
-        raise BadRequest(f"{where} must hold integers (a whole number of tokens), got {value!r}")
+        raise BadRequest(f"{where} must hold integers (a whole number of tokens), got {value!r:.80}")
     if count < 0:
         raise BadRequest(f"{where} must be 0 or more tokens, got {count}")
     return count

@@ -189,6 +189,7 @@ def test_a_budget_is_a_whole_count_of_zero_or_more(value: Any, count: int) -> No
     (-1, "must be 0 or more tokens, got -1"), ("-5", "must be 0 or more tokens, got -5"),
     (7.5, "must hold integers"), ("lots", "must hold integers"), (True, "must hold integers"),
     ([3], "must hold integers"), ({"n": 3}, "must hold integers"), ("1e3", "must hold integers"),
+    (float("inf"), "must hold integers"), ("9" * 5000, "must hold integers"),  # absurd: JSON's Infinity, 5000 digits
 ])
 def test_anything_else_is_refused_naming_where_it_was(value: Any, message: str) -> None:
     """Before issue 45, HTTP dropped a negative or a word in the parameters (the default price) while
