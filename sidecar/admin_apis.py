@@ -52,6 +52,8 @@ from tritongen.core.admin_categories import (  # the one table of Triton's categ
 
 REASON = "admin_api_restricted"
 TOKEN_HEADER = "x-sidecar-token"  # the sidecar's own token header (HTTP) and metadata key (gRPC)
+AUTHORIZATION = "authorization"
+SIDECAR = "sidecar"  # the refusals' category for the sidecar's own endpoints (/sidecar/status, /sidecar/reload)
 
 
 # -- gRPC ------------------------------------------------------------------------------------------
@@ -124,10 +126,12 @@ def http_admin_category(path: str) -> str | None:
 
 
 def token_matches(given: str | None, token: str | None) -> bool:
-    """Whether `given` is the configured admin token (constant-time); never with no token configured."""
+    """Whether `given` is the configured admin token (constant-time); never with no token configured.
+    A header that is not UTF-8 (aiohttp hands its bytes on as surrogates) is compared byte for byte,
+    not an error: it was a 500 before the check was one."""
     if not token or not given:
         return False
-    return hmac.compare_digest(given.encode(), token.encode())
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), token.encode("utf-8", "surrogatepass"))
 
 
 def bearer(authorization: str | None) -> str | None:
@@ -137,16 +141,32 @@ def bearer(authorization: str | None) -> str | None:
     return None
 
 
+def authorised(authorization: str | None, sidecar_token: str | None, token: str | None) -> str | None:
+    """The one token check, for Triton's admin APIs and the sidecar's own endpoints on both protocols:
+    the header (gRPC: metadata key) that carried the admin token, `AUTHORIZATION` (as a Bearer) or
+    `TOKEN_HEADER`, or None. Either may carry it: an `Authorization` meant for Triton or a gateway
+    beside a valid `X-Sidecar-Token` is no refusal (the /sidecar/* check, a copy, refused it)."""
+    if token_matches(bearer(authorization), token):
+        return AUTHORIZATION
+    if token_matches(sidecar_token, token):
+        return TOKEN_HEADER
+    return None
+
+
 def refusal(category: str, protocol: str, token_configured: bool) -> tuple[int, dict[str, Any]]:
-    """(HTTP status, JSON body) refusing a request in a shut category: 403 when the sidecar has no
-    admin token (nothing the client sends can open it), 401 when the token is missing or wrong."""
+    """(HTTP status, JSON body) refusing a request in a shut category, or to the sidecar's own
+    endpoints (`SIDECAR`): 403 when the sidecar has no admin token (nothing the client sends can
+    open it), 401 when the token is missing or wrong."""
     how = ("metadata `authorization: Bearer <token>` (or `x-sidecar-token: <token>`)" if protocol == "grpc"
            else "`Authorization: Bearer <token>` (or `X-Sidecar-Token: <token>`)")
-    open_it = f'or open it to every client with "admin_apis": {{"open": ["{category}"]}} in the sidecar policy'
-    what = f"Triton's {category} API ({WHAT.get(category, category)}) is shut behind the sidecar"
+    if category == SIDECAR:
+        what, open_it = "the sidecar's status and reload endpoints are behind its admin token", ""
+    else:
+        what = f"Triton's {category} API ({WHAT.get(category, category)}) is shut behind the sidecar"
+        open_it = f', or open it to every client with "admin_apis": {{"open": ["{category}"]}} in the sidecar policy'
     if token_configured:
-        status, error = 401, f"{what}: send the sidecar's admin token, {how}, {open_it}"
+        status, error = 401, f"{what}: send the sidecar's admin token, {how}{open_it}"
     else:
         status, error = 403, (f"{what} and the sidecar has no admin token: start it with --token-file and send "
-                              f"the token, {how}, {open_it}")
+                              f"the token, {how}{open_it}")
     return status, {"error": error, "reason": REASON, "category": category}

@@ -54,7 +54,6 @@ from sidecar.admission_types import (
     TENANT_CLASS_NOT_ALLOWED,
     Action,
     Clock,
-    Cost,
     Decision,
     Events,
     HeadroomSnapshot,
@@ -62,6 +61,8 @@ from sidecar.admission_types import (
     decide,
 )
 from sidecar.admission_view import AdmissionView
+from sidecar.cost import cost_for
+from sidecar.reading import lane_reading
 from tritongen.core.sidecar_policy.schema import SidecarPolicy
 
 
@@ -303,7 +304,8 @@ class AdmissionState(AdmissionView):
         mp = self._index.models.get(model)
         if mp is None or mp.kv is not None:
             return None
-        return Request(slot_id, model, klass, Cost(request_bytes=mp.request_bytes))
+        reading = lane_reading(model, klass)  # what nginx's lane key says of its requests
+        return Request(slot_id, model, reading.klass, cost_for(mp, reading.llm), reading.tenant)
 
     def return_lane_slot(self, slot_id: Hashable) -> bool:
         """Give a lane slot back (nginx no longer counts on it); its room goes to whoever waits.

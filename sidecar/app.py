@@ -322,8 +322,8 @@ class Sidecar:
         self.http_port = int(http_listen.rsplit(":", 1)[1])
         if grpc_listen:
             self.grpc_port = int(grpc_listen.rsplit(":", 1)[1])
-        self.lane = LaneControl(self.nginx, self.state, self.metrics, lambda: bool(self.health and self.health.up),
-                                self.controller.dispatch)
+        self.lane = LaneControl(self.nginx, self.state, self.controller.accounting,
+                                lambda: bool(self.health and self.health.up), self.controller.dispatch)
         self.controller.on_queued = self.lane.queued
         self.controller.reclaim = self.lane.reclaim
 

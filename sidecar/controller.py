@@ -28,6 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sidecar.accounting import (
+    CANCELLED, CLIENT_CLOSED, DOWN, ENDED, ERROR, OK, UNSENT, Accounting, outcome, upstream_outcome,
+)
 from sidecar.admission import AdmissionState
 from sidecar.admission_types import (
     CLASS_NOT_SERVED,
@@ -43,8 +46,6 @@ from sidecar.admission_types import (
 )
 from sidecar.metrics import SidecarMetrics
 from sidecar.tasks import BackgroundTask
-from tritongen.core.engine_metrics import is_out_of_memory
-from tritongen.core.engine_window import SIDECAR_OOM_OUTCOME
 from tritongen.core.sidecar_policy.base import DEFAULT_TENANT
 
 log = logging.getLogger("tritongen.sidecar")
@@ -99,13 +100,6 @@ class Rejected(Exception):
         self.tenant = tenant
 
 
-def upstream_outcome(error: bytes | str) -> str:
-    """How an admitted request that Triton answered with an error ended: "oom" when its engine
-    killed it for want of KV memory (doctor's DR112 counts these), else "upstream_error"."""
-    text = error.decode("utf-8", errors="replace") if isinstance(error, bytes) else error
-    return SIDECAR_OOM_OUTCOME if is_out_of_memory(text) else "upstream_error"
-
-
 @dataclass
 class Ticket:
     id: int
@@ -125,7 +119,8 @@ class Ticket:
 
     # The request's life after admission, whoever carries it (the HTTP and gRPC relays, nginx through
     # the decision socket): each thing a carrier can learn is one call, and leaving the admission
-    # block turns what was learnt into the release and the metrics (`_Admission.__aexit__`).
+    # block turns what was learnt into the release and the metrics (`_Admission.__aexit__`). How it
+    # ended is named by the one classification, `accounting.outcome`, whichever carrier saw it.
 
     def started(self) -> None:
         """It went upstream: an end the sidecar does not see now lingers for release_grace_ms."""
@@ -144,26 +139,32 @@ class Ticket:
         if self.outcome is None:
             self.outcome = upstream_outcome(error)
 
+    def ended(self, how: str, status: int, error: bytes | str | None = None) -> None:
+        """What its carrier saw at the end (`accounting.outcome`'s words: nginx reports them so). A
+        client gone (499) is not an end at the engine, which may hold the request until it notices;
+        a request never sent holds nothing there."""
+        if how == UNSENT:
+            self.sent = False
+        elif how == DOWN or status != CLIENT_CLOSED:
+            self.completed = True
+        found = outcome(how, status, error)
+        if how in (UNSENT, DOWN) or (self.outcome is None and found != OK):
+            self.outcome = found
+
     def finished(self, error: bytes | str | None = None) -> None:
         """Triton said it is over; `error` (its text, maybe empty) when it ended the request failed."""
-        self.completed = True
-        if error is not None:
-            self.errored(error)
+        self.ended(ENDED, 200 if error is None else 500, error)
 
     def upstream_lost(self) -> None:
         """The connection to Triton broke: the request is over there too."""
-        self.completed = True
-        self.outcome = "upstream_failed"
+        self.ended(DOWN, 502)
 
     def client_left(self) -> None:
-        """Not completed: the engine may still hold the request until it notices."""
-        if self.outcome is None:
-            self.outcome = "client_disconnect"
+        self.ended(ENDED, CLIENT_CLOSED)
 
     def unsent(self) -> None:
         """Granted, but the client left before it went upstream: nothing to linger for."""
-        self.sent = False
-        self.outcome = "client_disconnect"
+        self.ended(UNSENT, CLIENT_CLOSED)
 
     def abandoned(self, why: str) -> None:
         """Its carrier went away before reporting the end (nginx restarted, the sidecar stopping)."""
@@ -186,21 +187,12 @@ class AdmissionController:
         self._wake = asyncio.Event()
         self._known_models: set[str] = set()
         self._tenant_labels: set[str] = set()
-        self._children: dict[tuple[str, ...], object] = {}
-        self._hot: dict[tuple[str, str], _Series] = {}  # (class, model label) -> its per-request series
+        self.accounting = Accounting(state, metrics)  # every admitted request's counters, the lane's too
         # Called when a request starts waiting (the native lane stops growing at once: lane_control).
         self.on_queued: Callable[[], None] | None = None
         # Called with a model when its request found no room: True if the native lane gave idle slots
         # of it back (lane_control.LaneControl.reclaim), so the request is judged again.
         self.reclaim: Callable[[str], bool] | None = None
-
-    def _child(self, metric: object, *labels: str) -> object:
-        """prometheus_client's labels() lookup is not free; keep the children per label set."""
-        key = (id(metric), *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)  # type: ignore[attr-defined]
-        return child
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -228,9 +220,6 @@ class AdmissionController:
 
     # -- the context manager ----------------------------------------------------------------------
 
-    def label(self, model: str) -> str:
-        return model if self.state.known_model(model) else "other"
-
     def admit(self, model: str, klass: str, cost: Cost, tenant: str = DEFAULT_TENANT,
               before_s: float = 0.0) -> _Admission:
         """The reservation of one request, as an async context manager yielding its `Ticket`.
@@ -238,43 +227,12 @@ class AdmissionController:
         it): its time to first token counts from its real arrival, and its class's wait is shorter."""
         return _Admission(self, model, klass, cost, tenant, before_s)
 
-    def _series(self, klass: str, mlabel: str) -> _Series:
-        series = self._hot.get((klass, mlabel))
-        if series is None:
-            m = self.metrics
-            series = self._hot[(klass, mlabel)] = _Series(
-                m.admitted.labels(klass, mlabel), m.queue_wait.labels(klass), m.latency.labels(klass, mlabel), {}
-            )
-        return series
-
-    def _finished(self, series: _Series, klass: str, mlabel: str, outcome: str) -> None:
-        child = series.outcomes.get(outcome)
-        if child is None:
-            child = series.outcomes[outcome] = self.metrics.outcomes.labels(klass, mlabel, outcome)
-        child.inc()
-
     def first_token(self, ticket: Ticket) -> None:
         self.state.end_prefill(ticket.id)
         self.dispatch()
         assert ticket.first_token_at is not None
-        self.metrics.ttft.labels(ticket.klass, self.label(ticket.model)).observe(ticket.first_token_at - ticket.arrived)
-
-    def _admitted(self, series: _Series, cost: Cost, mlabel: str, tlabel: str, waited_s: float) -> None:
-        """Count an admission. Prompt lengths are observed here, not on arrival: the histogram
-        describes what reached Triton's queue (DR103 judges that queue), and a refused request
-        that is retried would otherwise be counted once per try."""
-        m = self.metrics
-        series.admitted.inc()
-        self._child(m.tenant_admitted, tlabel).inc()  # type: ignore[attr-defined]
-        series.queue_wait.observe(waited_s)
-        if cost.prompt_lengths:
-            histogram = self._child(m.prompt_tokens, mlabel)
-            for length in cost.prompt_lengths:
-                histogram.observe(length)  # type: ignore[attr-defined]
-
-    def _rejected(self, decision: Decision, klass: str, mlabel: str, tlabel: str) -> None:
-        self._child(self.metrics.rejected, klass, mlabel, decision.reason).inc()  # type: ignore[attr-defined]
-        self._child(self.metrics.tenant_rejected, tlabel, decision.reason).inc()  # type: ignore[attr-defined]
+        self.accounting.child(self.metrics.ttft, ticket.klass, self.accounting.label(ticket.model)).observe(
+            ticket.first_token_at - ticket.arrived)
 
     def dispatch(self) -> None:
         """Hand grants and queue timeouts to the requests waiting for them."""
@@ -339,16 +297,6 @@ class AdmissionController:
         self._tenant_labels = set(usage)
 
 
-@dataclass(frozen=True)
-class _Series:
-    """The metric children every admitted request of one (class, model label) touches."""
-
-    admitted: Any
-    queue_wait: Any
-    latency: Any
-    outcomes: dict[str, Any]
-
-
 class _Admission:
     """`AdmissionController.admit(...)`: enter waits for (or is refused) the reservation, exit
     releases it, exactly once, whatever ended the block.
@@ -358,8 +306,7 @@ class _Admission:
     contextlib's wrapper per request) cost several microseconds more than these two methods.
     """
 
-    __slots__ = ("_ctl", "_model", "_klass", "_cost", "_tenant", "_before_s", "_ticket", "_mlabel", "_series",
-                 "_waited_s")
+    __slots__ = ("_ctl", "_model", "_klass", "_cost", "_tenant", "_before_s", "_ticket", "_series", "_waited_s")
 
     def __init__(self, ctl: AdmissionController, model: str, klass: str, cost: Cost, tenant: str,
                  before_s: float = 0.0) -> None:
@@ -373,11 +320,10 @@ class _Admission:
 
     async def __aenter__(self) -> Ticket:
         ctl, model, klass, cost, tenant = self._ctl, self._model, self._klass, self._cost, self._tenant
-        state = ctl.state
+        state, accounting = ctl.state, ctl.accounting
         rid = next(ctl._ids)
         arrived = ctl.clock() - self._before_s
-        mlabel = model if state.known_model(model) else "other"
-        tlabel = state.tenant_label(tenant)
+        mlabel = accounting.label(model)
         request = Request(rid, model, klass, cost, tenant, self._before_s)
         decision = state.submit(request)
         if decision.action is Action.REJECT and decision.reason in _ROOM_REASONS and ctl.reclaim is not None \
@@ -393,11 +339,11 @@ class _Admission:
         if state.has_events:
             ctl.dispatch()
         if decision.action is Action.REJECT:
-            ctl._rejected(decision, klass, mlabel, tlabel)
+            accounting.rejected(decision, klass, mlabel, tenant)
             raise Rejected(decision, model, klass, tenant)
         if future is not None:
             held_by = (decision.limit or "queue_order").split(":", 1)[0]  # the kind, not the model or scope named after it
-            ctl._child(ctl.metrics.queued, klass, mlabel, held_by).inc()  # type: ignore[attr-defined]
+            accounting.child(ctl.metrics.queued, klass, mlabel, held_by).inc()
             ctl._wake.set()
             if ctl.on_queued is not None:
                 ctl.on_queued()
@@ -410,11 +356,11 @@ class _Admission:
                     ctl.dispatch()
                 raise
             if decision.action is Action.REJECT:
-                ctl._rejected(decision, klass, mlabel, tlabel)
+                accounting.rejected(decision, klass, mlabel, tenant)
                 raise Rejected(decision, model, klass, tenant)
-        series = ctl._series(klass, mlabel)
-        ctl._admitted(series, cost, mlabel, tlabel, decision.waited_s)
-        self._mlabel, self._series, self._waited_s = mlabel, series, decision.waited_s
+        series = accounting.series(klass, mlabel)
+        accounting.admitted(series, tenant, decision.waited_s, cost)
+        self._series, self._waited_s = series, decision.waited_s
         self._ticket = Ticket(rid, model, klass, cost, arrived, ctl.clock(), decision.waited_s, ctl, tenant=tenant)
         return self._ticket
 
@@ -423,13 +369,12 @@ class _Admission:
         assert ticket is not None
         self._ticket = None
         ctl, state = self._ctl, self._ctl.state
-        if exc_type is None:
-            outcome = "ok"
-        elif issubclass(exc_type, (asyncio.CancelledError, GeneratorExit)):
-            outcome = "cancelled"
+        if ticket.outcome is not None:
+            how = ticket.outcome
+        elif exc_type is None:
+            how = OK
         else:
-            outcome = "error"
-        outcome = ticket.outcome or outcome
+            how = CANCELLED if issubclass(exc_type, (asyncio.CancelledError, GeneratorExit)) else ERROR
         grace = 0.0
         if ticket.sent and not ticket.completed:
             grace = state.model_policy(ticket.model).release_grace_ms / 1000
@@ -437,15 +382,12 @@ class _Admission:
         state.release(ticket.id, tokens=tokens, linger_s=grace, responses=ticket.tokens)
         if state.has_events:
             ctl.dispatch()
-        ctl._finished(self._series, ticket.klass, self._mlabel, outcome)
         end = ctl.clock()
-        # Every admitted request's end-to-end time, whatever its outcome: nginx's lane counts its
-        # requests so (its log phase sees every end), and one panel must read both paths alike.
-        self._series.latency.observe(end - ticket.arrived)
+        ctl.accounting.ended(self._series, how, end - ticket.arrived)
         if log.isEnabledFor(logging.DEBUG):
             ttft = "-" if ticket.first_token_at is None else f"{1000 * (ticket.first_token_at - ticket.arrived):.1f}"
             log.debug("%s %s %s (tenant %s): waited %.1f ms, first response %s ms, total %.1f ms, %d responses",
-                      ticket.model, ticket.klass, outcome, ticket.tenant, 1000 * self._waited_s, ttft,
+                      ticket.model, ticket.klass, how, ticket.tenant, 1000 * self._waited_s, ttft,
                       1000 * (end - ticket.arrived), ticket.tokens)
         if grace:
             ctl._wake.set()  # the ticker ends lingering reservations

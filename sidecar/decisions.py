@@ -26,6 +26,12 @@ length-prefixed so no JSON parser is needed in Lua):
                  before it: the client left, the grant goes back),
                  `first\tID\n`, `end\tID\tSTATUS\tEVENTS\tHOW\tN\n` + N bytes of the engine's error
                  (HOW: "ok", or "down" when nginx could not reach Triton); no answer.
+
+A message the sidecar cannot read is logged and answered where nginx waits for an answer (an admit:
+a refusal with status 500 saying so, gRPC INTERNAL); an `end` whose id can be read releases its
+reservation whatever else it got wrong. Only a line whose length field cannot be read (so where the
+next message starts is unknown) closes the connection, which nginx's client sees as the sidecar
+being unavailable.
 """
 
 from __future__ import annotations
@@ -38,8 +44,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sidecar.controller import AdmissionController, Rejected, Ticket
 from sidecar import protocol
+from sidecar.accounting import CLIENT_CLOSED, DOWN, ENDED, ERROR, UNSENT
+from sidecar.controller import AdmissionController, Rejected, Ticket
 from sidecar.grpc_proxy import GrpcProxy
 from sidecar.http_proxy import Answer, HttpProxy, Prepared
 from sidecar.nginx_front import WORKER_CONNECTIONS
@@ -47,8 +54,14 @@ from sidecar.upstream import UpstreamHealth
 
 log = logging.getLogger("tritongen.sidecar")
 
-CLIENT_CLOSED = 499  # nginx's status for a client that went away
 GRPC_INFER = "grpc_infer"  # the op nginx names a gRPC ModelInfer by (its body: the request's protobuf, unframed)
+OPS = frozenset({"infer", "generate", "generate_stream", GRPC_INFER})
+FIELDS = {"admit": 8, "ok": 2, "first": 2, "end": 6}  # each message's tab-separated fields
+_GRPC_INTERNAL = 13
+
+
+class Unreadable(ValueError):
+    """A message from nginx the sidecar cannot read; str() says what is wrong with it."""
 
 
 # nginx's clock and ours are the same host's; a start further back than this is not a wait but a
@@ -110,6 +123,34 @@ class DecisionServer:
     def status(self) -> dict[str, int]:
         return {"in_flight": len(self.held), "carried": self.carried}
 
+    def handle(self, conn: _Connection, fields: list[str], body: bytes) -> None:
+        """One whole message from nginx (its fields and body). Raises `Unreadable` for one that
+        cannot be read, after answering or releasing what it could (see the module docstring)."""
+        kind = fields[0]
+        if kind == "ok":
+            conn.unconfirmed = None
+        elif kind == "admit":
+            if len(fields) != FIELDS["admit"] or fields[2] not in OPS:
+                what = (f"{len(fields)} fields, {FIELDS['admit']} expected" if len(fields) != FIELDS["admit"]
+                        else f"op {fields[2]!r}, none of {sorted(OPS)}")
+                error = f"the native front sent a decision the sidecar cannot read ({what})"
+                grpc_op = len(fields) > 2 and fields[2] == GRPC_INFER
+                conn.answer(_refusal(Answer(_GRPC_INTERNAL, error.encode(), []) if grpc_op
+                                     else Answer.json(500, {"error": error, "reason": "front_protocol"})))
+                raise Unreadable(f"admit: {what}")
+            self.decide(conn, fields, body)
+        elif kind == "first":
+            self.first(_number(fields, 1, "first", "id"))
+        else:  # "end": its reservation goes back whatever else in it cannot be read
+            rid = _number(fields, 1, "end", "id")
+            try:
+                if len(fields) != FIELDS["end"] or fields[4] not in (ENDED, DOWN):
+                    raise Unreadable(f"end {rid}: {len(fields)} fields, how {fields[4:5]}")
+                self.end(rid, _number(fields, 2, "end", "status"), _number(fields, 3, "end", "events"), fields[4], body)
+            except Unreadable:
+                self.end(rid, 0, 0, ERROR, body)
+                raise
+
     def decide(self, conn: _Connection, fields: list[str], body: bytes) -> None:
         """One decision: answered now (admitted, or refused), or once the queue grants or refuses it."""
         _, model, op, klass, tenant, header_length, start, _size = fields
@@ -137,7 +178,8 @@ class DecisionServer:
         if isinstance(prepared, Answer):
             conn.answer(_refusal(prepared))
             return
-        admission = self.controller.admit(model, prepared.klass, prepared.cost, prepared.tenant, before_s)
+        reading = prepared.reading  # the one reader's: the model, class and tenant admission judges
+        admission = self.controller.admit(reading.model, reading.klass, prepared.cost, reading.tenant, before_s)
         entering = admission.__aenter__()
         try:
             suspended = entering.send(None)  # in the common case it returns (or refuses) without waiting
@@ -170,7 +212,7 @@ class DecisionServer:
         ticket.started()
         self.held[ticket.id] = (admission, ticket)
         if conn.transport is None:  # granted as nginx's socket closed: the client left, nothing went upstream
-            self.end(ticket.id, CLIENT_CLOSED, 0, "unsent", b"")
+            self.end(ticket.id, CLIENT_CLOSED, 0, UNSENT, b"")
             return
         conn.unconfirmed = ticket.id
         rewritten = prepared.body if prepared.body is not body else b""
@@ -183,21 +225,20 @@ class DecisionServer:
             held[1].first_token()
 
     def end(self, rid: int, status: int, events: int, how: str, error: bytes) -> None:
+        """nginx reported the end of a request it carried (`how`: accounting's words, or ERROR for an
+        end the sidecar could not read); an id it does not hold (already released) is ignored."""
         held = self.held.pop(rid, None)
         if held is None:
             return
         admission, ticket = held
         ticket.streamed(events)
-        if how == "unsent":
-            ticket.unsent()
-        elif how == "down":
-            ticket.upstream_lost()
-            self.health.mark_down("the native front could not reach Triton")
-        elif status == CLIENT_CLOSED:
-            ticket.client_left()
+        if how == ERROR:
+            ticket.abandoned(ERROR)
         else:
-            ticket.finished(error if status >= 400 or error else None)
-        if how != "unsent":
+            if how == DOWN:
+                self.health.mark_down("the native front could not reach Triton")
+            ticket.ended(how, status, error or None)
+        if how != UNSENT:
             self.carried += 1
         _run_now(admission.__aexit__(None, None, None))
 
@@ -230,42 +271,40 @@ class _Connection(asyncio.Protocol):
             if at < 0:
                 return
             fields = buffer[:at].decode("utf-8", errors="replace").split("\t")
-            kind = fields[0]
             try:
-                size = int(fields[-1]) if kind in ("admit", "end") else 0  # their last field: the body's length
-                if len(buffer) < at + 1 + size:
-                    return
-                body = bytes(buffer[at + 1:at + 1 + size])
-                del buffer[:at + 1 + size]
-                if kind == "admit":
-                    self.server.decide(self, fields, body)
-                elif kind == "ok":
-                    self.unconfirmed = None
-                elif kind == "first":
-                    self.server.first(int(fields[1]))
-                elif kind == "end":
-                    self.server.end(int(fields[1]), int(fields[2]), int(fields[3]), fields[4], body)
-                else:
-                    raise ValueError(f"unknown message {kind!r}")
-            except (ValueError, IndexError) as err:
-                log.error("the native front sent a message the sidecar cannot read (%s); closing its connection", err)
+                size = _body_size(fields)
+            except Unreadable as err:  # where the next message starts is unknown: nothing more can be read
+                log.error("the native front sent a message the sidecar cannot frame (%s); closing its connection", err)
+                if fields[0] == "end" and len(fields) > 1 and fields[1].isdigit():
+                    self.server.end(int(fields[1]), 0, 0, ERROR, b"")  # its reservation goes back all the same
                 self.close()
                 return
+            if len(buffer) < at + 1 + size:
+                return
+            body = bytes(buffer[at + 1:at + 1 + size])
+            del buffer[:at + 1 + size]
+            try:
+                self.server.handle(self, fields, body)
+            except Unreadable as err:
+                log.error("the native front sent a message the sidecar cannot read (%s); skipped", err)
 
     def answer(self, data: bytes) -> None:
         if self.transport is not None:
             self.transport.write(data)
 
     def close(self) -> None:
+        """Close nginx's connection; nothing more is read from it or written to it (the queue and an
+        unconfirmed grant are let go when the transport says it is lost)."""
         if self.transport is not None:
             self.transport.close()
+            self.transport = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
         if self.waiting is not None:
             self.waiting.cancel()  # the client left while queued (nginx closed its socket)
         if self.unconfirmed is not None:  # the client left as it was granted: nothing went upstream
-            self.server.end(self.unconfirmed, CLIENT_CLOSED, 0, "unsent", b"")
+            self.server.end(self.unconfirmed, CLIENT_CLOSED, 0, UNSENT, b"")
             self.unconfirmed = None
 
 
@@ -305,6 +344,27 @@ def _run_now(coro: Any) -> Any:
         return done.value
     coro.close()
     raise RuntimeError("the admission context's exit waited; it must not")
+
+
+def _body_size(fields: list[str]) -> int:
+    """The length of the body after a message's line: the last field of an admit and an end, none
+    for the others. `Unreadable` when the line cannot be framed (an unknown kind, a bad length)."""
+    kind = fields[0]
+    if kind not in FIELDS:
+        raise Unreadable(f"unknown message {kind[:40]!r}")
+    if kind not in ("admit", "end"):
+        return 0
+    size = fields[-1]
+    if not size.isdigit():
+        raise Unreadable(f"{kind}'s body length {size[:40]!r} is not a number")
+    return int(size)
+
+
+def _number(fields: list[str], at: int, kind: str, name: str) -> int:
+    try:
+        return int(fields[at])
+    except (IndexError, ValueError):
+        raise Unreadable(f"{kind}'s {name} {fields[at:at + 1]} is not a number") from None
 
 
 def _refusal(answer: Answer) -> bytes:

@@ -45,6 +45,7 @@ from sidecar.controller import (
     refusal,
     unavailable,
 )
+from sidecar.admission_types import Cost
 from sidecar.cost import cost_for
 from sidecar.grpc_metadata import (
     Metadata, abort_like, call_metadata, grpc_code, header_value, relay_reply_metadata,
@@ -52,6 +53,7 @@ from sidecar.grpc_metadata import (
 from sidecar.grpc_stream import STREAM_BUFFER_BYTES, StreamRelay, error_reply
 from sidecar.http_proxy import Answer, Prepared
 from sidecar.metrics import SidecarMetrics
+from sidecar.reading import Reading, read
 from sidecar.upstream import Reconnecting, UpstreamHealth
 from tritongen.core.sidecar_policy.schema import SidecarPolicy
 
@@ -168,17 +170,15 @@ class GrpcProxy:
         category = admin_apis.grpc_admin_category(method)
         assert category is not None
         metadata = call_metadata(context)
-        via_authorization = admin_apis.token_matches(admin_apis.bearer(header_value(metadata, "authorization")), self.token)
-        if not (
-            via_authorization
-            or admin_apis.token_matches(header_value(metadata, admin_apis.TOKEN_HEADER), self.token)
-            or category in self.policy().admin_apis.open
-        ):
+        carried = admin_apis.authorised(header_value(metadata, admin_apis.AUTHORIZATION),
+                                        header_value(metadata, admin_apis.TOKEN_HEADER), self.token)
+        if carried is None and category not in self.policy().admin_apis.open:
             status, body = admin_apis.refusal(category, "grpc", token_configured=bool(self.token))
             self.metrics.admin_refused.labels(category, "grpc").inc()
             log.debug("refused %s: Triton's %s API is shut (%d)", method, category, status)
             await context.abort(grpc_code(status), json.dumps(body))
-        drop = ("authorization", admin_apis.TOKEN_HEADER) if via_authorization else (admin_apis.TOKEN_HEADER,)
+        drop = (admin_apis.AUTHORIZATION, admin_apis.TOKEN_HEADER) if carried == admin_apis.AUTHORIZATION \
+            else (admin_apis.TOKEN_HEADER,)
         return await self.passthrough(method, request, context, tuple((k, v) for k, v in metadata if k not in drop))
 
     async def passthrough(
@@ -202,20 +202,18 @@ class GrpcProxy:
         await relay_reply_metadata(call, context)
         return response
 
-    def prepare(self, request: Any, metadata: Metadata) -> tuple[Any, Any, Any, str]:
-        """(model policy, class policy, cost, tenant) of one ModelInferRequest; sets its priority."""
+    def prepare(self, request: Any, metadata: Metadata) -> tuple[Reading, Cost]:
+        """The reading and price of one ModelInferRequest (unary, a stream's, or one nginx carries);
+        writes its priority in when the reading says so."""
         policy = self.policy()
-        model = self.controller.state.model_policy(request.model_name)
-        klass = protocol.resolve_class(
-            policy, header_value(metadata, policy.class_header), protocol.grpc_class(request, policy.class_parameter)
-        )
-        tenant = protocol.resolve_tenant(header_value(metadata, policy.tenant_header))
-        count = self.controller.state.token_counter(request.model_name)
-        facts = protocol.grpc_llm_facts(request, model.kv, count) if model.kv else None
-        cost = cost_for(model, facts)
-        if model.priority_levels and (klass.priority != model.default_priority or "priority" in request.parameters):
-            protocol.grpc_set_priority(request, klass.priority)
-        return model, klass, cost, tenant
+        state = self.controller.state
+        model = state.model_policy(request.model_name)
+        stated = protocol.grpc_stated(request, model.kv, policy.class_parameter)
+        reading = read(policy, model, request.model_name, stated, header_value(metadata, policy.class_header),
+                       header_value(metadata, policy.tenant_header), state.token_counter(request.model_name))
+        if reading.priority is not None:
+            protocol.grpc_set_priority(request, reading.priority)
+        return reading, cost_for(model, reading.llm)
 
     def prepare_carried(self, raw: bytes, metadata: Metadata) -> Prepared | Answer:
         """A ModelInfer nginx carries (sidecar/decisions.py): what admission needs and the request as it
@@ -226,22 +224,22 @@ class GrpcProxy:
         parsed = self._parsed(raw, metadata)
         if isinstance(parsed, Answer):
             return parsed
-        request, klass, cost, tenant = parsed
-        data = request.SerializeToString()
-        return Prepared(klass.name, tenant, cost, raw if data == raw else data, CIMultiDict())
+        request, reading, cost = parsed
+        data = request.SerializeToString() if reading.priority is not None else raw
+        return Prepared(reading, cost, data, CIMultiDict())
 
-    def _parsed(self, raw: bytes, metadata: Metadata) -> tuple[Any, Any, Any, str] | Answer:
-        """(the request with its priority set, class policy, cost, tenant), or the malformed answer."""
+    def _parsed(self, raw: bytes, metadata: Metadata) -> tuple[Any, Reading, Cost] | Answer:
+        """(the request with its priority set, its reading, its price), or the malformed answer."""
         try:
             request = pb.ModelInferRequest.FromString(raw)
-            _, klass, cost, tenant = self.prepare(request, metadata)
+            reading, cost = self.prepare(request, metadata)
         except (protocol.BadRequest, ValueError) as err:
             self.metrics.malformed.labels("grpc").inc()
             return _grpc_answer(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {err}")
         except Exception as err:  # protobuf DecodeError
             self.metrics.malformed.labels("grpc").inc()
             return _grpc_answer(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {type(err).__name__}: {err}")
-        return request, klass, cost, tenant
+        return request, reading, cost
 
     @staticmethod
     def refused_carried(rejected: Rejected) -> Answer:
@@ -262,10 +260,10 @@ class GrpcProxy:
         parsed = self._parsed(raw, metadata)
         if isinstance(parsed, Answer):
             await _abort_with(context, parsed)
-        request, klass, cost, tenant = parsed  # type: ignore[misc]
-        payload = request.SerializeToString()
+        request, reading, cost = parsed  # type: ignore[misc]
+        payload = request.SerializeToString() if reading.priority is not None else raw
         try:
-            async with self.controller.admit(request.model_name, klass.name, cost, tenant) as ticket:
+            async with self.controller.admit(request.model_name, reading.klass, cost, reading.tenant) as ticket:
                 ticket.started()
                 call = self._unary(MODEL_INFER)(payload, metadata=metadata, timeout=context.time_remaining())
                 try:

@@ -28,9 +28,11 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from sidecar import protocol
+from sidecar.admission_types import Cost
 from sidecar.controller import AdmissionController, Rejected, Ticket, refusal, unavailable
 from sidecar.grpc_metadata import Metadata, StreamMetadata, grpc_code
 from sidecar.metrics import SidecarMetrics
+from sidecar.reading import Reading
 from sidecar.upstream import UpstreamHealth
 
 STREAM_BUFFER_BYTES = 16 << 20
@@ -50,7 +52,7 @@ class StreamHost(Protocol):
     metrics: SidecarMetrics
     stream_buffer_bytes: int  # STREAM_BUFFER_BYTES unless set
 
-    def prepare(self, request: Any, metadata: Metadata) -> tuple[Any, Any, Any, str]: ...
+    def prepare(self, request: Any, metadata: Metadata) -> tuple[Reading, Cost]: ...
 
     def next_id(self) -> str: ...
 
@@ -158,14 +160,14 @@ class StreamRelay:
     async def _one(self, request: Any) -> None:
         proxy, client_id = self.proxy, request.id
         try:
-            _, klass, cost, tenant = proxy.prepare(request, self.metadata)
+            reading, cost = proxy.prepare(request, self.metadata)
         except (protocol.BadRequest, ValueError) as err:
             proxy.metrics.malformed.labels("grpc").inc()
             self.send(error_reply(client_id, request.model_name, f"malformed request: {err}"))
             return
         uid = proxy.next_id()
         try:
-            async with proxy.controller.admit(request.model_name, klass.name, cost, tenant) as ticket:
+            async with proxy.controller.admit(request.model_name, reading.klass, cost, reading.tenant) as ticket:
                 entry = _Pending(ticket, client_id, request.model_name,
                                  _EMPTY_FINAL in request.parameters and request.parameters[_EMPTY_FINAL].bool_param)
                 self.pending[uid] = entry

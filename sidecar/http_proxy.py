@@ -17,7 +17,6 @@ Also served here, behind a bearer token: `GET /sidecar/status` and `POST /sideca
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -31,6 +30,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from sidecar import admin_apis, protocol
+from sidecar.admission_types import Cost
 from sidecar.controller import (
     AdmissionController,
     Rejected,
@@ -40,6 +40,7 @@ from sidecar.controller import (
 )
 from sidecar.cost import cost_for
 from sidecar.metrics import SidecarMetrics
+from sidecar.reading import NOTHING, PRIORITY, Reading, read
 from sidecar.upstream import Reconnecting, UpstreamHealth
 from tritongen.core.sidecar_policy.schema import SidecarPolicy
 
@@ -62,6 +63,7 @@ _REQUEST_DROP = _HOP | {"content-encoding"}
 _ADMIN_DROP = _REQUEST_DROP | {admin_apis.TOKEN_HEADER}
 _ADMIN_DROP_AUTH = _ADMIN_DROP | {"authorization"}
 _MODEL_OPS = ("infer", "generate", "generate_stream")
+_PRIORITY_JSON = f'"{PRIORITY}"'.encode()  # the priority parameter's key, as a JSON part names it
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 
@@ -94,13 +96,20 @@ class Answer:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A model request ready for admission (`HttpProxy.prepare`)."""
+    """A model request ready for admission (`HttpProxy.prepare`, `GrpcProxy.prepare_carried`)."""
 
-    klass: str
-    tenant: str
-    cost: Any  # sidecar.admission.Cost
+    reading: Reading
+    cost: Cost
     body: bytes
     headers: CIMultiDict[str]
+
+    @property
+    def klass(self) -> str:
+        return self.reading.klass
+
+    @property
+    def tenant(self) -> str:
+        return self.reading.tenant
 
 
 def _json_response(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
@@ -171,16 +180,16 @@ class HttpProxy:
     # -- admin ------------------------------------------------------------------------------------
 
     def _authorised(self, request: web.Request) -> web.Response | None:
-        if not self.admin.token:
-            return _json_response(403, {"error": "status and reload are disabled: start the sidecar with --token-file"})
-        given = request.headers.get("Authorization", "")
-        token = given[7:].strip() if given.lower().startswith("bearer ") else request.headers.get("X-Sidecar-Token", "")
-        if not token or not hmac.compare_digest(token.encode(), self.admin.token.encode()):
-            return _json_response(
-                401, {"error": "a valid token is required: send `Authorization: Bearer <token>`"},
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        return None
+        """None when the request carries the admin token (admin_apis.authorised, the one check),
+        else the refusal of the sidecar's own endpoints."""
+        headers = request.headers
+        if admin_apis.authorised(headers.get("Authorization"), headers.get(admin_apis.TOKEN_HEADER), self.admin.token):
+            return None
+        return self._token_refusal(admin_apis.SIDECAR)
+
+    def _token_refusal(self, category: str) -> web.Response:
+        status, body = admin_apis.refusal(category, "http", token_configured=bool(self.admin.token))
+        return _json_response(status, body, headers={"WWW-Authenticate": "Bearer"} if status == 401 else None)
 
     async def status(self, request: web.Request) -> web.Response:
         denied = self._authorised(request)
@@ -206,52 +215,37 @@ class HttpProxy:
         return Answer.json(503, unavailable(self.health.reason), {"Retry-After": "1"})
 
     def prepare(self, op: str, model_name: str, headers: Any, body: bytes) -> Prepared | Answer:
-        """What admission needs of one model request (its class, tenant and cost, and the body as it
-        goes upstream), or the answer when it cannot go further (malformed, Triton down). Shared by
-        the aiohttp handler and the decision socket (sidecar/decisions.py), so both decide alike."""
+        """What admission needs of one model request (its reading and price, and the body as it goes
+        upstream), or the answer when it cannot go further (malformed, Triton down). Shared by the
+        aiohttp handler and the decision socket (sidecar/decisions.py), so both decide alike."""
         if not self.health.up:
             return self._down()
         policy = self.policy()
         state = self.controller.state
         model = state.model_policy(model_name)
-        header_class = headers.get(policy.class_header)
         override: dict[str, str | None] = {}
         try:
-            tenant = protocol.resolve_tenant(headers.get(policy.tenant_header))
             if op == "infer":
                 header_length = headers.get(protocol.HEADER_LENGTH)
-                valid_length = header_length is None or (header_length.isdigit() and int(header_length) <= len(body))
-                head = body[: int(header_length)] if header_length and valid_length else body
-                needs_parse = (
-                    model.kv is not None
-                    or not valid_length
-                    or b'"priority"' in head
-                    or f'"{policy.class_parameter}"'.encode() in head
-                )
-                parsed = protocol.parse_infer(body, header_length) if needs_parse else None
-                klass = protocol.resolve_class(
-                    policy, header_class, protocol.infer_class(parsed, policy.class_parameter) if parsed else None
-                )
-                facts = (protocol.infer_llm_facts(parsed, model.kv, state.token_counter(model_name))
-                         if parsed is not None and model.kv else None)
-                client_priority = bool(parsed and isinstance(parsed.parameters, dict) and "priority" in parsed.parameters)
-                if model.priority_levels and (klass.priority != model.default_priority or client_priority):
-                    if parsed is None:
-                        parsed = protocol.parse_infer(body, header_length)
-                    body, new_length = protocol.infer_with_priority(parsed, klass.priority)
-                    if new_length is not None:
-                        override[protocol.HEADER_LENGTH] = new_length
+                parsed = _parsed_infer(body, header_length, model.kv is not None, policy.class_parameter)
+                stated = protocol.infer_stated(parsed, model.kv, policy.class_parameter) if parsed else NOTHING
             else:
                 doc = protocol.parse_generate(body)
-                klass = protocol.resolve_class(policy, header_class, protocol.generate_class(doc, policy.class_parameter))
-                facts = protocol.generate_llm_facts(doc, model.kv, state.token_counter(model_name)) if model.kv else None
-                client_priority = "priority" in (doc.get("parameters") or {})
-                if model.priority_levels and (klass.priority != model.default_priority or client_priority):
-                    body = protocol.generate_with_priority(doc, klass.priority)
-            cost = cost_for(model, facts)
+                stated = protocol.generate_stated(doc, model.kv, policy.class_parameter)
+            reading = read(policy, model, model_name, stated, headers.get(policy.class_header),
+                           headers.get(policy.tenant_header), state.token_counter(model_name))
+            if reading.priority is not None:
+                if op != "infer":
+                    body = protocol.generate_with_priority(doc, reading.priority)
+                else:
+                    body, new_length = protocol.infer_with_priority(parsed or protocol.parse_infer(body, header_length),
+                                                                    reading.priority)
+                    if new_length is not None:
+                        override[protocol.HEADER_LENGTH] = new_length
+            cost = cost_for(model, reading.llm)
         except (protocol.BadRequest, ValueError) as err:
             return self._bad(str(err))
-        return Prepared(klass.name, tenant, cost, body, _forward_headers(headers, _REQUEST_DROP, **override))
+        return Prepared(reading, cost, body, _forward_headers(headers, _REQUEST_DROP, **override))
 
     @staticmethod
     def _refused(rejected: Rejected, model_name: str, prepared: Prepared) -> Answer:
@@ -336,20 +330,14 @@ class HttpProxy:
 
     def _admin_api(self, request: web.Request, category: str) -> tuple[web.Response | None, frozenset[str]]:
         """(a refusal or None, the headers not to forward) for a request to a shut admin API."""
-        token = self.admin.token
         headers = request.headers
-        via_authorization = admin_apis.token_matches(admin_apis.bearer(headers.get("Authorization")), token)
-        if (
-            via_authorization
-            or admin_apis.token_matches(headers.get(admin_apis.TOKEN_HEADER), token)
-            or category in self.policy().admin_apis.open
-        ):
-            return None, _ADMIN_DROP_AUTH if via_authorization else _ADMIN_DROP
-        status, body = admin_apis.refusal(category, "http", token_configured=bool(token))
+        carried = admin_apis.authorised(headers.get("Authorization"), headers.get(admin_apis.TOKEN_HEADER),
+                                        self.admin.token)
+        if carried is not None or category in self.policy().admin_apis.open:
+            return None, _ADMIN_DROP_AUTH if carried == admin_apis.AUTHORIZATION else _ADMIN_DROP
         self.metrics.admin_refused.labels(category, "http").inc()
-        log.debug("refused %s %s: Triton's %s API is shut (%d)", request.method, request.path, category, status)
-        challenge = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        return _json_response(status, body, headers=challenge), _ADMIN_DROP
+        log.debug("refused %s %s: Triton's %s API is shut", request.method, request.path, category)
+        return self._token_refusal(category), _ADMIN_DROP
 
     async def passthrough(self, request: web.Request) -> web.StreamResponse:
         if request.path.startswith("/sidecar/"):
@@ -378,6 +366,17 @@ class HttpProxy:
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as err:
             self.health.mark_down(f"{type(err).__name__}: {err}")
             return self._down().web()
+
+
+def _parsed_infer(body: bytes, header_length: str | None, llm: bool, class_key: str) -> protocol.InferBody | None:
+    """An infer body parsed when its reading needs it: an LLM's (its prompt and budget), or one whose
+    JSON part may name a class or a priority, or whose length header is not plainly valid (the
+    parser says why); a plain classic request goes as it came, unparsed."""
+    valid_length = header_length is None or (header_length.isdigit() and int(header_length) <= len(body))
+    head = body[: int(header_length)] if header_length and valid_length else body
+    if llm or not valid_length or _PRIORITY_JSON in head or f'"{class_key}"'.encode() in head:
+        return protocol.parse_infer(body, header_length)
+    return None
 
 
 async def _close_session(session: aiohttp.ClientSession) -> None:

@@ -26,6 +26,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from sidecar.accounting import DOWN, ENDED
+from sidecar.reading import priority_to_write
 from tritongen.core.sidecar_policy.schema import SidecarPolicy
 from tritongen.core.sidecar_policy.tuning import LanePolicy
 
@@ -40,15 +42,16 @@ class LaneCounts:
     overflow: int = 0  # requests that found no free slot and went to the Python path
     peak: int = 0  # the most lane requests in flight at once since the previous reading
     buckets: tuple[int, ...] = ()  # finished requests per latency bucket (sidecar/metrics.py's bounds, then +Inf)
-    failed: tuple[int, ...] = ()  # finished requests per failed outcome, in OUTCOMES' order
+    ends: tuple[tuple[str, int], ...] = ()  # finished requests nginx tallied apart: (the end, count), sorted
 
-    def outcomes(self, before: "LaneCounts") -> dict[str, int]:
-        """Lane requests finished since `before`, by outcome (the Python path's names): the ones
-        nginx counted as failed under theirs, the rest "ok"."""
-        out = {name: n for name, n in zip(OUTCOMES, since(self.failed, before.failed)) if n > 0}
-        ok = (self.done - before.done) - sum(out.values())
-        if ok > 0:
-            out["ok"] = ok
+    def ends_since(self, before: LaneCounts) -> dict[tuple[str, int], int]:
+        """Lane requests tallied apart since `before`, by (how, status) as `accounting.outcome` reads
+        them: nginx's "down" (Triton unreachable), or the status the client got (400 and up)."""
+        old = dict(before.ends)
+        out = {}
+        for tally, n in self.ends:
+            if n > old.get(tally, 0):
+                out[(DOWN, 0) if tally == DOWN else (ENDED, int(tally))] = n - old.get(tally, 0)
         return out
 
 
@@ -60,17 +63,12 @@ def since(now: tuple[int, ...], before: tuple[int, ...]) -> list[int]:
 
 
 LaneKey = tuple[str, str]  # (model, class)
-# The outcomes nginx tells apart for a lane request that did not end well, in the order of its
-# counts' last field (sidecar/tritongen_lane.lua's `failure`), named as the Python path's tickets
-# name them (sidecar/controller.py), so one `sidecar_requests_finished_total` holds both.
-OUTCOMES = ("upstream_error", "upstream_failed", "client_disconnect")
 
 
 def lane_keys(policy: SidecarPolicy) -> set[LaneKey]:
     """The (model, class) pairs the lane may carry: classic models (an LLM's cost is in its body),
-    each class the model serves whose level Triton would use anyway (a model with priority levels
-    takes its default level from a request that names none; any other level must be written into
-    the request, which only the Python path does)."""
+    each class the model serves for which a request naming no priority needs none written
+    (`reading.priority_to_write`, the one rule: only the Python path writes one in)."""
     out: set[LaneKey] = set()
     for model in policy.models:
         if model.kind != "classic" or model.kv is not None:
@@ -78,9 +76,8 @@ def lane_keys(policy: SidecarPolicy) -> set[LaneKey]:
         for klass in policy.classes:
             if model.classes is not None and klass.name not in model.classes:
                 continue
-            if model.priority_levels and klass.priority != model.default_priority:
-                continue
-            out.add((model.name, klass.name))
+            if priority_to_write(model, klass, names_priority=False) is None:
+                out.add((model.name, klass.name))
     return out
 
 
@@ -109,21 +106,30 @@ def target_slots(inflight: int, wanted: int, may_grow: bool, upstream_up: bool, 
 
 def parse_counts(text: str) -> dict[LaneKey, LaneCounts]:
     """nginx's control answer: one line per model and class, `model class inflight done seconds
-    overflow peak buckets failed`, tab-separated, the buckets and the failed counts comma-separated
-    (sidecar/tritongen_lane.lua writes it)."""
+    overflow peak buckets ends`, tab-separated, the buckets comma-separated, the ends `end=count`
+    comma-separated (sidecar/tritongen_lane.lua writes it)."""
     out: dict[LaneKey, LaneCounts] = {}
     for line in text.splitlines():
         parts = line.split("\t")
         if len(parts) != 9 or not parts[0] or not parts[1]:
             continue
         try:
-            buckets, failed = (tuple(int(float(n)) for n in part.split(",")) if part else () for part in parts[7:9])
+            buckets = tuple(int(float(n)) for n in parts[7].split(",")) if parts[7] else ()
+            ends = tuple(sorted(_end(e) for e in parts[8].split(",") if e))
             out[(parts[0], parts[1])] = LaneCounts(max(0, int(float(parts[2]))), int(float(parts[3])),
                                                    float(parts[4]), int(float(parts[5])), max(0, int(float(parts[6]))),
-                                                   buckets, failed)
+                                                   buckets, ends)
         except ValueError:
             continue
     return out
+
+
+def _end(text: str) -> tuple[str, int]:
+    """One `end=count` of nginx's counts: the end is "down" or a status."""
+    tally, _, n = text.partition("=")
+    if tally != DOWN and not tally.isdigit():
+        raise ValueError(f"an end nginx does not tally: {tally!r}")
+    return tally, int(float(n))
 
 
 def caps_body(caps: Mapping[LaneKey, int]) -> str:

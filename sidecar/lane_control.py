@@ -27,9 +27,9 @@ from typing import Any
 
 import aiohttp
 
+from sidecar.accounting import Accounting
 from sidecar.admission import AdmissionState
 from sidecar.lane import LaneCounts, LaneKey, demand, lane_keys, since, target_slots
-from sidecar.metrics import SidecarMetrics, add_observations
 from sidecar.tasks import BackgroundTask
 
 log = logging.getLogger("tritongen.sidecar")
@@ -42,14 +42,15 @@ class LaneControl:
         self,
         front: Any,  # NginxFront, or anything with `async exchange(caps | None) -> counts`
         state: AdmissionState,
-        metrics: SidecarMetrics,
+        accounting: Accounting,  # the controller's: the lane's requests are counted as the Python path's
         upstream_up: Callable[[], bool],
         dispatch: Callable[[], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.front = front
         self.state = state
-        self.metrics = metrics
+        self.accounting = accounting
+        self.metrics = accounting.metrics
         self.upstream_up = upstream_up
         self.dispatch = dispatch
         self.keys = lane_keys(state.policy)
@@ -175,16 +176,10 @@ class LaneControl:
             model, klass = key
             if done > 0:
                 self.state.lane_finished(model, done, seconds)
-                label = self._label(model)
-                self.metrics.lane_requests.labels(klass, label).inc(done)
                 # A lane request is admitted (its slot is a reservation) and ends like any other:
-                # the same counters as the Python path's, counted when nginx reports it finished.
-                self.metrics.admitted.labels(klass, label).inc(done)
-                for outcome, n in now.outcomes(before).items():
-                    self.metrics.outcomes.labels(klass, label, outcome).inc(n)
-                per_bucket = since(now.buckets, before.buckets)
-                if per_bucket:  # the same histogram as the Python path's requests: one latency panel sees both
-                    add_observations(self.metrics.latency.labels(klass, label), per_bucket, seconds)
+                # one accounting, counted when nginx reports it finished.
+                self.accounting.lane_ended(model, klass, done, now.ends_since(before),
+                                           since(now.buckets, before.buckets), seconds)
             overflow = now.overflow - before.overflow
             if overflow > 0:
                 self.metrics.lane_overflow.labels(klass, self._label(model)).inc(overflow)
@@ -192,7 +187,7 @@ class LaneControl:
         self.counts = counts
 
     def _label(self, model: str) -> str:
-        return model if self.state.known_model(model) else "other"
+        return self.accounting.label(model)
 
     def plan(self, counts: dict[LaneKey, LaneCounts]) -> dict[LaneKey, int]:
         """Move each pair's slots toward its target and return the caps nginx should use."""

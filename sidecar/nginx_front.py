@@ -38,6 +38,7 @@ import aiohttp
 
 from sidecar.lane import LaneCounts, LaneKey, caps_body, parse_counts
 from sidecar.metrics import LATENCY_BUCKETS
+from sidecar.reading import PRIORITY
 from tritongen.core.sidecar_policy.schema import SidecarPolicy
 from tritongen.errors import BadInput
 from tritongen.shared.processes import kill_group, tied_to_parent
@@ -142,6 +143,7 @@ def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy:
     configure = (f"lane.configure{{class_var = {_lua_string(_header_var(policy.class_header))}, "
                  f"tenant_var = {_lua_string(_header_var(policy.tenant_header))}, "
                  f"class_parameter = {_lua_string(policy.class_parameter)}, "
+                 f"priority_parameter = {_lua_string(PRIORITY)}, "
                  f"default_class = {_lua_string(policy.default_class)}, "
                  f"buckets = {{{', '.join(repr(b) for b in LATENCY_BUCKETS)}}}}}")
     too_large_json = (f'{{"error": "the request body is over limits.max_body_bytes of the sidecar policy '

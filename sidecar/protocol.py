@@ -1,42 +1,36 @@
-"""Reading and minimally rewriting Triton requests: KServe v2 HTTP (JSON with optional binary
-tensor data), the HTTP `generate` extension, and gRPC `ModelInferRequest`. Pure functions.
+"""The wire side of reading Triton requests: KServe v2 HTTP (JSON with optional binary tensor data),
+the HTTP `generate` extension, and gRPC `ModelInferRequest`; and the one change the sidecar makes to
+a request, its `priority` parameter. Pure functions.
 
-The sidecar reads only what admission needs (the prompt lengths and max_tokens of LLM requests,
-the traffic-class parameter, the tenant header) and writes only the `priority` parameter. Tensor
-data, binary or not, is never decoded beyond the prompt's length prefix and is passed on byte for
-byte.
+Each parser says what a request states (`reading.Stated`: the class parameter, a priority of its
+own, the prompt's elements, max_tokens wherever it was put) and nothing more; the rules that turn
+that into what admission reads, the same for every path, are sidecar/reading.py's. Tensor data,
+binary or not, is never decoded beyond the prompt's length prefixes and the budget's elements, and
+is passed on byte for byte.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import re
 import struct
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.cost import LLMFacts, TokenCounter
-from tritongen.core.llm_interface import int_or_none
-from tritongen.core.sidecar_policy.base import DEFAULT_TENANT, NAME_MAX_LENGTH, NAME_PATTERN
+from sidecar.reading import MAX_TOKENS, PRIORITY, SAMPLING, BadRequest, Prompt, Stated
 from tritongen.core.sidecar_policy.kv_cost import KVCost
 
-log = logging.getLogger("tritongen.sidecar.protocol")
-Prompt = bytes | memoryview | None  # a prompt's UTF-8 bytes; None: unreadable here (shared memory)
+__all__ = ["BadRequest", "HEADER_LENGTH"]  # BadRequest: the name the proxies catch
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-
-_TENANT_NAME = re.compile(NAME_PATTERN)
 
 _NUMERIC = {
     "INT8": "b", "INT16": "h", "INT32": "i", "INT64": "q",
     "UINT8": "B", "UINT16": "H", "UINT32": "I", "UINT64": "Q",
+    "FP16": "e", "FP32": "f", "FP64": "d",
 }
-
-
-class BadRequest(Exception):
-    """A malformed request; str() is the reason sent back with the 400."""
+# gRPC InferTensorContents: the fields a number's elements may travel in
+_NUMBER_CONTENTS = ("int_contents", "int64_contents", "uint_contents", "uint64_contents", "fp32_contents",
+                    "fp64_contents")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -68,10 +62,14 @@ def decode_bytes_elements(raw: bytes | memoryview) -> list[memoryview]:
     return elements
 
 
-def decode_ints(raw: bytes | memoryview, datatype: str) -> list[int]:
-    code = _NUMERIC.get(datatype.upper())
+def decode_elements(raw: bytes | memoryview, datatype: str, name: str) -> list[Any]:
+    """A numeric or BYTES tensor's elements from its binary form (the budget's: the rules judge them)."""
+    kind = datatype.upper()
+    if kind == "BYTES":
+        return list(decode_bytes_elements(raw))
+    code = _NUMERIC.get(kind)
     if code is None:
-        raise BadRequest(f"max_tokens has datatype {datatype}; an integer type is expected")
+        raise BadRequest(f"input {name!r} has datatype {datatype}; a number is expected")
     size = struct.calcsize(code)
     if len(raw) % size:
         raise BadRequest(f"{datatype} tensor data of {len(raw)} bytes is not a whole number of elements")
@@ -91,33 +89,22 @@ def _class_value(parameters: Any, key: str) -> str | None:
     return value
 
 
-def _int_list(values: Iterable[Any], what: str) -> list[int]:
-    out = []
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
-            raise BadRequest(f"{what} must hold integers, got {v!r}")
-        out.append(int(v))
-    return out
+def _json_stated(parameters: dict[str, Any] | None, class_key: str, prompts: tuple[Prompt, ...] | None = None,
+                 budget: tuple[Any, ...] = (), sampling: Any = None) -> Stated:
+    """What a JSON request states (HTTP `infer`'s header, a `generate` body): its parameters and,
+    for an LLM (`prompts` given), what its tensors said."""
+    if not parameters:
+        return Stated(None, False, prompts or (), budget, sampling, None)
+    return Stated(_class_value(parameters, class_key), PRIORITY in parameters, prompts or (), budget, sampling,
+                  parameters.get(MAX_TOKENS) if prompts is not None else None)
 
 
-def _sampling_max_tokens(text: Any) -> int | None:
-    """vLLM-style `sampling_parameters` (a JSON string) may carry max_tokens."""
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", errors="replace")
-    if not isinstance(text, str):
-        return None
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        raise BadRequest("sampling_parameters is not valid JSON") from None
-    return _count(doc.get("max_tokens") if isinstance(doc, dict) else None)
-
-
-def _count(value: Any) -> int | None:
-    """max_tokens as the backend casts it (`int_or_none`: an integer, or a numeric string as vLLM's
-    own sample client sends); a negative count says nothing."""
-    count = int_or_none(value)
-    return count if count is not None and count >= 0 else None
+def _utf8(value: Any) -> bytes:
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    return str(value).encode("utf-8")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -186,79 +173,48 @@ def _binary_slices(body: InferBody) -> dict[str, memoryview]:
     return out
 
 
-def infer_llm_facts(body: InferBody, kv: KVCost, count: TokenCounter | None = None) -> LLMFacts:
+def _infer_elements(tensor: dict[str, Any], binary: dict[str, memoryview], datatype: str) -> list[Any] | None:
+    """A JSON infer tensor's elements, from its binary data (as `datatype`) or its JSON `data`; None:
+    it has neither."""
+    name = str(tensor.get("name"))
+    if name in binary:
+        return decode_elements(binary[name], datatype, name)
+    if "data" in tensor:
+        return _flatten(tensor["data"])
+    return None
+
+
+def infer_stated(body: InferBody, kv: KVCost | None, class_key: str) -> Stated:
+    """What an HTTP infer states; its tensors are read only for an LLM (`kv`)."""
+    if kv is None:
+        return _json_stated(body.parameters, class_key)
     binary = _binary_slices(body)
     prompts: list[Prompt] = []
-    max_tokens: list[int | None] = []
+    budget: list[Any] = []
+    sampling = None
     for tensor in body.header["inputs"]:
         name = tensor.get("name")
-        params = tensor.get("parameters") or {}
         if name == kv.prompt_input:
-            if name in binary:
-                prompts = list(decode_bytes_elements(binary[name]))
-            elif "data" in tensor:
-                prompts = [_utf8(v) for v in _flatten(tensor["data"])]
-            elif "shared_memory_region" in params:
+            elements = _infer_elements(tensor, binary, "BYTES")
+            if elements is not None:
+                prompts = [v if isinstance(v, memoryview) else _utf8(v) for v in elements]
+            elif "shared_memory_region" in (tensor.get("parameters") or {}):
                 prompts = [None]  # unreadable here: charged a full context
             else:
                 raise BadRequest(f"input {name!r} has neither `data` nor binary data")
         elif name == kv.max_tokens_input:
-            datatype = str(tensor.get("datatype", "INT32"))
-            if name in binary:
-                max_tokens = list(decode_ints(binary[name], datatype))
-            elif "data" in tensor:
-                max_tokens = list(_int_list(_flatten(tensor["data"]), f"input {name!r}"))
-        elif name == "sampling_parameters" and "data" in tensor:
-            values = _flatten(tensor["data"])
-            found = _sampling_max_tokens(values[0]) if values else None
-            if found is not None and not max_tokens:
-                max_tokens = [found]
-    if not max_tokens:
-        found = _param_max_tokens(body.parameters)
-        if found is not None:
-            max_tokens = [found]
-    if not prompts:
-        prompts = [None]
-    return _facts(prompts, max_tokens, count)
-
-
-def _facts(prompts: list[Prompt], max_tokens: list[int | None], count: TokenCounter | None) -> LLMFacts:
-    if len(max_tokens) not in (0, 1, len(prompts)):
-        max_tokens = [max((m for m in max_tokens if m is not None), default=None)]
-    lengths = [None if p is None else len(p) for p in prompts]
-    if count is None:
-        return LLMFacts(lengths, max_tokens)
-    try:
-        tokens = [None if p is None else count(bytes(p)) for p in prompts]
-    except Exception as err:  # a prompt the tokenizer cannot read: the byte-ratio estimate stands
-        log.debug("token count failed (%s: %s); using the bytes-per-token ratio", type(err).__name__, err)
-        return LLMFacts(lengths, max_tokens)
-    return LLMFacts(lengths, max_tokens, prompt_tokens=tokens)
-
-
-def _param_max_tokens(parameters: Any) -> int | None:
-    if isinstance(parameters, dict):
-        return _count(parameters.get("max_tokens"))
-    return None
-
-
-def _utf8(value: Any) -> bytes:
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value)
-    return str(value).encode("utf-8")
-
-
-def infer_class(body: InferBody, key: str) -> str | None:
-    return _class_value(body.parameters, key)
+            budget = _infer_elements(tensor, binary, str(tensor.get("datatype", "INT32"))) or []
+        elif name == SAMPLING:
+            elements = _infer_elements(tensor, binary, "BYTES")
+            sampling = elements[0] if elements else None
+    return _json_stated(body.parameters, class_key, tuple(prompts), tuple(budget), sampling)
 
 
 def infer_with_priority(body: InferBody, priority: int) -> tuple[bytes, str | None]:
     """The body with `parameters.priority` set; the new Inference-Header-Content-Length if binary."""
     header = dict(body.header)
     params = dict(header.get("parameters") or {})
-    params["priority"] = priority
+    params[PRIORITY] = priority
     header["parameters"] = params
     head = json.dumps(header, separators=(",", ":")).encode()
     if body.header_length is None:
@@ -282,34 +238,21 @@ def parse_generate(body: bytes) -> dict[str, Any]:
     return doc
 
 
-def generate_llm_facts(doc: dict[str, Any], kv: KVCost, count: TokenCounter | None = None) -> LLMFacts:
+def generate_stated(doc: dict[str, Any], kv: KVCost | None, class_key: str) -> Stated:
+    """What a generate body states: its fields are the model's inputs, `parameters` the request's."""
+    if kv is None:
+        return _json_stated(doc.get("parameters"), class_key)
     text = doc.get(kv.prompt_input)
-    if text is None:
-        prompts: list[Prompt] = [None]
-    else:
-        prompts = [_utf8(v) for v in _flatten(text)]
+    prompts = () if text is None else tuple([_utf8(v) for v in _flatten(text)])
     raw = doc.get(kv.max_tokens_input)
-    max_tokens: list[int | None] = []
-    if raw is not None:
-        max_tokens = list(_int_list(_flatten(raw), kv.max_tokens_input))
-    if not max_tokens:
-        found = _param_max_tokens(doc.get("parameters"))
-        if found is None and "sampling_parameters" in doc:
-            sp = doc["sampling_parameters"]
-            found = _sampling_max_tokens(sp if isinstance(sp, str) else json.dumps(sp))
-        if found is not None:
-            max_tokens = [found]
-    return _facts(prompts, max_tokens, count)
-
-
-def generate_class(doc: dict[str, Any], key: str) -> str | None:
-    return _class_value(doc.get("parameters"), key)
+    return _json_stated(doc.get("parameters"), class_key, prompts, () if raw is None else tuple(_flatten(raw)),
+                        doc.get(SAMPLING))
 
 
 def generate_with_priority(doc: dict[str, Any], priority: int) -> bytes:
     out = dict(doc)
     params = dict(out.get("parameters") or {})
-    params["priority"] = priority
+    params[PRIORITY] = priority
     out["parameters"] = params
     return json.dumps(out, separators=(",", ":")).encode()
 
@@ -318,102 +261,59 @@ def generate_with_priority(doc: dict[str, Any], priority: int) -> bytes:
 # gRPC ModelInferRequest
 
 
-def grpc_llm_facts(request: Any, kv: KVCost, count: TokenCounter | None = None) -> LLMFacts:
-    """Facts from a `service_pb2.ModelInferRequest` (contents or raw_input_contents)."""
-    raw = list(request.raw_input_contents)
+def _grpc_elements(request: Any, index: int, tensor: Any, datatype: str) -> list[Any] | None:
+    """A gRPC input's elements, from raw_input_contents (as `datatype`) or its contents; None: it
+    has neither."""
+    raw = request.raw_input_contents
+    if len(raw):
+        if index >= len(raw):
+            raise BadRequest(f"raw_input_contents has no entry for input {tensor.name!r}")
+        return decode_elements(raw[index], datatype, tensor.name)
+    contents = tensor.contents
+    fields = ("bytes_contents",) if datatype == "BYTES" else _NUMBER_CONTENTS
+    return next((list(values) for values in (getattr(contents, f) for f in fields) if len(values)), None)
+
+
+def _grpc_parameter(request: Any, key: str) -> Any:
+    """A request parameter's value, whatever its kind; None: not sent."""
+    if key not in request.parameters:
+        return None
+    param = request.parameters[key]
+    kind = param.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(param, kind)
+
+
+def grpc_stated(request: Any, kv: KVCost | None, class_key: str) -> Stated:
+    """What a `service_pb2.ModelInferRequest` states; its tensors are read only for an LLM (`kv`)."""
+    class_parameter = None
+    if class_key in request.parameters:
+        param = request.parameters[class_key]
+        if param.WhichOneof("parameter_choice") != "string_param":
+            raise BadRequest(f"parameter {class_key!r} must be a string naming a traffic class")
+        class_parameter = param.string_param
+    names_priority = PRIORITY in request.parameters
+    if kv is None:
+        return Stated(class_parameter=class_parameter, names_priority=names_priority)
     prompts: list[Prompt] = []
-    max_tokens: list[int | None] = []
+    budget: list[Any] = []
+    sampling = None
     for index, tensor in enumerate(request.inputs):
-        shm = "shared_memory_region" in tensor.parameters
         if tensor.name == kv.prompt_input:
-            if raw:
-                if index >= len(raw):
-                    raise BadRequest(f"raw_input_contents has no entry for input {tensor.name!r}")
-                prompts = list(decode_bytes_elements(raw[index]))
-            elif len(tensor.contents.bytes_contents):
-                prompts = list(tensor.contents.bytes_contents)
-            elif shm:
+            elements = _grpc_elements(request, index, tensor, "BYTES")
+            if elements is not None:
+                prompts = elements
+            elif "shared_memory_region" in tensor.parameters:
                 prompts = [None]
             else:
                 raise BadRequest(f"input {tensor.name!r} carries no data")
         elif tensor.name == kv.max_tokens_input:
-            if raw:
-                if index < len(raw):
-                    max_tokens = list(decode_ints(raw[index], tensor.datatype or "INT32"))
-            else:
-                c = tensor.contents
-                values = list(c.int_contents) or list(c.int64_contents) or list(c.uint_contents) or list(c.uint64_contents)
-                max_tokens = [int(v) for v in values]
-        elif tensor.name == "sampling_parameters":
-            data = None
-            if raw and index < len(raw):
-                blob = bytes(raw[index])
-                data = blob[4:4 + struct.unpack_from("<I", blob, 0)[0]] if len(blob) >= 4 else None
-            elif len(tensor.contents.bytes_contents):
-                data = tensor.contents.bytes_contents[0]
-            found = _sampling_max_tokens(data) if data is not None else None
-            if found is not None and not max_tokens:
-                max_tokens = [found]
-    if not max_tokens and "max_tokens" in request.parameters:
-        param = request.parameters["max_tokens"]
-        kind = param.WhichOneof("parameter_choice")
-        if kind in ("int64_param", "uint64_param"):
-            max_tokens = [int(getattr(param, kind))]
-    if not prompts:
-        prompts = [None]
-    return _facts(prompts, max_tokens, count)
-
-
-def grpc_class(request: Any, key: str) -> str | None:
-    if key not in request.parameters:
-        return None
-    param = request.parameters[key]
-    if param.WhichOneof("parameter_choice") != "string_param":
-        raise BadRequest(f"parameter {key!r} must be a string naming a traffic class")
-    return param.string_param
+            budget = _grpc_elements(request, index, tensor, tensor.datatype or "INT32") or []
+        elif tensor.name == SAMPLING:
+            elements = _grpc_elements(request, index, tensor, "BYTES")
+            sampling = elements[0] if elements else None
+    return Stated(class_parameter=class_parameter, names_priority=names_priority, prompts=tuple(prompts),
+                  budget_tensor=tuple(budget), sampling=sampling, budget_parameter=_grpc_parameter(request, MAX_TOKENS))
 
 
 def grpc_set_priority(request: Any, priority: int) -> None:
-    request.parameters["priority"].uint64_param = priority
-
-
-# ------------------------------------------------------------------------------------------------
-# traffic class
-
-
-def resolve_class(policy: Any, header_value: str | None, param_value: str | None) -> Any:
-    """The request's class: the header, else the request parameter, else the policy's default.
-    An unknown name is a 400 (a typo must not silently become the default class)."""
-    name = header_value if header_value else param_value
-    if not name:
-        return policy.class_named(policy.default_class)
-    found = policy.class_named(name.strip())
-    if found is None:
-        known = ", ".join(c.name for c in policy.classes)
-        raise BadRequest(f"unknown traffic class {name!r}; known classes: {known}")
-    return found
-
-
-# ------------------------------------------------------------------------------------------------
-# tenant
-
-
-def resolve_tenant(header_value: str | None) -> str:
-    """The request's tenant: the tenant header's value, or `default` when it is absent or empty.
-
-    Any name is accepted (tenants the policy does not list get its `default_tenant` quota), but
-    only in the policy's name syntax: the value becomes part of error bodies, logs and a
-    dictionary key, so a value that could not be a tenant name is a 400 rather than carried along.
-    """
-    if header_value is None:
-        return DEFAULT_TENANT
-    name = header_value.strip()
-    if not name:
-        return DEFAULT_TENANT
-    if len(name) > NAME_MAX_LENGTH or not _TENANT_NAME.fullmatch(name):
-        shown = name if len(name) <= 40 else name[:40] + "..."
-        raise BadRequest(
-            f"tenant {shown!r} is not a tenant name: use letters, digits, '_', '.' and '-' (starting with a "
-            f"letter or digit), at most {NAME_MAX_LENGTH} characters"
-        )
-    return name
+    request.parameters[PRIORITY].uint64_param = priority

@@ -12,8 +12,8 @@
 -- Triton), tg_stats (key.."\td" finished, key.."\ts" their seconds, key.."\tb"..i those whose
 -- seconds fall in latency bucket i (the sidecar's histogram bounds; one past the last: longer),
 -- key.."\to" overflowed, key.."\tp" the most in flight at once since the control plane last read
--- the counts, key.."\te" / "\tf" / "\tc" those that ended in Triton's error, unreachable, or with
--- the client gone).
+-- the counts, key.."\tx"..e those that ended as `e`, the status 400 and up, or "down": what the
+-- sidecar's one classification of ends names, sidecar/accounting.py's `outcome`).
 -- `$tg_lane` (set "" at server level, so an error_page redirect keeps it) names the key whose count
 -- a request holds; the log phase gives it back however the request ended.
 
@@ -25,14 +25,17 @@ local caps = ngx.shared.tg_caps
 local inflight = ngx.shared.tg_inflight
 local stats = ngx.shared.tg_stats
 
--- Rendered from the policy by sidecar/nginx_front.py through M.configure.
+-- Rendered from the policy by sidecar/nginx_front.py through M.configure. The priority parameter's
+-- name is sidecar/reading.py's: a request naming one goes to Python, which rewrites it by its one rule.
 local class_var, tenant_var = "http_x_traffic_class", "http_x_tenant"
 local class_json, class_raw, default_class = '"traffic_class"', "traffic_class", "normal"
+local priority_json, priority_raw = nil, nil -- from M.configure, never a copy of the name here
 local bounds = {} -- the sidecar's latency histogram bounds, in seconds, ascending
 
 function M.configure(cfg)
     class_var, tenant_var, default_class = cfg.class_var, cfg.tenant_var, cfg.default_class
     class_json, class_raw = '"' .. cfg.class_parameter .. '"', cfg.class_parameter
+    priority_json, priority_raw = '"' .. cfg.priority_parameter .. '"', cfg.priority_parameter
     bounds = cfg.buckets
 end
 
@@ -112,7 +115,7 @@ function M.http(model)
             return decided(model)
         end
     end
-    local at = find(body, '"priority"', 1, true)
+    local at = find(body, priority_json, 1, true)
     if at and at <= head then
         return decided(model)
     end
@@ -146,7 +149,7 @@ function M.grpc()
     end
     local model = sub(body, at, at + len - 1)
     local rest = at + len
-    if header(tenant_var) ~= nil or find(body, "priority", rest, true) then
+    if header(tenant_var) ~= nil or find(body, priority_raw, rest, true) then
         return decided_grpc(model)
     end
     local class = header(class_var)
@@ -171,22 +174,20 @@ function M.grpc()
     return take(model .. "\t" .. (class or default_class), decided_grpc, model)
 end
 
--- How a lane request ended, as the Python path's outcomes name it (sidecar/lane.py's OUTCOMES):
--- "f" Triton could not be reached, "c" the client left, "e" Triton answered an error (an HTTP
--- status of 400 or more, or a gRPC status other than OK in its trailers or headers); nil: ok.
-local function failure(how)
+-- How a lane request ended, for the sidecar to name (sidecar/accounting.py's `outcome`): "down" when
+-- Triton could not be reached, else the status the client got, a gRPC status other than OK in the
+-- trailers or headers counting as 500 (as tritongen_decide.lua reports a carried call's). Tallied
+-- apart only from 400 up: by that rule every other end is ok, and the done count holds it. nil: ok.
+local function ended(how)
     if how == "down" then
-        return "f"
+        return "down"
     end
     local status = ngx.status
-    if status == 499 then
-        return "c"
+    if status < 400 and require("tritongen_decide").grpc_failure() then
+        status = 500
     end
     if status >= 400 then
-        return "e"
-    end
-    if require("tritongen_decide").grpc_failure() then
-        return "e"
+        return status
     end
     return nil
 end
@@ -200,9 +201,9 @@ function M.log(how)
     inflight:incr(key, -1)
     local seconds = ngx.now() - ngx.req.start_time()
     stats:incr(key .. "\td", 1, 0)
-    local failed = failure(how)
-    if failed then
-        stats:incr(key .. "\t" .. failed, 1, 0)
+    local tally = ended(how)
+    if tally then
+        stats:incr(key .. "\tx" .. tally, 1, 0)
     end
     stats:incr(key .. "\ts", seconds, 0)
     local i = 1
@@ -215,8 +216,8 @@ end
 -- The control plane (sidecar/lane_control.py), on a Unix socket only the sidecar knows:
 -- POST sets the slots (`model<TAB>class<TAB>slots` lines; pairs not listed lose their lane); any
 -- method answers the counts, `model<TAB>class<TAB>inflight<TAB>done<TAB>seconds<TAB>overflow<TAB>peak
--- <TAB>buckets<TAB>failed` (buckets: the count in each latency bucket, comma-separated, the longer
--- ones last; failed: those that ended in an error, unreachable, client gone, comma-separated).
+-- <TAB>buckets<TAB>ends` (buckets: the count in each latency bucket, comma-separated, the longer
+-- ones last; ends: `end=count` for each end tallied apart, comma-separated).
 function M.control()
     if ngx.req.get_method() == "POST" then
         ngx.req.read_body()
@@ -234,14 +235,19 @@ function M.control()
             caps:set(key, cap)
         end
     end
-    local seen = {}
+    local seen, ends = {}, {}
     for _, key in ipairs(inflight:get_keys(0)) do
         seen[key] = true
     end
     for _, stat in ipairs(stats:get_keys(0)) do
-        local key = match(stat, "^(.*)\t[dsopbefc]%d*$")
+        local key, kind, tally = match(stat, "^(.*)\t([dsopbx])(%w*)$")
         if key then
             seen[key] = true
+            if kind == "x" then
+                local list = ends[key] or {}
+                list[#list + 1] = tally .. "=" .. (stats:get(stat) or 0)
+                ends[key] = list
+            end
         end
     end
     local out = {}
@@ -253,9 +259,7 @@ function M.control()
         end
         out[#out + 1] = concat({ key, now, stats:get(key .. "\td") or 0, stats:get(key .. "\ts") or 0,
                                  stats:get(key .. "\to") or 0, stats:get(key .. "\tp") or now,
-                                 concat(buckets, ","),
-                                 concat({ stats:get(key .. "\te") or 0, stats:get(key .. "\tf") or 0,
-                                          stats:get(key .. "\tc") or 0 }, ",") }, "\t")
+                                 concat(buckets, ","), concat(ends[key] or {}, ",") }, "\t")
         stats:set(key .. "\tp", now)  -- the peak is per reading: it starts again from what is in flight
     end
     ngx.header["Content-Type"] = "text/plain"

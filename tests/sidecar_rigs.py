@@ -90,6 +90,15 @@ def tenant_usage(state: AdmissionState, tenant: str) -> tuple[int, int]:
     return state.inflight_of_tenant(tenant), state.reserved_of_tenant(tenant)
 
 
+def generate_facts(doc: dict[str, Any], kv: Any, count: Any = None) -> Any:
+    """What the one reader (sidecar/reading.py) reads of a generate body's prompts and budget for a
+    model of KV cost `kv`: the `LLMFacts` its price is computed from."""
+    from sidecar import protocol, reading
+
+    stated = protocol.generate_stated(doc, kv, "traffic_class")
+    return reading.sequences(stated.prompts, reading.budget(stated, kv.max_tokens_input), count)
+
+
 # ------------------------------------------------------------------------------------------------
 # The proxies before an upstream of the test's own (the loopback tests in tests/integration/)
 
@@ -130,6 +139,168 @@ async def started_http_proxy(upstream_port: int, policy: Any, token: str | None 
                       Admin(token=token, status=dict, reload=no_reload))
     await proxy.start()
     return proxy, state, metrics
+
+
+# ------------------------------------------------------------------------------------------------
+# The paths a request takes, without a listener (unit tests): the decision socket's protocol fed
+# bytes as nginx sends them, and a gRPC stream relayed to a Triton of the test's own
+
+
+class FakeTransport:
+    """nginx's end of one decision-socket connection: what the sidecar writes to it is kept; closing
+    it tells the protocol on the next loop turn, as asyncio's transports do."""
+
+    def __init__(self, protocol: Any) -> None:
+        self.protocol = protocol
+        self.data = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        assert not self.closed, "written after close"
+        self.data += data
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            import asyncio
+
+            asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+
+class NginxSide:
+    """One connection nginx opens to the decision socket (sidecar/decisions.py), as the protocol object
+    the socket would make for it: `send` what nginx sends, `answer` reads back what it was answered."""
+
+    def __init__(self, server: Any) -> None:
+        from sidecar.decisions import _Connection
+
+        self.conn = _Connection(server)
+        self.transport = FakeTransport(self.conn)
+        self.conn.connection_made(self.transport)
+
+    def send(self, data: bytes) -> None:
+        self.conn.data_received(data)
+
+    def admit(self, model: str, op: str, body: bytes, klass: str = "", tenant: str = "", header_length: str = "",
+              start: str = "") -> None:
+        self.send(f"admit\t{model}\t{op}\t{klass}\t{tenant}\t{header_length}\t{start}\t{len(body)}\n".encode() + body)
+
+    def carried(self, model: str, op: str, body: bytes, **fields: str) -> int:
+        """An admit granted at once and confirmed (`ok`) as nginx confirms a grant it read: its id."""
+        self.admit(model, op, body, **fields)
+        answer = self.answer()
+        assert answer is not None and answer[0][0] == "admit", answer
+        self.send(f"ok\t{answer[0][1]}\n".encode())
+        return int(answer[0][1])
+
+    def answer(self) -> tuple[list[str], bytes] | None:
+        """The next whole answer (its fields, its body), taken; None when there is none yet."""
+        data = self.transport.data
+        at = data.find(b"\n")
+        if at < 0:
+            return None
+        fields = data[:at].decode().split("\t")
+        size = int(fields[-1])
+        body = bytes(data[at + 1:at + 1 + size])
+        del data[:at + 1 + size]
+        return fields, body
+
+
+async def decision_server(policy: Any) -> tuple[Any, Any, Any]:
+    """A DecisionServer never started (no socket) on its own admission parts, with both proxies it
+    prepares requests through: (server, state, metrics)."""
+    from pathlib import Path
+
+    from sidecar.decisions import DecisionServer
+    from sidecar.grpc_proxy import GrpcProxy
+    from sidecar.http_proxy import Admin, HttpProxy
+
+    async def no_reload(why: str) -> tuple[bool, str]:
+        return False, why
+
+    state, metrics, controller, health = await admission_parts(policy)
+    http = HttpProxy("127.0.0.1:1", controller, health, metrics, lambda: policy,
+                     Admin(token=None, status=dict, reload=no_reload))
+    grpc = GrpcProxy("127.0.0.1:1", controller, health, metrics, lambda: policy)
+    return DecisionServer(Path("never-bound.sock"), http, grpc, controller, health), state, metrics
+
+
+class TritonStream:
+    """Triton's side of one ModelStreamInfer call: each request written is kept and answered by one
+    final response; `on_write(request)` runs as it arrives (while its reservation is held)."""
+
+    def __init__(self, on_write: Any = None) -> None:
+        import asyncio
+
+        self.sent: list[Any] = []
+        self.on_write = on_write
+        self.replies: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    async def initial_metadata(self) -> tuple[()]:
+        return ()
+
+    async def trailing_metadata(self) -> tuple[()]:
+        return ()
+
+    async def write(self, data: bytes) -> None:
+        from tritonclient.grpc import service_pb2 as pb
+
+        request = pb.ModelInferRequest.FromString(data)
+        self.sent.append(request)
+        if self.on_write is not None:
+            self.on_write(request)
+        reply = pb.ModelStreamInferResponse()
+        reply.infer_response.id = request.id
+        reply.infer_response.parameters["triton_final_response"].bool_param = True
+        self.replies.put_nowait(reply.SerializeToString())
+
+    async def done_writing(self) -> None:
+        self.replies.put_nowait(None)
+
+    def cancel(self) -> None:
+        self.replies.put_nowait(None)
+
+    def __aiter__(self) -> Any:
+        return self._replies()
+
+    async def _replies(self) -> Any:
+        while (reply := await self.replies.get()) is not None:
+            yield reply
+
+
+class StreamClient:
+    """The client's side of a ModelStreamInfer call, for the relay: what was written back to it."""
+
+    def __init__(self) -> None:
+        self.written: list[Any] = []
+
+    async def write(self, data: bytes) -> None:
+        from tritonclient.grpc import service_pb2 as pb
+
+        self.written.append(pb.ModelStreamInferResponse.FromString(data))
+
+    async def send_initial_metadata(self, metadata: Any) -> None:
+        pass
+
+    def set_trailing_metadata(self, metadata: Any) -> None:
+        pass
+
+
+async def relay_stream(proxy: Any, requests: list[bytes], metadata: Any = (), on_write: Any = None) -> tuple[Any, Any]:
+    """`requests` through sidecar/grpc_stream.py's relay of one stream, to a `TritonStream`:
+    (Triton's side, the client's side) once the stream ended."""
+    from sidecar.grpc_stream import StreamRelay
+
+    async def client() -> Any:
+        for raw in requests:
+            yield raw
+
+    upstream, context = TritonStream(on_write), StreamClient()
+    await StreamRelay(proxy, upstream, tuple(metadata), context).run(client())  # type: ignore[arg-type]
+    return upstream, context
 
 
 # ------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from sidecar.accounting import Accounting
 from sidecar.admission import AdmissionState
 from sidecar.admission_limits import LowerShare
 from sidecar.admission_types import QUEUE_WAIT, Action, Cost, Request
@@ -165,7 +166,7 @@ def test_the_lanes_spare_slots_are_the_policys() -> None:
         clock = FakeClock()
         state = AdmissionState(parse_policy(doc), clock)
         front = _Front({("cls", "normal"): LaneCounts(inflight=10, peak=10)})
-        lane = LaneControl(front, state, SidecarMetrics(), lambda: True, lambda: None, clock=clock)
+        lane = LaneControl(front, state, Accounting(state, SidecarMetrics()), lambda: True, lambda: None, clock=clock)
         clock.advance(0.02)
         return asyncio.run(lane.sync())[("cls", "normal")]
 

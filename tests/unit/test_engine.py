@@ -353,11 +353,12 @@ def test_simulate_engine_option_and_served_vllm_configs() -> None:
 
 
 def test_the_sidecar_reads_max_tokens_sent_as_a_numeric_string() -> None:
-    from sidecar.protocol import _param_max_tokens, _sampling_max_tokens
+    from sidecar.reading import BadRequest, Stated, budget
 
-    assert _sampling_max_tokens('{"max_tokens": "100"}') == 100  # vLLM's own sample client sends strings
-    assert _param_max_tokens({"max_tokens": "7"}) == 7
-    assert _param_max_tokens({"max_tokens": True}) is None
+    assert budget(Stated(sampling='{"max_tokens": "100"}'), "max_tokens") == (100,)  # vLLM's own client sends strings
+    assert budget(Stated(budget_parameter="7"), "max_tokens") == (7,)
+    with pytest.raises(BadRequest, match="must hold integers"):  # one rule on every path (issue 45): a 400
+        budget(Stated(budget_parameter=True), "max_tokens")
 
 
 def test_a_profile_carries_the_engine_section_its_spec_states() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.controller import upstream_outcome
+from sidecar.accounting import upstream_outcome
 from sidecar.metrics import SidecarMetrics
 from tritongen.core.diagnosis import diagnose
 from tritongen.core.diagnosis_inputs import ClassTarget, Headroom, ModelWindow, ServerSnapshot, Targets

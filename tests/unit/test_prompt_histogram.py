@@ -16,7 +16,7 @@ from sidecar.controller import AdmissionController
 from sidecar.cost import cost_for
 from sidecar.metrics import PROMPT_TOKEN_BUCKETS, PROMPT_TOKENS_METRIC, SidecarMetrics
 from tritongen.core.sidecar_policy.schema import parse_policy
-from tests.sidecar_rigs import FakeClock, policy_doc
+from tests.sidecar_rigs import FakeClock, generate_facts, policy_doc
 from tritongen.core.diagnosis import diagnose
 from tritongen.core.diagnosis_inputs import PROMPT_HISTOGRAM, Targets
 from tritongen.doctor import Endpoint, parse_metrics, snapshot
@@ -39,7 +39,7 @@ def send(ctl: AdmissionController, prompt_bytes: int) -> None:
     model = ctl.state.model_policy("llm")
     assert model.kv is not None
     doc = protocol.parse_generate(b'{"text_input": "%s", "max_tokens": 4}' % (b"x" * prompt_bytes))
-    cost = cost_for(model, protocol.generate_llm_facts(doc, model.kv))
+    cost = cost_for(model, generate_facts(doc, model.kv))
 
     async def one() -> None:
         async with ctl.admit("llm", "normal", cost, "acme"):
@@ -110,7 +110,7 @@ def test_only_stated_prompts_of_admitted_llm_requests_are_observed() -> None:
     model = ctl.state.model_policy("llm")
     assert model.kv is not None
     unknown = cost_for(model, None)  # a prompt the sidecar cannot read: charged a full context
-    batch = cost_for(model, protocol.generate_llm_facts({"text_input": ["ab", "abcd"]}, model.kv))
+    batch = cost_for(model, generate_facts({"text_input": ["ab", "abcd"]}, model.kv))
     assert unknown.prompt_lengths == () and batch.prompt_lengths == (2, 4)
 
     async def run() -> None:

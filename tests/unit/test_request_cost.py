@@ -1,21 +1,17 @@
 """What a request costs, since those numbers are what admission decides by: the cost model
-(sidecar/cost.py: KV blocks, hybrids, defaults, prefill peaks) and the facts read from requests
-(sidecar/protocol.py: HTTP infer and generate bodies, gRPC requests, class and tenant).
+(sidecar/cost.py: KV blocks, hybrids, defaults, prefill peaks). What is read from requests is
+tests/unit/test_request_reading.py's, the same reading on every path tests/unit/test_request_table.py's.
 """
 
 from __future__ import annotations
 
-import json
-import struct
-
 import pytest
 
-from sidecar import protocol
 from sidecar.admission_types import Cost
 from sidecar.cost import LLMFacts, cost_for, kv_bytes_for, llm_cost, prefill_peak_bytes, sequence_tokens
 from tests.sidecar_rigs import policy_doc
 from tritongen.core.sidecar_policy.kv_cost import CappedKV, KVCost, PrefillPoint
-from tritongen.core.sidecar_policy.schema import SidecarPolicy, parse_policy
+from tritongen.core.sidecar_policy.schema import parse_policy
 
 
 # ------------------------------------------------------------------------------------------------
@@ -91,127 +87,3 @@ def test_cost_for_classic_and_llm_without_facts() -> None:
     assert cost_for(policy.model_named("cls"), None) == Cost(request_bytes=100)  # type: ignore[arg-type]
     llm = cost_for(policy.model_named("llm"), None)  # type: ignore[arg-type]
     assert llm.kv_bytes == 100 * 10 and llm.tokens == 100  # a full context
-
-
-# ------------------------------------------------------------------------------------------------
-# reading requests
-
-
-def bytes_tensor(*items: bytes) -> bytes:
-    return b"".join(struct.pack("<I", len(i)) + i for i in items)
-
-
-def test_http_infer_json_facts_and_priority_rewrite() -> None:
-    doc = {"id": "r1", "inputs": [
-        {"name": "text_input", "shape": [1, 1], "datatype": "BYTES", "data": [["héllo"]]},
-        {"name": "max_tokens", "shape": [1, 1], "datatype": "INT32", "data": [[7]]},
-    ], "parameters": {"traffic_class": "batch"}}
-    body = protocol.parse_infer(json.dumps(doc).encode(), None)
-    facts = protocol.infer_llm_facts(body, KV)
-    assert list(facts.prompt_bytes) == [6] and list(facts.max_tokens) == [7]
-    assert protocol.infer_class(body, "traffic_class") == "batch"
-    out, length = protocol.infer_with_priority(body, 3)
-    assert length is None
-    rewritten = json.loads(out)
-    assert rewritten["parameters"] == {"traffic_class": "batch", "priority": 3}
-    assert rewritten["id"] == "r1" and rewritten["inputs"] == doc["inputs"]
-
-
-def test_http_infer_binary_facts_and_rewrite_keep_tensor_bytes() -> None:
-    text = bytes_tensor(b"abc", b"defgh")
-    mt = struct.pack("<2i", 5, 9)
-    header = json.dumps({"inputs": [
-        {"name": "text_input", "shape": [2, 1], "datatype": "BYTES", "parameters": {"binary_data_size": len(text)}},
-        {"name": "max_tokens", "shape": [2, 1], "datatype": "INT32", "parameters": {"binary_data_size": len(mt)}},
-    ]}).encode()
-    body = protocol.parse_infer(header + text + mt, str(len(header)))
-    facts = protocol.infer_llm_facts(body, KV)
-    assert list(facts.prompt_bytes) == [3, 5] and list(facts.max_tokens) == [5, 9]
-    out, length = protocol.infer_with_priority(body, 1)
-    assert length is not None and out[int(length):] == text + mt  # tensor bytes untouched
-    assert json.loads(out[: int(length)])["parameters"]["priority"] == 1
-
-
-@pytest.mark.parametrize(
-    ("body", "length", "message"),
-    [
-        (b"{not json", None, "not valid"),
-        (b"[1, 2]", None, "must be an object"),
-        (b'{"inputs": 3}', None, "needs `inputs`"),
-        (b'{"inputs": []}', "x", "is not a number"),
-        (b'{"inputs": []}', "999", "outside the body"),
-        (b'{"inputs": [{"name": "a", "parameters": {"binary_data_size": 10}}]}', None, "binary data"),
-        (b'{"inputs": [], "parameters": 5}', None, "must be a JSON object"),
-    ],
-)
-def test_http_infer_malformed(body: bytes, length: str | None, message: str) -> None:
-    with pytest.raises(protocol.BadRequest, match=message):
-        protocol.parse_infer(body, length)
-
-
-def test_bytes_tensor_truncated_is_malformed() -> None:
-    with pytest.raises(protocol.BadRequest, match="length prefix"):
-        protocol.decode_bytes_elements(b"\x01\x00")
-    with pytest.raises(protocol.BadRequest, match="runs past"):
-        protocol.decode_bytes_elements(struct.pack("<I", 10) + b"abc")
-
-
-def test_generate_facts_class_and_priority() -> None:
-    doc = protocol.parse_generate(b'{"text_input": "hello", "max_tokens": 4, "parameters": {"traffic_class": "interactive"}}')
-    facts = protocol.generate_llm_facts(doc, KV)
-    assert list(facts.prompt_bytes) == [5] and list(facts.max_tokens) == [4]
-    assert protocol.generate_class(doc, "traffic_class") == "interactive"
-    assert json.loads(protocol.generate_with_priority(doc, 1))["parameters"]["priority"] == 1
-    doc2 = protocol.parse_generate(b'{"text_input": "hi", "parameters": {"max_tokens": 9}}')
-    assert list(protocol.generate_llm_facts(doc2, KV).max_tokens) == [9]
-    doc3 = protocol.parse_generate(b'{"text_input": "hi", "sampling_parameters": "{\\"max_tokens\\": 11}"}')
-    assert list(protocol.generate_llm_facts(doc3, KV).max_tokens) == [11]
-    with pytest.raises(protocol.BadRequest, match="must hold integers"):
-        protocol.generate_llm_facts(protocol.parse_generate(b'{"text_input": "x", "max_tokens": "many"}'), KV)
-    with pytest.raises(protocol.BadRequest, match="must be a string"):
-        protocol.generate_class(protocol.parse_generate(b'{"parameters": {"traffic_class": 3}}'), "traffic_class")
-
-
-def test_grpc_facts_from_contents_and_raw() -> None:
-    from tritonclient.grpc import service_pb2 as pb
-
-    request = pb.ModelInferRequest(model_name="tinyllm")
-    t = request.inputs.add(name="text_input", datatype="BYTES", shape=[1, 1])
-    t.contents.bytes_contents.append(b"hello!")
-    m = request.inputs.add(name="max_tokens", datatype="INT32", shape=[1, 1])
-    m.contents.int_contents.append(12)
-    facts = protocol.grpc_llm_facts(request, KV)
-    assert list(facts.prompt_bytes) == [6] and list(facts.max_tokens) == [12]
-
-    raw = pb.ModelInferRequest(model_name="tinyllm")
-    raw.inputs.add(name="text_input", datatype="BYTES", shape=[1, 1])
-    raw.inputs.add(name="max_tokens", datatype="INT64", shape=[1, 1])
-    raw.raw_input_contents.append(bytes_tensor(b"abcd"))
-    raw.raw_input_contents.append(struct.pack("<q", 33))
-    raw.parameters["traffic_class"].string_param = "batch"
-    facts = protocol.grpc_llm_facts(raw, KV)
-    assert list(facts.prompt_bytes) == [4] and list(facts.max_tokens) == [33]
-    assert protocol.grpc_class(raw, "traffic_class") == "batch"
-    protocol.grpc_set_priority(raw, 3)
-    assert raw.parameters["priority"].uint64_param == 3
-    raw.parameters["traffic_class"].int64_param = 1
-    with pytest.raises(protocol.BadRequest, match="must be a string"):
-        protocol.grpc_class(raw, "traffic_class")
-
-
-def test_resolve_class() -> None:
-    policy: SidecarPolicy = parse_policy(policy_doc())
-    assert protocol.resolve_class(policy, None, None).name == "normal"
-    assert protocol.resolve_class(policy, "batch", "interactive").name == "batch"  # the header wins
-    assert protocol.resolve_class(policy, None, "interactive").name == "interactive"
-    with pytest.raises(protocol.BadRequest, match="unknown traffic class 'vip'; known classes: interactive, normal, batch"):
-        protocol.resolve_class(policy, "vip", None)
-
-
-def test_resolve_tenant() -> None:
-    assert protocol.resolve_tenant(None) == "default"
-    assert protocol.resolve_tenant("  ") == "default"
-    assert protocol.resolve_tenant(" acme-eu.1 ") == "acme-eu.1"
-    for bad in ("a b", "-x", "x" * 129, "ten\u00e4nt", "a/b"):
-        with pytest.raises(protocol.BadRequest, match="is not a tenant name"):
-            protocol.resolve_tenant(bad)

@@ -150,3 +150,52 @@ def test_policy_opens_categories() -> None:
 ])
 def test_policy_refuses_bad_allow_lists(admin: Any, message: str) -> None:
     assert message in refused(policy_doc(admin_apis=admin))
+
+
+# ------------------------------------------------------------------------------------------------
+# one token check for both doors: Triton's admin APIs and the sidecar's own /sidecar/* endpoints
+
+
+@pytest.mark.parametrize(("authorization", "sidecar_token", "carried"), [
+    (f"Bearer {ADMIN_TOKEN}", None, "authorization"),
+    (None, ADMIN_TOKEN, "x-sidecar-token"),
+    (f"Bearer {ADMIN_TOKEN}", ADMIN_TOKEN, "authorization"),
+    # a Bearer meant for Triton or a gateway beside a valid X-Sidecar-Token: the /sidecar/* copy of
+    # the check refused it (it read X-Sidecar-Token only without a Bearer); the admin check did not
+    ("Bearer for-the-gateway", ADMIN_TOKEN, "x-sidecar-token"),
+    ("Basic for-triton", ADMIN_TOKEN, "x-sidecar-token"),
+    ("Bearer ", ADMIN_TOKEN, "x-sidecar-token"),
+    ("Bearer wrong", "wrong", None),
+    (None, None, None),
+    ("\udcff\udcfe", "\udcff", None),  # not UTF-8 (aiohttp's surrogates): refused, not a 500 as in both copies
+])
+def test_one_token_check(authorization: str | None, sidecar_token: str | None, carried: str | None) -> None:
+    assert admin_apis.authorised(authorization, sidecar_token, ADMIN_TOKEN) == carried
+    assert admin_apis.authorised(authorization, sidecar_token, None) is None  # no token configured: never
+
+
+def test_the_sidecars_own_endpoints_take_the_same_check_and_answer_alike() -> None:
+    """GET /sidecar/status and POST /sidecar/reload: the HTTP proxy's door, on the one check, refused
+    with the admin APIs' status and body shape (reason, category), 401 with a Bearer challenge."""
+    from types import SimpleNamespace
+
+    from multidict import CIMultiDict
+
+    from sidecar.http_proxy import Admin, HttpProxy
+    from sidecar.upstream import UpstreamHealth
+
+    def door(token: str | None, **headers: str) -> Any:
+        proxy = HttpProxy("127.0.0.1:1", None, UpstreamHealth(None), None,  # type: ignore[arg-type]
+                          lambda: parse_policy(policy_doc()), Admin(token=token, status=dict, reload=None))  # type: ignore[arg-type]
+        return proxy._authorised(SimpleNamespace(headers=CIMultiDict(headers)))  # type: ignore[arg-type]
+
+    assert door(ADMIN_TOKEN, Authorization=f"Bearer {ADMIN_TOKEN}") is None
+    assert door(ADMIN_TOKEN, Authorization="Bearer for-the-gateway", **{"X-Sidecar-Token": ADMIN_TOKEN}) is None
+    refused = door(ADMIN_TOKEN, Authorization="Bearer wrong")
+    body = json.loads(refused.body)
+    assert refused.status == 401 and refused.headers["WWW-Authenticate"] == "Bearer"
+    assert body["reason"] == "admin_api_restricted" and body["category"] == "sidecar"
+    assert "status and reload endpoints" in body["error"] and "X-Sidecar-Token" in body["error"]
+    assert "admin_apis" not in body["error"]  # they cannot be opened to every client
+    unset = door(None, Authorization=f"Bearer {ADMIN_TOKEN}")
+    assert unset.status == 403 and "--token-file" in json.loads(unset.body)["error"]

@@ -12,6 +12,7 @@ import pytest
 from sidecar.admission import AdmissionState
 from sidecar.admission_types import Action, Cost, Request
 from sidecar.lane import LaneCounts, caps_body, demand, lane_keys, parse_counts, spare_slots, target_slots
+from sidecar.accounting import Accounting
 from sidecar.lane_control import LaneControl
 from sidecar.metrics import LATENCY_BUCKETS, SidecarMetrics, add_observations
 from sidecar.nginx_front import FrontAddresses, NginxInstall, render_config
@@ -59,20 +60,24 @@ def test_targets_grow_with_demand_shrink_to_in_flight_when_something_waits_and_c
 
 def test_control_text_round_trips_and_ignores_what_it_cannot_read() -> None:
     assert caps_body({("b", "normal"): 2, ("a", "batch"): 7}) == "a\tbatch\t7\nb\tnormal\t2\n"
-    counts = parse_counts("a\tnormal\t3\t100\t0.5\t2\t9\t90,10,0\t4,1,2\nbroken line\n"
-                          "b\tnormal\tx\t1\t1\t1\t1\t1\t0,0,0\nc\tnormal\t1\t1\t1\t1\t1\t1\n\n")
+    counts = parse_counts("a\tnormal\t3\t100\t0.5\t2\t9\t90,10,0\t500=4,down=1,499=2\nbroken line\n"
+                          "b\tnormal\tx\t1\t1\t1\t1\t1\t\nc\tnormal\t1\t1\t1\t1\t1\t1\n"
+                          "d\tnormal\t1\t1\t1\t1\t1\t1\tgone=1\ne\tnormal\t0\t1\t0.1\t0\t0\t\t\n\n")
     assert counts == {("a", "normal"): LaneCounts(inflight=3, done=100, seconds=0.5, overflow=2, peak=9,
-                                                  buckets=(90, 10, 0), failed=(4, 1, 2))}
+                                                  buckets=(90, 10, 0), ends=(("499", 2), ("500", 4), ("down", 1))),
+                      ("e", "normal"): LaneCounts(done=1, seconds=0.1)}
 
 
-def test_lane_requests_reach_the_outcome_and_admission_counters_the_python_path_fills() -> None:
-    """sidecar_requests_finished_total and sidecar_requests_admitted_total count lane requests too,
-    by the outcome nginx told apart, since the previous reading."""
+def test_lane_requests_reach_every_counter_the_python_path_fills() -> None:
+    """One accounting (sidecar/accounting.py): sidecar_requests_finished_total by the outcome its one
+    classification names from the statuses nginx tallied apart, sidecar_requests_admitted_total,
+    and (issue 45: the lane skipped them) the tenant's admissions and the queue wait, since the
+    previous reading."""
     state, clock = state_of(models=[classic("cls", max_inflight=40)])
     lane, front, _ = control(state, clock, [True])
-    front.counts = {N: LaneCounts(done=5, seconds=0.04, failed=(1, 0, 0))}
+    front.counts = {N: LaneCounts(done=5, seconds=0.04, ends=(("500", 1),))}
     sync(lane, clock)
-    front.counts = {N: LaneCounts(done=9, seconds=0.1, failed=(1, 2, 1))}
+    front.counts = {N: LaneCounts(done=9, seconds=0.1, ends=(("404", 1), ("499", 1), ("500", 1), ("down", 2)))}
     sync(lane, clock)
     text = lane.metrics.exposition().decode()
 
@@ -80,11 +85,15 @@ def test_lane_requests_reach_the_outcome_and_admission_counters_the_python_path_
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(series + " "))
 
     finished = 'sidecar_requests_finished_total{class="normal",model="cls",outcome="%s"}'
-    assert sample(finished % "ok") == 5
-    assert sample(finished % "upstream_error") == 1
+    assert sample(finished % "ok") == 4
+    assert sample(finished % "upstream_error") == 2  # the 500 of the first reading, the 404 of the second
     assert sample(finished % "upstream_failed") == 2
     assert sample(finished % "client_disconnect") == 1
     assert sample('sidecar_requests_admitted_total{class="normal",model="cls"}') == 9
+    assert sample('sidecar_tenant_requests_admitted_total{tenant="default"}') == 9
+    assert sample('sidecar_queue_wait_seconds_count{class="normal"}') == 9
+    assert sample('sidecar_queue_wait_seconds_bucket{class="normal",le="0.0005"}') == 9  # a free slot waits nothing
+    assert sample('sidecar_lane_requests_total{class="normal",model="cls"}') == 9
 
 
 def test_lane_requests_reach_the_latency_histogram_the_python_path_fills() -> None:
@@ -178,7 +187,8 @@ class FakeFront:
 def control(state: AdmissionState, clock: FakeClock, up: list[bool]) -> tuple[LaneControl, FakeFront, list[int]]:
     front = FakeFront()
     dispatched: list[int] = []
-    lane = LaneControl(front, state, SidecarMetrics(), lambda: up[0], lambda: dispatched.append(1), clock=clock)
+    lane = LaneControl(front, state, Accounting(state, SidecarMetrics()), lambda: up[0], lambda: dispatched.append(1),
+                       clock=clock)
     return lane, front, dispatched
 
 

@@ -10,13 +10,12 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from sidecar import protocol
 from sidecar.cost import llm_cost
 from tritongen.core.sidecar_policy.kv_cost import KVCost
 from tritongen.core.sidecar_policy.schema import PolicyError, parse_policy
 from sidecar.tokens import load_counters
 from tests.helpers import EXAMPLES, run_cli
-from tests.sidecar_rigs import policy_doc
+from tests.sidecar_rigs import generate_facts, policy_doc
 
 
 def word_tokenizer(path: Path) -> Path:
@@ -37,8 +36,8 @@ def test_the_tokenizer_counts_where_the_ratio_would_guess(tmp_path: Path) -> Non
     assert count(b"hello brave new world") == 4
     kv = KVCost(bytes_per_token=10, bytes_per_token_source="analytic", max_context=100, prompt_bytes_per_token=1.0)
     body = {"text_input": "hello brave new world", "max_tokens": 6}
-    exact = llm_cost(kv, protocol.generate_llm_facts(body, kv, count))
-    guessed = llm_cost(kv, protocol.generate_llm_facts(body, kv))
+    exact = llm_cost(kv, generate_facts(body, kv, count))
+    guessed = llm_cost(kv, generate_facts(body, kv))
     assert (exact.prompt_tokens, exact.tokens) == (4, 10)  # 4 prompt tokens + 6
     assert (guessed.prompt_tokens, guessed.tokens) == (21, 27)  # one byte per token, the safe bound
 
