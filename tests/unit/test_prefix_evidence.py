@@ -44,3 +44,11 @@ def test_the_verdict_reaches_the_engine_model() -> None:
     )
     measured = measured_from_profile(engine)
     assert measured.prefix_caching is True and measured.prefix_caching_evidence == probe.evidence
+
+
+def test_a_probe_that_could_not_tell_is_a_gap_a_profile_can_hold() -> None:
+    from tritongen.core.profile_types import MeasurementGap
+
+    probe = judge_prefix_cache([_sample(64, 5.0, 2.0, spread=4.0)], prefill_ms_per_token=0.01)
+    gap = MeasurementGap(measurement="prefix cache", unseen=probe.evidence, inferred="the engine's files")
+    assert gap.measurement == "prefix cache"
