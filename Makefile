@@ -23,7 +23,8 @@ $(STAMP): pyproject.toml $(VLLM_LOCK)
 # The sidecar's native front (sidecar/nginx_front.py) is nginx with its Lua module, from Debian. Installed
 # here when missing and this is root with apt-get (CI); otherwise this says what to install. policy-rc.d
 # keeps the package from starting a system nginx on port 80 (the sidecar starts its own, on its ports).
-NGINX_PACKAGES := nginx-light libnginx-mod-http-lua
+# The package list is read from the file the sidecar image's Containerfile installs from too.
+NGINX_PACKAGES := $(shell cat requirements/nginx-debian.txt)
 nginx:
 	@if [ -x /usr/sbin/nginx ] && [ -e /usr/lib/nginx/modules/ngx_http_lua_module.so ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \

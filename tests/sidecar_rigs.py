@@ -1,7 +1,7 @@
 """What the sidecar's tests share, unit and loopback alike: a clock the test moves, a small policy
 document and the admission state on it, the admission parts and started HTTP proxy that the
 loopback tests (tests/integration/*_loopback.py) put in front of their fake upstreams, and
-Triton's APIs by category.
+Triton's APIs by category, and the sidecar image's Containerfile read as instructions.
 
 Kept apart from tests/helpers.py (paths, CLI runners, fixture builders for every test) so that
 what only the sidecar's tests read is found in one place. The repository a real tritonserver
@@ -11,11 +11,14 @@ repository builders.
 
 from __future__ import annotations
 
+import json
 from itertools import count
+from pathlib import Path
 from typing import Any
 
 from sidecar.admission import AdmissionState
 from sidecar.admission_types import Cost, Request
+from tests.helpers import REPO_ROOT
 from tritongen.core.sidecar_policy.schema import parse_policy
 
 # ------------------------------------------------------------------------------------------------
@@ -378,3 +381,48 @@ async def started_grpc_server(handler: Any) -> tuple[Any, int]:
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     return server, port
+
+
+# ------------------------------------------------------------------------------------------------
+# The sidecar image (Containerfile): its invariants' unit tests and the entrypoint's integration
+# test read it the same way
+
+CONTAINERFILE = REPO_ROOT / "Containerfile"
+TINI = ["/usr/bin/tini", "--"]  # the image's PID 1, before our entrypoint
+
+
+def containerfile_instructions(path: Path = CONTAINERFILE) -> list[tuple[str, str]]:
+    """(INSTRUCTION, its arguments) in order: comment and blank lines dropped, a line ending in a
+    backslash joined to the next, as the builder reads them."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for line in path.read_text().splitlines():
+        if line.lstrip().startswith("#") or (not pending and not line.strip()):
+            continue
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1]
+            continue
+        keyword, _, rest = (pending + line).strip().partition(" ")
+        pending = ""
+        out.append((keyword.upper(), rest.strip()))
+    return out
+
+
+def containerfile_values(keyword: str, path: Path = CONTAINERFILE) -> list[str]:
+    """The arguments of every KEYWORD instruction, in order."""
+    return [rest for key, rest in containerfile_instructions(path) if key == keyword]
+
+
+def image_entrypoint(path: Path = CONTAINERFILE) -> list[str]:
+    """The ENTRYPOINT, which must be in exec (JSON) form: a shell form would put sh at PID 1 and
+    keep SIGTERM from the sidecar."""
+    (text,) = containerfile_values("ENTRYPOINT", path)
+    argv = json.loads(text)
+    assert isinstance(argv, list) and all(isinstance(a, str) for a in argv), text
+    return argv
+
+
+def image_user(path: Path = CONTAINERFILE) -> tuple[int, int]:
+    """(uid, gid) of the last USER instruction, the one the container runs as; numeric or an error."""
+    uid, _, gid = containerfile_values("USER", path)[-1].partition(":")
+    return int(uid), int(gid)

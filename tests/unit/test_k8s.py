@@ -28,6 +28,7 @@ from tritongen.k8s import (
 )
 from tritongen.k8s_warmup import warmup_request
 from tritongen.render import builtin_templates_dir, render_repository
+from tritongen.sidecar_image import sidecar_argv
 from tritongen.specio import load_spec
 
 K8S_VERSIONS = ["1.28", "1.30", "1.33"]
@@ -199,8 +200,10 @@ def test_service_reaches_both_pools_through_the_sidecar() -> None:
     assert set(ports.values()) <= named
     assert ports["grpc"] == "sidecar-grpc"  # streams are admitted too
     sidecar = container(deployment(result.objects, "hot"), "sidecar")
-    command = sidecar["command"]
-    assert command[:2] == ["tritongen", "sidecar"]
+    # The image's entrypoint runs: the pod sets only its env, which the entrypoint turns into these flags.
+    assert "command" not in sidecar and "args" not in sidecar
+    command = sidecar_argv({e["name"]: e["value"] for e in sidecar["env"]})
+    assert command[0] == "sidecar"
     flag = lambda name: command[command.index(name) + 1]  # noqa: E731
     assert flag("--url") == "127.0.0.1:8000" and flag("--grpc-url") == "127.0.0.1:8001"
     assert flag("--metrics-url") == "http://127.0.0.1:8002/metrics"
@@ -211,6 +214,7 @@ def test_service_reaches_both_pools_through_the_sidecar() -> None:
     assert flag("--listen") == f"0.0.0.0:{declared['sidecar']}"
     assert flag("--grpc-listen") == f"0.0.0.0:{declared['sidecar-grpc']}"
     assert flag("--metrics-listen") == f"0.0.0.0:{declared['sidecar-metrics']}"
+    assert flag("--front") == "native"  # the image carries nginx: a sidecar without it must not start slower
     assert sidecar["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "sidecar"}
     pdb = by_kind(result.objects, "PodDisruptionBudget")[0]
     assert pdb["spec"]["selector"]["matchLabels"]["tritongen.io/pool"] == "hot"

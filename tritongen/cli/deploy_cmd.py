@@ -43,7 +43,11 @@ def deploy(
     image: Optional[str] = typer.Option(
         None, "--image", help=f"Triton image, both pools (default {DEFAULT_IMAGE}; {VLLM_IMAGE} for vLLM specs)."
     ),
-    sidecar_image: str = typer.Option(DEFAULT_SIDECAR_IMAGE, "--sidecar-image", help="Image with tritongen installed."),
+    sidecar_image: str = typer.Option(
+        DEFAULT_SIDECAR_IMAGE, "--sidecar-image",
+        help="The sidecar's image, built from the repository's Containerfile (or FROM it): its entrypoint reads "
+        "the TRITONGEN_SIDECAR_* env the pod sets. Push it where the cluster pulls from and name that here.",
+    ),
     namespace: str = typer.Option("default", "--namespace", "-n", help="Namespace of every object."),
     model_store: str = typer.Option(
         "pvc", "--model-store",
