@@ -60,6 +60,7 @@ from tritongen.core.capacity import MINUTES_PER_DAY, CapacityPlan, PrewarmStep, 
 from tritongen.core.file_names import POLICY_FILE as SIDECAR_POLICY_FILE
 from tritongen.core.file_names import SERVER_FLAGS_FILE
 from tritongen.core.spec import DeploymentSpec
+from tritongen.core.triton_releases import EMBEDDED
 from tritongen.dashboard import DashboardOptions, dashboard_json, dashboard_uid
 from tritongen.errors import BadInput
 from tritongen.k8s_templates import k8s_template_env, script_text
@@ -67,8 +68,8 @@ from tritongen.k8s_warmup import warmup_requests
 from tritongen.render import RenderedRepository
 from tritongen.sidecar_image import DEFAULT_SIDECAR_IMAGE, GRPC_PORT, HTTP_PORT, METRICS_PORT, pod_env
 
-DEFAULT_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
-VLLM_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-vllm-python-py3"
+DEFAULT_IMAGE = f"nvcr.io/nvidia/tritonserver:{EMBEDDED}-py3"  # the embedded server's release
+VLLM_IMAGE = f"nvcr.io/nvidia/tritonserver:{EMBEDDED}-vllm-python-py3"
 DEFAULT_KUBECTL_IMAGE = "bitnami/kubectl:1.31"
 DEFAULT_PROMETHEUS_URL = "http://prometheus-operated.monitoring.svc:9090"
 CONFIGMAP_LIMIT_BYTES = 1024 * 1024

@@ -19,7 +19,8 @@ import yaml
 from tritongen.core.config_rules.catalogue import RULES
 from tritongen.core.findings import Finding
 from tritongen.core.llmapi_rules import model_yaml_findings, triton_config_findings
-from tritongen.core.trtllm_args import MODEL_YAML, TRITON_CONFIG
+from tritongen.core.triton_releases import Release, trtllm_note
+from tritongen.core.trtllm_args import MODEL_YAML, RELEASE, TRITON_CONFIG
 from tritongen.errors import BadInput
 
 MODEL_CODE = "model.py"
@@ -106,16 +107,20 @@ def key_line(root: yaml.Node | None, path: tuple[Any, ...]) -> int | None:
 
 
 def llmapi_findings(name: str, model_dir: Path, config: Any, config_path: str, versions: list[int],
-                    autofill: bool = True) -> list[Finding]:
+                    autofill: bool = True, release: Release | None = None) -> list[Finding]:
     """check's findings on the LLM-API model in `model_dir` (none when it is another model):
-    model.yaml against the release's key table, and its triton_config against config.pbtxt
-    (`config`, a parsed ModelConfig)."""
+    model.yaml against the key table, and its triton_config against config.pbtxt (`config`, a
+    parsed ModelConfig); a TG412 note when the named Triton `release` ships another TensorRT-LLM
+    than the table's. None (no release named) checks against the table's release without a note:
+    the embedded 24.10's TensorRT-LLM 0.14 predates the LLM-API Triton model, so it is no default."""
     found = llmapi_model_yaml(model_dir, versions, config.backend or "python")
     if found is None:
         return []
     path = str(found.path)
+    note = trtllm_note(name, path, release, RELEASE) if release is not None else None
+    notes = [note] if note is not None else []
     if found.data is None:
-        return [Finding(RULES["TG401"].severity, "TG401", name, "", f"model '{name}': {MODEL_YAML} {found.error}",
+        return notes + [Finding(RULES["TG401"].severity, "TG401", name, "", f"model '{name}': {MODEL_YAML} {found.error}",
                         f"write {MODEL_YAML} as a YAML mapping of LLM() arguments with a {TRITON_CONFIG} section "
                         "(TensorRT-LLM's triton_backend/all_models/llmapi/tensorrt_llm/1/model.yaml is the template)",
                         path=path, line=found.error_line)]
@@ -123,7 +128,7 @@ def llmapi_findings(name: str, model_dir: Path, config: Any, config_path: str, v
     def line(loc: tuple[Any, ...]) -> int | None:
         return key_line(found.root, loc)
 
-    return model_yaml_findings(name, path, found.data, line) + triton_config_findings(
+    return notes + model_yaml_findings(name, path, found.data, line) + triton_config_findings(
         name, path, found.data, line, config_path=config_path, max_batch_size=int(config.max_batch_size),
         states_decoupled=config.HasField("model_transaction_policy"),
         decoupled=bool(config.model_transaction_policy.decoupled), autofill=autofill)

@@ -25,10 +25,12 @@ from tritongen.core.static_batch import cap_static_batches
 from tritongen.core.file_names import POLICY_FILE
 from tritongen.core.sidecar_policy.build import build_sidecar_policy
 from tritongen.core.sidecar_policy.schema import parse_policy
+from tritongen.core.findings import Finding
+from tritongen.core.triton_releases import Release, release_field_findings, trtllm_note
 from tritongen.core.trtllm_args import MODEL_YAML, RELEASE
 from tritongen.core.trtllm_args_check import check_model_yaml
 from tritongen.errors import BadInput, TritongenError
-from tritongen.pbtxt import ConfigSyntaxError, parse_model_config
+from tritongen.pbtxt import ConfigSyntaxError, field_lines, parse_model_config
 from tritongen.server_flags import SERVER_FLAGS_FILE
 from tritongen.specio import LoadedSpec
 
@@ -264,6 +266,22 @@ def _rmdir_quiet(folder: Path) -> None:
         folder.rmdir()
     except OSError:
         pass
+
+
+def release_findings(rendered: RenderedRepository, release: Release) -> list[Finding]:
+    """What `render --triton-release` says about the files it would write: a config.pbtxt field
+    the release does not know (TG214; the built-in templates write none, a user's template may),
+    one it knows but tritongen does not model (TG215), and a model.yaml whose key table is not the
+    release's TensorRT-LLM (TG412)."""
+    out: list[Finding] = []
+    for path, text in sorted(rendered.files.items()):
+        name = path.split("/")[0]
+        if path.endswith("/config.pbtxt"):
+            out += [f.located(path) for f in release_field_findings(name, field_lines(text), release)]
+        elif path.endswith("/" + MODEL_YAML):
+            note = trtllm_note(name, path, release, RELEASE)
+            out += [note] if note is not None else []
+    return out
 
 
 def render_entry_config(plan: DeploymentPlan, entry_name: str, spec_name: str, templates: Path | None = None) -> str:

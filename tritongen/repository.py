@@ -32,9 +32,10 @@ from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from tritongen.core.config_rules import RULES, check_cross_model, check_model_config, is_ensemble
 from tritongen.core.findings import Finding, count_errors, count_warnings, sort_findings
+from tritongen.core.triton_releases import Release, release_field_findings, resolve
 from tritongen.errors import BadInput
 from tritongen.llmapi_files import llmapi_findings
-from tritongen.pbtxt import ConfigSyntaxError, field_line, parse_model_config
+from tritongen.pbtxt import ConfigSyntaxError, field_line, field_lines, parse_model_config
 from tritongen.shared.nvml import gpu_count
 
 CONFIG_NAME = "config.pbtxt"
@@ -112,6 +113,7 @@ def check_repository(
     gpu_probe: Callable[[], int | None] = detect_gpu_count,
     autofill: bool = True,
     extra_rules: Sequence[ExtraRule] = (),
+    release: Release | None = None,
 ) -> CheckReport:
     """Check every model directory under `root`.
 
@@ -121,8 +123,12 @@ def check_repository(
     when it is known. `autofill=False` is a server started with --disable-auto-complete-config (or
     --strict-model-config=true): fields a model file would fill are then simply missing. Each
     callable in `extra_rules` gets the parsed configs by model name and returns more findings
-    (located here when they name a model and no path).
+    (located here when they name a model and no path). `release` is the Triton release the
+    repository runs on (default: the embedded one): fields newer than it are TG214, and a field it
+    knows that the rules do not model is a TG215 note (core.triton_releases); a named release also
+    says which TensorRT-LLM it ships against model.yaml's key table (TG412).
     """
+    target = release or resolve(None)
     root = Path(root)
     if not root.exists():
         raise BadInput(f"model repository {root} does not exist")
@@ -174,8 +180,10 @@ def check_repository(
                                           autofill_source=_autofill_source(model, model_file) if autofill else None):
             findings.append(_locate(finding, model))
         findings.extend(_file_rules(model))
+        for finding in release_field_findings(model.name, field_lines(model.text or ""), target):
+            findings.append(_locate(finding, model))
         findings.extend(llmapi_findings(model.name, model.directory, model.config, model.display_path,
-                                        model.selected or model.versions[-1:], autofill))
+                                        model.selected or model.versions[-1:], autofill, release))
     # Models that exist but could not be parsed (or have no config) still count as present.
     known: dict[str, ModelConfig] = {name: ModelConfig(name=name) for name in by_name}
     known.update(parsed)

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from tritongen.cli.app import app
-from tritongen.cli.shared import output_from_format, renamed
+from tritongen.cli.shared import TRITON_RELEASE_HELP, output_from_format, renamed, triton_release
 from tritongen.core.findings import Finding
 from tritongen.errors import BadInput
 from tritongen.repository import CheckReport, ExtraRule, check_repository
@@ -88,7 +88,8 @@ def format_github_line(finding: Finding) -> str:
         props.append(f"line={finding.line}")
     props.append(f"title={_escape_property(finding.code + (' ' + finding.field if finding.field else ''))}")
     message = f"{finding.message} (fix: {finding.fix})"
-    return f"::{finding.severity} {','.join(props)}::{_escape_data(message)}"
+    level = "notice" if finding.severity == "note" else finding.severity  # GitHub's word for a note
+    return f"::{level} {','.join(props)}::{_escape_data(message)}"
 
 
 def report_to_json(report: CheckReport) -> str:
@@ -101,12 +102,14 @@ def report_to_json(report: CheckReport) -> str:
 def _print_summary(report: CheckReport, console: Console) -> None:
     models = len(report.models)
     errors, warnings = report.error_count, report.warning_count
+    notes = sum(1 for f in report.findings if f.severity == "note")
     counts = f"{errors} error{'s' * (errors != 1)}, {warnings} warning{'s' * (warnings != 1)}"
+    counts += f", {notes} note{'s' * (notes != 1)}" if notes else ""
     where = f"{models} model{'s' * (models != 1)} in {report.root}"
     gpu = "GPU host" if report.gpu_available else "no GPU on this host"
     if errors:
         line = f"[bold red]✗ {counts}[/]"
-    elif warnings:
+    elif warnings or notes:
         line = f"[bold yellow]✓ {counts}[/]"
     else:
         line = "[bold green]✓ no findings[/]"
@@ -139,6 +142,7 @@ def check(
     profiles: Optional[Path] = typer.Option(
         None, "--profiles", help="Profiles the repository was rendered with (`render --profiles`); needs SPEC."
     ),
+    release: Optional[str] = typer.Option(None, "--triton-release", help=TRITON_RELEASE_HELP),
     output_format: Optional[OutputFormat] = typer.Option(
         None, "--format", "-f", hidden=True, help="Deprecated: --json, --github, or neither for text."
     ),
@@ -146,13 +150,14 @@ def check(
 ) -> None:
     """Check a model repository the way tritonserver loads it; exit 1 on any error finding."""
     spec, directory = spec_and_directory(paths, spec_option)
+    target = triton_release(release)
     chosen = OutputFormat(output_from_format(
         None if output_format is None else output_format.value, {"json": as_json, "github": github}))
     if directory.exists() and not directory.is_dir():
         raise BadInput(f"{directory} is not a directory; give the model repository directory")
     count, source = _gpu_count(gpus, spec)
     report = check_repository(directory, gpu_available=gpu, gpu_count=count, gpu_count_source=source,
-                              autofill=autofill, extra_rules=_spec_rules(spec, profiles, directory))
+                              autofill=autofill, extra_rules=_spec_rules(spec, profiles, directory), release=target)
     if chosen is OutputFormat.json:
         typer.echo(report_to_json(report))
     elif chosen is OutputFormat.github:

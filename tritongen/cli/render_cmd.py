@@ -10,9 +10,11 @@ from rich.console import Console
 from rich.table import Table
 
 from tritongen.cli.app import app
+from tritongen.cli.shared import TRITON_RELEASE_HELP, triton_release
 from tritongen.core.spec import MIB
 from tritongen.profiles import measured_pads_mb, read_profiles
-from tritongen.render import drift, render_repository, write_repository
+from tritongen.errors import BadInput
+from tritongen.render import drift, release_findings, render_repository, write_repository
 from tritongen.specio import load_spec
 
 console = Console()
@@ -27,12 +29,20 @@ def render(
     profiles: Optional[Path] = typer.Option(
         None, "--profiles", help="Profiles from `tritongen profile`: the KV safety pad comes from each LLM's measured prefill peak."
     ),
+    release: Optional[str] = typer.Option(None, "--triton-release", help=TRITON_RELEASE_HELP),
 ) -> None:
     """Render config.pbtxt (and backend files) for every model; atomic, deterministic."""
     loaded = load_spec(spec)
     measured = read_profiles(profiles) if profiles else None
     pads = measured_pads_mb(measured) if measured else None
     rendered = render_repository(loaded, templates, pads, measured)
+    target = triton_release(release)
+    said = release_findings(rendered, target) if target is not None else []
+    refused = [f for f in said if f.severity == "error"]
+    if refused:  # nothing is written: the release would refuse these configs
+        raise BadInput("; ".join(f"{f.path}: {f.message} (fix: {f.fix})" for f in refused))
+    for finding in said:
+        console.print(f"[yellow]note:[/] {finding.path}: {finding.message}", highlight=False, soft_wrap=True)
     if check:
         diff = drift(rendered, out)
         if diff:

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from tritongen.core.simulator import ServiceCurve
+from tritongen.core.triton_releases import EMBEDDED, Release, UnknownRelease, resolve
 from tritongen.errors import BadInput
 
 T = TypeVar("T")
@@ -60,3 +61,20 @@ def output_from_format(old_format: str | None, flags: dict[str, bool], default: 
     if given and given[0] != old_format:
         raise BadInput(f"--{given[0]} and --format {old_format} disagree; give --{given[0]} only (--format is its old spelling)")
     return old_format
+
+
+# ---------------------------------------------------------------------------------------------
+# --triton-release (check, render): one flag, one meaning (tritongen/cli/vocabulary.py).
+
+TRITON_RELEASE_HELP = (f"The Triton release the repository runs on: a container release (25.12) or a server "
+                       f"version (2.64.0). Default: the embedded {EMBEDDED}.")
+
+
+def triton_release(spelling: str | None) -> Release | None:
+    """The named release (None when not named); an unknown one is BadInput listing the known."""
+    if spelling is None:
+        return None
+    try:
+        return resolve(spelling)
+    except UnknownRelease as err:
+        raise BadInput(f"--triton-release: {err}") from None

@@ -52,6 +52,8 @@ SHARED_FLAGS: tuple[SharedFlag, ...] = (
     SharedFlag("--out", "where the command writes (a directory; dashboard: a file, '-' for stdout)",
                ("dashboard", "demo", "deploy", "profile", "render", "tune"), short="-o"),
     SharedFlag("--seed", "seed of the generated arrivals or inputs", ("profile", "simulate", "tune")),
+    SharedFlag("--triton-release", "the Triton release the repository runs on: a container release (25.12) or a "
+               "server version (2.64.0); default the embedded 24.10 (2.51.0)", ("check", "render")),
 )
 
 OLD_SPELLINGS: tuple[OldSpelling, ...] = (

@@ -3,7 +3,9 @@
 A finding is a result, not an exception: the CLI exits 1 when any finding is an error and 0 when
 there are only warnings. `error` means the real tritonserver refuses the model (or hangs or crashes
 on it) when it loads it; `warning` means the server accepts it but the setting is ignored, has no
-effect, or only fails under conditions the checker cannot see (host without GPU, rate limiting on).
+effect, or only fails under conditions the checker cannot see (host without GPU, rate limiting on);
+`note` means nothing is wrong that tritongen can see but something was not checked (a field of a
+newer Triton release whose load rules tritongen does not model), said so rather than passed silently.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Severity = Literal["error", "warning"]
-SEVERITIES: tuple[Severity, ...] = ("error", "warning")
+Severity = Literal["error", "warning", "note"]
+SEVERITIES: tuple[Severity, ...] = ("error", "warning", "note")
 
 
 @dataclass(frozen=True)

@@ -214,6 +214,12 @@ RULES: dict[str, Rule] = rule_table(
            "refused: depends on 'M' whose required version N is not loaded"),
         _r("TG212", "error", "model directory cannot be read", "refused"),
         _r("TG200", "warning", "the repository holds no model directory", "serves nothing"),
+        # the Triton release the repository targets (--triton-release; core.triton_releases): read
+        # from the proto's history, not observed (the embedded server is 2.51 only)
+        _read("TG214", "error", "ModelConfig field added in a later Triton release than the target",
+              "refused: failed to read text proto (the release's ModelConfig has no such field)"),
+        _read("TG215", "note", "ModelConfig field of the target release whose load rules tritongen does not model",
+              "loaded or refused by rules tritongen has not read; parsed, not checked"),
         # TensorRT-LLM's LLM-API model.yaml (tritongen.core.llmapi_rules): what model.py and the
         # release's LLM() do with it, read from their code (no GPU server here to observe it)
         _read("TG401", "error", "LLM-API model.yaml unreadable, not YAML or not a mapping",
@@ -232,5 +238,7 @@ RULES: dict[str, Rule] = rule_table(
         _read("TG408", "warning", "config.pbtxt max_batch_size below triton_config's",
            "loaded; auto_complete_config replaces config.pbtxt's value"),
         _read("TG409", "warning", "triton_config key model.py does not read", "loaded; the key has no effect"),
+        _read("TG412", "note", "the target release ships another TensorRT-LLM than model.yaml's key table",
+              "keys are checked against the table's release, not the shipped one"),
     ]
 )
