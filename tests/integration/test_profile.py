@@ -74,6 +74,7 @@ def profiled(repo: Path, tmp_path_factory) -> tuple[subprocess.CompletedProcess,
     command = tour_command("tritongen profile examples/deployment.yaml --repo")
     where = sandbox(tmp_path_factory.mktemp("profile-tour") / "tour", model_repository=repo)
     result = cli(*command.argv[1:], cwd=where, env=WIDE)
+    assert result.returncode == 0, (command.where(), result.stderr[-3000:], result.stdout[-2000:])
     assert not missing_lines(command, result.stdout, headers_only=True), (command.where(), result.stdout)
     return result, where / command.argv[command.argv.index("-o") + 1]
 
