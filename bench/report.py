@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -62,6 +63,13 @@ def machine() -> str:
             f"commit {commit}{' (uncommitted changes)' if dirty else ''}")
 
 
+def _stop_as_interrupt(signum: int, frame: object) -> None:
+    """SIGTERM as Ctrl-C: the bench's `with` blocks then stop what they started. Python's default
+    for SIGTERM exits at once, and a killed bench left its tritonserver's backend stub and a vLLM
+    engine running for an hour (2026-12-07)."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 @contextmanager
 def saved_report(name: str, results: Path = RESULTS) -> Iterator[Path]:
     """Tee stdout into `results/<name>.md` for the duration of the block."""
@@ -72,10 +80,12 @@ def saved_report(name: str, results: Path = RESULTS) -> Iterator[Path]:
     command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
     real = sys.stdout
     sys.stdout = _Tee(real, buffer)
+    before = signal.signal(signal.SIGTERM, _stop_as_interrupt)
     try:
         yield target
     finally:
         sys.stdout = real
+        signal.signal(signal.SIGTERM, before)
     header = f"# {name}\n\n`{command}`, {started}; {machine()}\n\n```\n"
     partial = target.with_suffix(".md.partial")
     partial.write_text(header + buffer.getvalue().rstrip() + "\n```\n")
