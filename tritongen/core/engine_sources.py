@@ -195,17 +195,9 @@ def _from_llmapi(claims: _Claims, args: Mapping[str, object]) -> None:
     claims.add("kv_pool_tokens", _int(kv.get("max_tokens"), "kv_cache_config.max_tokens", where, m),
                f"kv_cache_config.max_tokens ({where})")
     reuse = kv.get("enable_block_reuse")
-    claims.add("prefix_caching", _llmapi_block_reuse(args),
+    claims.add("prefix_caching", bool(default_of("kv_cache_config", "enable_block_reuse") if reuse is None else reuse),
                f"kv_cache_config.enable_block_reuse ({where})" if reuse is not None
                else f"TensorRT-LLM {RELEASE}'s default enable_block_reuse")
-
-
-def _llmapi_block_reuse(args: Mapping[str, object]) -> bool:
-    """Whether the LLM-API engine reuses KV blocks of shared prefixes (kv_cache_config.enable_block_reuse,
-    the release's default when unstated)."""
-    kv = args.get("kv_cache_config") or {}
-    value = kv.get("enable_block_reuse") if isinstance(kv, Mapping) else None
-    return bool(default_of("kv_cache_config", "enable_block_reuse") if value is None else value)
 
 
 def _from_parameters(claims: _Claims, parameters: Mapping[str, str]) -> None:

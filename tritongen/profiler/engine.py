@@ -206,12 +206,8 @@ class EngineProfiler(EngineCapacity):
         return int(queue.get("ns", 0)), int(queue.get("count", 0))
 
     def _singles(self, inputs) -> list[StreamRecord]:
-        """Single requests one after another (a pause between them); the first warms the path."""
-        single = self._stream(inputs)
-        singles, single_stop = single.start(1, limit=self.settings.prefill_repeats + 1, pause_s=0.06)
-        singles[0].join(60.0)
-        StreamLoad.finish(singles, single_stop)
-        records = singles[0].records[1:]
+        """Single requests one after another (StreamLoad.singles); a failed one is the model's error."""
+        records = self._stream(inputs).singles(self.settings.prefill_repeats)
         failed = [r.error for r in records if r.error not in (None, "stopped")]
         if failed:
             raise ModelFailed(f"model {self.model!r} failed a single request: {failed[0]}")

@@ -269,6 +269,14 @@ class StreamLoad:
         for worker in workers:
             worker.join(max(0.1, deadline - time.monotonic()))
 
+    def singles(self, count: int, timeout_s: float = 60.0) -> list[StreamRecord]:
+        """`count` single requests one after another on one stream, a pause between them, after one
+        more that only warms the path (a new stream's first request is slower): their records."""
+        workers, stop = self.start(1, limit=count + 1, pause_s=0.06)
+        workers[0].join(timeout_s)
+        StreamLoad.finish(workers, stop)
+        return workers[0].records[1:]
+
     def run_level(
         self,
         concurrency: int,

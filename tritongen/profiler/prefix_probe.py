@@ -35,11 +35,8 @@ def _pair_inputs(interface: LLMInterface, prompt_tokens: int, bytes_per_token: f
 
 
 def _first_token_ms(load: StreamLoad) -> list[float]:
-    """PAIRS + 1 requests one after another on one stream; the first tokens of all but the first."""
-    workers, stop = load.start(1, limit=PAIRS + 1, pause_s=0.06)
-    workers[0].join(60.0)
-    StreamLoad.finish(workers, stop)
-    return [r.ttft_s * 1000.0 for r in workers[0].records[1:] if r.error is None and r.ttft_s is not None]
+    """The first tokens of PAIRS single requests (StreamLoad.singles) that did not fail."""
+    return [r.ttft_s * 1000.0 for r in load.singles(PAIRS) if r.error is None and r.ttft_s is not None]
 
 
 def probe_prefix_cache(grpc_url: str, model: str, interface: LLMInterface, bytes_per_token: float,
