@@ -54,6 +54,13 @@ def repo(tmp_path_factory) -> Path:
     write_repository(render_repository(load_spec(SPEC)), root)
     for name in ("ranker", "tinyllm"):
         shutil.copytree(MODEL_REPOSITORY / name / "1", root / name / "1", dirs_exist_ok=True)
+    # A ranker whose queue holds one request: at concurrency 8 its queue policy turns most away.
+    narrow = root / "ranker_narrow"
+    shutil.copytree(MODEL_REPOSITORY / "ranker" / "1", narrow / "1")
+    config = (root / "ranker" / "config.pbtxt").read_text().replace('name: "ranker"', 'name: "ranker_narrow"')
+    config, n = re.subn(r"max_queue_size: \d+", "max_queue_size: 1", config)
+    assert n >= 1, "the rendered ranker config has no max_queue_size to narrow"
+    (narrow / "config.pbtxt").write_text(config)
     tiny = root / "tinyllm_tiny"
     shutil.copytree(MODEL_REPOSITORY / "tinyllm" / "1", tiny / "1")
     (tiny / "config.pbtxt").write_text(_tiny_config((root / "tinyllm" / "config.pbtxt").read_text()))
@@ -254,14 +261,21 @@ def test_model_failing_mid_run_keeps_the_partial_profile(server, tmp_path):
 
 
 @pytest.mark.integration
-def test_profile_by_name_over_url(server, tmp_path):
+def test_profile_by_name_over_url_counts_queue_rejections_as_the_configs(server, tmp_path):
+    """By name, without a spec, on a model whose queue policy rejects most of concurrency 8: the
+    rejections are the served config's finding, so the profile completes and says so (in CI a
+    500 ms REJECT timeout once failed the whole profile on Triton's batcher stall)."""
     out = tmp_path / "o"
-    result = cli("profile", "--model", "ranker", *_url_args(server), "-o", str(out), "--quick", "--concurrency", "1,8")
+    result = cli("profile", "--model", "ranker_narrow", *_url_args(server), "-o", str(out), "--quick", "--concurrency", "1,8")
     assert result.returncode == 0, result.stderr
-    profile = _profile(out, "ranker")
+    profile = _profile(out, "ranker_narrow")
     assert profile.complete and profile.spec_model is None
     assert [lv.concurrency for lv in profile.load_levels] == [1, 8]
     assert profile.fit is not None and profile.memory is not None and profile.memory.probe == "rss"
+    busy = profile.load_levels[1]
+    assert busy.rejected > 0 and busy.errors == 0 and busy.requests > 0, busy
+    assert any("queue policy rejected" in n and "not the model's errors" in n for n in profile.notes), profile.notes
+    assert "failed" not in result.stderr
 
 
 @pytest.mark.integration

@@ -189,7 +189,7 @@ def throughput_at_target(profile: Profile, target_ms: float) -> TargetThroughput
                 continue
             rate = lvl.requests / lvl.duration_s
             seen.append(f"{lvl.concurrency} streams: TTFT p99 {lvl.ttft_p99_ms:.1f} ms")
-            if lvl.errors == 0 and lvl.ttft_p99_ms <= target_ms:
+            if lvl.errors == 0 and lvl.rejected == 0 and lvl.ttft_p99_ms <= target_ms:
                 candidates.append((rate, f"{lvl.concurrency} streams: {rate:.4g} req/s, TTFT p99 {lvl.ttft_p99_ms:.1f} ms"))
         metric = "TTFT P99"
     else:
@@ -197,7 +197,7 @@ def throughput_at_target(profile: Profile, target_ms: float) -> TargetThroughput
             if lvl.p99_ms is None:
                 continue
             seen.append(f"concurrency {lvl.concurrency}: p99 {lvl.p99_ms:.1f} ms")
-            if lvl.errors == 0 and lvl.p99_ms <= target_ms:
+            if lvl.errors == 0 and lvl.rejected == 0 and lvl.p99_ms <= target_ms:
                 candidates.append(
                     (lvl.throughput_per_s, f"concurrency {lvl.concurrency}: {lvl.throughput_per_s:.4g} req/s, p99 {lvl.p99_ms:.1f} ms")
                 )

@@ -83,7 +83,9 @@ class LoadLevel(_Model):
 
     concurrency: int
     requests: int = Field(description="Successful requests in the measured windows.")
-    errors: int = Field(description="Failed requests in the measured windows.")
+    errors: int = Field(description="Requests the model (or the transport) failed in the measured windows.")
+    rejected: int = Field(default=0, description="Requests the served config's queue policy turned away (REJECT "
+                          "timeout, max_queue_size): the config's finding, never the model's error.")
     duration_s: float = Field(description="Measured time (warm-up excluded).")
     windows: int
     converged: bool = Field(description="The last two windows agreed on throughput.")
@@ -153,7 +155,9 @@ class StreamLevel(_Model):
 
     concurrency: int
     requests: int = Field(description="Streams completed in the measured windows.")
-    errors: int
+    errors: int = Field(description="Streams the model (or the transport) failed in the measured windows.")
+    rejected: int = Field(default=0, description="Streams the served config's queue policy turned away (REJECT "
+                          "timeout, max_queue_size): the config's finding, never the model's error.")
     tokens: int = Field(description="Tokens received in the measured windows.")
     duration_s: float
     windows: int

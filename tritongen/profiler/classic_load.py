@@ -18,7 +18,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from tritongen.client import RequestInputs, request_parameters_of
-from tritongen.profiler.load import ModelFailed, RequestRecord, Window, WindowCallback, failing, shorten
+from tritongen.profiler.load import ModelFailed, RequestRecord, Window, WindowCallback, failing, model_errors, shorten
 
 
 def _aio_inputs(inputs: Mapping[str, np.ndarray]):
@@ -201,15 +201,16 @@ class ClassicLoad:
                 w_start = measure_start + len(windows) * window_s
                 await asyncio.sleep(max(0.0, w_start + window_s - time.perf_counter()))
                 ok = sum(1 for r in records if r.error is None and w_start <= r.end < w_start + window_s)
-                bad = [r for r in records if r.error is not None and w_start <= r.end < w_start + window_s]
-                window = Window(len(windows), w_start, window_s, ok, len(bad), ok / window_s)
+                ended = [r.error for r in records if r.error is not None and w_start <= r.end < w_start + window_s]
+                bad = model_errors(ended)  # a queue rejection is the served config's, counted by the level
+                window = Window(len(windows), w_start, window_s, ok, len(ended), ok / window_s)
                 windows.append(window)
                 if on_window is not None:
                     on_window(window)
                 if failing(ok, len(bad)):
                     raise ModelFailed(
-                        f"model {self.model!r} failed {len(bad)} of {ok + len(bad)} requests at concurrency "
-                        f"{concurrency}: {bad[0].error}"
+                        f"model {self.model!r} failed {len(bad)} of {ok + len(ended)} requests at concurrency "
+                        f"{concurrency}: {bad[0]}"
                     )
                 if decide([w.rate for w in windows]):
                     break

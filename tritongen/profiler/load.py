@@ -66,6 +66,22 @@ def failing(window_ok: int, window_errors: int, max_error_fraction: float = 0.5)
     return window_errors >= 2 and window_errors > max_error_fraction * total
 
 
+QUEUE_REJECTIONS = ("Request timeout expired", "Exceeds maximum queue size")
+
+
+def queue_rejected(error: str | None) -> bool:
+    """The served config's queue policy turned the request away (its REJECT timeout or its
+    max_queue_size): the request never reached the model, so it is the config's finding, never the
+    model's failure. Triton 2.51 also holds the odd batch ~500 ms in a batcher with queue policies
+    (docs/server-behaviour.md), which a shorter REJECT timeout turns into this answer."""
+    return error is not None and any(s in error for s in QUEUE_REJECTIONS)
+
+
+def model_errors(errors: Sequence[str | None]) -> list[str]:
+    """The failures that are the model's (or the transport's): every error but queue rejections."""
+    return [e for e in errors if e is not None and not queue_rejected(e)]
+
+
 # ---------------------------------------------------------------------------------------------
 # Streaming models: gRPC streams, threads
 
@@ -307,15 +323,16 @@ class StreamLoad:
                 current = [w.current for w in workers if w.current is not None]
                 tokens = sum(1 for r in records + current for t in list(r.token_times) if w_start <= t < w_end)
                 done = sum(1 for r in records if r.error is None and r.end is not None and w_start <= r.end < w_end)
-                bad = [r for r in records if r.error is not None and r.end is not None and w_start <= r.end < w_end]
-                window = Window(len(windows), w_start, window_s, done, len(bad), tokens / window_s)
+                ended = [r.error for r in records if r.error is not None and r.end is not None and w_start <= r.end < w_end]
+                bad = model_errors(ended)
+                window = Window(len(windows), w_start, window_s, done, len(ended), tokens / window_s)
                 windows.append(window)
                 if on_window is not None:
                     on_window(window)
                 if failing(done, len(bad)) or (bad and tokens == 0 and done == 0):
                     raise ModelFailed(
-                        f"model {self.model!r} failed {len(bad)} of {done + len(bad)} streams at concurrency "
-                        f"{concurrency}: {bad[0].error}"
+                        f"model {self.model!r} failed {len(bad)} of {done + len(ended)} streams at concurrency "
+                        f"{concurrency}: {bad[0]}"
                     )
                 finished = sum(w.ok for w in windows)
                 if decide([w.rate for w in windows]) and (

@@ -9,14 +9,16 @@ memory, streaming and engine sections; held by either, the two would import each
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from tritongen import __version__
 from tritongen.core import profile_math as pm
-from tritongen.core.profile_types import (EngineMeasurement, MeasurementGap, MemorySection, Profile, ProfileSettings,
-                                         StreamingSection, UnaryLLMMeasurement)
+from tritongen.core.profile_types import (EngineMeasurement, LoadLevel, MeasurementGap, MemorySection, Profile,
+                                         ProfileSettings, StreamingSection, StreamLevel, UnaryLLMMeasurement)
 from tritongen.profiler.classic import ClassicResult
+from tritongen.profiler.load import queue_rejected
 from tritongen.profiler.targets import Target
 
 
@@ -70,5 +72,21 @@ class ProfileBuilder:
             variant=c.variant,
             llm=self.llm,
             gaps=self.gaps,
-            notes=c.notes,
+            notes=[*c.notes, *rejection_notes(c.levels, "requests"),
+                   *rejection_notes(self.streaming.levels if self.streaming else [], "streams")],
         )
+
+
+def rejection_notes(levels: Sequence[LoadLevel | StreamLevel], unit: str) -> list[str]:
+    """One line per level whose requests the served queue policy turned away: the profile goes on
+    (they never reached the model), and says that the level's latencies are of the requests served."""
+    notes = []
+    for level in levels:
+        if level.rejected:
+            rejections = [e for e in level.error_samples if queue_rejected(e)]
+            notes.append(
+                f"concurrency {level.concurrency}: the served config's queue policy rejected {level.rejected} of "
+                f"{level.requests + level.errors + level.rejected} {unit} ({rejections[0] if rejections else 'queue rejection'}); "
+                f"not the model's errors: its latencies are of the {level.requests} served, and capacity is not read from it"
+            )
+    return notes

@@ -38,7 +38,7 @@ from tritongen.core.profile_types import LoadLevel, MemorySection, Profile, Prof
 from tritongen.errors import RunFailed, TritongenError
 from tritongen.profiler.engine import ASSUMED_BYTES_PER_TOKEN, assumed_bytes_per_token_gap
 from tritongen.profiler.classic import SCALING_INSTANCES, ClassicProfiler, batch_scan_rows, gathering_variant
-from tritongen.profiler.load import RequestRecord, Window, distinct_errors
+from tritongen.profiler.load import RequestRecord, Window, distinct_errors, model_errors, queue_rejected
 from tritongen.profiler.memory import MemoryProbe, NullProbe, NvmlProbe, ProcFS, StubRssProbe, steady_value, stub_parents
 from tritongen.profiler.profile_builder import ProfileBuilder
 from tritongen.profiler.streaming_steps import StreamingSteps
@@ -350,7 +350,8 @@ class Profiler(StreamingSteps):
         return LoadLevel(
             concurrency=concurrency,
             requests=len(ok),
-            errors=len(measured) - len(ok),
+            errors=len(model_errors([r.error for r in measured])),
+            rejected=sum(1 for r in measured if queue_rejected(r.error)),
             duration_s=round(end - start, 3),
             windows=len(windows),
             converged=pm.level_done(rates, 1, max(1, len(rates)), s.agreement)[1],

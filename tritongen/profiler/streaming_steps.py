@@ -19,18 +19,10 @@ from tritongen.core.profile_types import KVMeasurement, MeasurementGap, MemorySe
 from tritongen.core.prometheus import kv_gauges, parse_prometheus
 from tritongen.errors import RunFailed, TritongenError
 from tritongen.profiler.engine import EngineProfiler, engine_settings, interface_of
-from tritongen.profiler.load import ModelFailed, StreamLoad, StreamRecord, Window, distinct_errors
+from tritongen.profiler.load import ModelFailed, StreamLoad, StreamRecord, Window, distinct_errors, model_errors, queue_rejected
 from tritongen.profiler.memory import MemoryProbe, PeakSampler, steady_value
 from tritongen.profiler.profile_builder import ProfileBuilder
 from tritongen.profiler.targets import Target, stream_inputs
-
-_QUEUE_REJECTIONS = ("Request timeout expired", "Exceeds maximum queue size")
-
-
-def _queue_rejected(error: str | None) -> bool:
-    """The served config's queue policy turned the request away (it never reached the model)."""
-    return error is not None and any(s in error for s in _QUEUE_REJECTIONS)
-
 
 KV_HOLD_ATTEMPTS = 3  # KV hold runs before giving up on the gauges
 KV_HOLD_QUEUE_ATTEMPTS = 8  # ... when what failed was only the queue policy rejecting a stream
@@ -141,7 +133,8 @@ class StreamingSteps:
         return StreamLevel(
             concurrency=concurrency,
             requests=len(ok),
-            errors=len(finished) - len(ok),
+            errors=len(model_errors([r.error for r in finished])),
+            rejected=sum(1 for r in finished if queue_rejected(r.error)),
             tokens=tokens,
             duration_s=round(end - start, 3),
             windows=len(windows),
@@ -304,7 +297,7 @@ class StreamingSteps:
         timeout fires even when the server is idle, so a lone request can fail that way."""
         record = stream.one(inputs)
         for _ in range(attempts - 1):
-            if not _queue_rejected(record.error):
+            if not queue_rejected(record.error):
                 break
             memory.notes.append(f"a single request was rejected by the queue and retried: {record.error}")
             record = stream.one(inputs)
@@ -349,7 +342,7 @@ class StreamingSteps:
             # reading counts until every stream is in. Triton 2.51 holds the odd request ~500 ms in a
             # batcher with priority levels (see _single), so with many streams one attempt in three
             # can lose one: queue rejections get more attempts than other failures do.
-            queue_only = bool(errors) and all(_queue_rejected(e) for e in errors)
+            queue_only = bool(errors) and all(queue_rejected(e) for e in errors)
             if attempt >= (KV_HOLD_QUEUE_ATTEMPTS if queue_only else KV_HOLD_ATTEMPTS):
                 break
             self._wait_pool_drained(target.name)
