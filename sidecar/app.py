@@ -41,6 +41,7 @@ from sidecar.headroom import HeadroomChain, HeadroomSource, SourceFailed, Source
 from sidecar.http_proxy import Admin, HttpProxy
 from sidecar.lane_control import LaneControl
 from sidecar.metrics import SidecarMetrics
+from sidecar.stream_path import stream_path
 from sidecar.nginx_front import (
     FrontAddresses, NativeFrontUnavailable, NginxFront, NginxInstall, decision_socket, find_nginx,
 )
@@ -467,7 +468,8 @@ class Sidecar:
                            "grpc": self.config.grpc_upstream}
         out["headroom_sources"] = dict(self.chain.state) if self.chain else {}
         out["front"] = {"kind": self.front_kind, "lane": self.lane.status() if self.lane is not None else {},
-                        "carried": self.decisions.status() if self.decisions is not None else {}}
+                        "carried": self.decisions.status() if self.decisions is not None else {},
+                        "grpc_streams": stream_path(self.policy, self.nginx is not None).status()}
         return out
 
     async def _metrics_handler(self, request: web.Request) -> web.Response:

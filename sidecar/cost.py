@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sidecar.admission_types import EXCEEDS_BUDGET, EXCEEDS_CONTEXT, Cost
 from tritongen.core.sidecar_policy.kv_cost import KVCost, PrefillPoint
@@ -137,3 +137,12 @@ def _classic_cost(request_bytes: int) -> Cost:
     """A classic request's cost, one frozen value per size: making a Cost of nine fields took 1.5 µs
     of every classic request, the pass-through's hot path."""
     return Cost(request_bytes=request_bytes)
+
+
+def carried_stream_cost(model: ModelPolicy) -> Cost:
+    """A gRPC stream nginx carries (sidecar/stream_path.py): its requests are unseen, so it is charged
+    as one request of unknown prompt (a full context's tokens), but with no KV and no prefill peak
+    reserved: streams are carried only to engines that queue when their KV is full, where a request
+    the sidecar did not price waits in the engine instead of failing. Its slot still counts against
+    the model's in-flight limits (the engine's sequence limit, the concurrency quotas)."""
+    return replace(cost_for(model, None), kv_bytes=0, prefill_bytes=0, prompt_lengths=())

@@ -22,10 +22,16 @@ length-prefixed so no JSON parser is needed in Lua):
                  `refuse\tSTATUS\tRETRY_AFTER\tN\n` + N bytes of JSON (for OP `grpc_infer`, a gRPC
                  ModelInfer whose body is its protobuf unframed: STATUS is the gRPC code's number and
                  the N bytes its status message)
+                 `pass\t\t\t0\n`: not carried this way (OP `grpc_stream` while streams are relayed):
+                 nginx hands the call to the Python listener
   nginx -> here  `ok\tID\n` on the same connection once it read a grant (a connection that closes
                  before it: the client left, the grant goes back),
                  `first\tID\n`, `end\tID\tSTATUS\tEVENTS\tHOW\tN\n` + N bytes of the engine's error
-                 (HOW: "ok", or "down" when nginx could not reach Triton); no answer.
+                 (HOW: "ok", or "down" when nginx could not reach Triton); no answer. Before a carried
+                 stream's end, `stream\tID\tREQUESTS\tFINALS\tERRORS\n`: the requests its response
+                 frames named, how many ended (final flag or error response), how many with an error.
+OP `grpc_stream` (a gRPC ModelStreamInfer as it opens, sidecar/stream_path.py) has no model and no
+body: the sidecar attributes the stream to the policy's streaming model and admits a slot of it.
 
 A message the sidecar cannot read is logged and answered where nginx waits for an answer (an admit:
 a refusal with status 500 saying so, gRPC INTERNAL); an `end` whose id can be read releases its
@@ -50,13 +56,16 @@ from sidecar.controller import AdmissionController, Rejected, Ticket
 from sidecar.grpc_proxy import GrpcProxy
 from sidecar.http_proxy import Answer, HttpProxy, Prepared
 from sidecar.nginx_front import WORKER_CONNECTIONS
+from sidecar.stream_path import CARRIED, stream_path
 from sidecar.upstream import UpstreamHealth
 
 log = logging.getLogger("tritongen.sidecar")
 
 GRPC_INFER = "grpc_infer"  # the op nginx names a gRPC ModelInfer by (its body: the request's protobuf, unframed)
-OPS = frozenset({"infer", "generate", "generate_stream", GRPC_INFER})
-FIELDS = {"admit": 8, "ok": 2, "first": 2, "end": 6}  # each message's tab-separated fields
+GRPC_STREAM = "grpc_stream"  # a gRPC ModelStreamInfer as it opens (no model, no body: sidecar/stream_path.py)
+OPS = frozenset({"infer", "generate", "generate_stream", GRPC_INFER, GRPC_STREAM})
+FIELDS = {"admit": 8, "ok": 2, "first": 2, "end": 6, "stream": 5}  # each message's tab-separated fields
+PASS = b"pass\t\t\t0\n"  # "not carried this way": nginx hands the call to the Python listener
 _GRPC_INTERNAL = 13
 
 
@@ -141,6 +150,11 @@ class DecisionServer:
             self.decide(conn, fields, body)
         elif kind == "first":
             self.first(_number(fields, 1, "first", "id"))
+        elif kind == "stream":
+            if len(fields) != FIELDS["stream"]:
+                raise Unreadable(f"stream: {len(fields)} fields, {FIELDS['stream']} expected")
+            self.stream_requests(_number(fields, 1, "stream", "id"), _number(fields, 2, "stream", "requests"),
+                                 _number(fields, 3, "stream", "finals"), _number(fields, 4, "stream", "errors"))
         else:  # "end": its reservation goes back whatever else in it cannot be read
             rid = _number(fields, 1, "end", "id")
             try:
@@ -158,12 +172,19 @@ class DecisionServer:
         self.controller.metrics.front_wait.observe(before_s)
         policy = self.proxy.policy()
         refused: Callable[[Rejected], Answer]
-        if op == GRPC_INFER:
+        if op in (GRPC_INFER, GRPC_STREAM):
             metadata = tuple((k, v) for k, v in ((policy.class_header, klass), (policy.tenant_header, tenant)) if v)
             if self.grpc is None:
                 conn.close()  # nginx serves gRPC only where the sidecar has a gRPC upstream
                 return
-            prepared = self.grpc.prepare_carried(body, metadata)
+            if op == GRPC_STREAM:
+                path = stream_path(policy, native_front=True)
+                if path.mode != CARRIED or path.model is None:  # a reload moved streams to the relay
+                    conn.answer(PASS)
+                    return
+                prepared = self.grpc.prepare_stream(path.model, metadata)
+            else:
+                prepared = self.grpc.prepare_carried(body, metadata)
             refused = self.grpc.refused_carried
         else:
             headers = {}
@@ -184,7 +205,7 @@ class DecisionServer:
         try:
             suspended = entering.send(None)  # in the common case it returns (or refuses) without waiting
         except StopIteration as done:
-            self._granted(conn, admission, done.value, prepared, body)
+            self._granted(conn, admission, done.value, prepared, body, op)
             return
         except Rejected as rejected:
             conn.answer(_refusal(refused(rejected)))
@@ -202,14 +223,17 @@ class DecisionServer:
                 log.error("a queued decision failed: %r", error)
                 conn.close()
             else:
-                self._granted(conn, admission, task.result(), prepared, body)
+                self._granted(conn, admission, task.result(), prepared, body, op)
             conn.resume()
 
         conn.waiting = waiting
         waiting.add_done_callback(settled)
 
-    def _granted(self, conn: _Connection, admission: Any, ticket: Ticket, prepared: Prepared, body: bytes) -> None:
+    def _granted(self, conn: _Connection, admission: Any, ticket: Ticket, prepared: Prepared, body: bytes,
+                 op: str) -> None:
         ticket.started()
+        if op == GRPC_STREAM:  # counted once, as it goes upstream
+            self.controller.metrics.grpc_streams.labels(CARRIED).inc()
         self.held[ticket.id] = (admission, ticket)
         if conn.transport is None:  # granted as nginx's socket closed: the client left, nothing went upstream
             self.end(ticket.id, CLIENT_CLOSED, 0, UNSENT, b"")
@@ -223,6 +247,19 @@ class DecisionServer:
         held = self.held.get(rid)
         if held is not None:
             held[1].first_token()
+
+    def stream_requests(self, rid: int, requests: int, finals: int, errors: int) -> None:
+        """How the requests inside a carried stream ended, as nginx read them from its response
+        frames (sent just before the stream's end): `requests` seen, `finals` of them ended (final
+        flag, or an error response), `errors` with an error response."""
+        held = self.held.get(rid)
+        if held is None:
+            return
+        model = self.controller.accounting.label(held[1].model)
+        counter = self.controller.metrics.stream_requests
+        for outcome, n in (("ended", finals - errors), ("error", errors), ("unfinished", requests - finals)):
+            if n > 0:
+                counter.labels(model, outcome).inc(n)
 
     def end(self, rid: int, status: int, events: int, how: str, error: bytes) -> None:
         """nginx reported the end of a request it carried (`how`: accounting's words, or ERROR for an

@@ -46,14 +46,15 @@ from sidecar.controller import (
     unavailable,
 )
 from sidecar.admission_types import Cost
-from sidecar.cost import cost_for
+from sidecar.cost import carried_stream_cost, cost_for
 from sidecar.grpc_metadata import (
     Metadata, abort_like, call_metadata, grpc_code, header_value, relay_reply_metadata,
 )
 from sidecar.grpc_stream import STREAM_BUFFER_BYTES, StreamRelay, error_reply
 from sidecar.http_proxy import Answer, Prepared
 from sidecar.metrics import SidecarMetrics
-from sidecar.reading import Reading, read
+from sidecar.reading import Reading, read, resolve_class, resolve_tenant
+from sidecar.stream_path import RELAY
 from sidecar.upstream import Reconnecting, UpstreamHealth
 from tritongen.core.sidecar_policy.schema import SidecarPolicy
 
@@ -228,6 +229,23 @@ class GrpcProxy:
         data = request.SerializeToString() if reading.priority is not None else raw
         return Prepared(reading, cost, data, CIMultiDict())
 
+    def prepare_stream(self, model_name: str, metadata: Metadata) -> Prepared | Answer:
+        """A ModelStreamInfer nginx carries (sidecar/stream_path.py), as it opens: its class and tenant
+        from the metadata, a slot of `model_name` priced by `carried_stream_cost`, or the refusal
+        (INVALID_ARGUMENT for an unknown class or a malformed tenant, UNAVAILABLE while Triton is down)."""
+        if not self.health.up:
+            return self._down()
+        policy = self.policy()
+        model = self.controller.state.model_policy(model_name)
+        try:
+            klass = resolve_class(policy, header_value(metadata, policy.class_header), None)
+            tenant = resolve_tenant(header_value(metadata, policy.tenant_header))
+        except protocol.BadRequest as err:
+            self.metrics.malformed.labels("grpc").inc()
+            return _grpc_answer(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {err}")
+        return Prepared(Reading(model_name, klass.name, tenant, None, None), carried_stream_cost(model), b"",
+                        CIMultiDict())
+
     def _parsed(self, raw: bytes, metadata: Metadata) -> tuple[Any, Reading, Cost] | Answer:
         """(the request with its priority set, its reading, its price), or the malformed answer."""
         try:
@@ -317,6 +335,7 @@ class GrpcProxy:
             await self._stream_unavailable(requests, context)
             return
         assert self.channel is not None
+        self.metrics.grpc_streams.labels(RELAY).inc()
         metadata = call_metadata(context)
         upstream = self.channel.stream_stream(MODEL_STREAM_INFER)(metadata=metadata, timeout=context.time_remaining())
         await StreamRelay(self, upstream, metadata, context).run(requests)

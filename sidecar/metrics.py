@@ -121,6 +121,15 @@ class SidecarMetrics:
                                 "that nginx may fill without asking (counted in sidecar_inflight_requests).",
                                 ["class", "model"], registry=r)
 
+        # gRPC ModelStreamInfer: which way each stream went (sidecar/stream_path.py)
+        self.grpc_streams = Counter("sidecar_grpc_streams", "gRPC ModelStreamInfer calls, by the way they went: "
+                                    "'carried' (nginx, one decision per stream) or 'relay' (Python, every request "
+                                    "and token).", ["path"], registry=r)
+        self.stream_requests = Counter("sidecar_carried_stream_requests", "Requests inside the streams nginx "
+                                       "carried, as its response frames showed them ending: 'ended' (final flag), "
+                                       "'error' (an error response), 'unfinished' (the stream closed first).",
+                                       ["model", "outcome"], registry=r)
+
     def exposition(self, names: Sequence[str] = ()) -> bytes:
         """The text format; only the series `names` when given (`GET /metrics?name[]=...`, as
         prometheus_client's own handlers take it): a watcher that samples one gauge often need not

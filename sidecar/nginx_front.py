@@ -8,12 +8,12 @@ to Triton; every other HTTP model request (`infer` with a class, a tenant or a p
 `generate`, `generate_stream`) goes to Triton too, once Python has decided on it
 (sidecar/decisions.py, sidecar/tritongen_decide.lua: nginx asks, waits while the request is
 queued, and reports its first token and end), so no byte of an HTTP model request crosses Python.
-gRPC `ModelInfer` takes the same two ways (the lane, or a decision). The rest (gRPC streams, admin
-APIs, health, the sidecar's own endpoints, compressed bodies, bodies too large for memory) goes to
-the Python sidecar on private ports, which decides as it always did. gRPC `ModelStreamInfer`
-stays there: nginx's Lua cannot read a request out of an open HTTP/2 stream
-(`ngx.req.read_body` needs the whole body, and a bidirectional stream's ends only when the client
-closes it).
+gRPC `ModelInfer` takes the same two ways (the lane, or a decision). gRPC `ModelStreamInfer` is
+carried by nginx and decided once, when the stream opens, where the engine queues; else it is
+relayed by Python, which reads each request inside it (sidecar/stream_path.py says which and why:
+nginx's Lua cannot read a request out of an open HTTP/2 stream). The rest (admin APIs, health, the
+sidecar's own endpoints, compressed bodies, bodies too large for memory) goes to the Python sidecar
+on private ports, which decides as it always did.
 
 Needs Debian's `nginx-light` (or any nginx 1.19+) and `libnginx-mod-http-lua`. The binary and the
 module directory can be moved with TRITONGEN_NGINX and TRITONGEN_NGINX_MODULES.
@@ -39,6 +39,7 @@ import aiohttp
 from sidecar.lane import LaneCounts, LaneKey, caps_body, parse_counts
 from sidecar.metrics import LATENCY_BUCKETS
 from sidecar.reading import PRIORITY
+from sidecar.stream_path import CARRIED, stream_path
 from tritongen.core.sidecar_policy.schema import SidecarPolicy
 from tritongen.errors import BadInput
 from tritongen.shared.processes import kill_group, tied_to_parent
@@ -166,7 +167,7 @@ def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy:
             error_page 502 504 = @triton_down_grpc;
             grpc_pass grpc://triton_grpc;
         }}
-        location / {{
+{_carried_streams(policy)}        location / {{
             grpc_pass grpc://sidecar_grpc;
         }}
         location @sidecar_grpc {{
@@ -251,6 +252,23 @@ def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy:
         }}
     }}
 }}
+"""
+
+
+def _carried_streams(policy: SidecarPolicy) -> str:
+    """The location that carries gRPC streams to Triton, where the policy's streams take that way
+    (sidecar/stream_path.py); else none, and they reach the Python relay through `location /`."""
+    if stream_path(policy, native_front=True).mode != CARRIED:
+        return ""
+    klass, tenant = _lua_string(_header_var(policy.class_header)), _lua_string(_header_var(policy.tenant_header))
+    return f"""        location = /inference.GRPCInferenceService/ModelStreamInfer {{
+            lua_check_client_abort on;  # a client that leaves while queued leaves the sidecar's queue
+            access_by_lua_block {{ require("tritongen_decide").stream({klass}, {tenant}) }}
+            body_filter_by_lua_block {{ require("tritongen_decide").stream_body() }}
+            log_by_lua_block {{ require("tritongen_decide").log("ok") }}
+            error_page 502 504 = @triton_down_grpc;
+            grpc_pass grpc://triton_grpc;
+        }}
 """
 
 

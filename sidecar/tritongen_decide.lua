@@ -98,6 +98,7 @@ local function clean(value)
 end
 
 local GRPC = "grpc_infer" -- a gRPC ModelInfer: its body is one length-prefixed protobuf message
+local GRPC_STREAM = "grpc_stream" -- a gRPC ModelStreamInfer: decided as it opens, no body
 
 -- A gRPC answer of headers alone (no message): the status, its message percent-encoded as gRPC
 -- asks, and Retry-After as metadata. 204 makes nginx end the HTTP/2 stream with these headers.
@@ -132,20 +133,11 @@ local function be32(n)
     return string.char(math.floor(n / 16777216) % 256, math.floor(n / 65536) % 256, math.floor(n / 256) % 256, n % 256)
 end
 
-function M.access(model, op, class_var, tenant_var)
-    local grpc = op == GRPC
-    ngx.req.read_body()
-    local body = ngx.req.get_body_data()
-    if body == nil then -- empty, or too large for memory (in a file): the Python path reads it
-        return ngx.exec(grpc and "@sidecar_grpc" or "@sidecar")
-    end
-    if grpc then -- one uncompressed message, nothing after it; else the Python relay reads it
-        local b1, b2, b3, b4, b5 = string.byte(body, 1, 5)
-        if b1 ~= 0 or b5 == nil or #body ~= 5 + ((b2 * 256 + b3) * 256 + b4) * 256 + b5 then
-            return ngx.exec("@sidecar_grpc")
-        end
-        body = sub(body, 6)
-    end
+-- Ask the sidecar about one request (its body, or "" for a stream) and act on the answer: return to
+-- let nginx carry it (admitted, maybe with a rewritten body), or end it here (refused, or handed to
+-- the Python listener).
+local function decide(model, op, class_var, tenant_var, body)
+    local grpc = op == GRPC or op == GRPC_STREAM
     local sock = ngx.socket.tcp()
     sock:settimeout(3600000) -- a queued request waits for its grant; the sidecar answers by the class's deadline
     local ok, err = sock:connect(path)
@@ -180,7 +172,7 @@ function M.access(model, op, class_var, tenant_var)
         ngx.var.tg_decided = a
         local ctx = ngx.ctx
         ctx.tg_stream = op == "generate_stream"
-        ctx.tg_unary = op == "infer" or grpc -- an answer of tensors: only its status says it failed
+        ctx.tg_unary = op == "infer" or op == GRPC -- an answer of tensors: only its status says it failed
         ctx.tg_grpc = grpc
         active = active + 1
         -- The grant reached nginx: from now on the log phase reports the end. A client gone before
@@ -188,7 +180,7 @@ function M.access(model, op, class_var, tenant_var)
         sock:send("ok\t" .. a .. "\n")
         sock:setkeepalive(60000, 512)
         if n > 0 then
-            if grpc then
+            if op == GRPC then
                 ngx.req.set_body_data("\0" .. be32(#data) .. data)
             else
                 ngx.req.set_body_data(data)
@@ -200,6 +192,9 @@ function M.access(model, op, class_var, tenant_var)
         return
     end
     sock:setkeepalive(60000, 512)
+    if kind == "pass" then -- not carried this way (a reloaded policy relays streams): the Python listener
+        return ngx.exec("@sidecar_grpc")
+    end
     if kind ~= "refuse" then
         return unavailable("unexpected answer " .. clean(sub(line, 1, 80)), grpc)
     end
@@ -213,6 +208,30 @@ function M.access(model, op, class_var, tenant_var)
     end
     ngx.print(data)
     return ngx.exit(ngx.status)
+end
+
+function M.access(model, op, class_var, tenant_var)
+    local grpc = op == GRPC
+    ngx.req.read_body()
+    local body = ngx.req.get_body_data()
+    if body == nil then -- empty, or too large for memory (in a file): the Python path reads it
+        return ngx.exec(grpc and "@sidecar_grpc" or "@sidecar")
+    end
+    if grpc then -- one uncompressed message, nothing after it; else the Python relay reads it
+        local b1, b2, b3, b4, b5 = string.byte(body, 1, 5)
+        if b1 ~= 0 or b5 == nil or #body ~= 5 + ((b2 * 256 + b3) * 256 + b4) * 256 + b5 then
+            return ngx.exec("@sidecar_grpc")
+        end
+        body = sub(body, 6)
+    end
+    return decide(model, op, class_var, tenant_var, body)
+end
+
+-- A gRPC ModelStreamInfer, decided once as it opens (its requests are inside the open HTTP/2 stream,
+-- which Lua cannot read): the sidecar picks the model and prices a slot (sidecar/stream_path.py).
+function M.stream(class_var, tenant_var)
+    ngx.ctx.tg_frames = {} -- the response frames' reader state, for stream_body
+    return decide("", GRPC_STREAM, class_var, tenant_var, "")
 end
 
 function M.body()
@@ -244,6 +263,162 @@ function M.body()
     end
 end
 
+-- The response frames of a carried ModelStreamInfer. Each gRPC message (a 5-byte prefix: compressed
+-- flag, big-endian length) holds a ModelStreamInferResponse: error_message (field 1) and
+-- infer_response (field 2: id is its field 3, parameters its field 4, a map whose
+-- "triton_final_response" entry holds bool_param, field 1). Protobuf writes fields in number order,
+-- so the id and the parameters come before the outputs: of a large message only its first
+-- PARSE_PREFIX bytes are kept, the rest is passed over uncopied.
+local PARSE_PREFIX = 65536
+local FINAL = "triton_final_response"
+local byte = string.byte
+
+local function varint(data, pos, stop)
+    local value, scale = 0, 1
+    while pos <= stop do
+        local c = byte(data, pos)
+        pos = pos + 1
+        value = value + (c % 128) * scale
+        if c < 128 then
+            return value, pos
+        end
+        scale = scale * 128
+    end
+    return nil, stop + 1
+end
+
+-- Calls each(field, wire, from, to) for the fields of the message in data[pos..stop] (from..to: a
+-- length-delimited field's bytes, else the value's first byte); stops at the first field cut short.
+local function fields(data, pos, stop, each)
+    while pos <= stop do
+        local key
+        key, pos = varint(data, pos, stop)
+        if key == nil then
+            return
+        end
+        local field, wire = math.floor(key / 8), key % 8
+        if wire == 2 then
+            local length
+            length, pos = varint(data, pos, stop)
+            if length == nil or pos + length - 1 > stop then
+                return
+            end
+            each(field, wire, pos, pos + length - 1)
+            pos = pos + length
+        elseif wire == 0 then
+            local from = pos
+            local _
+            _, pos = varint(data, pos, stop)
+            each(field, wire, from, pos - 1)
+        elseif wire == 1 then
+            pos = pos + 8
+        elseif wire == 5 then
+            pos = pos + 4
+        else
+            return
+        end
+    end
+end
+
+local function is_final(data, from, to) -- one parameters map entry
+    local key, on = nil, false
+    fields(data, from, to, function(field, wire, a, b)
+        if field == 1 and wire == 2 then
+            key = sub(data, a, b)
+        elseif field == 2 and wire == 2 then
+            fields(data, a, b, function(f, w, x)
+                if f == 1 and w == 0 then
+                    on = byte(data, x) ~= 0
+                end
+            end)
+        end
+    end)
+    return key == FINAL and on
+end
+
+local function response(state, data, from, to)
+    local id, final, err, outputs = "", false, nil, false
+    fields(data, from, to, function(field, wire, a, b)
+        if field == 1 and wire == 2 and b >= a then
+            err = sub(data, a, b)
+        elseif field == 2 and wire == 2 then
+            fields(data, a, b, function(f, w, x, y)
+                if f == 3 and w == 2 then
+                    id = sub(data, x, y)
+                elseif f == 4 and w == 2 and is_final(data, x, y) then
+                    final = true
+                elseif (f == 5 or f == 6) and w == 2 then
+                    outputs = true
+                end
+            end)
+        end
+    end)
+    local seen = state.ids[id]
+    if seen == nil then
+        state.requests = state.requests + 1
+        seen = 0
+    end
+    if err ~= nil then
+        state.errors = state.errors + 1
+        state.error = state.error or err
+    end
+    if final or err ~= nil then
+        state.finals = state.finals + 1
+        state.ids[id] = nil
+    else
+        state.ids[id] = seen + 1
+    end
+    return outputs and err == nil
+end
+
+function M.stream_body()
+    local id = ngx.var.tg_decided
+    local state = ngx.ctx.tg_frames
+    local chunk = ngx.arg[1]
+    if id == nil or id == "" or state == nil or chunk == nil or #chunk == 0 then
+        return
+    end
+    if state.ids == nil then
+        state.ids, state.requests, state.finals, state.errors, state.skip = {}, 0, 0, 0, 0
+    end
+    local data, at = chunk, 1
+    if state.skip > 0 then -- the rest of a large message, already read
+        local passed = math.min(state.skip, #data)
+        state.skip = state.skip - passed
+        at = passed + 1
+    end
+    if state.buf ~= nil then
+        data, at = state.buf .. sub(data, at), 1
+        state.buf = nil
+    end
+    local stop = #data
+    while at <= stop do
+        local have = stop - at + 1
+        if have < 5 then
+            state.buf = sub(data, at)
+            break
+        end
+        local b1, b2, b3, b4, b5 = byte(data, at, at + 4)
+        local length = ((b2 * 256 + b3) * 256 + b4) * 256 + b5
+        local whole = have >= 5 + length
+        if not whole and have < 5 + PARSE_PREFIX then
+            state.buf = sub(data, at) -- wait for the rest (or for PARSE_PREFIX bytes of it)
+            break
+        end
+        local last = whole and at + 4 + length or stop
+        state.events = (state.events or 0) + 1
+        if b1 == 0 and response(state, data, at + 5, last) and not state.first then
+            state.first = true
+            push("first\t" .. id .. "\n")
+        end
+        if not whole then
+            state.skip = 5 + length - have
+            break
+        end
+        at = at + 5 + length
+    end
+end
+
 -- Triton's gRPC status of a carried call (the lane's too): in its trailers, or in its headers when it
 -- answered with headers alone. nil when it is OK or the call was not gRPC, else Triton's message.
 function M.grpc_failure()
@@ -272,10 +447,19 @@ function M.log(how)
     active = active - 1
     local ctx = ngx.ctx
     local status, err = ngx.status, ctx.tg_error or ""
+    local events = ctx.tg_events or 0
     if ctx.tg_grpc and how == "ok" and status ~= 499 then
         status, err = grpc_end()
     end
-    push(concat({ "end\t", id, "\t", status, "\t", ctx.tg_events or 0, "\t", how or "ok", "\t", #err, "\n", err }))
+    local state = ctx.tg_frames
+    if state ~= nil and state.ids ~= nil then -- a carried stream: how its requests ended, then its end
+        events = state.events or 0
+        if err == "" then
+            err = state.error or "" -- an error response inside the stream (the call itself went OK)
+        end
+        push(concat({ "stream\t", id, "\t", state.requests, "\t", state.finals, "\t", state.errors, "\n" }))
+    end
+    push(concat({ "end\t", id, "\t", status, "\t", events, "\t", how or "ok", "\t", #err, "\n", err }))
 end
 
 return M

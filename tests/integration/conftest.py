@@ -37,6 +37,7 @@ LONGEST_FIRST = (
     "test_doctor.py",  # 29
     "test_sidecar.py",  # 16
     "test_sidecar_native.py",  # 12
+    "test_sidecar_streams.py",  # 8
 )
 
 

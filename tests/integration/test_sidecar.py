@@ -47,6 +47,7 @@ from tritonclient.grpc import service_pb2_grpc as pbg
 
 from sidecar.loop import run as run_loop
 from tests.helpers import SIDECAR_POOL_BLOCKS, build_sidecar_repository
+from tests.sidecar_rigs import stream_run
 from tritongen.server import ServerOptions, TritonServer
 from tritongen.sidecar_process import SidecarProcess
 
@@ -602,48 +603,10 @@ STREAM_REQUESTS = [("client-0", "first prompt", 12), ("client-1", "a second, lon
                    ("client-2", "no tokens asked", 0)]  # max_tokens 0: the model sends a flags-only final
 
 
-def stream_run(url: str, empty_final: bool) -> dict[str, dict[str, Any]]:
-    responses: queue.Queue[Any] = queue.Queue()
-    client = grpcclient.InferenceServerClient(url)
-    client.start_stream(callback=lambda result, error: responses.put((result, error)))
-    for rid, prompt, max_tokens in STREAM_REQUESTS:
-        text = grpcclient.InferInput("text_input", [1], "BYTES")
-        text.set_data_from_numpy(np.array([prompt.encode()], dtype=np.object_))
-        mt = grpcclient.InferInput("max_tokens", [1], "INT32")
-        mt.set_data_from_numpy(np.array([max_tokens], dtype=np.int32))
-        client.async_stream_infer("tinyllm", [text, mt], request_id=rid, enable_empty_final_response=empty_final)
-    expected = {"client-0", "client-1"} | ({"client-2"} if empty_final else set())
-    got: dict[str, dict[str, Any]] = {}
-    finished: set[str] = set()
-
-    def take(timeout: float) -> None:
-        result, error = responses.get(timeout=timeout)
-        assert error is None, error
-        response = result.get_response()
-        entry = got.setdefault(response.id, {"text": "", "responses": 0, "finals": 0})
-        entry["responses"] += 1
-        output = result.as_numpy("text_output")
-        if output is not None:
-            entry["text"] += b"".join(output.ravel()).decode()
-        if response.parameters["triton_final_response"].bool_param:
-            entry["finals"] += 1
-            finished.add(response.id)
-
-    deadline = time.monotonic() + 20
-    while not expected <= finished and time.monotonic() < deadline:
-        take(10)
-    time.sleep(0.3)  # anything more (there should be nothing) would show here
-    while not responses.empty():
-        take(1)
-    client.stop_stream()
-    client.close()
-    return got
-
-
 @pytest.mark.parametrize("empty_final", [False, True])
 def test_grpc_stream_passes_through(deployment: Deployment, empty_final: bool) -> None:
-    direct = stream_run(deployment.server.grpc_url, empty_final)
-    through = stream_run(deployment.grpc, empty_final)
+    direct = stream_run(deployment.server.grpc_url, STREAM_REQUESTS, empty_final)
+    through = stream_run(deployment.grpc, STREAM_REQUESTS, empty_final)
     assert through == direct
     assert {"client-0", "client-1"} <= set(through) and all(v["finals"] == 1 for v in through.values())
     assert ("client-2" in through) == empty_final  # the flags-only final only when the client asked

@@ -34,7 +34,7 @@ from sidecar.run import SidecarThread
 from sidecar.nginx_front import find_nginx
 from tests.helpers import cli
 from tritongen.client import STALL_TIMEOUT
-from tests.sidecar_rigs import policy_doc
+from tests.sidecar_rigs import native_sidecar, policy_doc
 
 pytestmark = pytest.mark.integration
 
@@ -56,16 +56,7 @@ def ranker_policy(**over: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def native(triton_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarThread]:
-    install, why = find_nginx()
-    assert install is not None, f"the native front needs nginx with Lua: {why}"
-    path = tmp_path_factory.mktemp("native") / "policy.json"
-    path.write_text(json.dumps(ranker_policy()))
-    config = SidecarConfig(
-        policy_path=path, upstream=triton_server.http_url, grpc_upstream=triton_server.grpc_url,
-        triton_metrics_url=triton_server.metrics_url, listen="127.0.0.1:0", grpc_listen="127.0.0.1:0",
-        metrics_listen="127.0.0.1:0", front="native", watch_interval_s=0.2,
-    )
-    with SidecarThread(config) as sidecar:
+    with native_sidecar(triton_server, ranker_policy(), tmp_path_factory.mktemp("native")) as sidecar:
         yield sidecar
 
 

@@ -66,6 +66,12 @@ class ModelPolicy(PolicyModel):
         default=0, ge=0, description="After a cancellation the engine may hold memory until it notices; the "
         "reservation is kept this long before it is released."
     )
+    grpc_streams: Literal["carried", "relay"] | None = Field(
+        default=None, description="Streaming LLMs, gRPC ModelStreamInfer behind the native front: 'carried' (nginx "
+        "carries the stream, Python decides once when it opens: no Python per token), 'relay' (Python reads every "
+        "request of the stream and reserves its KV, and relays every token). None: carried where the engine queues "
+        "(kv_policy grow_preempt, reserve_wait), relay where it kills or is not known (sidecar/stream_path.py)."
+    )
 
     @model_validator(mode="after")
     def _kind(self) -> ModelPolicy:

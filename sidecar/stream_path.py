@@ -1,0 +1,69 @@
+"""Which way gRPC `ModelStreamInfer` goes through the sidecar, and why. Pure.
+
+Two ways:
+
+* **carried**: nginx carries the stream to Triton and back (`grpc_pass`). Python decides once, when
+  the stream opens: its class and tenant (from the metadata), a slot of the stream model, or a
+  refusal (RESOURCE_EXHAUSTED with Retry-After). The slot goes back when the stream closes. A Lua
+  body filter reads the response frames (each response's request id, final flag, error) and reports
+  the stream's first token, its responses and how its requests ended, so no token crosses Python.
+  What nginx cannot do inside an open HTTP/2 stream is read the requests: the slot is priced as a
+  request of unknown prompt, no KV is reserved, and the class's priority is not written into the
+  requests (the sidecar's queue still orders streams by class).
+* **relay**: Python reads every request of the stream, prices and reserves its KV, writes its
+  priority, and relays every token (sidecar/grpc_stream.py): about 150-400 us of CPU per token on
+  the hosts measured, one event loop's worth of tokens per second at most (docs/sidecar.md).
+
+Carried is the default for an engine that queues when its KV is full (kv_policy grow_preempt: vLLM;
+reserve_wait: TensorRT-LLM's GUARANTEED_NO_EVICT), where a request the sidecar did not price
+waits in the engine instead of failing. An engine that kills when its pool runs dry (reserve_kill,
+grow_kill), or one whose policy is not known, needs each request's KV reserved: relay. A model's
+`grpc_streams` in the policy overrides either way. nginx sees no model name in a stream (it is in
+the messages), so a stream is attributed to the policy's one streaming model; with several, streams
+are relayed (Python reads which model each request names).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tritongen.core.sidecar_policy.schema import SidecarPolicy
+
+CARRIED = "carried"
+RELAY = "relay"
+QUEUEING_POLICIES = ("grow_preempt", "reserve_wait")  # engines that wait for KV instead of killing
+
+
+@dataclass(frozen=True)
+class StreamPath:
+    mode: str  # CARRIED or RELAY
+    model: str | None  # the model carried streams are attributed to (None: relay)
+    why: str
+
+    def status(self) -> dict[str, str | None]:
+        return {"path": self.mode, "model": self.model, "why": self.why}
+
+
+def stream_path(policy: SidecarPolicy, native_front: bool) -> StreamPath:
+    """How this policy's gRPC streams go (see the module docstring)."""
+    if not native_front:
+        return StreamPath(RELAY, None, "the Python front relays every stream (no nginx)")
+    streaming = [m for m in policy.models if m.streaming]
+    if not streaming:
+        return StreamPath(RELAY, None, "the policy has no streaming model")
+    if len(streaming) > 1:
+        names = ", ".join(m.name for m in streaming)
+        return StreamPath(RELAY, None, f"{len(streaming)} streaming models ({names}): nginx cannot see which one a "
+                          "stream's requests name, Python reads each")
+    model = streaming[0]
+    kv_policy = model.kv.kv_policy if model.kv is not None else None
+    if model.grpc_streams == RELAY:
+        return StreamPath(RELAY, None, f"model {model.name!r}: the policy asks for the relay (grpc_streams: relay)")
+    if model.grpc_streams == CARRIED:
+        return StreamPath(CARRIED, model.name, f"model {model.name!r}: the policy asks for it (grpc_streams: carried)")
+    if kv_policy in QUEUEING_POLICIES:
+        return StreamPath(CARRIED, model.name, f"model {model.name!r}: its engine queues when its KV is full "
+                          f"(kv_policy {kv_policy}); one decision per stream, no Python per token")
+    said = f"kv_policy {kv_policy}" if kv_policy else "its kv_policy is not known"
+    return StreamPath(RELAY, None, f"model {model.name!r}: {said}, so each request of a stream must reserve its KV "
+                      "before it reaches the engine (grpc_streams: carried in the policy overrides)")

@@ -1,0 +1,151 @@
+"""gRPC `ModelStreamInfer` carried by nginx (sidecar/stream_path.py) against the session's real
+tritonserver: the stream reaches the client as it would straight from Triton, Python decided once
+when it opened and counted its requests from nginx's reading of the response frames, the slot goes
+back when it closes, and a stream that finds no room is refused as it opens with RESOURCE_EXHAUSTED
+and Retry-After.
+
+The session's tinyllm kills when its pool runs dry (kv_policy grow_kill), so its streams are relayed
+by default; this policy says `grpc_streams: carried`, as a user of an engine that queues gets by
+default. test_sidecar.py runs the relay on the same model.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from sidecar.run import SidecarThread
+from tests.sidecar_rigs import Stalled, native_sidecar, policy_doc, stream_run
+
+pytestmark = pytest.mark.integration
+
+SOLO = "solo"  # a tenant whose quota holds one stream
+
+
+def streams_policy() -> dict[str, Any]:
+    doc = policy_doc()
+    doc["devices"] = [{"id": "cpu", "memory_bytes": 1 << 34, "utilization_cap": 1.0, "static_used_bytes": 0}]
+    doc["models"] = [{
+        "name": "tinyllm", "kind": "llm", "streaming": True, "devices": ["cpu"], "max_inflight": 8,
+        "grpc_streams": "carried",
+        "kv": {"bytes_per_token": 10, "bytes_per_token_source": "analytic", "block_tokens": 16, "max_context": 512,
+               "kv_policy": "grow_kill"},
+    }]
+    doc["tenants"] = [{"name": SOLO, "max_inflight": 1}]
+    for klass in doc["classes"]:
+        klass["queue_cap"] = 0  # a stream that finds no room is refused at once
+        klass["budget_fraction"] = 1.0
+    return doc
+
+
+@pytest.fixture(scope="module")
+def carried(triton_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarThread]:
+    with native_sidecar(triton_server, streams_policy(), tmp_path_factory.mktemp("streams")) as sidecar:
+        yield sidecar
+
+
+def metric(sidecar: SidecarThread, prefix: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{sidecar.sidecar.metrics_port}/metrics", timeout=5).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def front(sidecar: SidecarThread) -> dict[str, Any]:
+    return sidecar.call(lambda: sidecar.sidecar.status()["front"])  # type: ignore[no-any-return]
+
+
+def wait_released(sidecar: SidecarThread, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while sidecar.call(lambda: sidecar.sidecar.state.inflight) or front(sidecar)["carried"]["in_flight"]:
+        assert time.monotonic() < deadline, f"a carried stream still holds its slot: {front(sidecar)}"
+        time.sleep(0.05)
+
+
+REQUESTS = [("c-0", "first prompt", 12), ("c-1", "a second, longer prompt", 9), ("c-2", "no tokens asked", 0)]
+
+
+def stream_runs(url: str, empty_final: bool, metadata: tuple[tuple[str, str], ...] = ()) -> tuple[dict[str, Any], int]:
+    """The three requests on one stream until Triton did not stall them (at most 3 tries): what it
+    got, and the tries (the session's tinyllm has queue timeouts)."""
+    for tries in (1, 2, 3):
+        try:
+            return stream_run(url, REQUESTS, empty_final, batched=True, metadata=metadata), tries
+        except Stalled:
+            if tries == 3:
+                raise
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("empty_final", [False, True])
+def test_a_carried_stream_is_what_triton_sends_and_python_counts_it_once(carried: SidecarThread,
+                                                                         empty_final: bool) -> None:
+    status = front(carried)
+    assert status["grpc_streams"] == {"path": "carried", "model": "tinyllm",
+                                      "why": "model 'tinyllm': the policy asks for it (grpc_streams: carried)"}
+    streams = metric(carried, 'sidecar_grpc_streams_total{path="carried"}')
+    ended = metric(carried, 'sidecar_carried_stream_requests_total{model="tinyllm",outcome="ended"}')
+    ttfts = metric(carried, 'sidecar_time_to_first_token_seconds_count{class="interactive",model="tinyllm"}')
+    relayed = metric(carried, 'sidecar_grpc_streams_total{path="relay"}')
+    direct, _ = stream_runs(carried.sidecar.config.grpc_upstream, empty_final)
+    through, tries = stream_runs(f"127.0.0.1:{carried.sidecar.grpc_port}", empty_final, (("x-traffic-class", "interactive"),))
+    assert through == direct
+    assert all(v["finals"] == 1 for v in through.values()) and {"c-0", "c-1"} <= set(through)
+    wait_released(carried)
+    deadline = time.monotonic() + 3  # nginx reports a stream's end at its next send (milliseconds)
+    while metric(carried, 'sidecar_grpc_streams_total{path="carried"}') < streams + tries:
+        assert time.monotonic() < deadline, "nginx did not report the stream"
+        time.sleep(0.05)
+    assert metric(carried, 'sidecar_grpc_streams_total{path="carried"}') == streams + tries
+    assert metric(carried, 'sidecar_grpc_streams_total{path="relay"}') == relayed  # no token crossed Python
+    if tries == 1:  # a stalled try's requests ended otherwise
+        assert metric(carried, 'sidecar_carried_stream_requests_total{model="tinyllm",outcome="ended"}') == ended + len(through)
+        assert metric(carried, 'sidecar_time_to_first_token_seconds_count{class="interactive",model="tinyllm"}') == ttfts + 1
+
+
+def test_a_stream_that_finds_no_room_is_refused_as_it_opens(carried: SidecarThread) -> None:
+    """Tenant `solo` may hold one stream: a second one opened while the first runs is refused with
+    RESOURCE_EXHAUSTED and Retry-After, before anything reaches Triton; once the first closes, its
+    slot is back."""
+    url = f"127.0.0.1:{carried.sidecar.grpc_port}"
+    opened = threading.Event()
+    release = threading.Event()
+    results: queue.Queue[Any] = queue.Queue()
+
+    def first() -> None:  # a stream held open: one short request, then the stream waits for `release`
+        client = grpcclient.InferenceServerClient(url)
+        client.start_stream(callback=lambda result, error: (results.put((result, error)), opened.set()),
+                            headers={"x-tenant": SOLO})
+        text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+        text.set_data_from_numpy(np.array([[b"hold"]], dtype=np.object_))
+        client.async_stream_infer("tinyllm", [text])
+        release.wait(20)
+        client.stop_stream()
+        client.close()
+
+    holder = threading.Thread(target=first, daemon=True)
+    holder.start()
+    try:
+        assert opened.wait(15), "the first stream got no response"
+        assert results.get()[1] is None
+        with grpc.insecure_channel(url) as channel:
+            call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")(
+                iter(()), metadata=(("x-tenant", SOLO),), timeout=10)
+            with pytest.raises(grpc.RpcError) as refused:
+                list(call)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value.details()
+        assert "tenant_concurrency_quota" in (refused.value.details() or "")
+        assert dict(refused.value.trailing_metadata() or ()).get("retry-after")
+    finally:
+        release.set()
+        holder.join(25)
+    wait_released(carried)
+    # Counted as every refusal is: the class's queue holds none (queue_cap 0), so no room is queue_full.
+    assert metric(carried, 'sidecar_tenant_requests_rejected_total{reason="queue_full",tenant="solo"}') == 1
