@@ -1,4 +1,4 @@
-"""`tritongen profile SPEC|--model NAME [--url HOST:PORT [--repo DIR] | --repo DIR] -o DIR [--quick]`.
+"""`tritongen profile SPEC|--model NAME [--kind NAME=llm|classic] [--url HOST:PORT [--repo DIR] | --repo DIR] -o DIR [--quick]`.
 
 Measures each model on a live Triton and writes `<DIR>/<model>.json` (a versioned `Profile`) and
 `<DIR>/report.html` (the curves as inline SVG). With --repo alone the embedded server is started on
@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from tritongen.cli.app import app
+from tritongen.cli.shared import KIND_HELP, kind_flags
 from tritongen.core.fmt import fmt_ms
 from tritongen.core.profile_types import Profile
 from tritongen.errors import BadInput, RunFailed, TritongenError
@@ -198,6 +199,7 @@ def results_tables(profiles: list[Profile]) -> list[Table]:
 def profile(
     spec: Optional[Path] = typer.Argument(None, help="Deployment spec (YAML): profile each of its model entries."),
     model: list[str] = typer.Option([], "--model", "-m", help="Model to profile (repeatable); without SPEC, its inputs come from the server's config."),
+    kind: list[str] = typer.Option([], "--kind", help=KIND_HELP),
     url: Optional[str] = typer.Option(None, "--url", help="HTTP address HOST:PORT of a running Triton."),
     grpc_url: Optional[str] = typer.Option(None, "--grpc-url", help="gRPC HOST:PORT (default: port 8001 on the --url host)."),
     metrics_url: Optional[str] = typer.Option(None, "--metrics-url", help="Metrics URL (default: http://HOST:8002/metrics)."),
@@ -235,6 +237,7 @@ def profile(
                        "always reload")
     if embedded and (grpc_url or metrics_url):
         raise BadInput("--grpc-url and --metrics-url go with --url; with --repo alone the embedded server's ports are used")
+    stated = kind_flags(kind, list(dict.fromkeys(model)), spec is not None)
     loaded = load_spec(spec) if spec is not None else None
     if loaded is not None:
         spec_entries(loaded, model)  # unknown names are bad input before any server is touched
@@ -276,8 +279,11 @@ def profile(
     admin = TritonAdmin(endpoints)
     profiler: Profiler | None = None
     try:
-        targets = resolve_targets(admin, model, loaded)
+        targets = resolve_targets(admin, model, loaded, stated)
         _check_endpoints(endpoints, targets, server is not None, grpc_url, metrics_url)
+        for target in targets:  # said before the run, so a wrong guess costs no measurement
+            if target.kind_gap is not None:
+                err_console.print(f"[yellow]note:[/] {escape(target.name)}: {escape(target.kind_gap.inferred)}", highlight=False)
         progress = Progress(
             SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             console=err_console,

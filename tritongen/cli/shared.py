@@ -8,6 +8,7 @@ from typing import TypeVar
 import typer
 from rich.console import Console
 
+from tritongen.core.model_kind import KIND_FLAG, StatedKind, parse_kind_flags
 from tritongen.core.simulator import ServiceCurve
 from tritongen.core.triton_releases import EMBEDDED, Release, UnknownRelease, resolve
 from tritongen.errors import BadInput
@@ -78,3 +79,32 @@ def triton_release(spelling: str | None) -> Release | None:
         return resolve(spelling)
     except UnknownRelease as err:
         raise BadInput(f"--triton-release: {err}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# --kind (profile): a model's kind in the spec's own words, for models profiled without a spec.
+
+KIND_HELP = ("What a model is, in the spec's words: MODEL=llm or MODEL=classic (repeatable). Without a SPEC only "
+             "(a spec says it in each model's `kind:`). Where nothing says it, a model that is not decoupled with a text "
+             "input and a text output is taken for an LLM, and the profile says so.")
+
+
+def kind_flags(values: list[str], profiled: list[str], with_spec: bool) -> dict[str, StatedKind]:
+    """The models' kinds `--kind` states; BadInput (one line, naming the flag and the fix) for a
+    value that is not MODEL=llm|classic, a model given two kinds, a model not profiled, or any
+    --kind beside a spec, whose `kind:` already states every model's (two sources would disagree)."""
+    if not values:
+        return {}
+    if with_spec:
+        raise BadInput(f"{KIND_FLAG} goes with --model (no SPEC): with a SPEC, each model's kind is its `kind:` there; "
+                       f"drop {KIND_FLAG} or change the spec")
+    try:
+        stated = parse_kind_flags(values)
+    except ValueError as err:
+        raise BadInput(str(err)) from None
+    for name, said in stated.items():
+        if name not in profiled:
+            listed = ", ".join(profiled) or "none"
+            raise BadInput(f"{KIND_FLAG} {name}={said.kind}: {name!r} is not profiled (--model {listed}); add --model "
+                           f"{name} or drop that {KIND_FLAG}")
+    return stated

@@ -83,7 +83,8 @@ EXPECTED = (
 
 class UnknownInterface(ValueError):
     """A model tritongen cannot send an LLM request to; the message says why, lists the model's inputs
-    and what tritongen expects, in one line."""
+    and what tritongen expects, in one line; `reason` is what the config lacks, alone."""
+    reason: str = ""
 
 
 class TokenIdModel(UnknownInterface):
@@ -329,7 +330,9 @@ def _pick(tensors: Mapping[str, TensorInfo], names: Sequence[str], types: frozen
 
 def _unknown(model: str, inputs: Sequence[TensorInfo], reason: str) -> UnknownInterface:
     found = ", ".join(t.label() for t in inputs) or "none listed"
-    return UnknownInterface(f"model {model!r}: {reason}; its inputs: {found}; {EXPECTED}")
+    err = UnknownInterface(f"model {model!r}: {reason}; its inputs: {found}; {EXPECTED}")
+    err.reason = reason
+    return err
 
 
 def _text_output(model: str, inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo]) -> str:
@@ -363,6 +366,7 @@ def detect_interface(
     max_batch_size: int,
     decoupled: bool,
     parameters: Mapping[str, str] | None = None,
+    text_inputs: Sequence[str] = GENERIC_TEXT_INPUTS,
 ) -> LLMInterface:
     """The interface of a model from its config's fields; `UnknownInterface` when it has none tritongen knows.
 
@@ -389,6 +393,7 @@ def detect_interface(
     outside those is an `UnknownInterface` that names it.
 
     `parameters`: the config's string parameters; generic models may give `default_max_tokens`.
+    `text_inputs`: the names rule 5 takes the prompt from; others only where the user said it is an LLM (model_kind).
     """
     inputs = list(inputs)
     outputs = list(outputs)
@@ -440,7 +445,7 @@ def detect_interface(
         )
     else:
         roles = dict(
-            kind="generic", label="generic", text=_pick(by_name, GENERIC_TEXT_INPUTS, _STRING),
+            kind="generic", label="generic", text=_pick(by_name, text_inputs, _STRING),
             max_tokens=_pick(by_name, GENERIC_MAX_TOKENS_INPUTS, _INTEGER_TYPES), sampling=None,
             stream=_pick(by_name, GENERIC_STREAM_INPUTS, _BOOL), exclude=None,
             decoupled=decoupled, default_max_tokens=int_or_none((parameters or {}).get("default_max_tokens")),
@@ -451,7 +456,7 @@ def detect_interface(
         raise _unknown(model, inputs, "the config lists no inputs (read it from the server, GET "
                        "/v2/models/<model>/config, which holds the backend's auto-completed inputs)")
     if text is None:
-        names = "text_input" if roles["kind"] != "generic" else ", ".join(GENERIC_TEXT_INPUTS)
+        names = "text_input" if roles["kind"] != "generic" else ", ".join(text_inputs)
         raise _unknown(model, inputs, f"no STRING text input with one element ({names})")
 
     filled = {t.name for t in (text, roles["max_tokens"], roles["sampling"], roles["stream"], roles["exclude"]) if t}

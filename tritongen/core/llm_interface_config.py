@@ -4,10 +4,10 @@ detection (`llm_interface.detect_interface`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tritongen.core.llm_interface import LLMInterface, TensorInfo, detect_interface
+from tritongen.core.llm_interface import GENERIC_TEXT_INPUTS, LLMInterface, TensorInfo, detect_interface
 
 
 def _get(mapping: Mapping[str, Any], snake: str, camel: str, default: Any = None) -> Any:
@@ -35,17 +35,35 @@ def _string_parameters(parameters: Any) -> dict[str, str]:
     return out
 
 
-def interface_from_config(config: Mapping[str, Any], *, model: str | None = None) -> LLMInterface:
+def served_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The config itself, out of tritonclient.grpc's {"config": ...} wrapper where it is in one."""
+    if "config" in config and isinstance(config["config"], Mapping):
+        return config["config"]
+    return config
+
+
+def config_tensors(config: Mapping[str, Any], key: str) -> list[TensorInfo]:
+    """The config's "input" or "output" entries (`key`), in any of the forms `interface_from_config` reads."""
+    return _tensors(served_config(config).get(key))
+
+
+def config_decoupled(config: Mapping[str, Any]) -> bool:
+    """Whether the config's transaction policy is decoupled (many responses per request)."""
+    config = served_config(config)
+    policy = _get(config, "model_transaction_policy", "modelTransactionPolicy", {}) or {}
+    return bool(policy.get("decoupled", False))
+
+
+def interface_from_config(config: Mapping[str, Any], *, model: str | None = None,
+                          text_inputs: Sequence[str] = GENERIC_TEXT_INPUTS) -> LLMInterface:
     """`detect_interface` on a model config as Triton's GET /v2/models/<model>/config returns it
     (snake_case JSON), or as `google.protobuf.json_format.MessageToDict(ModelConfig)` writes it
     (camelCase, int64 dims as strings, defaults left out), or tritonclient.grpc's
     `get_model_config(as_json=True)` (the same, wrapped in {"config": ...}).
 
     `model`: the name to report, where the config has none (a config.pbtxt may leave it to the
-    directory name)."""
-    if "config" in config and isinstance(config["config"], Mapping):
-        config = config["config"]
-    policy = _get(config, "model_transaction_policy", "modelTransactionPolicy", {}) or {}
+    directory name). `text_inputs`: as `detect_interface`'s."""
+    config = served_config(config)
     return detect_interface(
         model=model or str(config.get("name") or "<unnamed>"),
         backend=config.get("backend") or None,
@@ -53,6 +71,7 @@ def interface_from_config(config: Mapping[str, Any], *, model: str | None = None
         inputs=_tensors(config.get("input")),
         outputs=_tensors(config.get("output")),
         max_batch_size=int(_get(config, "max_batch_size", "maxBatchSize", 0) or 0),
-        decoupled=bool(policy.get("decoupled", False)),
+        decoupled=config_decoupled(config),
         parameters=_string_parameters(config.get("parameters")),
+        text_inputs=text_inputs,
     )

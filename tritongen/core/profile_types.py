@@ -222,7 +222,8 @@ class MeasurementGap(_Model):
     the sidecar read the inferred value, and the user reads why."""
 
     measurement: Literal["token counts", "final flag", "metrics", "kv capacity", "prefill beside a stream",
-                         "token budget", "static batch capacity", "streaming", "prefix cache"] = Field(
+                         "token budget", "static batch capacity", "streaming", "prefix cache",
+                         "model kind"] = Field(
         description="Which optional measurement.")
     unseen: str = Field(description="What could not be seen, and why.")
     inferred: str = Field(description="What the profile took instead (or 'nothing', and how to supply it).")

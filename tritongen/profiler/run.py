@@ -32,8 +32,6 @@ from pathlib import Path
 from typing import Protocol
 
 from tritongen.core import profile_math as pm
-from tritongen.core.llm_interface import UnknownInterface
-from tritongen.core.llm_interface_config import interface_from_config
 from tritongen.core.profile_types import LoadLevel, MemorySection, Profile, ProfileSettings
 from tritongen.errors import RunFailed, TritongenError
 from tritongen.profiler.engine import ASSUMED_BYTES_PER_TOKEN, assumed_bytes_per_token_gap
@@ -204,6 +202,10 @@ class Profiler(StreamingSteps):
 
     def profile(self, target: Target) -> Profile:
         builder = ProfileBuilder(target, self._settings_for(target), self.server_version, f"http://{self.endpoints.http}")
+        if target.kind_note:  # who decided what the model is, in a partial profile too
+            builder.classic.notes.append(target.kind_note)
+        if target.kind_gap:
+            builder.gaps.append(target.kind_gap)
         steps = len(self.settings.concurrency_levels) + 3
         if target.kind == "streaming":
             steps = len(self.settings.stream_concurrency_levels) + 3
@@ -302,12 +304,11 @@ class Profiler(StreamingSteps):
         classic.run()
 
     def _unary_llm(self, target: Target, builder: ProfileBuilder) -> UnaryLLMProfiler | None:
-        """The LLM measurement of a model that is not decoupled, where its config shows an LLM
-        interface by role (a text input, a text output: `llm_interface.detect_interface`); None for
-        a classic model."""
-        try:
-            interface = interface_from_config(target.config, model=target.name)
-        except UnknownInterface:
+        """The LLM measurement of a model that is not decoupled, where it was classified as an LLM
+        (`core.model_kind`: stated in the spec or with --kind, else an LLM interface by role in its
+        config); None for a classic model."""
+        interface = target.interface
+        if interface is None:
             return None
         prompt, output = self._stream_lengths(target)
         bpt = target.bytes_per_token

@@ -1,9 +1,11 @@
 """What to profile: the models on the server (`Target`), resolved from the spec's entries or the
-names given and checked against the server's model index, and the streaming inputs of a target."""
+names given and checked against the server's model index, each classified as an LLM or a classic
+model (`core.model_kind`: the spec's `kind` or --kind first, the config's look only where nobody
+said), and the streaming inputs of a target."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -11,8 +13,9 @@ import numpy as np
 from tritongen.client import tensors_from_config
 from tritongen.core.kv import kv_shape, weight_bytes
 from tritongen.core.llm_interface import LLMInterface
+from tritongen.core.model_kind import KindRefused, StatedKind, classify
 from tritongen.core.plan import ModelEntryPlan, TensorView, plan_deployment
-from tritongen.core.profile_types import StatedEngine
+from tritongen.core.profile_types import MeasurementGap, StatedEngine
 from tritongen.errors import BadInput, RunFailed
 from tritongen.profiler.engine import stream_inputs as engine_stream_inputs
 from tritongen.specio import LoadedSpec
@@ -37,8 +40,10 @@ class Target:
     output_tokens: int | None = None
     max_prompt_tokens: int | None = None  # a short lane takes prompts up to its split only
     bytes_per_token: float | None = None  # the spec's tokenizer ratio
-    interface: LLMInterface | None = None  # streaming models: the LLM interface they speak
+    interface: LLMInterface | None = None  # the LLM interface it speaks; None on a classic model not measured as an LLM
     stated_engine: StatedEngine | None = None  # the spec's engine: section, carried into the profile
+    kind_note: str | None = None  # a stated kind that decided against the config's look, for the profile's notes
+    kind_gap: MeasurementGap | None = None  # taken for an LLM from its config alone: the guess, and how to say otherwise
 
     @property
     def parameters(self) -> dict[str, str]:
@@ -60,15 +65,23 @@ class Target:
         return sorted({int(i) for g in self.config.get("instance_group") or [] for i in g.get("gpus") or []})
 
 
-def _server_target(name: str, config: dict, **spec_fields) -> Target:
-    decoupled = bool((config.get("model_transaction_policy") or {}).get("decoupled", False))
+def _server_target(name: str, config: dict, stated: StatedKind | None = None, **spec_fields) -> Target:
+    """The target of one served model, classified before anything is measured: a kind its config
+    cannot be profiled as is bad input now, not a failure half-way through the run."""
+    try:
+        how = classify(name, config, stated)
+    except KindRefused as err:
+        raise BadInput(str(err)) from None
     target = Target(
         name=name,
-        kind="streaming" if decoupled else "classic",
+        kind=how.profiled_as,
         max_batch_size=int(config.get("max_batch_size", 0)),
         inputs=tensors_from_config(config.get("input") or []),
         outputs=tensors_from_config(config.get("output") or []),
         config=config,
+        interface=how.interface,
+        kind_note=how.note,
+        kind_gap=how.gap,
         **spec_fields,
     )
     if target.max_context is None and target.int_parameter("max_context"):
@@ -96,8 +109,10 @@ def spec_entries(loaded: LoadedSpec, names: Sequence[str] = ()) -> list[ModelEnt
     return entries
 
 
-def resolve_targets(admin: TritonAdmin, names: Sequence[str], loaded: LoadedSpec | None) -> list[Target]:
-    """Spec entries (all, or those named) or the named models, checked against the server."""
+def resolve_targets(admin: TritonAdmin, names: Sequence[str], loaded: LoadedSpec | None,
+                    kinds: Mapping[str, StatedKind] | None = None) -> list[Target]:
+    """Spec entries (all, or those named) or the named models, checked against the server. Each
+    spec entry's kind is its model's `kind:`; without a spec, `kinds` (--kind) states some models'."""
     entries = spec_entries(loaded, names) if loaded is not None else []
     wanted = [e.name for e in entries] if loaded is not None else list(dict.fromkeys(names))
     index = admin.models()
@@ -111,7 +126,7 @@ def resolve_targets(admin: TritonAdmin, names: Sequence[str], loaded: LoadedSpec
         raise RunFailed(f"model(s) not ready on the server: {states}")
     targets = []
     if loaded is None:
-        return [_server_target(n, admin.config(n)) for n in wanted]
+        return [_server_target(n, admin.config(n), (kinds or {}).get(n)) for n in wanted]
     for entry in entries:
         model = next(m for m in loaded.spec.models if m.name == entry.spec_model)
         arch = loaded.architectures.get(model.name)
@@ -127,6 +142,7 @@ def resolve_targets(admin: TritonAdmin, names: Sequence[str], loaded: LoadedSpec
             _server_target(
                 entry.name,
                 admin.config(entry.name),
+                StatedKind(model.kind),
                 spec_model=model.name,
                 kv_bytes_per_token_analytic=kv_analytic,
                 weights_bytes_analytic=weights,
