@@ -47,7 +47,7 @@ from tritonclient.grpc import service_pb2_grpc as pbg
 
 from sidecar.loop import run as run_loop
 from tests.helpers import SIDECAR_POOL_BLOCKS, build_sidecar_repository
-from tests.sidecar_rigs import stream_run
+from tests.live_sidecar_rigs import stream_run
 from tritongen.server import ServerOptions, TritonServer
 from tritongen.sidecar_process import SidecarProcess
 

@@ -34,7 +34,8 @@ from sidecar.run import SidecarThread
 from sidecar.nginx_front import find_nginx
 from tests.helpers import cli
 from tritongen.client import STALL_TIMEOUT
-from tests.sidecar_rigs import native_sidecar, policy_doc
+from tests.live_sidecar_rigs import native_sidecar
+from tests.sidecar_rigs import policy_doc
 
 pytestmark = pytest.mark.integration
 

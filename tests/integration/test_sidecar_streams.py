@@ -24,7 +24,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from sidecar.run import SidecarThread
-from tests.sidecar_rigs import Stalled, native_sidecar, policy_doc, stream_run
+from tests.live_sidecar_rigs import Stalled, native_sidecar, stream_run
+from tests.sidecar_rigs import policy_doc
 
 pytestmark = pytest.mark.integration
 
