@@ -454,6 +454,12 @@ function M.log(how)
     local state = ctx.tg_frames
     if state ~= nil and state.ids ~= nil then -- a carried stream: how its requests ended, then its end
         events = state.events or 0
+        if status == 499 and state.requests > 0 and state.finals >= state.requests then
+            -- gRPC clients cancel a stream once its last response came (tritonclient's aio stream
+            -- does): every request it sent had ended at the engine, so the stream ended well; a 499
+            -- would keep its slot lingering as if the engine still ran a request.
+            status = 200
+        end
         if err == "" then
             err = state.error or "" -- an error response inside the stream (the call itself went OK)
         end
