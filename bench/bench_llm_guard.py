@@ -616,7 +616,13 @@ def one_model(case: Case) -> None:
     if queues(case) and case.policy_path is not None and case.workdir is not None:
         wrong_starts(case, capacity, extra)
 
-    print(f"live saturation: direct completed {live_saturation:.1f}/s at {ABOVE:g}x ({live_saturation / capacity:.0%} of the simulated capacity)\n")
+    print(f"live saturation: direct completed {live_saturation:.1f}/s at {ABOVE:g}x ({live_saturation / capacity:.0%} of the simulated capacity)")
+    if case.protocol == "grpc":  # which way the sidecar sent them (sidecar/stream_path.py), as it counted them
+        ways = {s.labels.get("path"): s.value for s in parse_prometheus(httpx.get(case.sidecar.metrics_url, timeout=5).text)
+                if s.name == "sidecar_grpc_streams_total"}
+        print(f"gRPC streams through the sidecar: carried by nginx {ways.get('carried', 0):.0f}, relayed by Python "
+              f"{ways.get('relay', 0):.0f} (sidecar_grpc_streams_total, this sidecar's whole run so far)")
+    print()
     print("| phase | figure | direct | sidecar | goal | verdict |\n|---|---|---|---|---|---|")
     for row in case.rows:
         print("| " + " | ".join(row) + " |")
