@@ -14,10 +14,15 @@ from tritongen.specio import format_loc
 
 def read_profiles(directory: Path) -> dict[str, Profile]:
     """Every `*.json` profile in DIR by model entry name; other JSON files (no schema_version) are skipped."""
+    return {model: profile for model, (_path, profile) in read_profile_files(directory).items()}
+
+
+def read_profile_files(directory: Path) -> dict[str, tuple[Path, Profile]]:
+    """`read_profiles` with the file each profile came from, for messages that name it."""
     directory = Path(directory)
     if not directory.is_dir():
         raise BadInput(f"--profiles {directory}: not a directory (write one with `tritongen profile ... -o DIR`)")
-    profiles: dict[str, Profile] = {}
+    profiles: dict[str, tuple[Path, Profile]] = {}
     for path in sorted(directory.glob("*.json")):
         try:
             text = path.read_text()
@@ -33,7 +38,7 @@ def read_profiles(directory: Path) -> dict[str, Profile]:
             raise BadInput(f"{path}: not a tritongen profile this version reads: {problems}") from None
         if profile.model in profiles:
             raise BadInput(f"{path}: a second profile for model {profile.model!r}; keep one per model")
-        profiles[profile.model] = profile
+        profiles[profile.model] = (path, profile)
     if not profiles:
         raise BadInput(f"--profiles {directory}: no profile JSON files (run `tritongen profile SPEC -o {directory}`)")
     return profiles

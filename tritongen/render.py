@@ -24,6 +24,7 @@ from tritongen.core.profile_types import Profile
 from tritongen.core.static_batch import cap_static_batches
 from tritongen.core.file_names import POLICY_FILE
 from tritongen.core.sidecar_policy.build import build_sidecar_policy
+from tritongen.core.sidecar_policy.from_profiles import policy_from_profiles
 from tritongen.core.sidecar_policy.schema import parse_policy
 from tritongen.core.findings import Finding
 from tritongen.core.triton_releases import Release, release_field_findings, trtllm_note
@@ -31,6 +32,7 @@ from tritongen.core.trtllm_args import MODEL_YAML, RELEASE
 from tritongen.core.trtllm_args_check import check_model_yaml
 from tritongen.errors import BadInput, TritongenError
 from tritongen.pbtxt import ConfigSyntaxError, field_lines, parse_model_config
+from tritongen.profiles import read_profile_files
 from tritongen.server_flags import SERVER_FLAGS_FILE
 from tritongen.specio import LoadedSpec
 
@@ -112,6 +114,17 @@ def render_repository(
         plan = cap_static_batches(plan, profiles, sizes)
     policy = build_sidecar_policy(loaded.spec, plan, profiles, model_dir_tokenizers(loaded, plan))
     return render_plan(plan, loaded.path.name, templates, sidecar_policy=policy)
+
+
+def render_policy_only(profiles_dir: Path, p99_ms: float | None = None) -> RenderedRepository:
+    """Without a spec: only the sidecar's policy, from the profiles of a server the user already runs
+    (core/sidecar_policy/from_profiles.py). The server's configs are its own; nothing but the policy
+    is rendered, and it is validated as the sidecar will read it before anything is written."""
+    found = read_profile_files(profiles_dir)
+    policy = policy_from_profiles({m: p for m, (_f, p) in found.items()}, {m: str(f) for m, (f, _p) in found.items()},
+                                  p99_ms)
+    parse_policy(policy, f"the {SIDECAR_POLICY_FILE} rendered from {profiles_dir}")
+    return RenderedRepository(files={SIDECAR_POLICY_FILE: json.dumps(policy, indent=2, sort_keys=True) + "\n"})
 
 
 def model_dir_tokenizers(loaded: LoadedSpec, plan: DeploymentPlan) -> dict[str, str]:

@@ -202,12 +202,8 @@ def _llm_entry(
             f"{entry.name}: measured {measured:g} KV bytes/token is below the analytic "
             f"{kv.kv_bytes_per_token}; the analytic figure is used"
         )
-    prefill = sorted({p.prompt_tokens: p.peak_delta_bytes for p in (memory.prefill if memory else [])}.items())
-    grace = DEFAULT_GRACE_MS
-    if profile is not None and profile.streaming is not None:
-        itl = [lv.itl_p99_ms for lv in profile.streaming.levels if lv.itl_p99_ms]
-        if itl:
-            grace = max(100.0, round(16 * max(itl), 1))  # engines check for cancellation every few tokens
+    prefill = prefill_points(profile)
+    grace = release_grace_ms(profile)
     limits = _engine_limits(model, entry, profile)
     interface = _interface(entry)
     prompt_bpt, prompt_bpt_source = _prompt_bytes_per_token(model, profile)
@@ -244,7 +240,7 @@ def _llm_entry(
             "prompt_input": interface.text_input if interface else "text_input",
             "max_tokens_input": (interface.max_tokens_input if interface else None) or "max_tokens",
             "preallocated": True,
-            "prefill_peak": [{"prompt_tokens": t, "peak_bytes": b} for t, b in prefill],
+            "prefill_peak": prefill,
             "prefill_peak_source": "profile" if prefill else "none",
             **_footprint_fields(hybrid),
         },
@@ -370,7 +366,6 @@ def build_sidecar_policy(
     total_inflight = max(1, sum(m["max_inflight"] for m in models if m["kind"] == "llm"))
     top = min(c.priority for c in spec.traffic_classes)
     classes = [_class_entry(spec, c, top) for c in sorted(spec.traffic_classes, key=lambda c: c.priority)]
-    delay_high = round(min(c.p99_ms for c in spec.traffic_classes) * 0.25, 3)
     sources = ["triton_metrics", "static"] if plan.cpu_only else ["nvml", "triton_metrics", "static"]
     if spec.safety_pad_mb() != spec.policy.kv_safety_pad_mb:
         notes.append("headroom: no safety pad (no LLM prefills here and the spec states no policy.kv_safety_pad_mb)")
@@ -386,28 +381,57 @@ def build_sidecar_policy(
         "classes": classes,
         "devices": _devices(spec, plan),
         "models": models,
-        "concurrency": {
-            "min": max(1, math.ceil(total_inflight / 3)),
-            "max": total_inflight,
-            "initial": None,
-            "high_watermark": 0.9,
-            "low_watermark": 0.7,
-            "queue_delay_high_ms": delay_high,
-            "queue_delay_low_ms": round(delay_high / 2, 3),
-            "adjust_interval_ms": 1000.0,
-            "increase_hold_ms": 3000.0,
-            "decrease_factor": 0.9,
-            "increase_step": 1,
-        },
-        "headroom": {
-            "sources": sources,
-            "safety_pad_bytes": int(spec.safety_pad_mb() * MIB),
-            "poll_interval_ms": 500.0,
-            "stale_after_ms": 5000.0,
-        },
-        "limits": {"max_body_bytes": 64 * MIB, "max_header_bytes": 16 * 1024, "max_retry_after_s": 30},
+        "concurrency": concurrency_section(total_inflight, min(c.p99_ms for c in spec.traffic_classes)),
+        "headroom": headroom_section(sources, int(spec.safety_pad_mb() * MIB)),
+        "limits": dict(LIMITS),
         "notes": notes,
     }
+
+
+def concurrency_section(total_inflight: int, shortest_target_ms: float) -> dict[str, Any]:
+    """The adaptive limit over LLM requests: from a third of what the engines run up to all of it;
+    Triton's queueing delay counts as high at a quarter of the tightest class target, so the limit
+    steps down well before that class's requests could miss it."""
+    delay_high = round(shortest_target_ms * 0.25, 3)
+    return {
+        "min": max(1, math.ceil(total_inflight / 3)),
+        "max": total_inflight,
+        "initial": None,
+        "high_watermark": 0.9,
+        "low_watermark": 0.7,
+        "queue_delay_high_ms": delay_high,
+        "queue_delay_low_ms": round(delay_high / 2, 3),
+        "adjust_interval_ms": 1000.0,
+        "increase_hold_ms": 3000.0,
+        "decrease_factor": 0.9,
+        "increase_step": 1,
+    }
+
+
+def headroom_section(sources: list[str], safety_pad_bytes: int) -> dict[str, Any]:
+    """Where live headroom is read, in order ('static' last, the fallback that always answers)."""
+    return {"sources": sources, "safety_pad_bytes": safety_pad_bytes, "poll_interval_ms": 500.0, "stale_after_ms": 5000.0}
+
+
+LIMITS = {"max_body_bytes": 64 * MIB, "max_header_bytes": 16 * 1024, "max_retry_after_s": 30}
+
+
+def prefill_points(profile: Profile | None) -> list[dict[str, int]]:
+    """The profiled prefill peaks by prompt length, as the policy states them (empty: none measured)."""
+    memory = profile.memory if profile is not None else None
+    peaks = sorted({p.prompt_tokens: p.peak_delta_bytes for p in (memory.prefill if memory else [])}.items())
+    return [{"prompt_tokens": t, "peak_bytes": b} for t, b in peaks]
+
+
+def release_grace_ms(profile: Profile | None) -> float:
+    """How long a cancelled request's reservation is kept: an engine notices a cancellation only
+    between steps, every few tokens, so 16 of the slowest token gaps the profile measured (at least
+    100 ms), else DEFAULT_GRACE_MS where no stream was measured."""
+    if profile is not None and profile.streaming is not None:
+        itl = [lv.itl_p99_ms for lv in profile.streaming.levels if lv.itl_p99_ms]
+        if itl:
+            return max(100.0, round(16 * max(itl), 1))
+    return DEFAULT_GRACE_MS
 
 
 def _engine_sequences(entry: ModelEntryPlan) -> int | None:

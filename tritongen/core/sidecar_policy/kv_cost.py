@@ -40,7 +40,10 @@ class KVCost(PolicyModel):
         ge=0, description="KV-cache bytes per token (per rank) of the layers that keep every token; for a classic "
         "model, of every layer."
     )
-    bytes_per_token_source: Literal["profile", "analytic"] = Field(description="Where bytes_per_token comes from.")
+    bytes_per_token_source: Literal["profile", "analytic", "tokens"] = Field(
+        description="Where bytes_per_token comes from; 'tokens': not known (a policy from profiles alone), so 1, and "
+        "the pool, the quota and each request are counted in tokens."
+    )
     capped: list[CappedKV] = Field(
         default_factory=list, description="Layers that stop growing at a cap, each with the bytes a token adds to "
         "them below it (tritongen.core.kv.KVFootprint). Empty: none, every layer grows with the sequence."

@@ -3,7 +3,8 @@ The whole document and its cross-checks live here; its sections in sections.py, 
 tuning.py.
 
 `build_sidecar_policy` (build.py, beside this) derives every number here from the
-deployment spec, its plan and any profiles; the sidecar only reads it. Unknown keys, impossible
+deployment spec, its plan and any profiles, and `policy_from_profiles` (from_profiles.py) from
+profiles alone, naming what it assumed in `notes`; the sidecar only reads it. Unknown keys, impossible
 values and contradictions are refused with the field path, both values and the fix, and a policy
 that fails validation on reload is refused while the old one stays in force.
 
