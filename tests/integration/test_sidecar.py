@@ -605,8 +605,14 @@ STREAM_REQUESTS = [("client-0", "first prompt", 12), ("client-1", "a second, lon
 
 @pytest.mark.parametrize("empty_final", [False, True])
 def test_grpc_stream_passes_through(deployment: Deployment, empty_final: bool) -> None:
+    """tinyllm kills when its pool runs dry (kv_policy grow_kill): its streams take the Python relay,
+    which reserves each request's KV (sidecar/stream_path.py); test_sidecar_streams.py runs nginx's way."""
+    ways = deployment.status()["front"]["grpc_streams"]
+    assert ways["path"] == "relay" and "grow_kill" in ways["why"], ways
+    relayed = metric_total(metrics_text(deployment), 'sidecar_grpc_streams_total{path="relay"}')
     direct = stream_run(deployment.server.grpc_url, STREAM_REQUESTS, empty_final)
     through = stream_run(deployment.grpc, STREAM_REQUESTS, empty_final)
+    assert metric_total(metrics_text(deployment), 'sidecar_grpc_streams_total{path="relay"}') == relayed + 1
     assert through == direct
     assert {"client-0", "client-1"} <= set(through) and all(v["finals"] == 1 for v in through.values())
     assert ("client-2" in through) == empty_final  # the flags-only final only when the client asked

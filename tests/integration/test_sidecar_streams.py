@@ -45,6 +45,8 @@ def streams_policy() -> dict[str, Any]:
         "kv": {"bytes_per_token": 10, "bytes_per_token_source": "analytic", "block_tokens": 16, "max_context": 512,
                "kv_policy": "grow_kill"},
     }]
+    doc["models"].append({"name": "ranker", "kind": "classic", "devices": ["cpu"], "request_bytes": 100,
+                          "priority_levels": 3, "default_priority": 2})
     doc["tenants"] = [{"name": SOLO, "max_inflight": 1}]
     for klass in doc["classes"]:
         klass["queue_cap"] = 0  # a stream that finds no room is refused at once
@@ -201,3 +203,29 @@ def test_a_client_that_cancels_after_its_last_response_ended_well(carried: Sidec
         time.sleep(0.05)
     if tries == 1:
         wait_released(carried, timeout=3)  # well within release_grace_ms (30 s)
+
+
+def test_the_dashboard_counts_every_request_whichever_way_it_went(carried: SidecarThread) -> None:
+    """HTTP infers (nginx's lane or a decision), gRPC ModelInfers and gRPC streams (nginx carries
+    them): every one is in sidecar_request_duration_seconds_count within a second of the last."""
+    duration = "sidecar_request_duration_seconds_count{"
+    before = metric(carried, duration)
+    base, url = f"http://127.0.0.1:{carried.sidecar.http_port}", f"127.0.0.1:{carried.sidecar.grpc_port}"
+    body = {"inputs": [{"name": "FEATURES", "shape": [1, 32], "datatype": "FP32", "data": [0.25] * 32}]}
+    with httpx.Client(timeout=10) as client:
+        answers = [client.post(f"{base}/v2/models/ranker/infer", json=body).status_code for _ in range(60)]
+    request = pb.ModelInferRequest(model_name="ranker")
+    request.inputs.add(name="FEATURES", datatype="FP32", shape=[1, 32])
+    request.raw_input_contents.append(np.full((1, 32), 0.25, dtype=np.float32).tobytes())
+    with grpc.insecure_channel(url) as channel:
+        stub = pbg.GRPCInferenceServiceStub(channel)
+        for _ in range(60):
+            try:
+                stub.ModelInfer(request, timeout=10)
+                answers.append(200)
+            except grpc.RpcError as err:  # Triton's own answer (its queue timeouts) is still a request
+                answers.append(err.code().value[0])
+    streams = [_cancelled_after_the_last_response(url) for _ in range(20)]
+    assert answers.count(200) >= 100 and streams.count("") >= 15, (answers, streams)
+    time.sleep(1.0)  # the lane's counts come at its next sync (20-100 ms), nginx's ends within ms
+    assert metric(carried, duration) - before == 140

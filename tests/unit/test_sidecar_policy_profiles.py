@@ -82,8 +82,20 @@ def test_a_streaming_llm_whose_probe_saw_reserve_wait_reserves_against_its_measu
     assert "assumed: max_context 6848 tokens" in said
 
 
+def unknown_engine() -> Profile:
+    """vllm_standin as an engine that exports no metrics of a known engine: its kv_policy unseen."""
+    return with_engine(example("vllm_standin"), engine_metrics=[])
+
+
+def test_an_engine_that_exports_vllms_metrics_is_taken_for_vllm_which_preempts() -> None:
+    doc = build(example("vllm_standin"))  # its profile read vllm:* families
+    llm = model(doc, "vllm_standin")
+    assert llm["kv"]["kv_policy"] == "grow_preempt" and llm["memory_quota_bytes"] is None  # nothing reserved
+    assert "exports vLLM's metrics" in notes_of(doc, "vllm_standin")
+
+
 def test_a_streaming_llm_whose_kv_policy_was_not_seen_is_reserved_and_priced_in_tokens() -> None:
-    doc = build(example("vllm_standin"))
+    doc = build(unknown_engine())
     llm = model(doc, "vllm_standin")
     kv = llm["kv"]
     assert kv["kv_policy"] is None  # the sidecar reserves: the safe side
@@ -215,7 +227,7 @@ def test_every_example_profile_that_measured_its_pool_makes_one_valid_policy() -
 def test_the_sidecar_admits_against_a_pool_priced_in_tokens() -> None:
     """The policy as the sidecar runs it: a request's prompt and max_tokens in tokens, in whole
     blocks, reserved against the pool the profile measured; the request that finds it full waits."""
-    policy = parse_policy(build(example("vllm_standin")))
+    policy = parse_policy(build(unknown_engine()))
     (llm,) = policy.models
     assert llm.kv is not None
     cost = cost_for(llm, LLMFacts(prompt_bytes=[400], max_tokens=[16]))  # 100 tokens at 4 bytes/token, + 16

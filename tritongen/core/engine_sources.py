@@ -54,6 +54,8 @@ ENGINE_PARAMETERS = ("kv_policy", "max_num_seqs", "kv_block_tokens", "kv_pool_bl
 VLLM_DEFAULT_MAX_NUM_SEQS = 256  # vLLM EngineArgs default
 VLLM_DEFAULT_BLOCK_SIZE = 16
 TRTLLM_POLICIES = {"guaranteed_no_evict": "reserve_wait", "max_utilization": "grow_preempt"}
+VLLM_KV_POLICY = "grow_preempt"  # vLLM never kills for want of KV: it preempts a sequence and recomputes it
+VLLM_KV_POLICY_WHY = "the vLLM backend (preempts and recomputes)"
 
 
 class EngineSourceError(ValueError):
@@ -128,7 +130,7 @@ def _switch(value: object, name: str, where: str, model: str) -> bool | None:
 def _from_vllm(claims: _Claims, args: Mapping[str, object]) -> None:
     where = "model.json"
     m = claims.model
-    claims.add("kv_policy", "grow_preempt", "the vLLM backend (preempts and recomputes)")
+    claims.add("kv_policy", VLLM_KV_POLICY, VLLM_KV_POLICY_WHY)
     claims.add("max_num_seqs", _int(args.get("max_num_seqs"), "max_num_seqs", where, m), where)
     claims.add("kv_block_tokens", _int(args.get("block_size"), "block_size", where, m), where)
     claims.add("max_batched_tokens", _int(args.get("max_num_batched_tokens"), "max_num_batched_tokens", where, m), where)

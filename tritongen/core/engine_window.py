@@ -370,7 +370,9 @@ def _python_backend(model: str, scrapes: Sequence[Samples], found: list[str], wi
     )
 
 
-def _family_of(name: str) -> str | None:
+def metric_family(name: str) -> str | None:
+    """The engine a metric family name belongs to: 'vllm', 'trtllm', 'llm_engine' (a Python engine's own
+    gauges), None for Triton's own and anything else."""
     if name.startswith("vllm:"):
         return "vllm"
     if name.startswith("nv_trt_llm_"):
@@ -390,7 +392,7 @@ def engine_windows(scrapes: Sequence[Samples], window_s: float) -> dict[str, Eng
     last = scrapes[-1]
     found: dict[tuple[str, str], set[str]] = {}
     for sample, labels in last:
-        family = _family_of(sample)
+        family = metric_family(sample)
         model = _label(dict(labels), "model")
         if family and model:
             found.setdefault((model, family), set()).add(_base_name(sample))

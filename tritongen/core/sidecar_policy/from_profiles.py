@@ -35,6 +35,8 @@ from collections.abc import Mapping
 from pathlib import PurePath
 from typing import Any
 
+from tritongen.core.engine_sources import VLLM_KV_POLICY, VLLM_KV_POLICY_WHY
+from tritongen.core.engine_window import metric_family
 from tritongen.core.llm_interface import VLLM_DEFAULT_MAX_TOKENS
 from tritongen.core.profile_types import EngineMeasurement, Profile
 from tritongen.core.sidecar_policy.build import (
@@ -177,6 +179,9 @@ def _streaming(profile: Profile, device: str, notes: list[str]) -> dict[str, Any
     assert engine is not None
     stated = profile.stated_engine.section if profile.stated_engine is not None else None
     policy = (stated.kv_policy if stated else None) or engine.kv_policy_seen
+    vllm = policy is None and any(metric_family(name) == "vllm" for name in engine.engine_metrics)
+    if vllm:  # the profile read vLLM's metrics (its pool from them, so the probe did not run): vLLM's own policy
+        policy = VLLM_KV_POLICY
     block = engine.kv_block_tokens or (stated.kv_block_tokens if stated else None) or 1
     pool_tokens = engine.kv_capacity_tokens or (stated.kv_pool_tokens if stated else None)
     assert pool_tokens
@@ -190,6 +195,8 @@ def _streaming(profile: Profile, device: str, notes: list[str]) -> dict[str, Any
         seqs, seqs_from = blocks, "assumed: the pool's blocks (every sequence holds one at least)"
     if stated and stated.kv_policy:
         policy_from = "stated by the spec the profile carried"
+    elif vllm:
+        policy_from = f"the engine exports vLLM's metrics: {VLLM_KV_POLICY_WHY}"
     elif policy:
         policy_from = f"seen by the capacity probe ({engine.kv_policy_evidence})"
     else:
