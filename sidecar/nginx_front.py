@@ -51,6 +51,13 @@ LUA_DIR = Path(__file__).resolve().parent  # sidecar/tritongen_lane.lua, sidecar
 BODY_IN_MEMORY = 8 * 1024 * 1024  # larger bodies spill to a file, and nginx hands them to Python
 LONG_S = 3600  # streams and queue waits: nginx must not time them out before the sidecar does
 WORKER_CONNECTIONS = 8192  # nginx's connections at once, clients' and upstream ones together
+# Streams one client connection may hold open at once. nginx's default (128) held a gRPC client's
+# 129th stream in the client's own library, where the sidecar can neither queue, order nor refuse it:
+# through the sidecar at 1.5x of the zoo's textgen, streams waited there seconds with no refusal
+# (bench/results/zoo-sidecar.md, 2026-12-07 06:54), where Triton's own gRPC server takes them all.
+# Each stream nginx holds for a decision keeps a connection to the decision socket: half the
+# worker's connections, so that the upstream ones always find room.
+HTTP2_STREAMS = WORKER_CONNECTIONS // 2
 log = logging.getLogger("tritongen.sidecar")
 INSTALL_HINT = "Debian/Ubuntu: `apt-get install nginx-light libnginx-mod-http-lua`"
 
@@ -155,6 +162,7 @@ def render_config(install: NginxInstall, work: Path, at: FrontAddresses, policy:
         "sidecar_grpc", str(at.sidecar_grpc)) + f"""    server {{
         listen {at.grpc_listen} http2;
         keepalive_requests 1000000;
+        http2_max_concurrent_streams {HTTP2_STREAMS};
         grpc_read_timeout {LONG_S}s;
         grpc_send_timeout {LONG_S}s;
         header_filter_by_lua_block {{ ngx.header["Server"] = nil; ngx.header["Date"] = nil }}
