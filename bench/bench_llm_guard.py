@@ -442,7 +442,11 @@ def drive(case: Case, arrivals: Arrivals, through_sidecar: bool) -> Run:
         case.model, streaming=True, batched=int(config.get("max_batch_size") or 0) > 0,
         interface=interface_from_config(config, model=case.model),
         bytes_per_token=float(case.spec_model.bytes_per_token or case.profile.engine.bytes_per_token or 1.0),
-        class_parameter=case.policy.get("class_parameter", "traffic_class"), protocol=case.protocol,
+        # gRPC streams name their class in the stream's metadata, where the sidecar reads it as the
+        # stream opens (sidecar/stream_path.py); HTTP requests in a parameter of the body.
+        class_parameter=None if case.protocol == "grpc" else case.policy.get("class_parameter", "traffic_class"),
+        class_header=case.policy.get("class_header", "x-traffic-class") if case.protocol == "grpc" else None,
+        protocol=case.protocol,
     )
     via = case.sidecar if through_sidecar else case.server
     before = preemptions(case.server, case.model)
@@ -509,7 +513,9 @@ def one_model(case: Case) -> None:
     top = min(case.classes, key=lambda c: c.priority)
     batch = max(case.classes, key=lambda c: c.priority)
     shares = ", ".join(f"{c.name} {c.share:g} (TTFT P99 target {c.p99_ms:g} ms)" for c in case.classes)
-    print(f"traffic: {shares}; class sent as request parameter {case.policy.get('class_parameter', 'traffic_class')!r}; "
+    sent = (f"metadata {case.policy.get('class_header', 'x-traffic-class')!r}" if case.protocol == "grpc"
+            else f"request parameter {case.policy.get('class_parameter', 'traffic_class')!r}")
+    print(f"traffic: {shares}; class sent as {sent}; "
           f"clients stream over {'gRPC ModelStreamInfer' if case.protocol == 'grpc' else 'HTTP generate_stream'}")
     lag: list[float] = []
     extra: list[str] = []

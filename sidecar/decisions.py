@@ -56,7 +56,7 @@ from sidecar.controller import AdmissionController, Rejected, Ticket
 from sidecar.grpc_proxy import GrpcProxy
 from sidecar.http_proxy import Answer, HttpProxy, Prepared
 from sidecar.nginx_front import WORKER_CONNECTIONS
-from sidecar.stream_path import CARRIED, stream_path
+from sidecar.stream_path import CARRIED, relayed_for_its_class, stream_path
 from sidecar.upstream import UpstreamHealth
 
 log = logging.getLogger("tritongen.sidecar")
@@ -179,8 +179,8 @@ class DecisionServer:
                 return
             if op == GRPC_STREAM:
                 path = stream_path(policy, native_front=True)
-                if path.mode != CARRIED or path.model is None:  # a reload moved streams to the relay
-                    conn.answer(PASS)
+                if path.mode != CARRIED or path.model is None or relayed_for_its_class(policy, klass):
+                    conn.answer(PASS)  # streams are relayed (a reload), or this one's class is in its requests
                     return
                 prepared = self.grpc.prepare_stream(path.model, metadata)
             else:

@@ -104,7 +104,7 @@ def request_parameters_of(inputs: Mapping[str, np.ndarray]) -> dict[str, object]
 EMPTY_FINAL = "triton_enable_empty_final_response"
 
 
-def aio_stream_infer(client, requests):
+def aio_stream_infer(client, requests, metadata: tuple[tuple[str, str], ...] = ()):
     """`client.stream_infer(requests)` of tritonclient's asyncio gRPC client, with every request
     asking for the empty final response: an async iterator of (InferResult | None, error | None).
 
@@ -130,7 +130,7 @@ def aio_stream_infer(client, requests):
             message.parameters[EMPTY_FINAL].bool_param = True
             yield message
 
-    call = client._client_stub.ModelStreamInfer(messages())
+    call = client._client_stub.ModelStreamInfer(messages(), metadata=metadata or None)
 
     class Responses:
         def __aiter__(self):

@@ -80,6 +80,10 @@ class LoadTarget:
     input_dtype: str = "FP32"
     # Through the policy sidecar: send the class name as this request parameter (e.g. "traffic_class").
     class_parameter: str | None = None
+    # Through the policy sidecar, streams: send the class name in this header (HTTP) or metadata key
+    # (gRPC), where the sidecar reads it as the stream opens (nginx carries a gRPC stream it decided
+    # by its metadata: it cannot read the parameters of the requests inside it).
+    class_header: str | None = None
     # Streaming models: the LLM interface the model speaks (`llm_interface`, required): it builds
     # every request (stream on, max_tokens where that interface carries it). Prompts are sized in
     # tokens x `bytes_per_token`.
@@ -163,6 +167,11 @@ class _Runner:
     def _now(self) -> float:
         return time.perf_counter() - self.t0
 
+    def _class_headers(self, i: int, target: LoadTarget) -> dict[str, str]:
+        if target.class_header is None:
+            return {}
+        return {target.class_header: self.arr.class_names[int(self.arr.cls[i])]}
+
     def _class_parameters(self, i: int, target: LoadTarget) -> dict[str, str] | None:
         if target.class_parameter is None:
             return None
@@ -215,7 +224,7 @@ class _Runner:
             await finished.wait()  # keep our side open until the last response
 
         self.send_t[i] = self._now()
-        stream = aio_stream_infer(grpc, requests())
+        stream = aio_stream_infer(grpc, requests(), tuple(self._class_headers(i, target).items()))
         try:
             async with asyncio.timeout(self.request_timeout_s) if hasattr(asyncio, "timeout") else _null():
                 async for result, error in stream:
@@ -260,7 +269,8 @@ class _Runner:
             async with asyncio.timeout(self.request_timeout_s):
                 async with self.sse.post(f"{self.sse_base}/v2/models/{target.model}/generate_stream",
                                          data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"}) as response:
+                                         headers={"Content-Type": "application/json",
+                                                  **self._class_headers(i, target)}) as response:
                     if response.status != 200:
                         text = (await response.read()).decode("utf-8", "replace")
                         self._error(i, f"[{response.status}] {text}", self._now())

@@ -113,9 +113,9 @@ def test_a_carried_stream_is_admitted_counted_and_released() -> None:
 def test_a_stream_that_finds_no_room_is_refused_as_grpc_refuses() -> None:
     async def test(server: Any, state: Any, metrics: Any) -> None:
         first = NginxSide(server)
-        rid = first.carried("", "grpc_stream", b"", tenant="solo")
+        rid = first.carried("", "grpc_stream", b"", tenant="solo", klass="normal")
         second = NginxSide(server)
-        second.admit("", "grpc_stream", b"", tenant="solo")
+        second.admit("", "grpc_stream", b"", tenant="solo", klass="normal")
         (kind, code, retry, _), body = second.answer()  # type: ignore[misc]
         assert (kind, code) == ("refuse", "8") and retry.isdigit()  # RESOURCE_EXHAUSTED, Retry-After
         assert b"queue_full" in body and b"solo" in body
@@ -140,3 +140,22 @@ def test_while_streams_are_relayed_nginx_is_told_to_pass_the_call_on() -> None:
         assert bytes(nginx.transport.data) == PASS and state.inflight == 0
 
     run(test, streaming_policy("grow_kill"))
+
+
+def test_a_stream_that_names_no_class_is_relayed_where_its_class_could_be_in_its_requests() -> None:
+    async def test(server: Any, state: Any, metrics: Any) -> None:
+        nginx = NginxSide(server)
+        nginx.admit("", "grpc_stream", b"", tenant="acme")  # no class metadata: the relay reads each request's
+        assert bytes(nginx.transport.data) == PASS and state.inflight == 0
+
+    run(test, streaming_policy())
+    assert "names no class is relayed" in stream_path(streaming_policy(), native_front=True).why
+
+    one_class = streaming_policy().model_dump(mode="json", exclude_none=True)
+    one_class["classes"] = [c for c in one_class["classes"] if c["name"] == "normal"]
+
+    async def carried(server: Any, state: Any, metrics: Any) -> None:
+        NginxSide(server).carried("", "grpc_stream", b"")  # one class: there is nothing to read
+        assert state.inflight == 1
+
+    run(carried, parse_policy(one_class))
