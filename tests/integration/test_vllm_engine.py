@@ -19,7 +19,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.helpers import cli
+from tests.helpers import EXAMPLES, cli
 from tritongen.local_llm import SPEC_PLACEHOLDER, LlamaShape, split_cores, write_tiny_llama
 from tritongen.profiler.run import Endpoints, Profiler, TritonAdmin, default_settings, resolve_targets
 from tritongen.server import ServerOptions, TritonServer
@@ -154,6 +154,45 @@ def test_profile_with_only_the_upstream_metrics(server: TritonServer, repository
     assert set(engine.engine_metrics) and not {m for m in engine.engine_metrics if m.split("_bucket")[0] in ENGINE_GAUGES}
     assert len(engine.decode) >= 2 and all(d.step_ms > 0 for d in engine.decode)
     assert engine.prefill_ms_per_token >= 0 and engine.idle_ttft_fit is not None
+
+
+def test_a_new_user_profiles_it_through_url_without_a_spec_then_renders_simulates_and_serves(
+        server: TritonServer, repository: Path, tmp_path: Path):
+    """The real engine as a user first meets tritongen (issue 43's matrix, the real vLLM's cells): the
+    CLI, no spec, only the server's URLs; then the policy from that profile alone, a simulation against
+    the served config, and a request through the sidecar running that policy. The profiler's own cancel
+    of a stream it closes must never surface as the model's error (first_output.first_output)."""
+    from tritongen.core.profile_types import read_profile
+    from tritongen.sidecar_process import SidecarProcess
+
+    profiles = tmp_path / "profiles"
+    done = cli("profile", "--model", MODEL, "--url", server.http_url, "--grpc-url", server.grpc_url,
+               "--metrics-url", server.metrics_url, "-o", str(profiles), "--quick", "--stream-concurrency", "1,2",
+               "--window", "0.25", timeout_s=300)
+    said = done.stdout + done.stderr
+    assert done.returncode == 0 and "Locally cancelled" not in said, said[-2000:]
+    profile = read_profile((profiles / f"{MODEL}.json").read_text())
+    assert profile.complete and profile.engine is not None, profile.error
+    assert profile.engine.interface_kind == "vllm" and profile.engine.decode_fixed_ms > 0
+
+    rendered = tmp_path / "rendered"
+    done = cli("render", "--profiles", str(profiles), "-o", str(rendered))
+    assert done.returncode == 0, done.stdout + done.stderr
+    policy = json.loads((rendered / "sidecar_policy.json").read_text())
+    models = {m["name"]: m for m in policy["models"]}
+    assert models[MODEL]["kv"]["kv_policy"] == "grow_preempt", models[MODEL]
+
+    done = cli("simulate", "--profile", str(profiles / f"{MODEL}.json"), "--config",
+               str(repository / MODEL / "config.pbtxt"), "--traffic", str(EXAMPLES / "traffic" / "poisson.yaml"), "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout), "simulate printed no result"
+
+    with SidecarProcess(rendered / "sidecar_policy.json", server, tmp_path / "sidecar.log") as sidecar:
+        body = {"text_input": "a prompt of a few words", "sampling_parameters": json.dumps({"max_tokens": 4}),
+                "stream": True}
+        response = httpx.post(f"http://{sidecar.http_url}/v2/models/{MODEL}/generate_stream", json=body, timeout=60.0)
+    assert response.status_code == 200, response.text
+    assert [line for line in response.text.splitlines() if line.startswith("data:")], response.text
 
 
 def test_a_rendered_model_json_loads_and_serves_with_the_engine_gauges(server: TritonServer, repository: Path, llama: Path, tmp_path: Path):

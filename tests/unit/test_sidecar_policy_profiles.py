@@ -17,12 +17,14 @@ from sidecar.admission_types import Action, Request
 from sidecar.cost import LLMFacts, cost_for
 from tests.helpers import EXAMPLE_PROFILES, EXAMPLES, run_cli
 from tests.sidecar_rigs import FakeClock
+from tritongen.core.engine_sources import VLLM_DEFAULT_MAX_NUM_SEQS
 from tritongen.core.file_names import POLICY_FILE
 from tritongen.core.llm_interface import LLMInterface, TensorInfo, detect_interface
 from tritongen.core.profile_types import DecodeSample, Profile, UnaryLLMMeasurement, read_profile
 from tritongen.core.sidecar_policy.from_profiles import (
     ASSUMED_TARGET_FACTOR,
     UNBOUND_DEVICE_BYTES,
+    UNKNOWN_CONTEXT,
     NoPolicyFromProfile,
     interface_inputs,
     policy_from_profiles,
@@ -92,6 +94,24 @@ def test_an_engine_that_exports_vllms_metrics_is_taken_for_vllm_which_preempts()
     llm = model(doc, "vllm_standin")
     assert llm["kv"]["kv_policy"] == "grow_preempt" and llm["memory_quota_bytes"] is None  # nothing reserved
     assert "exports vLLM's metrics" in notes_of(doc, "vllm_standin")
+
+
+def test_vllm_profiled_without_its_pool_is_followed_not_refused() -> None:
+    """Triton's upstream vLLM backend reports no pool, so a profile without --kv-capacity-probe has
+    none (found running the CLI on the real engine through --url): an engine that queues needs no
+    pool reserved, so its policy is made, with the context unknown (the sidecar refuses nothing as
+    too long: the engine's own error does) and the following started at vLLM's default limit."""
+    doc = build(with_engine(example("vllm_standin"), kv_capacity_tokens=None, kv_capacity_source=None))
+    llm = model(doc, "vllm_standin")
+    kv = llm["kv"]
+    assert kv["kv_policy"] == "grow_preempt" and llm["memory_quota_bytes"] is None
+    assert kv["max_context"] == UNKNOWN_CONTEXT and kv["engine_pool_bytes"] is None
+    assert llm["max_inflight"] == VLLM_DEFAULT_MAX_NUM_SEQS
+    said = notes_of(doc, "vllm_standin")
+    assert "pool unknown" in said and "vLLM's default max_num_seqs" in said
+    policy = parse_policy(doc).models[0]
+    assert policy.kv is not None
+    assert cost_for(policy, LLMFacts(prompt_bytes=[40], max_tokens=[100_000])).never is None
 
 
 def test_a_streaming_llm_whose_kv_policy_was_not_seen_is_reserved_and_priced_in_tokens() -> None:

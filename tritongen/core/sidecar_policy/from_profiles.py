@@ -22,9 +22,15 @@ or an assumption that the policy's `notes` names as one:
   in a profile, so its static figure never binds (UNBOUND_DEVICE_BYTES) and live readings (NVML,
   Triton's metrics) decide.
 
+A streaming LLM whose engine queues (grow_preempt: vLLM, read from its metrics) needs no pool: nothing
+is reserved for it, the sidecar follows the engine's queue from its sequence limit (seen, else vLLM's
+default max_num_seqs) down, and an unknown context is taken as UNKNOWN_CONTEXT (the engine's own
+error answers what it cannot hold). Upstream's vLLM backend reports no pool, so this is the policy a
+user of it gets without `--kv-capacity-probe`.
+
 A profile that cannot give what its model needs (partial, a streaming LLM without an engine
-section or without a measured pool) refuses the whole policy with one message per model: its
-profile file, what is missing, and the fix.
+section, or without a measured pool where the engine reserves) refuses the whole policy with one
+message per model: its profile file, what is missing, and the fix.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from collections.abc import Mapping
 from pathlib import PurePath
 from typing import Any
 
-from tritongen.core.engine_sources import VLLM_KV_POLICY, VLLM_KV_POLICY_WHY
+from tritongen.core.engine_sources import VLLM_DEFAULT_MAX_NUM_SEQS, VLLM_KV_POLICY, VLLM_KV_POLICY_WHY
 from tritongen.core.engine_window import metric_family
 from tritongen.core.llm_interface import VLLM_DEFAULT_MAX_TOKENS
 from tritongen.core.profile_types import EngineMeasurement, Profile
@@ -57,6 +63,10 @@ ASSUMED_TARGET_FACTOR = 5.0
 """The assumed target is this many times the slowest model's P99 at low load: the sidecar lets a
 request wait for its target less the model's own time, so a request may wait about four of its own
 unloaded times before it is refused, instead of being refused as soon as anything is ahead of it."""
+UNKNOWN_CONTEXT = 2**31 - 1
+"""The context of a model whose profile measured neither its pool nor its context (an engine that
+queues, profiled without the capacity probe): larger than any model's, so the sidecar refuses no
+request as too long and the engine's own error says what it cannot hold."""
 UNBOUND_DEVICE_BYTES = 2**60
 """A device of 1 EiB: more than any device holds, so its static fallback never refuses a request.
 No profile records a device's size; the live readings (NVML, Triton's metrics) replace the static
@@ -113,7 +123,8 @@ def _refusal(profile: Profile, files: Mapping[str, str]) -> str | None:
                 f"and KV policy); {_again(profile, files)}")
     engine = profile.engine
     stated = profile.stated_engine.section if profile.stated_engine is not None else None
-    if engine is not None and not engine.kv_capacity_tokens and not (stated and stated.kv_pool_tokens):
+    if (engine is not None and not engine.kv_capacity_tokens and not (stated and stated.kv_pool_tokens)
+            and _kv_policy(profile)[0] != "grow_preempt"):  # an engine that queues is followed, not reserved
         seen = next((g.unseen for g in profile.gaps if g.measurement == "kv capacity"), "not measured")
         return (f"{where}: the profile of {name!r} has no KV pool size ({seen}); "
                 f"{_again(profile, files, ' --kv-capacity-probe')} that states engine.kv_pool_tokens")
@@ -123,13 +134,16 @@ def _refusal(profile: Profile, files: Mapping[str, str]) -> str | None:
     return None
 
 
-def _kv(profile: Profile, pool_tokens: int, block: int, policy: str | None,
+def _kv(profile: Profile, pool_tokens: int | None, block: int, policy: str | None,
         interface: str | None, notes: list[str]) -> dict[str, Any]:
-    """The cost model of an LLM from its profile: measured bytes per token, else priced in tokens."""
+    """The cost model of an LLM from its profile: measured bytes per token, else priced in tokens.
+    Without a pool (only for an engine that queues, `_refusal`) the context is unknown too, so it is
+    taken as UNKNOWN_CONTEXT: the sidecar then never refuses a request as too long, and a request
+    past the engine's real context gets the engine's own error, verbatim."""
     memory = profile.memory
     measured = memory.kv_bytes_per_token_measured if memory is not None else None
     bpt = float(measured) if measured else 1.0
-    pool = pool_tokens // block * block
+    pool = pool_tokens // block * block if pool_tokens else None
     inputs = interface_inputs(interface) if interface else None
     engine = profile.engine
     prompt_bpt = (float(engine.bytes_per_token) if engine is not None
@@ -142,16 +156,18 @@ def _kv(profile: Profile, pool_tokens: int, block: int, policy: str | None,
     priced = (f"bytes ({measured:g} KV bytes/token measured)" if measured else "tokens (bytes_per_token 1: the "
               "profile measured no KV bytes per token, so the pool, the quota and each request are counted in tokens)")
     counted = "the backend's token counts" if prompt_bpt != 1.0 else "the bound that never under-counts"
-    notes.append(f"{profile.model}: priced in {priced}; assumed: max_context {pool} tokens, the pool (a profile does not "
-                 f"see the context; no longer sequence runs); prompts at {prompt_bpt:g} bytes/token ({counted}); "
+    context = (f"max_context {pool} tokens, the pool (a profile does not see the context; no longer sequence runs)"
+               if pool else f"max_context {UNKNOWN_CONTEXT} tokens (unknown: neither context nor pool measured; the "
+               "engine refuses what it cannot hold, with its own error)")
+    notes.append(f"{profile.model}: priced in {priced}; assumed: {context}; prompts at {prompt_bpt:g} bytes/token ({counted}); "
                  f"prefill peaks: {len(prefill) or 'none'}")
     return {
         "bytes_per_token": bpt,
         "bytes_per_token_source": "profile" if measured else "tokens",
         "block_tokens": block,
-        "max_context": pool,
+        "max_context": pool or UNKNOWN_CONTEXT,
         "kv_policy": policy,
-        "engine_pool_bytes": math.ceil(pool * bpt),
+        "engine_pool_bytes": math.ceil(pool * bpt) if pool else None,
         # What the backend generates when a request names no max_tokens: vLLM's default, else unknown
         # (the sidecar then charges up to max_context).
         "default_max_tokens": VLLM_DEFAULT_MAX_TOKENS if (interface or "").startswith(VLLM_LABEL) else None,
@@ -174,25 +190,35 @@ def _sequence_limit(engine: EngineMeasurement, stated: int | None) -> tuple[int 
     return (max(seen), "the profile's decode levels (fewer ran than were sent)") if seen else (None, "")
 
 
-def _streaming(profile: Profile, device: str, notes: list[str]) -> dict[str, Any]:
+def _kv_policy(profile: Profile) -> tuple[str | None, bool]:
+    """(the engine's KV policy, whether it was taken from vLLM's metrics): stated by the spec the
+    profile carried, else seen by the capacity probe, else vLLM's own where the profile read vLLM's
+    metrics (its pool then came from them, so the probe did not run); None: not known."""
     engine = profile.engine
     assert engine is not None
     stated = profile.stated_engine.section if profile.stated_engine is not None else None
     policy = (stated.kv_policy if stated else None) or engine.kv_policy_seen
     vllm = policy is None and any(metric_family(name) == "vllm" for name in engine.engine_metrics)
-    if vllm:  # the profile read vLLM's metrics (its pool from them, so the probe did not run): vLLM's own policy
-        policy = VLLM_KV_POLICY
+    return (VLLM_KV_POLICY if vllm else policy), vllm
+
+
+def _streaming(profile: Profile, device: str, notes: list[str]) -> dict[str, Any]:
+    engine = profile.engine
+    assert engine is not None
+    stated = profile.stated_engine.section if profile.stated_engine is not None else None
+    policy, vllm = _kv_policy(profile)
     block = engine.kv_block_tokens or (stated.kv_block_tokens if stated else None) or 1
     pool_tokens = engine.kv_capacity_tokens or (stated.kv_pool_tokens if stated else None)
-    assert pool_tokens
     kv = _kv(profile, pool_tokens, block, policy, engine.interface, notes)
     seqs, seqs_from = _sequence_limit(engine, stated.max_num_seqs if stated else None)
-    blocks = max(1, pool_tokens // block)
     reserves = policy != "grow_preempt"
-    if seqs is None and not reserves:
+    if seqs is None and not reserves and pool_tokens:
         # An engine that queues is followed by the sidecar from its limit down; no engine runs more
         # sequences than its pool has blocks, so that bound is where the following starts.
-        seqs, seqs_from = blocks, "assumed: the pool's blocks (every sequence holds one at least)"
+        seqs, seqs_from = max(1, pool_tokens // block), "assumed: the pool's blocks (every sequence holds one at least)"
+    elif seqs is None and not reserves:
+        seqs, seqs_from = VLLM_DEFAULT_MAX_NUM_SEQS, ("assumed: vLLM's default max_num_seqs (no pool and no sequence "
+                                                      "limit seen); the sidecar follows the engine's queue down from it")
     if stated and stated.kv_policy:
         policy_from = "stated by the spec the profile carried"
     elif vllm:
@@ -204,7 +230,9 @@ def _streaming(profile: Profile, device: str, notes: list[str]) -> dict[str, Any
                        "reserved, the safe side; a spec's engine.kv_policy states it")
     block_from = "" if engine.kv_block_tokens or (stated and stated.kv_block_tokens) else " (assumed: no block size seen)"
     limit = f"{seqs} ({seqs_from})" if seqs else "none (no sequence limit seen; the reserved pool bounds it)"
-    notes.append(f"{profile.model}: pool {pool_tokens} tokens ({engine.kv_capacity_source or 'the spec the profile carried'}) "
+    pool = (f"pool {pool_tokens} tokens ({engine.kv_capacity_source or 'the spec the profile carried'})" if pool_tokens
+            else "pool unknown (not measured: an engine that queues needs none reserved; --kv-capacity-probe measures it)")
+    notes.append(f"{profile.model}: {pool} "
                  f"in blocks of {block}{block_from}; kv_policy {policy or 'unknown'}: {policy_from}; max_inflight {limit}")
     return {
         "name": profile.model, "kind": "llm", "streaming": True, "devices": [device], "engines": 1,
