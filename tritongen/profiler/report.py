@@ -292,6 +292,37 @@ def _memory_section(p: Profile) -> str:
     return out
 
 
+def _unary_llm_section(p: Profile) -> str:
+    """An LLM that is not decoupled: its end-to-end time by budget and the static batch its memory holds."""
+    u = p.llm
+    if u is None:
+        return ""
+    fits = ", ".join(f"{b}{'' if ok else ' out of memory'}" for b, ok in u.batch_fits) or "-"
+    rows = [
+        ("interface", u.interface),
+        ("end-to-end ms by budget", ", ".join(f"{b}: {ms:.1f}" for b, ms in u.latency_ms_by_budget) or "-"),
+        ("budget honoured", "-" if u.budget_honoured is None else ("yes" if u.budget_honoured else "no")),
+        (f"static batches of {u.probe_prompt_tokens} + {u.probe_max_tokens} tokens", fits),
+        ("KV capacity", "-" if u.kv_capacity_tokens is None else f"{u.kv_capacity_tokens:,} tokens"),
+    ]
+    out = "<h3>LLM, not decoupled (one response per request)</h3>" + _table(("", ""), rows)
+    if u.failure_sample:
+        out += f"<p>The model's own error for the batch that failed: <code>{html.escape(u.failure_sample)}</code></p>"
+    return out
+
+
+def _gaps_section(p: Profile) -> str:
+    """What the model did not show, what the profile took instead, and the profile's notes: a reader
+    of the report sees the assumptions beside the figures they shaped."""
+    out = ""
+    if p.gaps:
+        out += ("<h3>What the model did not show (optional measurements), and what was taken instead</h3>"
+                + _table(("measurement", "not seen", "taken instead"), [(g.measurement, g.unseen, g.inferred) for g in p.gaps]))
+    if p.notes:
+        out += "<h3>Notes</h3><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in p.notes) + "</ul>"
+    return out
+
+
 def render_html(profiles: Sequence[Profile], title: str = "tritongen profile") -> str:
     sections = []
     for p in profiles:
@@ -301,7 +332,7 @@ def render_html(profiles: Sequence[Profile], title: str = "tritongen profile") -
             f'<section><h2>{html.escape(p.model)} <small>({p.kind})</small></h2>'
             f"<p>Triton {html.escape(p.server_version)} at {html.escape(p.server_url)}, "
             f"{p.created_at:%Y-%m-%d %H:%M:%S %Z}, {p.duration_s:.1f} s, {status}.</p>"
-            f"{body}{_memory_section(p)}</section>"
+            f"{body}{_unary_llm_section(p)}{_memory_section(p)}{_gaps_section(p)}</section>"
         )
     style = (
         "body{font-family:system-ui,sans-serif;margin:24px;color:#222}"
