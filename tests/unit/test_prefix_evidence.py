@@ -52,3 +52,13 @@ def test_a_probe_that_could_not_tell_is_a_gap_a_profile_can_hold() -> None:
     probe = judge_prefix_cache([_sample(64, 5.0, 2.0, spread=4.0)], prefill_ms_per_token=0.01)
     gap = MeasurementGap(measurement="prefix cache", unseen=probe.evidence, inferred="the engine's files")
     assert gap.measurement == "prefix cache"
+
+
+def test_a_verdict_other_than_cached_is_checked_on_longer_prompts_within_the_context() -> None:
+    """A short typical prompt makes short probe lengths; on the real vLLM (block 32) a 38-token
+    prompt said "not cached" within its noise. Longer prompts follow, doubling, up to what fits."""
+    from tritongen.profiler.prefix_probe import LONGER_STEPS, longer_lengths
+
+    assert longer_lengths(64, 512) == [128, 256][:LONGER_STEPS]
+    assert longer_lengths(300, 512) == [512]  # the last at the longest that fits
+    assert longer_lengths(512, 512) == [] and longer_lengths(64, 0) == []

@@ -47,6 +47,10 @@ from tritongen.profiler.load import ModelFailed, StreamLoad, StreamRecord, first
 from tritongen.profiler.prefix_probe import probe_prefix_cache
 
 ASSUMED_BYTES_PER_TOKEN = 4.0
+ASSUMED_CONTEXT = 1024
+"""A model's context where neither its files nor the spec state it: probes send prompts up to half of
+it. A model with a smaller context refuses the longer ones with its own error, which costs those
+samples only (a failed request is never a sample)."""
 
 
 def assumed_bytes_per_token_gap(unseen: str) -> MeasurementGap:
@@ -105,7 +109,7 @@ class EngineSettings:
 def engine_settings(max_context: int | None, prompt: int, output: int, quick: bool, levels: Sequence[int],
                     capacity_probe: bool = False) -> EngineSettings:
     """Three (quick) or four prompt lengths up to half the context, and the decode levels."""
-    top = max(8, min((max_context or 1024) // 2, max(4 * prompt, 64), 1024))
+    top = max(8, min((max_context or ASSUMED_CONTEXT) // 2, max(4 * prompt, 64), 1024))
     fractions = (0.1, 0.5, 1.0) if quick else (0.05, 0.25, 0.6, 1.0)
     lengths = sorted({max(4, int(round(top * f))) for f in fractions})
     return EngineSettings(
@@ -226,6 +230,11 @@ class EngineProfiler(EngineCapacity):
     def _worst_tokens(self, prompt_tokens: int) -> int:
         """What the model may count for a prompt of `prompt_tokens` tokens, at worst."""
         return int(-(-prompt_tokens * self.worst_tokens_per_token // 1))
+
+    def _longest_prompt(self) -> int:
+        """The longest prompt a probe may send: half the model's context (half the assumed one where
+        it is unknown, as the prefill lengths take it), counted at the worst tokens per byte."""
+        return max(4, int((self.max_context or ASSUMED_CONTEXT) // 2 / self.worst_tokens_per_token))
 
     def _fit_context(self) -> None:
         """Shrink the prompt lengths, and the decode levels' prompt and budget, to what fits the
@@ -359,7 +368,8 @@ class EngineProfiler(EngineCapacity):
             overhead = 0.0
         prefill = [p.model_copy(update={"path_ms": round(p.ttft_ms - p.queue_ms - fixed - per_token * p.prompt_tokens - first_step, 3)})
                    for p in prefill]
-        cache = probe_prefix_cache(self.grpc_url, self.model, self.interface, bpt, lengths[-2:], per_token, self.update)
+        cache = probe_prefix_cache(self.grpc_url, self.model, self.interface, bpt, lengths[-2:], per_token, self.update,
+                                   longest=self._longest_prompt())
         if cache.caches is None:
             self.gaps.append(MeasurementGap(
                 measurement="prefix cache", unseen=f"whether the engine caches prompt prefixes: {cache.evidence}",
