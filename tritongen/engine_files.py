@@ -102,15 +102,16 @@ def engine_for(
         raise BadInput(str(err)) from None
 
 
-def entry_engine(entry, model, profile=None, measured: MeasuredEngine | None = None) -> EngineModel:
+def entry_engine(entry, model, profile=None, measured: MeasuredEngine | None = None,
+                 device: tuple[int, str] | None = None) -> EngineModel:
     """The engine a plan entry (`ModelEntryPlan`) renders, with the profile's measured costs (and
-    capacity), or with given `measured` costs (what-if runs)."""
+    capacity), or with given `measured` costs (what-if runs); `device` (bytes, name) is its GPU."""
     if measured is None:
         if profile is None or profile.engine is None:
             raise BadInput(f"profile of {entry.name}: no engine section (profile the model again with this version)")
         measured = measured_from_profile(profile.engine)
     try:
-        return resolve_engine(measured=measured, **entry_sources(entry, model))
+        return resolve_engine(measured=measured, **entry_sources(entry, model, device))
     except EngineSourceError as err:
         raise BadInput(str(err)) from None
 

@@ -44,6 +44,7 @@ from tritongen.core.tune import (
     CAPACITY_STEPS,
     baseline_params,
     capacity_factor,
+    entry_device,
     evaluate,
     memory_budget,
     tune_model,
@@ -79,7 +80,23 @@ def entry_arrivals(arrivals: Arrivals, plan: DeploymentPlan, entry: ModelEntryPl
     return out
 
 
-def explain(result: TuneResult, baseline: Evaluation | None, measured: dict[str, object] | None) -> None:
+def engine_rows(engine: EngineModel, cols: list[Evaluation | None]) -> list[tuple[str, object]]:
+    """The engine knobs the search varied (`tune.engine_knobs`), a value the candidate leaves as
+    served shown as the engine's with "(served)"; rows only for knobs some column changes."""
+    rows: list[tuple[str, object]] = []
+    for label, field, show in (
+        ("step token budget", "max_batched_tokens", lambda v: "no limit" if v is None else str(v)),
+        ("prefix cache", "prefix_caching", lambda v: "on" if v else "off"),
+        ("KV capacity policy", "kv_policy", str),
+    ):
+        if any(e is not None and getattr(e.params, field) is not None for e in cols):
+            rows.append((label, lambda e, f=field, s=show: s(getattr(e.params, f)) if getattr(e.params, f) is not None
+                         else f"{s(getattr(engine, f))} (served)"))
+    return rows
+
+
+def explain(result: TuneResult, baseline: Evaluation | None, measured: dict[str, object] | None,
+            engine: EngineModel | None = None) -> None:
     w, r = result.winner, result.runner_up
     table = Table(title=f"{result.model}: {result.candidates} candidates simulated, {result.feasible} meet every target")
     table.add_column("")
@@ -100,6 +117,8 @@ def explain(result: TuneResult, baseline: Evaluation | None, measured: dict[str,
     ]
     if any(e is not None and e.params.max_num_seqs for e in cols):
         rows.append(("max_num_seqs", lambda e: str(e.params.max_num_seqs)))
+    if engine is not None:
+        rows += engine_rows(engine, cols)
     for name in w.p99_ms:
         rows.append((f"{name} P99 ms (pred.)", lambda e, n=name: fmt_ms(e.p99_ms.get(n))))
     rows += [
@@ -195,7 +214,7 @@ def tune(
         engine: EngineModel | None = None
         try:
             if profile.kind == "streaming":
-                engine = entry_engine(entry, model, profile)
+                engine = entry_engine(entry, model, profile, device=entry_device(loaded.spec, plan, entry))
             else:
                 curve = ServiceCurve.from_profile(profile)
         except ValueError as err:
@@ -240,7 +259,7 @@ def tune(
         )
     verify_s = time.perf_counter() - verify_started if verify else 0.0
     for name, result in results.items():
-        explain(result, baselines.get(name), measured_rows.get(name))
+        explain(result, baselines.get(name), measured_rows.get(name), inputs_by[name].engine)
         if verify and choices[name] != result.winner.params:
             console.print(f"[bold]{name}:[/] the live measurement preferred [green]{choices[name].label()}[/] over the simulator's pick")
     tuned = apply_results(

@@ -16,6 +16,9 @@ One step (the same order the stand-ins and tinyllm follow):
 With `curve.prefill_in_step` (vLLM V1, TensorRT-LLM in-flight batching) steps 2 and 3 are one
 forward pass: it costs the decode of the running sequences and the newcomers together plus the
 newcomers' prefills, and every token of the step, first tokens included, comes at its end.
+With `chunked_prefill` too (vLLM V1, TensorRT-LLM's enable_chunked_prefill), a prompt longer than
+what is left of the step's `max_batched_tokens` is prefilled over several steps, one chunk each
+(chunks go before new admissions), and its first token comes at the end of its last chunk's step.
 
 KV policies (what an engine does when the pool runs dry):
   reserve_wait  reserve prompt + max_tokens at admission; the head waits until it fits
@@ -113,6 +116,13 @@ class EngineModel(Strict):
         "and a sequence is charged its exact footprint (module docstring). None: a block pool.",
     )
     kv_pool_bytes: int | None = Field(default=None, ge=1, description="The pool in bytes, with kv_footprint.")
+    chunked_prefill: bool = Field(
+        default=False,
+        description="A prompt longer than what is left of the step's budget (max_batched_tokens) is prefilled over "
+        "several steps, a chunk each, its first token at the last chunk's step (vLLM V1, TensorRT-LLM's "
+        "enable_chunked_prefill). Only with curve.prefill_in_step and a budget; False: a step's first newcomer "
+        "prefills whole whatever the budget.",
+    )
     prefix_caching: bool = Field(
         default=False,
         description="The engine keeps the full blocks of prompts (kv_block_tokens each) and serves a later "
@@ -188,6 +198,7 @@ class EngineState:
         self.keys: dict[int, list[Key]] = {}  # the cached blocks each sequence holds, in prompt order
         self.cached_tokens: dict[int, int] = {}  # prompt tokens the cache served at a request's first admission
         self.waiting: deque[int] = deque()
+        self.partial: dict[int, list[int]] = {}  # chunked prefills under way: request -> [tokens left, tokens held]
         self.running: list[int] = []  # in admission order: the last is preempted first
         self.free = model.pool_units  # what is left of the pool, in pool units (blocks or bytes)
         self.cache_len: dict[int, int] = {}
@@ -200,7 +211,7 @@ class EngineState:
 
     @property
     def busy(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.partial)
 
     def hit_rate(self, counted: Callable[[int], bool]) -> float | None:
         """Prompt tokens the prefix cache served at first admission / their prompt tokens, over the
@@ -271,8 +282,17 @@ class EngineState:
         events: list[tuple[int, str, float]] = []
         t = now
         admitted: list[tuple[int, int, int]] = []  # (request, tokens its prefill computes, tokens it then holds)
+        budget = m.max_batched_tokens
+        chunked = m.chunked_prefill and curve.prefill_in_step and budget is not None
+        carried: list[tuple[int, int, int]] = []  # chunks: (request, tokens this step, tokens held once prefilled)
         batched = 0
-        while self.waiting and len(self.running) + len(admitted) < m.max_num_seqs:
+        for r, (left, held) in list(self.partial.items()) if chunked else ():
+            take = min(left, budget - batched)  # type: ignore[operator]
+            if take <= 0:
+                break
+            carried.append((r, take, held))
+            batched += take
+        while self.waiting and len(self.running) + len(admitted) + len(self.partial) < m.max_num_seqs:
             r = self.waiting[0]
             prompt, out = self.prompt[r], self.output[r]
             if out <= 0:
@@ -292,7 +312,8 @@ class EngineState:
                 continue
             keys, hits, free_hits = self._cached(r, tokens)
             computed = tokens - hits * m.kv_block_tokens  # what its prefill computes; the cache serves the rest
-            if m.max_batched_tokens is not None and admitted and batched + computed > m.max_batched_tokens:
+            over = budget is not None and batched + computed > budget
+            if over and ((admitted or carried) if not chunked else batched >= budget):  # type: ignore[operator]
                 break  # the step's token budget is spent: the head goes in the next step
             take = cost - hits + free_hits  # cached blocks are in the pool already; a free one leaves the free queue
             if take > self.free:
@@ -308,10 +329,15 @@ class EngineState:
                 self._hold(r, keys, hits, need)
             self.blocks[r] = need
             self.held[r] = cost
+            if over and chunked:  # its first chunk now, the rest in the next steps
+                self.partial[r] = [computed, tokens]
+                carried.append((r, budget - batched, tokens))  # type: ignore[operator]
+                batched = budget  # type: ignore[assignment]
+                continue
             batched += computed
             admitted.append((r, computed, tokens))
         if curve.prefill_in_step:
-            return self._mixed_step(now, admitted, events)
+            return self._mixed_step(now, admitted, events, carried)
         for r, computed, tokens in admitted:
             t += curve.prefill_ms(computed) / 1000.0
             self._enter(r, tokens, t, events)
@@ -352,23 +378,31 @@ class EngineState:
             r = self.waiting.popleft()
             events.append((r, REFUSED, t))
 
-    def _mixed_step(self, now: float, admitted: list[tuple[int, int, int]],
-                    events: list[tuple[int, str, float]]) -> tuple[float, list[tuple[int, str, float]]]:
-        """One forward pass over the running sequences' next tokens and the newcomers' prompts
-        (`curve.prefill_in_step`); every token of it, first tokens included, comes at its end.
-        A newcomer's prefill costs the tokens it computes; its attention reads all it holds."""
+    def _mixed_step(self, now: float, admitted: list[tuple[int, int, int]], events: list[tuple[int, str, float]],
+                    carried: Sequence[tuple[int, int, int]] = ()) -> tuple[float, list[tuple[int, str, float]]]:
+        """One forward pass over the running sequences' next tokens, the newcomers' prompts and the
+        chunks of prompts prefilled over several steps (`carried`, `EngineModel.chunked_prefill`);
+        every token of it, first tokens included, comes at its end. A newcomer's prefill costs the
+        tokens it computes; its attention reads all it holds (a chunk: the tokens of the chunk)."""
         curve = self.model.curve
         batch = self._grow(now, events)
         newcomers = [r for r, _, _ in admitted if r not in self.generated]
-        context = sum(self.cache_len[r] + 1 for r in batch) + sum(tokens for _, _, tokens in admitted)
-        cost = curve.decode_ms(len(batch) + len(newcomers), context) if (batch or admitted) else 0.0
+        context = (sum(self.cache_len[r] + 1 for r in batch) + sum(tokens for _, _, tokens in admitted)
+                   + sum(take for _, take, _ in carried))
+        cost = curve.decode_ms(len(batch) + len(newcomers) + len(carried), context) if (batch or admitted or carried) else 0.0
         cost += sum(curve.prefill_ms(computed) for _, computed, _ in admitted)
+        cost += sum(curve.prefill_ms(take) for _, take, _ in carried)
         t = now + cost / 1000.0
         self._decoded(batch, t, events)
         for r, _, tokens in admitted:
             self._enter(r, tokens, t, events)
-        self.last_batch = len(batch) + len(admitted)
-        self._refuse_stuck(bool(admitted or batch), t, events)
+        for r, take, tokens in carried:  # a prompt whose last chunk ran joins the running set
+            self.partial[r][0] -= take
+            if self.partial[r][0] <= 0:
+                del self.partial[r]
+                self._enter(r, tokens, t, events)
+        self.last_batch = len(batch) + len(admitted) + len(carried)
+        self._refuse_stuck(bool(admitted or batch or carried), t, events)
         return t, events
 
     def _grow(self, t: float, events: list[tuple[int, str, float]]) -> list[int]:

@@ -5,7 +5,8 @@ documented `engine:` section, then what the profile measured.
   `max_num_batched_tokens`, `block_size`, `max_model_len`, `num_gpu_blocks_override`,
   `enable_prefix_caching`); the KV policy is grow-and-preempt. Without `num_gpu_blocks_override`
   the pool is what vLLM sized from the GPU, which only the engine's metrics (or a probe) can tell.
-  Without `enable_prefix_caching` the prefix cache is on: vLLM V1's default.
+  Without `enable_prefix_caching` the prefix cache is on: vLLM V1's default; without
+  `max_num_batched_tokens` the step budget is V1's default for the GPU (`core.vllm_defaults`).
 - TensorRT-LLM (`backend: "tensorrtllm"`): config parameters `batch_scheduler_policy`
   (`guaranteed_no_evict` reserves at admission, `max_utilization` pauses and resumes),
   `max_tokens_in_paged_kv_cache`, `enable_chunked_context`, `enable_kv_cache_reuse` (the
@@ -45,14 +46,14 @@ from tritongen.core.kv import KVFootprint
 from tritongen.core.llmapi_spec import KV_POLICY_TO_CAPACITY
 from tritongen.core.spec import EngineSection
 from tritongen.core.trtllm_args import CAPACITY_POLICIES, MODEL_YAML, RELEASE, default_of
+from tritongen.core.vllm_defaults import (VLLM_CHUNKED_PREFILL, VLLM_DEFAULT_BLOCK_SIZE, VLLM_DEFAULT_MAX_NUM_SEQS,
+                                          vllm_default_batched_tokens)
 
 # tritongen's documented engine parameters (config.pbtxt `parameters`), read for backends other
 # than vLLM and TensorRT-LLM.
 ENGINE_PARAMETERS = ("kv_policy", "max_num_seqs", "kv_block_tokens", "kv_pool_blocks", "max_batched_tokens", "max_context",
                      "prefix_caching")
 
-VLLM_DEFAULT_MAX_NUM_SEQS = 256  # vLLM EngineArgs default
-VLLM_DEFAULT_BLOCK_SIZE = 16
 TRTLLM_POLICIES = {"guaranteed_no_evict": "reserve_wait", "max_utilization": "grow_preempt"}
 VLLM_KV_POLICY = "grow_preempt"  # vLLM never kills for want of KV: it preempts a sequence and recomputes it
 VLLM_KV_POLICY_WHY = "the vLLM backend (preempts and recomputes)"
@@ -276,6 +277,7 @@ class EngineLimits:
     kv_footprint: KVFootprint | None = None  # set, with kv_pool_bytes, for a model that is not uniform
     kv_pool_bytes: int | None = None
     prefix_caching: bool = False
+    chunked_prefill: bool = False
 
     @property
     def pool_tokens(self) -> int:
@@ -295,10 +297,12 @@ def resolve_engine(*, measured: MeasuredEngine | None, **where: object) -> Engin
     return EngineModel(**{**fields, "curve": measured.curve, "sources": {**limits.sources, "curve": "the profile"}})
 
 
-def entry_sources(entry, model) -> dict[str, object]:
+def entry_sources(entry, model, device: tuple[int, str] | None = None) -> dict[str, object]:
     """What a plan entry (`ModelEntryPlan`) of spec model `model` tells `resolve_engine(_limits)`:
-    the backend's files and parameters as rendered, the spec's engine section and the KV plan."""
+    the backend's files and parameters as rendered, the spec's engine section and the KV plan
+    (and the GPU it runs on, `device`, where the plan knows it)."""
     return dict(
+        device=device,
         model=entry.name, backend=entry.backend, parameters=entry.parameters, engine_args=entry.engine_args,
         llm_args=getattr(entry, "llm_args", None),
         spec=model.engine, max_context=model.max_context, max_batch_size=entry.max_batch_size,
@@ -326,6 +330,7 @@ def resolve_engine_limits(
     planned_pool_tokens: int | None = None,
     footprint: KVFootprint | None = None,
     planned_pool_bytes: int | None = None,
+    device: tuple[int, str] | None = None,
 ) -> EngineLimits:
     """The KV policy, pool and sequence limits of one decoupled LLM, each labelled with its source;
     `measured` (optional here) adds what the profile saw of the pool. `below` holds engine:
@@ -336,7 +341,8 @@ def resolve_engine_limits(
     error). With a `footprint` that is not uniform the pool is in bytes too (module docstring).
     `planned_pool_tokens` is the KV plan's pool in tokens (its blocks x its block tokens),
     re-blocked here at the engine's block size: a block count is only meaningful with the block
-    size it was counted in."""
+    size it was counted in. `device` (total bytes, name) is the GPU the engine runs on, where an
+    unstated value's default depends on it (vLLM's max_num_batched_tokens)."""
     claims = _Claims(model)
     if llm_args is not None:
         _from_llmapi(claims, llm_args)
@@ -411,6 +417,8 @@ def resolve_engine_limits(
             seqs = int(pool_blocks)  # type: ignore[arg-type]
             sources["max_num_seqs"] = "no limit stated: the pool bounds it"
     batched = claims.get("max_batched_tokens")
+    if batched is None and backend == "vllm" and llm_args is None:
+        batched, sources["max_batched_tokens"] = vllm_default_batched_tokens(device)
     pool_bytes = None
     if footprint is not None and not footprint.uniform:
         pool_bytes = planned_pool_bytes if from_plan and planned_pool_bytes else (
@@ -418,6 +426,8 @@ def resolve_engine_limits(
         sources["kv_pool_bytes"] = (sources["kv_pool_blocks"] + (", as bytes" if from_plan else
                                     ", read as tokens of every attention layer"))
     caching = _prefix_caching(claims, sources, backend, measured, bytes_pool=pool_bytes is not None)
+    chunked = (bool(llm_args.get("enable_chunked_prefill", default_of("enable_chunked_prefill"))) if llm_args is not None
+               else backend == "vllm" and _truthy((engine_args or {}).get("enable_chunked_prefill", VLLM_CHUNKED_PREFILL)))
     return EngineLimits(
         kv_policy=str(policy),
         kv_block_tokens=block,
@@ -429,6 +439,7 @@ def resolve_engine_limits(
         kv_footprint=footprint if pool_bytes else None,
         kv_pool_bytes=pool_bytes or None,
         prefix_caching=caching,
+        chunked_prefill=chunked,
     )
 
 

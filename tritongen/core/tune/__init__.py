@@ -1,13 +1,15 @@
 """Search batching, queueing and instance settings with the simulator instead of the server.
 
 Its parts: `inputs` (a candidate's settings and what a search needs), `candidates` (what is
-tried), `simulated` (a candidate as the simulator's model), `evaluation` (what the simulator predicts
+tried), `engine_knobs` (an LLM engine's own knobs and where render writes them), `simulated` (a candidate as the simulator's model), `evaluation` (what the simulator predicts
 for a candidate and how candidates rank), `search` (`tune_model`) and `apply` (a choice back into a
 plan entry). This package names the public API; import it from here.
 
 For each model of a deployment plan, `tune_model` enumerates candidates (max batch size,
 preferred sizes, queue window, instance count, priority policy; for streaming LLMs the engine's
-`max_num_seqs`), simulates each under the traffic with the model's profiled curve, and ranks them:
+`max_num_seqs`, then its step token budget, prefix cache and (TensorRT-LLM's LLM-API) capacity
+policy, staged around the best `max_num_seqs`: `engine_knobs`), simulates each under the traffic
+with the model's profiled curve, and ranks them:
 
 1. *Feasible* candidates meet every class's P99 target (time to first token for streaming
    models), lose at most `max_error_fraction` of any class to rejections or out-of-memory kills,
@@ -36,12 +38,12 @@ from tritongen.core.tune.evaluation import (
     rank_key,
 )
 from tritongen.core.tune.search import CAPACITY_STEPS, TuneResult, tune_for_capacity, tune_model
-from tritongen.core.tune.apply import apply_candidate, apply_results, baseline_params, memory_budget
+from tritongen.core.tune.apply import apply_candidate, apply_results, baseline_params, entry_device, memory_budget
 
 __all__ = [
     "Objective", "Params", "PolicyName", "TuneInputs",
     "model_sim", "queue_policies", "server_for",
     "Evaluation", "capacity_bound", "capacity_factor", "evaluate", "judge", "needed_capacity", "rank_key",
     "CAPACITY_STEPS", "TuneResult", "tune_for_capacity", "tune_model",
-    "apply_candidate", "apply_results", "baseline_params", "memory_budget",
+    "apply_candidate", "apply_results", "baseline_params", "entry_device", "memory_budget",
 ]

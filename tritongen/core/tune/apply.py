@@ -3,10 +3,14 @@ already holds as a candidate, and the memory a plan leaves an entry's instances.
 
 from __future__ import annotations
 
+import copy
+import json
 from collections.abc import Mapping, Sequence
 
 from tritongen.core.plan import DeploymentPlan, DynamicBatchingView, InstanceGroupView, ModelEntryPlan
 from tritongen.core.spec import DeploymentSpec, TrafficClass
+from tritongen.core.llmapi_spec import KV_POLICY_TO_CAPACITY
+from tritongen.core.tune.engine_knobs import home_of, knobs_of
 from tritongen.core.tune.inputs import Params, PolicyName
 from tritongen.core.tune.simulated import queue_policies
 
@@ -33,10 +37,13 @@ def apply_candidate(entry: ModelEntryPlan, params: Params, classes: Sequence[Tra
         parameters["max_num_seqs"] = str(params.max_num_seqs)
     if params.max_num_seqs is not None and engine_args is not None:
         engine_args["max_num_seqs"] = params.max_num_seqs
+    llm_args, llm_why = write_engine_knobs(entry, params, parameters, engine_args, notes)
     notes.append(f"tuned by `tritongen tune`: {params.label()}")
     return entry.model_copy(
         update={
             "engine_args": engine_args,
+            "llm_args": llm_args,
+            "llm_args_why": llm_why,
             "max_batch_size": params.max_batch_size,
             "dynamic_batching": batching,
             "instance_groups": groups,
@@ -44,6 +51,40 @@ def apply_candidate(entry: ModelEntryPlan, params: Params, classes: Sequence[Tra
             "notes": notes,
         }
     )
+
+
+def write_engine_knobs(entry: ModelEntryPlan, params: Params, parameters: dict[str, str],
+                       engine_args: dict[str, object] | None, notes: list[str]) -> tuple[dict[str, object] | None, dict[str, str]]:
+    """The candidate's engine knobs (`tune.engine_knobs`) where render takes them: vLLM's model.json
+    (`engine_args`, its reason a config.pbtxt note, as render explains model.json), the LLM-API's
+    model.yaml (`llm_args`, its reason the comment above the key) or the config parameters the
+    backend reads. Returns the new llm_args and their reasons; the others are changed in place."""
+    llm_args = copy.deepcopy(entry.llm_args) if entry.llm_args is not None else None
+    llm_why = dict(entry.llm_args_why)
+    home = home_of(entry)
+    chosen = {"max_batched_tokens": params.max_batched_tokens, "prefix_caching": params.prefix_caching,
+              "kv_policy": params.kv_policy}
+    for knob, key in knobs_of(entry).items():
+        value = chosen[knob]
+        if value is None:
+            continue
+        if knob == "kv_policy":
+            value = KV_POLICY_TO_CAPACITY[str(value)]
+        why = "chosen by `tritongen tune`: the most capacity within the targets on this traffic in simulation"
+        if home == "engine_args" and engine_args is not None:
+            was = json.dumps(engine_args[key]) if key in engine_args else "unset: vLLM's default"
+            engine_args[key] = value
+            notes.append(f"{key} {json.dumps(value)} in 1/model.json: {why} (was {was})")
+        elif home == "llm_args" and llm_args is not None:
+            head, _, tail = key.partition(".")
+            section = llm_args.setdefault(head, {}) if tail else llm_args
+            assert isinstance(section, dict)
+            was = section.get(tail or head, "unset: the release's default")
+            section[tail or head] = value
+            llm_why[key] = f"{why} (was {was})"
+        else:
+            parameters[key] = str(value).lower() if isinstance(value, bool) else str(value)
+    return llm_args, llm_why
 
 
 def apply_results(plan: DeploymentPlan, choices: Mapping[str, ModelEntryPlan]) -> DeploymentPlan:
@@ -66,6 +107,16 @@ def baseline_params(entry: ModelEntryPlan) -> Params:
         policy=policy,
         max_num_seqs=seqs,
     )
+
+
+def entry_device(spec: DeploymentSpec, plan: DeploymentPlan, entry: ModelEntryPlan) -> tuple[int, str] | None:
+    """(total bytes, name) of the first GPU the entry's model is placed on, where an engine default
+    depends on it (`core.vllm_defaults`); None on the CPU."""
+    own = next((p for p in plan.placements if p.model == entry.spec_model), None)
+    names = [g.name for g in spec.hardware.gpus for _ in range(g.count)]
+    if plan.cpu_only or own is None or not own.gpus or own.gpus[0] >= min(len(names), len(plan.device_bytes)):
+        return None
+    return plan.device_bytes[own.gpus[0]], names[own.gpus[0]]
 
 
 def memory_budget(plan: DeploymentPlan, entry: ModelEntryPlan) -> tuple[int | None, int]:

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from tritongen.core.engine import EngineModel
+from tritongen.core.engine import EngineModel, KVPolicy
 from tritongen.core.plan import ModelEntryPlan
 from tritongen.core.simulator import Overheads, ServiceCurve
 from tritongen.core.spec import DeploymentSpec, TrafficClass
@@ -30,10 +30,20 @@ class Params(BaseModel):
     instances: int
     policy: PolicyName
     max_num_seqs: int | None = None  # streaming LLMs: the engine's batch
+    # LLM engines' own knobs (tune.engine_knobs); None: as the engine is served.
+    max_batched_tokens: int | None = None  # the step's token budget
+    prefix_caching: bool | None = None  # the prefix cache
+    kv_policy: KVPolicy | None = None  # the LLM-API's capacity policy, as the engine model names it
 
     def label(self) -> str:
         pref = "/".join(str(p) for p in self.preferred) or "-"
         seqs = f" seqs={self.max_num_seqs}" if self.max_num_seqs else ""
+        if self.max_batched_tokens is not None:
+            seqs += f" tokens={self.max_batched_tokens}"
+        if self.prefix_caching is not None:
+            seqs += f" cache={'on' if self.prefix_caching else 'off'}"
+        if self.kv_policy is not None:
+            seqs += f" kv={self.kv_policy}"
         return (
             f"mbs={self.max_batch_size} pref={pref} delay={self.delay_us / 1000:g}ms "
             f"inst={self.instances} {self.policy}{seqs}"

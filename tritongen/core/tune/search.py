@@ -3,11 +3,14 @@ by the criteria of the package docstring (`tritongen.core.tune`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from pydantic import BaseModel, Field
 
 from tritongen.core.traffic import Arrivals, scale_rate
 from tritongen.core.tune.candidates import coarse_candidates, fine_candidates
+from tritongen.core.tune.engine_knobs import budget_variants, cache_policy_variants
 from tritongen.core.tune.evaluation import Evaluation, capacity_factor, closeness, evaluate, needed_capacity, rank_key
 from tritongen.core.tune.inputs import Objective, Params, TuneInputs
 
@@ -22,6 +25,17 @@ class TuneResult(BaseModel):
     feasible: int
     notes: list[str] = Field(default_factory=list)
 
+
+
+def engine_stages(inputs: TuneInputs, best: Params, score: Callable[[Params], Evaluation],
+                  key: Callable[[Evaluation], tuple]) -> None:
+    """An LLM engine's own knobs, staged around the best coarse point instead of crossed with every
+    batch (`tune.engine_knobs`): its step budgets first, then the prefix cache and the capacity
+    policy at the best of those. `score` evaluates a candidate (and keeps it); `key` ranks."""
+    tried = [score(p) for p in budget_variants(inputs, best)]
+    at = min([score(best), *tried], key=key).params
+    for p in cache_policy_variants(inputs, at):
+        score(p)
 
 
 CAPACITY_STEPS = 7  # bisection steps of --objective capacity's finalists: about 2% resolution on a bound of 10x
@@ -61,6 +75,9 @@ def tune_for_capacity(inputs: TuneInputs, top_coarse: int = 3, capacity_top: int
         return (-round(e.capacity_factor or 0.0, 3), e.params.instances, round(e.worst_ratio, 3), e.params.max_batch_size, e.params.delay_us)
 
     coarse = sorted((cap(p) for p in coarse_candidates(inputs)), key=by_capacity)
+    if inputs.engine is not None:
+        engine_stages(inputs, coarse[0].params, cap, by_capacity)
+        coarse = sorted(seen.values(), key=by_capacity)
     around: list[Params] = []
     for e in coarse:
         if (e.params.max_batch_size, e.params.instances) not in {(a.max_batch_size, a.instances) for a in around}:
@@ -147,7 +164,22 @@ def tune_model(inputs: TuneInputs, top_coarse: int = 3, capacity_top: int = 5, p
     for e in coarse:
         if e.feasible:
             cap(e)
-    coarse.sort(key=lambda e: rank_key(e) if e.feasible else (1, closeness(e), -e.throughput_per_s))
+
+    def coarse_key(e: Evaluation) -> tuple:
+        return rank_key(e) if e.feasible else (1, closeness(e), -e.throughput_per_s)
+
+    def staged(p: Params) -> Evaluation:
+        if p not in seen:
+            seen[p] = ev(p)
+            coarse.append(seen[p])
+            if seen[p].feasible:
+                cap(seen[p])
+        return seen[p]
+
+    coarse.sort(key=coarse_key)
+    if inputs.engine is not None and coarse:
+        engine_stages(inputs, coarse[0].params, staged, coarse_key)
+        coarse.sort(key=coarse_key)
     around: list[Params] = []
     for e in coarse:
         key = (e.params.max_batch_size, e.params.instances, e.params.max_num_seqs)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from tritongen.core.plan import QueuePolicyView
 from tritongen.core.simulator import BatcherConfig, ModelSim, QueuePolicy, ServerSim
 from tritongen.core.spec import DeploymentSpec, TrafficClass
+from tritongen.core.tune.engine_knobs import engine_for
 from tritongen.core.tune.inputs import Params, TuneInputs
 
 
@@ -59,9 +60,7 @@ def model_sim(inputs: TuneInputs, params: Params) -> ModelSim:
     if entry.kind == "llm":
         if inputs.engine is None:
             raise ValueError(f"model {entry.name!r}: tuning a streaming LLM needs its engine (a streaming profile)")
-        llm = inputs.engine
-        if params.max_num_seqs:
-            llm = llm.model_copy(update={"max_num_seqs": params.max_num_seqs})
+        llm = engine_for(inputs, params)
     elif inputs.curve is None:
         raise ValueError(f"model {entry.name!r}: tuning needs its profiled latency curve")
     return ModelSim(
