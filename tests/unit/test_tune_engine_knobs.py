@@ -135,3 +135,25 @@ def test_apply_writes_the_knobs_where_render_takes_them() -> None:
     assert data["scheduler_config"]["capacity_scheduler_policy"] == "MAX_UTILIZATION"
     assert "# chosen by `tritongen tune`" in text.split("enable_block_reuse:")[0].splitlines()[-2]
     assert LLMAPI.llm_args is not None and LLMAPI.llm_args["kv_cache_config"]["enable_block_reuse"] is True  # plan untouched
+
+
+def test_a_knob_the_spec_states_follows_the_tuned_files_and_the_user_is_told() -> None:
+    """A spec whose engine: section states a knob tune changed contradicts the tuned model.json, which
+    the sidecar's policy refuses (tune stopped on it, examples/llm_standins' max_batched_tokens): the
+    policy is built from the spec as tuned, and a note names the line to change."""
+    from tritongen.core.tune import spec_with_tuned_engines
+
+    loaded = load_spec(EXAMPLES / "llm_standins" / "deployment.yaml")
+    plan = plan_deployment(loaded.spec, loaded.architectures)
+    model = next(m for m in loaded.spec.models if m.name == "vllm_standin")
+    assert model.engine is not None and model.engine.max_batched_tokens == 2048
+    entry = next(e for e in plan.entries if e.spec_model == "vllm_standin")
+    chosen = Params(max_batch_size=0, preferred=(), delay_us=0, instances=1, policy="single",
+                    max_num_seqs=model.engine.max_num_seqs, max_batched_tokens=512)
+    tuned, notes = spec_with_tuned_engines(loaded.spec, plan, {entry.name: chosen})
+    section = next(m for m in tuned.models if m.name == "vllm_standin").engine
+    assert section is not None and section.max_batched_tokens == 512
+    assert section.max_num_seqs == model.engine.max_num_seqs  # unchanged values stay as stated
+    assert notes == ["vllm_standin: the spec's engine.max_batched_tokens is 2048, the tuned files run 512: change it "
+                     "in the spec to render the same repository again"]
+    assert model.engine.max_batched_tokens == 2048  # the user's spec is not changed in place

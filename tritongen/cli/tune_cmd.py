@@ -41,6 +41,7 @@ from tritongen.core.tune import (
     TuneResult,
     apply_candidate,
     apply_results,
+    spec_with_tuned_engines,
     CAPACITY_STEPS,
     baseline_params,
     capacity_factor,
@@ -266,7 +267,10 @@ def tune(
         plan,
         {name: apply_candidate(plan.entry(name), p, inputs_by[name].classes, loaded.spec) for name, p in choices.items()},
     )
-    policy = build_sidecar_policy(loaded.spec, tuned, profs, model_dir_tokenizers(loaded, tuned))
+    tuned_spec, spec_notes = spec_with_tuned_engines(loaded.spec, plan, choices)
+    for note in spec_notes:
+        console.print(f"note: {note}")
+    policy = build_sidecar_policy(tuned_spec, tuned, profs, model_dir_tokenizers(loaded, tuned))
     rendered = render_plan(tuned, spec.name, sidecar_policy=policy)
     console.print(f"[dim]search: {sum(r.candidates for r in results.values())} simulations in {search_s:.1f} s[/]")
     doc = report_doc(results, choices, measured_capacity, inputs_by, search_s, verify_s)

@@ -38,12 +38,19 @@ from tritongen.core.tune.evaluation import (
     rank_key,
 )
 from tritongen.core.tune.search import CAPACITY_STEPS, TuneResult, tune_for_capacity, tune_model
-from tritongen.core.tune.apply import apply_candidate, apply_results, baseline_params, entry_device, memory_budget
+from tritongen.core.tune.apply import (
+    apply_candidate,
+    apply_results,
+    baseline_params,
+    entry_device,
+    memory_budget,
+    spec_with_tuned_engines,
+)
 
 __all__ = [
     "Objective", "Params", "PolicyName", "TuneInputs",
     "model_sim", "queue_policies", "server_for",
     "Evaluation", "capacity_bound", "capacity_factor", "evaluate", "judge", "needed_capacity", "rank_key",
     "CAPACITY_STEPS", "TuneResult", "tune_for_capacity", "tune_model",
-    "apply_candidate", "apply_results", "baseline_params", "entry_device", "memory_budget",
+    "apply_candidate", "apply_results", "baseline_params", "entry_device", "memory_budget", "spec_with_tuned_engines",
 ]

@@ -87,6 +87,37 @@ def write_engine_knobs(entry: ModelEntryPlan, params: Params, parameters: dict[s
     return llm_args, llm_why
 
 
+TUNED_SECTION_FIELDS = ("max_num_seqs", "max_batched_tokens", "prefix_caching", "kv_policy")
+"""The spec's engine: fields a candidate may change (Params' fields of the same names)."""
+
+
+def spec_with_tuned_engines(spec: DeploymentSpec, plan: DeploymentPlan,
+                            choices: Mapping[str, Params]) -> tuple[DeploymentSpec, list[str]]:
+    """The spec whose engine: sections say what the tuned files run, and one note per changed value.
+
+    The engine's own files (model.json, model.yaml) are what it runs, and a spec section that
+    contradicts them is refused wherever both are read (the sidecar's policy among them). A value
+    the spec states and tune changed would otherwise stop tune itself: the tuned repository needs
+    the tuned spec beside it, and the note tells the user which line of theirs to change."""
+    notes: list[str] = []
+    models = []
+    for model in spec.models:
+        chosen = [choices[e.name] for e in plan.entries if e.spec_model == model.name and e.name in choices]
+        section = model.engine
+        if not chosen or section is None:
+            models.append(model)
+            continue
+        update = {}
+        for field in TUNED_SECTION_FIELDS:
+            stated, value = getattr(section, field), getattr(chosen[0], field)
+            if stated is not None and value is not None and value != stated:
+                update[field] = value
+                notes.append(f"{model.name}: the spec's engine.{field} is {stated}, the tuned files run {value}: "
+                             f"change it in the spec to render the same repository again")
+        models.append(model.model_copy(update={"engine": section.model_copy(update=update)}) if update else model)
+    return spec.model_copy(update={"models": models}), notes
+
+
 def apply_results(plan: DeploymentPlan, choices: Mapping[str, ModelEntryPlan]) -> DeploymentPlan:
     return plan.model_copy(update={"entries": [choices.get(e.name, e) for e in plan.entries]})
 
