@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.tritongen-installed
 
-.PHONY: demo test venv nginx clean bench bench-zoo bench-fidelity bench-sidecar bench-profile bench-simulator bench-fixed-vs-tuned bench-check-conformance bench-llm-fidelity bench-vllm-fidelity bench-prefix-cache bench-llm-guard bench-vs-model-analyzer bench-instance-scaling bench-admission bench-native-admission
+.PHONY: demo test venv nginx clean bench bench-zoo bench-fidelity bench-sidecar bench-profile bench-simulator bench-fixed-vs-tuned bench-check-conformance bench-llm-fidelity bench-vllm-fidelity bench-prefix-cache bench-prefix-tune bench-llm-guard bench-vs-model-analyzer bench-instance-scaling bench-admission bench-native-admission
 
 venv: $(STAMP)
 
@@ -50,7 +50,7 @@ demo: $(STAMP)
 # (date, machine, commit). Run them one at a time on a quiet host; `make bench` runs them all (~12 min, and ~33 more for bench-vs-model-analyzer).
 TRITON_SERVER_REPO ?= /tmp/triton-server
 
-bench: bench-simulator bench-profile bench-fidelity bench-llm-fidelity bench-vllm-fidelity bench-prefix-cache bench-llm-guard bench-sidecar bench-fixed-vs-tuned bench-check-conformance bench-vs-model-analyzer bench-instance-scaling bench-admission
+bench: bench-simulator bench-profile bench-fidelity bench-llm-fidelity bench-vllm-fidelity bench-prefix-cache bench-prefix-tune bench-llm-guard bench-sidecar bench-fixed-vs-tuned bench-check-conformance bench-vs-model-analyzer bench-instance-scaling bench-admission
 
 bench-fidelity: $(STAMP)
 	$(PY) -m bench.bench_sim_fidelity
@@ -81,6 +81,9 @@ bench-zoo: $(STAMP) nginx
 
 bench-prefix-cache: $(STAMP)
 	$(PY) -m bench.bench_prefix_cache
+
+bench-prefix-tune: $(STAMP)
+	$(PY) -m bench.bench_prefix_tune
 
 bench-vllm-fidelity: $(STAMP)
 	$(PY) -m bench.bench_vllm_fidelity

@@ -120,9 +120,12 @@ def beside_triton(cpus) -> Iterator[None]:
 def run_vllm_showcase(
     spec_template: Path, naive_template: Path, traffic: Path, out_dir: Path, workdir: Path, say: Say,
     seconds: float = 40.0, llm_protocol: str = "http", load_factor: float = 1.0, tune_requests: int = TUNE_REQUESTS,
+    guard: bool = True,
 ) -> Showcase:
     """Profile, tune, before and after on the real engine; `load_factor` x the predicted capacity is
-    the mean rate of the traffic file's shape, sent for `seconds`."""
+    the mean rate of the traffic file's shape, sent for `seconds`. `guard`: the tuned repository is
+    served behind the sidecar (the demo); without, straight to Triton, which is what measures the
+    tuned files alone (bench_prefix_tune)."""
     show = Showcase()
     home = out_dir / "vllm"
     spec = write_example_spec(spec_template, home)
@@ -177,8 +180,9 @@ def run_vllm_showcase(
                                     targets_ms=targets, running=naive)
             show.lap("load before")
     with beside_triton(cpus):
-        say("4/4 [real vLLM] after: the tuned model.json behind the sidecar, the same requests")
-        show.runs += load_phase("after", after, load, say, workdir, behind_sidecar=True, llm_protocol=llm_protocol,
+        say(f"4/4 [real vLLM] after: the tuned model.json {'behind the sidecar' if guard else 'straight to Triton'}, "
+            "the same requests")
+        show.runs += load_phase("after", after, load, say, workdir, behind_sidecar=guard, llm_protocol=llm_protocol,
                                 targets_ms=targets, options=served(after))
         show.lap("load after")
     return show

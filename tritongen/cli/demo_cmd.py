@@ -159,8 +159,9 @@ def before_after(
         console.print(f"real vLLM: spec, traffic, tuning notes and profiles in {out / 'vllm'}")
 
 
-def results_table(runs: list[ModelRun]) -> Table:
-    table = Table(title="before (hand-written, direct) vs after (tuned + sidecar), same bursty traffic")
+def results_table(runs: list[ModelRun],
+                  title: str = "before (hand-written, direct) vs after (tuned + sidecar), same bursty traffic") -> Table:
+    table = Table(title=title)
     for column in ("model", "setup", "served", "req/s", "good/s", "P99 interactive ms", "P99 batch ms", "utilisation",
                    "OOM kills", "rejected (429/503)"):
         table.add_column(column, justify="right" if column not in ("model", "setup") else "left")
