@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from sidecar.admission_types import Request
+from sidecar.admission_types import Cost, Request
 from tritongen.core.sidecar_policy.sections import ModelPolicy
 
 
@@ -54,6 +54,36 @@ class Ledger:
         self.inflight = 0
         self.inflight_llm = 0  # what the adaptive concurrency limit counts
         self.lingering = 0
+        # model -> prompt block -> reservations holding it (Cost.shared_keys): a block several hold
+        # is reserved once, in the model's pool, while any of them holds it
+        self.shared_refs: dict[str, dict[bytes, int]] = defaultdict(dict)
+
+    def new_shared_bytes(self, model: str, cost: Cost) -> int:
+        """The bytes of the request's shared prompt blocks that nothing in flight holds yet: what
+        admitting it adds to the pool beyond its own part (cost.kv_bytes)."""
+        if not cost.shared_keys:
+            return 0
+        held = self.shared_refs.get(model, {})
+        return sum(1 for k in cost.shared_keys if k not in held) * cost.shared_block_bytes
+
+    def _share(self, res: Reservation, step: int) -> None:
+        """Take (+1) or give back (-1) the request's shared blocks: a block's bytes enter the pool
+        with its first holder and leave with its last."""
+        cost, model = res.request.cost, res.request.model
+        refs = self.shared_refs[model]
+        changed = 0
+        for key in cost.shared_keys:
+            count = refs.get(key, 0) + step
+            if count > 0:
+                refs[key] = count
+            else:
+                refs.pop(key, None)
+            if (step > 0 and count == 1) or (step < 0 and count == 0):
+                changed += step
+        delta = changed * cost.shared_block_bytes
+        for scope in (*res.kv_scopes, *(res.device_scopes if res.kv_on_device else ())):
+            self.by_scope[scope] += delta
+        self.kv_by_model[model] += delta
 
     def reserve(self, request: Request, model: ModelPolicy, now: float, arrived_at: float | None,
                 counts_for_limit: bool) -> Reservation:
@@ -71,6 +101,8 @@ class Ledger:
         for scope in res.device_scopes:
             self.by_scope[scope] += res.device_bytes
         self.kv_by_model[request.model] += cost.kv_bytes
+        if cost.shared_keys:
+            self._share(res, +1)
         self.inflight += 1
         if counts_for_limit:
             self.inflight_llm += 1
@@ -116,6 +148,8 @@ class Ledger:
         for scope in res.device_scopes:
             self.by_scope[scope] -= res.device_bytes
         self.kv_by_model[res.request.model] -= res.kv_bytes
+        if res.request.cost.shared_keys:
+            self._share(res, -1)
         self.count_tenant(res.request.tenant, reserved=-res.held_bytes)
         if res.lingering_until is not None:
             self.lingering -= 1

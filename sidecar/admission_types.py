@@ -67,6 +67,11 @@ class Cost:
     prompt_lengths: tuple[int, ...] = ()
     # (reason, detail) when the request can never run (cost.py): refused at once, never queued.
     never: tuple[str, str] | None = None
+    # Prompt blocks an engine that reuses them holds once for every request in flight that begins
+    # with them (sidecar/prefix_blocks.py), each `shared_block_bytes`: not in kv_bytes, which is
+    # the request's own part; the ledger reserves a shared block while any request holds it.
+    shared_keys: tuple[bytes, ...] = ()
+    shared_block_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:

@@ -155,16 +155,18 @@ class AdmissionView:
                               books.inflight_by_model[model.name], max(1, math.floor(model.max_inflight * frac)),
                               1, shared=False, static=True))
         reserves = model.kv is None or model.kv.reserves
+        # its own KV, and the shared prompt blocks no request in flight holds yet (held ones are reserved)
+        kv_need = cost.kv_bytes + books.new_shared_bytes(model.name, cost)
         if model.memory_quota_bytes is not None and reserves:
             memory.append(Room(f"model_memory_quota:{model.name}", "bytes", books.kv_by_model[model.name],
-                               math.floor(model.memory_quota_bytes * frac), cost.kv_bytes, shared=False, static=True))
+                               math.floor(model.memory_quota_bytes * frac), kv_need, shared=False, static=True))
         share = self.lower_share(model.name)
         if share < 1.0 and model.kv is not None and klass.priority != self._index.top_priority(model):
             # The top class's first tokens are late: lower classes fill less (LowerShare), of the
             # pool where the engine reserves, else of its sequences.
             if model.memory_quota_bytes is not None and reserves:
                 memory.append(Room(f"lower_class_share:{model.name}", "bytes", books.kv_by_model[model.name],
-                                   math.floor(model.memory_quota_bytes * frac * share), cost.kv_bytes, shared=False,
+                                   math.floor(model.memory_quota_bytes * frac * share), kv_need, shared=False,
                                    static=False))
             elif model.max_inflight is not None:
                 seqs = law.limit if law is not None else model.max_inflight * frac
@@ -175,10 +177,10 @@ class AdmissionView:
             cap = self.capacity(pool, now)
             if cap is not None:
                 memory.append(Room(f"headroom:{pool}", "bytes", books.by_scope[pool],
-                                   cap * frac, cost.kv_bytes, shared=False, static=False))
+                                   cap * frac, kv_need, shared=False, static=False))
         device_need = cost.prefill_bytes + cost.request_bytes
         if model.kv is not None and not model.kv.preallocated:
-            device_need += cost.kv_bytes
+            device_need += kv_need
         for device in model.devices:
             cap = self.capacity(device, now)
             if cap is None:

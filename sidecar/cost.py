@@ -43,6 +43,8 @@ class LLMFacts:
     # Each prompt's tokens counted by the model's tokenizer (sidecar/tokens.py); None: not counted,
     # the policy's prompt_bytes_per_token ratio estimates them from the bytes.
     prompt_tokens: Sequence[int | None] | None = None
+    # Each prompt's shareable block keys (sidecar/prefix_blocks.py), where the engine reuses blocks.
+    prefix_keys: Sequence[tuple[bytes, ...]] | None = None
 
     def __post_init__(self) -> None:
         if len(self.max_tokens) not in (0, 1, len(self.prompt_bytes)):
@@ -104,7 +106,12 @@ def llm_cost(kv: KVCost, facts: LLMFacts) -> Cost:
     kv_total = prefill = tokens = prompt_total = prompt_bytes_total = 0
     lengths: list[int] = []
     never: tuple[str, str] | None = None
-    for prompt_bytes, max_tokens, exact in zip(prompts, outputs, counted):
+    shared_keys: dict[bytes, None] = {}  # ordered, each once (sequences of one request may share too)
+    block_bytes = math.ceil(kv.bytes_per_token * kv.block_tokens) if kv.reserves and kv.prefix_caching else 0
+    keys_of = list(facts.prefix_keys or []) if block_bytes else []
+    if len(keys_of) != len(prompts):
+        keys_of = [()] * len(prompts)
+    for prompt_bytes, max_tokens, exact, keys in zip(prompts, outputs, counted, keys_of):
         if never is None and max_tokens is not None and max_tokens >= kv.max_context:
             never = (EXCEEDS_CONTEXT, f"max_tokens {max_tokens} leaves no room for a prompt in the model's "
                      f"{kv.max_context}-token context; ask for fewer than {kv.max_context} tokens")
@@ -113,7 +120,8 @@ def llm_cost(kv: KVCost, facts: LLMFacts) -> Cost:
         if never is None and kv.engine_pool_bytes is not None and footprint > kv.engine_pool_bytes:
             never = (EXCEEDS_BUDGET, f"the sequence needs {footprint} KV bytes ({total} tokens) but one engine's "
                      f"whole pool holds {kv.engine_pool_bytes}; it can never run")
-        kv_total += footprint
+        kv_total += footprint - len(keys) * block_bytes  # its shared blocks are the ledger's, once
+        shared_keys.update(dict.fromkeys(keys))
         prefill += prefill_peak_bytes(kv.prefill_peak, prompt_tokens)
         tokens += total
         prompt_total += prompt_tokens
@@ -122,7 +130,8 @@ def llm_cost(kv: KVCost, facts: LLMFacts) -> Cost:
             prompt_bytes_total += prompt_bytes
     return Cost(kv_bytes=kv_total if kv.reserves else 0, prefill_bytes=prefill, tokens=tokens,
                 prompt_tokens=prompt_total, prompt_bytes=prompt_bytes_total, sequences=len(prompts),
-                prompt_lengths=tuple(lengths), never=never)
+                prompt_lengths=tuple(lengths), never=never, shared_keys=tuple(shared_keys) if kv.reserves else (),
+                shared_block_bytes=block_bytes if shared_keys and kv.reserves else 0)
 
 
 def cost_for(model: ModelPolicy, facts: LLMFacts | None) -> Cost:

@@ -36,13 +36,16 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from sidecar.cost import LLMFacts, TokenCounter
+from sidecar.prefix_blocks import block_keys
 from tritongen.core.llm_interface import int_or_none
 from tritongen.core.sidecar_policy.base import DEFAULT_TENANT, NAME_MAX_LENGTH, NAME_PATTERN
+from tritongen.core.sidecar_policy.kv_cost import KVCost
 from tritongen.core.sidecar_policy.schema import SidecarPolicy
 from tritongen.core.sidecar_policy.sections import ClassPolicy, ModelPolicy
 
@@ -182,21 +185,27 @@ def budget(stated: Stated, tensor_name: str) -> tuple[int | None, ...]:
     return ()
 
 
-def sequences(prompts: Sequence[Prompt], max_tokens: tuple[int | None, ...], count: TokenCounter | None) -> LLMFacts:
-    """Each sequence's prompt (bytes, and tokens when the model's tokenizer counts them) and budget."""
+def sequences(prompts: Sequence[Prompt], max_tokens: tuple[int | None, ...], count: TokenCounter | None,
+              kv: KVCost | None = None) -> LLMFacts:
+    """Each sequence's prompt (bytes, and tokens when the model's tokenizer counts them) and budget;
+    with `kv` of an engine that reserves and reuses prefix blocks, each prompt's shareable blocks."""
     if not prompts:
         prompts = (None,)
     if len(max_tokens) > 1 and len(max_tokens) != len(prompts):  # neither one for all nor one each: the largest
         max_tokens = (max((m for m in max_tokens if m is not None), default=None),)
     lengths = tuple([None if p is None else len(p) for p in prompts])
-    if count is None:
-        return LLMFacts(lengths, max_tokens)
-    try:
-        tokens = tuple([None if p is None else count(bytes(p)) for p in prompts])
-    except Exception as err:  # a prompt the tokenizer cannot read: the byte-ratio estimate stands
-        log.debug("token count failed (%s: %s); using the bytes-per-token ratio", type(err).__name__, err)
-        return LLMFacts(lengths, max_tokens)
-    return LLMFacts(lengths, max_tokens, prompt_tokens=tokens)
+    tokens: tuple[int | None, ...] | None = None
+    if count is not None:
+        try:
+            tokens = tuple([None if p is None else count(bytes(p)) for p in prompts])
+        except Exception as err:  # a prompt the tokenizer cannot read: the byte-ratio estimate stands
+            log.debug("token count failed (%s: %s); using the bytes-per-token ratio", type(err).__name__, err)
+    keys = None
+    if kv is not None and kv.prefix_caching and kv.reserves:
+        counted = tokens or (None,) * len(prompts)
+        keys = [() if p is None else block_keys(p, n if n else math.ceil(len(p) / kv.prompt_bytes_per_token),
+                                                kv.block_tokens) for p, n in zip(prompts, counted)]
+    return LLMFacts(lengths, max_tokens, prompt_tokens=tokens, prefix_keys=keys)
 
 
 def read(policy: SidecarPolicy, model: ModelPolicy, model_name: str, stated: Stated, class_header: str | None,
@@ -207,7 +216,7 @@ def read(policy: SidecarPolicy, model: ModelPolicy, model_name: str, stated: Sta
     klass = resolve_class(policy, class_header, stated.class_parameter)
     llm = None
     if model.kv is not None:
-        llm = sequences(stated.prompts, budget(stated, model.kv.max_tokens_input), count)
+        llm = sequences(stated.prompts, budget(stated, model.kv.max_tokens_input), count, model.kv)
     return Reading(model_name, klass.name, tenant, priority_to_write(model, klass, stated.names_priority), llm)
 
 

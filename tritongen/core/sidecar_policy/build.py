@@ -242,6 +242,9 @@ def _llm_entry(
             "preallocated": True,
             "prefill_peak": prefill,
             "prefill_peak_source": "profile" if prefill else "none",
+            # where the engine reserves, a prompt block several requests in flight begin with is held once
+            # (written only when on: the policies of engines without a cache read as before)
+            **({"prefix_caching": True} if limits is not None and limits.prefix_caching else {}),
             **_footprint_fields(hybrid),
         },
         "memory_quota_bytes": engine_pool * engines if reserves else None,

@@ -178,6 +178,9 @@ def _kv(profile: Profile, pool_tokens: int | None, block: int, policy: str | Non
         "preallocated": True,
         "prefill_peak": prefill,
         "prefill_peak_source": "profile" if prefill else "none",
+        # the profile's probe saw a repeated prompt served from a cache (engine_sources reads it alike)
+        **({"prefix_caching": True} if engine is not None and engine.prefix_cache is not None
+           and engine.prefix_cache.caches else {}),
     }
 
 

@@ -86,6 +86,11 @@ class KVCost(PolicyModel):
         default_factory=list, description="Profiled prefill memory peak by prompt length (empty: no profile)."
     )
     prefill_peak_source: Literal["profile", "none"] = Field(default="none")
+    prefix_caching: bool = Field(
+        default=False, description="The engine reuses prompt blocks that running sequences share (vLLM "
+        "enable_prefix_caching, TensorRT-LLM block reuse): where it reserves, a block that several requests in flight "
+        "begin with is reserved once (sidecar/prefix_blocks.py)."
+    )
 
     @property
     def reserves(self) -> bool:
