@@ -342,6 +342,11 @@ class EngineProfiler(EngineCapacity):
         if bpt_source.startswith("assumed"):
             self.worst_tokens_per_token = bpt
             self._fit_context()
+        if self.interface.speaks_token_ids and self.interface.exclude_input_input is None:
+            self.notes.append(
+                f"tokens were counted from the ids in {self.interface.text_output}: streamed responses hold new ids; a model "
+                "that repeats the prompt's ids in a response (TensorRT-LLM's when not streaming, without "
+                "exclude_input_in_output) would have its prompt counted too, and that cannot be told from outside")
         preempt0 = self._preemptions()
         prefill = self.prefill(bpt)
         lengths = [p.prompt_tokens for p in prefill]
