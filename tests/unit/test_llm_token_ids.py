@@ -79,7 +79,7 @@ def test_tensorrt_llms_raw_model_is_recognised_by_its_roles() -> None:
     assert (found.prompt_length_input, found.prompt_length_datatype) == ("input_lengths", "INT32")
     assert (found.max_tokens_input, found.text_output, found.stream_input) == ("request_output_len", "output_ids", "streaming")
     assert found.batched and found.decoupled
-    assert "input_ids" in found.describe() and "request_output_len" in found.describe()
+    assert found.describe() == "TensorRT-LLM raw model (token ids) (input_ids, streaming, request_output_len)"
 
 
 def test_a_python_backend_of_token_ids_is_recognised_with_the_generic_budget_name() -> None:
@@ -87,6 +87,7 @@ def test_a_python_backend_of_token_ids_is_recognised_with_the_generic_budget_nam
     assert found.kind == "token_ids" and found.prompt_datatype == "INT64" and not found.batched
     assert (found.text_input, found.max_tokens_input, found.text_output) == ("prompt_token_ids", "max_tokens", "generated_ids")
     assert found.prompt_length_input is None and found.stream_input == "stream"
+    assert found.label == "token ids"  # not TensorRT-LLM for sharing one of its names: its backend says
 
 
 def test_a_text_model_stays_text_even_with_token_id_tensors() -> None:

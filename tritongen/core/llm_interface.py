@@ -369,7 +369,7 @@ def detect_interface(
 
     if ids is not None:
         roles = dict(
-            kind="token_ids", label="TensorRT-LLM raw model (token ids)" if "request_output_len" in by_name
+            kind="token_ids", label="TensorRT-LLM raw model (token ids)" if (backend or "").lower() == "tensorrtllm"
             else "token ids", text=ids.prompt, max_tokens=_pick(by_name, ids.max_tokens_names, _INTEGER_TYPES),
             sampling=None, stream=_pick(by_name, GENERIC_STREAM_INPUTS, _BOOL),
             exclude=_pick(by_name, ("exclude_input_in_output",), _BOOL), decoupled=decoupled,
