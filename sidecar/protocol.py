@@ -90,13 +90,42 @@ def _class_value(parameters: Any, key: str) -> str | None:
 
 
 def _json_stated(parameters: dict[str, Any] | None, class_key: str, prompts: tuple[Prompt, ...] | None = None,
-                 budget: tuple[Any, ...] = (), sampling: Any = None) -> Stated:
+                 budget: tuple[Any, ...] = (), sampling: Any = None, ids: tuple[int, ...] = ()) -> Stated:
     """What a JSON request states (HTTP `infer`'s header, a `generate` body): its parameters and,
-    for an LLM (`prompts` given), what its tensors said."""
+    for an LLM (`prompts` given), what its tensors said (`ids`: a token-id prompt's counts)."""
     if not parameters:
-        return Stated(None, False, prompts or (), budget, sampling, None)
+        return Stated(None, False, prompts or (), budget, sampling, None, ids)
     return Stated(_class_value(parameters, class_key), PRIORITY in parameters, prompts or (), budget, sampling,
-                  parameters.get(MAX_TOKENS) if prompts is not None else None)
+                  parameters.get(MAX_TOKENS) if prompts is not None else None, ids)
+
+
+def id_counts(total: int, shape: Any, name: str) -> tuple[int, ...]:
+    """Each sequence's number of ids in a token-id prompt of `total` ids and `shape`: [n] is one
+    sequence, [b, n] (a batch dimension) b sequences of n."""
+    dims = [int(d) for d in shape]
+    rows = dims[0] if len(dims) >= 2 and dims[0] > 0 else 1
+    if total % rows:
+        raise BadRequest(f"input {name!r} holds {total} ids, not {rows} rows of one length (its shape {dims})")
+    return (total // rows,) * rows
+
+
+def count_ids(raw: bytes | memoryview, datatype: str, name: str) -> int:
+    """How many integers a token-id tensor's binary data holds, read from its size alone: the ids
+    themselves are never decoded (a long prompt's would cost the hot path microseconds)."""
+    code = _NUMERIC.get(datatype.upper())
+    if code is None or code in "efd":
+        raise BadRequest(f"input {name!r} has datatype {datatype}; token ids are integers (INT32, INT64)")
+    size = struct.calcsize(code)
+    if len(raw) % size:
+        raise BadRequest(f"{datatype} tensor data of {len(raw)} bytes is not a whole number of elements")
+    return len(raw) // size
+
+
+def _generate_ids(value: Any) -> tuple[int, ...]:
+    """A generate body's token-id prompt: a list of ids (one sequence) or of lists (one per row)."""
+    if isinstance(value, list) and value and all(isinstance(row, list) for row in value):
+        return tuple(len(_flatten(row)) for row in value)
+    return (len(_flatten(value)),)
 
 
 def _utf8(value: Any) -> bytes:
@@ -192,9 +221,19 @@ def infer_stated(body: InferBody, kv: KVCost | None, class_key: str) -> Stated:
     prompts: list[Prompt] = []
     budget: list[Any] = []
     sampling = None
+    ids: tuple[int, ...] = ()
     for tensor in body.header["inputs"]:
         name = tensor.get("name")
-        if name == kv.prompt_input:
+        if name == kv.prompt_input and kv.prompt_token_ids:
+            if name in binary:
+                total = count_ids(binary[name], str(tensor.get("datatype", "INT32")), name)
+            elif "data" in tensor:
+                total = len(_flatten(tensor["data"]))
+            else:
+                prompts = [None]  # shared memory, or nothing readable: charged a full context
+                continue
+            ids = id_counts(total, tensor.get("shape") or [total], str(name))
+        elif name == kv.prompt_input:
             elements = _infer_elements(tensor, binary, "BYTES")
             if elements is not None:
                 prompts = [v if isinstance(v, memoryview) else _utf8(v) for v in elements]
@@ -207,7 +246,7 @@ def infer_stated(body: InferBody, kv: KVCost | None, class_key: str) -> Stated:
         elif name == SAMPLING:
             elements = _infer_elements(tensor, binary, "BYTES")
             sampling = elements[0] if elements else None
-    return _json_stated(body.parameters, class_key, tuple(prompts), tuple(budget), sampling)
+    return _json_stated(body.parameters, class_key, tuple(prompts), tuple(budget), sampling, ids)
 
 
 def infer_with_priority(body: InferBody, priority: int) -> tuple[bytes, str | None]:
@@ -243,10 +282,11 @@ def generate_stated(doc: dict[str, Any], kv: KVCost | None, class_key: str) -> S
     if kv is None:
         return _json_stated(doc.get("parameters"), class_key)
     text = doc.get(kv.prompt_input)
-    prompts = () if text is None else tuple([_utf8(v) for v in _flatten(text)])
+    ids = _generate_ids(text) if kv.prompt_token_ids and text is not None else ()
+    prompts = () if text is None or ids else tuple([_utf8(v) for v in _flatten(text)])
     raw = doc.get(kv.max_tokens_input)
     return _json_stated(doc.get("parameters"), class_key, prompts, () if raw is None else tuple(_flatten(raw)),
-                        doc.get(SAMPLING))
+                        doc.get(SAMPLING), ids)
 
 
 def generate_with_priority(doc: dict[str, Any], priority: int) -> bytes:
@@ -297,8 +337,20 @@ def grpc_stated(request: Any, kv: KVCost | None, class_key: str) -> Stated:
     prompts: list[Prompt] = []
     budget: list[Any] = []
     sampling = None
+    ids: tuple[int, ...] = ()
     for index, tensor in enumerate(request.inputs):
-        if tensor.name == kv.prompt_input:
+        if tensor.name == kv.prompt_input and kv.prompt_token_ids:
+            raw = request.raw_input_contents
+            if len(raw) > index:
+                total = count_ids(raw[index], tensor.datatype or "INT32", tensor.name)
+            else:
+                elements = _grpc_elements(request, index, tensor, tensor.datatype or "INT32")
+                if elements is None:
+                    prompts = [None]  # shared memory: charged a full context
+                    continue
+                total = len(elements)
+            ids = id_counts(total, list(tensor.shape) or [total], tensor.name)
+        elif tensor.name == kv.prompt_input:
             elements = _grpc_elements(request, index, tensor, "BYTES")
             if elements is not None:
                 prompts = elements
@@ -312,7 +364,8 @@ def grpc_stated(request: Any, kv: KVCost | None, class_key: str) -> Stated:
             elements = _grpc_elements(request, index, tensor, "BYTES")
             sampling = elements[0] if elements else None
     return Stated(class_parameter=class_parameter, names_priority=names_priority, prompts=tuple(prompts),
-                  budget_tensor=tuple(budget), sampling=sampling, budget_parameter=_grpc_parameter(request, MAX_TOKENS))
+                  budget_tensor=tuple(budget), sampling=sampling, budget_parameter=_grpc_parameter(request, MAX_TOKENS),
+                  prompt_ids=ids)
 
 
 def grpc_set_priority(request: Any, priority: int) -> None:

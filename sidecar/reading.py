@@ -15,7 +15,8 @@ The rules:
   syntax is a 400.
 - priority: `priority_to_write`, the one rule (the lane's (model, class) pairs come from it too).
 - prompt: each element of the prompt input (UTF-8 bytes; counted by the model's tokenizer when it
-  has one); none readable (shared memory, no prompt input): charged a full context.
+  has one); none readable (shared memory, no prompt input): charged a full context. A model of
+  token ids (`kv.prompt_token_ids`): each sequence's ids, one token each, exact.
 - budget (max_tokens), from the first source the request states, in the order the backends read
   them: the max_tokens input tensor (one value per sequence, or one for all); else a
   `sampling_parameters` JSON object (tensor or generate field), whose `max_tokens` or nothing
@@ -74,6 +75,7 @@ class Stated(NamedTuple):
     budget_tensor: tuple[Any, ...] = ()  # the max_tokens input's elements (empty: not sent)
     sampling: Any = None  # sampling_parameters: JSON text (str or bytes) or an object; None: not sent
     budget_parameter: Any = None  # the `max_tokens` request parameter's value; None: not sent
+    prompt_ids: tuple[int, ...] = ()  # a token-id prompt: each sequence's number of ids (its exact tokens)
 
 
 NOTHING = Stated()  # a request whose body the path did not need to parse (a plain classic infer)
@@ -185,6 +187,13 @@ def budget(stated: Stated, tensor_name: str) -> tuple[int | None, ...]:
     return ()
 
 
+def id_sequences(ids: Sequence[int], max_tokens: tuple[int | None, ...]) -> LLMFacts:
+    """Each sequence of a token-id prompt (its number of ids, its exact tokens) and budget."""
+    if len(max_tokens) > 1 and len(max_tokens) != len(ids):
+        max_tokens = (max((m for m in max_tokens if m is not None), default=None),)
+    return LLMFacts(tuple(ids), max_tokens, prompt_tokens=tuple(ids))
+
+
 def sequences(prompts: Sequence[Prompt], max_tokens: tuple[int | None, ...], count: TokenCounter | None,
               kv: KVCost | None = None) -> LLMFacts:
     """Each sequence's prompt (bytes, and tokens when the model's tokenizer counts them) and budget;
@@ -216,7 +225,9 @@ def read(policy: SidecarPolicy, model: ModelPolicy, model_name: str, stated: Sta
     klass = resolve_class(policy, class_header, stated.class_parameter)
     llm = None
     if model.kv is not None:
-        llm = sequences(stated.prompts, budget(stated, model.kv.max_tokens_input), count, model.kv)
+        wanted = budget(stated, model.kv.max_tokens_input)
+        llm = (id_sequences(stated.prompt_ids, wanted) if stated.prompt_ids
+               else sequences(stated.prompts, wanted, count, model.kv))
     return Reading(model_name, klass.name, tenant, priority_to_write(model, klass, stated.names_priority), llm)
 
 

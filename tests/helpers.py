@@ -8,6 +8,7 @@ conftest.py; tests/unit/test_suite_hygiene.py holds the suite to that.
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import shutil
@@ -405,3 +406,32 @@ class ServedIndex:
     def config(self, name: str) -> dict:
         return self.configs[name]
 
+
+def config_tensors(table: str) -> list[dict]:
+    """Config entries as Triton serves them, from rows 'name TYPE [dims]' with 'optional' for optional
+    inputs (the layout of the backends' tables, one tensor a line)."""
+    entries = []
+    for row in table.strip().splitlines():
+        name, kind, dims, *flags = row.split()
+        entries.append({"name": name, "data_type": f"TYPE_{kind}", "dims": json.loads(dims),
+                        "optional": flags == ["optional"]})
+    return entries
+
+
+RAW_TRTLLM = {  # all_models/inflight_batcher_llm/tensorrt_llm (docs/model_config.md): token ids in and out
+    "name": "tensorrt_llm",
+    "backend": "tensorrtllm",
+    "max_batch_size": 64,
+    "input": config_tensors("""
+        input_ids INT32 [-1]
+        input_lengths INT32 [1]
+        request_output_len INT32 [1]
+        end_id INT32 [1] optional
+        streaming BOOL [1] optional
+    """),
+    "output": config_tensors("""
+        output_ids INT32 [-1,-1]
+        sequence_length INT32 [-1]
+    """),
+    "model_transaction_policy": {"decoupled": True},
+}

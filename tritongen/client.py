@@ -68,10 +68,15 @@ _WIRE_NUMPY = {
 
 def numpy_inputs(tensors: Sequence[RequestTensor]) -> dict[str, np.ndarray]:
     """Arrays for `infer_inputs` from an LLM interface's request (`LLMInterface.request`): each
-    tensor's one element filled into its shape, BYTES as UTF-8 bytes in an object array."""
+    tensor's one element filled into its shape, BYTES as UTF-8 bytes in an object array; a
+    token-id prompt's ids laid along its last dimension ([n], or [1, n] with a batch dimension)."""
     out: dict[str, np.ndarray] = {}
     for tensor in tensors:
-        if tensor.datatype == "BYTES":
+        if isinstance(tensor.value, list):
+            if tensor.datatype not in _WIRE_NUMPY or tensor.datatype == "BOOL":
+                raise ValueError(f"input {tensor.name!r}: token ids need an integer datatype, got {tensor.datatype}")
+            out[tensor.name] = np.asarray(tensor.value, dtype=_WIRE_NUMPY[tensor.datatype]).reshape(tensor.shape)
+        elif tensor.datatype == "BYTES":
             value = tensor.value if isinstance(tensor.value, str) else str(tensor.value)
             out[tensor.name] = np.full(tensor.shape, value.encode("utf-8"), dtype=np.object_)
         elif tensor.datatype in _WIRE_NUMPY:
@@ -79,6 +84,16 @@ def numpy_inputs(tensors: Sequence[RequestTensor]) -> dict[str, np.ndarray]:
         else:
             raise ValueError(f"input {tensor.name!r}: datatype {tensor.datatype} is not one an LLM request uses")
     return out
+
+
+def response_tokens(value: np.ndarray | None, token_ids: bool) -> int:
+    """The tokens one response's output carries: none when it is empty or absent; else one (a
+    response per token, the streaming convention of text models) or, for a model of token ids
+    (`LLMInterface.speaks_token_ids`), every id it holds, exactly: a stream may send several ids at
+    once, and a single response holds them all."""
+    if value is None or not value.size:
+        return 0
+    return int(value.size) if token_ids else 1
 
 
 class RequestInputs(dict):

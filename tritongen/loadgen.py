@@ -41,8 +41,9 @@ import aiohttp
 import numpy as np
 
 from tritongen.core.simulator import OK, OOM, QUEUE_FULL, TIMEOUT
-from tritongen.client import aio_stream_infer, infer_inputs, numpy_inputs, sample_input
+from tritongen.client import aio_stream_infer, infer_inputs, numpy_inputs, response_tokens, sample_input
 from tritongen.core.llm_interface import LLMInterface
+from tritongen.core.llm_token_ids import ids_in
 from tritongen.core.prompts import arrival_prompt
 from tritongen.core.plan import TensorView
 from tritongen.core.traffic import Arrivals
@@ -152,8 +153,10 @@ class _Runner:
         self.sse_wanted = False
 
     def _prompt(self, i: int, target: LoadTarget) -> str:
-        """Request i's text: its own, or sharing what the arrivals say it shares (core.prompts)."""
-        return arrival_prompt(self.arr, i, target.bytes_per_token, self.salt0)
+        """Request i's text: its own, or sharing what the arrivals say it shares (core.prompts); for
+        a model of token ids, one character per token (the interface sends one id per character)."""
+        bpt = target.interface.sizing_bytes_per_token(target.bytes_per_token) if target.interface else target.bytes_per_token
+        return arrival_prompt(self.arr, i, bpt, self.salt0)
 
     def _error(self, i: int, message: str, now: float) -> None:
         self.status[i] = classify_error(message)
@@ -211,6 +214,7 @@ class _Runner:
         tensors = target.interface.request(text_value, int(self.arr.output[i]), stream=True)
         inputs = infer_inputs(grpcaio, numpy_inputs(tensors))
         output_name = target.interface.text_output
+        token_ids = target.interface.speaks_token_ids
         priority = int(self.arr.class_priority[int(self.arr.cls[i])])
         finished = asyncio.Event()
 
@@ -232,11 +236,11 @@ class _Runner:
                     if error is not None:
                         self._error(i, str(error), now)
                         return
-                    value = result.as_numpy(output_name)
-                    if value is not None and value.size:
+                    tokens = response_tokens(result.as_numpy(output_name), token_ids)
+                    if tokens:
                         if math.isnan(self.first_t[i]):
                             self.first_t[i] = now
-                        self.tokens[i] += 1
+                        self.tokens[i] += tokens
                     final = result.get_response().parameters.get("triton_final_response")
                     if final is not None and final.bool_param:
                         self.done_t[i] = now
@@ -264,6 +268,7 @@ class _Runner:
         if parameters:
             body["parameters"] = {**body.get("parameters", {}), **parameters}
         output = target.interface.text_output
+        token_ids = target.interface.speaks_token_ids  # each id an event carries is a token
         self.send_t[i] = self._now()
         try:
             async with asyncio.timeout(self.request_timeout_s):
@@ -285,10 +290,11 @@ class _Runner:
                             self._error(i, str(event["error"]), now)
                             return
                         value = event.get(output)
-                        if value not in (None, "", []):
+                        tokens = ids_in(value) if token_ids else int(value not in (None, "", []))
+                        if tokens:
                             if math.isnan(self.first_t[i]):
                                 self.first_t[i] = now
-                            self.tokens[i] += 1
+                            self.tokens[i] += tokens
             self.done_t[i] = self._now()
             self.status[i] = OK
         except (asyncio.TimeoutError, TimeoutError):

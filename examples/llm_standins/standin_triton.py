@@ -54,6 +54,22 @@ def scalar(request, name: str, required: bool = False):
     return None if values is None else values.item()
 
 
+def int_parameters(model_config: dict, defaults: dict[str, int], model: str) -> dict[str, int]:
+    """The config's string `parameters` named in `defaults` as whole numbers of 1 or more (a missing
+    or empty one: its default); a bad one stops the model loading, naming it."""
+    params = model_config.get("parameters", {})
+    values = {}
+    for key, default in defaults.items():
+        raw = params.get(key, {}).get("string_value", "")
+        try:
+            values[key] = int(raw) if raw.strip() else default
+        except ValueError as err:
+            raise pb_utils.TritonModelException(f"{model}: parameter {key} must be an integer, got {raw!r}") from err
+        if values[key] < 1:
+            raise pb_utils.TritonModelException(f"{model}: parameter {key} must be >= 1, got {values[key]}")
+    return values
+
+
 def as_bytes(value) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode("utf-8")
 

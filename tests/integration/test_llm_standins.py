@@ -2,7 +2,9 @@
 `vllm_standin` speaks the vLLM backend's interface (a Python-based backend named "vllm", its
 model.json, vLLM-named metrics, preemption by recompute); `reserve_llm` is a hand-written Python
 backend with the generic interface that reserves prompt + max_tokens, kills what does not fit and
-exports no metrics. Each is profiled on the embedded server and its measured step costs are held
+exports no metrics; `tokenid_llm` the same engine speaking token ids (ids in, ids out, a budget
+tensor, an input_lengths it checks), profiled without a spec, simulated and served through the
+sidecar. Each is profiled on the embedded server and its measured step costs are held
 against its configured ones (1/standin.json, which tritongen never reads) with wide margins: the
 tight figures are bench/bench_llm_fidelity.py's.
 """
@@ -137,7 +139,7 @@ def test_the_hand_written_backend_is_profiled_with_the_capacity_probe(server: Tr
     assert_costs_near(engine, configured("reserve_llm"), 48, margin=0.5)
 
 
-@pytest.mark.parametrize("model", ["vllm_standin", "reserve_llm"])
+@pytest.mark.parametrize("model", ["vllm_standin", "reserve_llm", "tokenid_llm"])
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_the_load_generator_streams_each_interface_over_grpc_and_sse(server: TritonServer, model: str, protocol: str) -> None:
     """Every request asks for 6 tokens in the model's own interface and gets them one response
@@ -152,6 +154,48 @@ def test_the_load_generator_streams_each_interface_over_grpc_and_sse(server: Tri
     assert (result.status == OK).all(), result.errors
     assert (result.tokens == 6).all()
     assert (result.first_t < result.done_t).all()
+
+
+def test_a_token_id_llm_is_profiled_without_a_spec_simulated_and_served_through_the_sidecar(
+        server: TritonServer, tmp_path: Path) -> None:
+    """The way a user starts: `profile --model M --url ...` with no spec, then `render --profiles`
+    (the policy alone), `simulate` on the profile, and a request of ids through the sidecar, its
+    generated ids counted exactly."""
+    from tritongen.sidecar_process import SidecarProcess
+
+    out = tmp_path / "profiles"
+    result = cli("profile", *urls(server), "--model", "tokenid_llm", "--quick", "--kv-capacity-probe", "-o", str(out),
+                 timeout_s=240)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    profile = read_profile((out / "tokenid_llm.json").read_text())
+    engine = profile.engine
+    assert engine is not None and engine.interface_kind == "token_ids" and "token_ids" in engine.interface
+    assert engine.bytes_per_token_source == "token ids" and engine.bytes_per_token == 1.0
+    assert not any(g.measurement == "token counts" for g in profile.gaps)  # nothing assumed about tokens
+    assert_costs_near(engine, configured("tokenid_llm"), 48, margin=0.5)
+    # its pool of 2048 tokens, found by the probe from requests whose tokens were sent and counted as ids
+    assert engine.kv_capacity_source == "capacity probe" and 1024 <= engine.kv_capacity_tokens <= 2048
+
+    sim = cli("simulate", "--profile", str(out / "tokenid_llm.json"), "--config", str(REPOSITORY / "tokenid_llm" / "config.pbtxt"),
+              "--traffic", str(REPO_ROOT / "examples" / "traffic" / "poisson.yaml"), "--requests", "400", "--json")
+    assert sim.returncode == 0, sim.stderr
+    assert json.loads(sim.stdout)["tokenid_llm"]["throughput_per_s"] > 0
+
+    rendered = tmp_path / "policy"
+    done = cli("render", "--profiles", str(out), "-o", str(rendered))
+    assert done.returncode == 0, done.stdout + done.stderr
+    kv = next(m for m in json.loads((rendered / "sidecar_policy.json").read_text())["models"] if m["name"] == "tokenid_llm")["kv"]
+    assert (kv["prompt_input"], kv["max_tokens_input"], kv["prompt_token_ids"]) == ("token_ids", "request_output_len", True)
+
+    body = {"token_ids": list(range(120, 160)), "input_lengths": 40, "request_output_len": 5, "streaming": True}
+    with SidecarProcess(rendered / "sidecar_policy.json", server, tmp_path / "sidecar.log") as sidecar:
+        response = httpx.post(f"http://{sidecar.http_url}/v2/models/tokenid_llm/generate_stream", json=body, timeout=30)
+        metrics = httpx.get(sidecar.metrics_url, timeout=10).text
+    assert response.status_code == 200, response.text
+    events = [json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:")]
+    assert sum(len(e["output_ids"]) if isinstance(e["output_ids"], list) else 1 for e in events) == 5, events
+    # the sidecar read the prompt as its 40 ids, exactly
+    assert 'sidecar_prompt_tokens_sum{model="tokenid_llm"} 40.0' in metrics, metrics[-2000:]
 
 
 def test_an_unknown_interface_is_one_clear_error(server: TritonServer, tmp_path: Path) -> None:

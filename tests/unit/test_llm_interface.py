@@ -20,13 +20,12 @@ import numpy as np
 import pytest
 from google.protobuf import json_format
 
-from tests.helpers import MODEL_REPOSITORY
+from tests.helpers import MODEL_REPOSITORY, config_tensors as tensors
 from tritongen.client import numpy_inputs
 from tritongen.core.llm_interface import (
     LLMInterface,
     RequestTensor,
     TensorInfo,
-    TokenIdModel,
     UnknownInterface,
     detect_interface,
 )
@@ -36,17 +35,6 @@ from tritongen.pbtxt import parse_model_config
 
 # ------------------------------------------------------------------------------------------------
 # configs
-
-
-def tensors(table: str) -> list[dict]:
-    """Config entries as Triton serves them, from rows 'name TYPE [dims]' with 'optional' for optional
-    inputs (the layout of the backends' tables, one tensor a line)."""
-    entries = []
-    for row in table.strip().splitlines():
-        name, kind, dims, *flags = row.split()
-        entries.append({"name": name, "data_type": f"TYPE_{kind}", "dims": json.loads(dims),
-                        "optional": flags == ["optional"]})
-    return entries
 
 
 VLLM_SAMPLE = {  # samples/model_repository/vllm_model/config.pbtxt, read from disk: no inputs at all
@@ -187,24 +175,6 @@ LLMAPI = {  # all_models/llmapi/tensorrt_llm, max_batch_size and decoupled from 
     "output": tensors("""
         text_output STRING [-1]
         finish_reason STRING [-1]
-    """),
-    "model_transaction_policy": {"decoupled": True},
-}
-
-RAW_TRTLLM = {  # all_models/inflight_batcher_llm/tensorrt_llm: token ids in and out
-    "name": "tensorrt_llm",
-    "backend": "tensorrtllm",
-    "max_batch_size": 64,
-    "input": tensors("""
-        input_ids INT32 [-1]
-        input_lengths INT32 [1]
-        request_output_len INT32 [1]
-        end_id INT32 [1] optional
-        streaming BOOL [1] optional
-    """),
-    "output": tensors("""
-        output_ids INT32 [-1,-1]
-        sequence_length INT32 [-1]
     """),
     "model_transaction_policy": {"decoupled": True},
 }
@@ -441,15 +411,6 @@ def test_trtllm_ensemble_with_an_unfillable_required_input_is_refused() -> None:
     with pytest.raises(UnknownInterface, match="looks like TensorRT-LLM ensemble but requires inputs tritongen "
                                                r"cannot fill: lora_config INT32 \[-1,3\]"):
         interface_from_config(config)
-
-
-def test_raw_tensorrt_llm_token_id_model_points_at_the_ensemble_or_bls() -> None:
-    with pytest.raises(TokenIdModel) as err:
-        interface_from_config(RAW_TRTLLM)
-    message = str(err.value)
-    assert isinstance(err.value, UnknownInterface)
-    assert "'tensorrt_llm'" in message and "input_ids, input_lengths, request_output_len" in message
-    assert "ensemble" in message and "tensorrt_llm_bls" in message
 
 
 def test_a_config_without_inputs_outside_vllm_says_to_read_the_servers() -> None:

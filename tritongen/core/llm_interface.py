@@ -10,15 +10,19 @@ config (`detect_interface`; `llm_interface_config.interface_from_config` for a c
 it) and requests are built from what was found (`LLMInterface.request`, `.generate_body`), never from
 tritongen's own model's names. Reading a request back is `llm_max_tokens`; test prompts are `prompts`.
 
-Three interfaces are recognised:
+Four interfaces are recognised:
 
 - "vllm": the vLLM backend (backend "vllm", or any model with a `sampling_parameters` input, e.g. a
   copy of its model.py under backend "python"). max_tokens travels in `sampling_parameters`, or,
   without that tensor, in the request parameters.
 - "trtllm": TensorRT-LLM's text-in/text-out models: the `ensemble` and `tensorrt_llm_bls` models of
   all_models/inflight_batcher_llm (text_input, a required max_tokens, stream), and the LLM-API model
-  of all_models/llmapi (text_input, sampling_param_max_tokens, streaming). The raw `tensorrt_llm`
-  model speaks token ids and is refused (`TokenIdModel`) with a pointer to the ensemble or BLS.
+  of all_models/llmapi (text_input, sampling_param_max_tokens, streaming).
+- "token_ids": models that take the prompt as token ids and answer with ids, TensorRT-LLM's raw
+  `tensorrt_llm` model (input_ids, input_lengths, request_output_len -> output_ids) and users' own
+  backends alike; their roles and the ids sent are `llm_token_ids`'. `text_input`/`text_output`
+  then name the id tensors, a prompt given as text is sent one id per character, and each id of a
+  response is one token.
 - "generic": Triton's generate-extension convention, the shape of most users' own Python backends
   and of tritongen's tinyllm: a STRING text input, an optional integer max_tokens, an optional BOOL
   stream.
@@ -33,12 +37,15 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import Field
 
-from tritongen.core.strict import Strict
+from tritongen.core.llm_tensors import StrictRead, TensorInfo, int_or_none, wire_datatype
+from tritongen.core.llm_token_ids import prompt_ids, token_id_reason, token_id_roles
 
-Kind = Literal["generic", "vllm", "trtllm"]
-_Field = tuple[str, str, str | bool | int]  # (input name, wire datatype, the one element)
+Kind = Literal["generic", "vllm", "trtllm", "token_ids"]
+Value = str | bool | int | list[int]  # a tensor's one element, or a token-id prompt's ids
+_Field = tuple[str, str, Value]  # (input name, wire datatype, value)
+Prompt = str | Sequence[int]  # text, or a token-id model's ids
 
 VLLM_DEFAULT_MAX_TOKENS = 16
 """vLLM's `SamplingParams.max_tokens` default: what a vLLM model generates when no max_tokens is sent
@@ -64,9 +71,6 @@ TRTLLM_MARKERS = frozenset({
 })
 TRTLLM_MARKERS_NEEDED = 2
 
-# The raw tensorrt_llm model's token-id inputs (docs/model_config.md, "Unique Inputs for tensorrt_llm model").
-TOKEN_ID_INPUTS = ("input_ids", "input_lengths", "request_output_len")
-
 _INTEGER_TYPES = frozenset({
     "TYPE_INT8", "TYPE_INT16", "TYPE_INT32", "TYPE_INT64", "TYPE_UINT8", "TYPE_UINT16", "TYPE_UINT32", "TYPE_UINT64",
 })
@@ -77,7 +81,9 @@ EXPECTED = (
     "tritongen speaks: generic (a STRING text_input, prompt or text; optional integer max_tokens, "
     "max_new_tokens or max_output_tokens; optional BOOL stream), the vLLM backend (backend \"vllm\" or a "
     "sampling_parameters input), TensorRT-LLM ensemble/BLS (text_input, max_tokens and inputs such as "
-    "bad_words, stop_words, end_id, pad_id) or its LLM-API model (text_input, sampling_param_max_tokens)"
+    "bad_words, stop_words, end_id, pad_id), its LLM-API model (text_input, sampling_param_max_tokens) or token ids "
+    "(an integer input_ids, prompt_token_ids, token_ids or tokens [-1]; an integer output_ids, token_ids or "
+    "generated_ids)"
 )
 
 
@@ -87,88 +93,30 @@ class UnknownInterface(ValueError):
     reason: str = ""
 
 
-class TokenIdModel(UnknownInterface):
-    """TensorRT-LLM's raw `tensorrt_llm` model: it takes token ids, tritongen sends text."""
-
-
-class _Strict(Strict):
-    """Strict, and no coercion: these types are read from a server's config."""
-
-    model_config = ConfigDict(strict=True)
-
-
-class TensorInfo(_Strict):
-    """One input or output as the model's config declares it (without the batch dimension)."""
-
-    name: str = Field(min_length=1, description="Tensor name.")
-    data_type: str = Field(
-        description="Config type name, 'TYPE_STRING' style; 'STRING', 'BYTES' and 'INT32' style are "
-        "accepted and given the prefix (BYTES is the wire name of TYPE_STRING)."
-    )
-    dims: list[int] = Field(description="Shape without the batch dimension; -1 = variable.")
-    optional: bool = Field(default=False, description="Inputs: the request may leave it out.")
-
-    @field_validator("data_type", mode="before")
-    @classmethod
-    def _config_type_name(cls, value: Any) -> Any:
-        if not isinstance(value, str):
-            return value
-        name = value.upper().removeprefix("TYPE_")
-        return "TYPE_STRING" if name == "BYTES" else f"TYPE_{name}"
-
-    @property
-    def one_element(self) -> bool:
-        """dims [1] or [-1]: one prompt, one count, one flag fits, sent with shape [1] (or [1, 1] batched)."""
-        return len(self.dims) == 1 and self.dims[0] in (1, -1)
-
-    def label(self) -> str:
-        """'max_tokens INT32 [1] optional', for messages."""
-        dims = ",".join(str(d) for d in self.dims)
-        return f"{self.name} {self.data_type.removeprefix('TYPE_')} [{dims}]" + (" optional" if self.optional else "")
-
-
-class RequestTensor(_Strict):
-    """One input of a request: a single element, which the adapter turns into an array of `shape`."""
+class RequestTensor(StrictRead):
+    """One input of a request: a single element, or a token-id prompt's ids, which the adapter turns
+    into an array of `shape` (a list fills the last dimension)."""
 
     name: str = Field(description="Input name.")
     datatype: str = Field(description="Wire datatype as the inference protocol names it: BYTES, BOOL, INT32, ...")
     shape: list[int] = Field(description="Full request shape, batch dimension included where the model has one.")
-    value: str | bool | int = Field(description="The one element: text for BYTES (UTF-8 on the wire), a flag, a count.")
+    value: Value = Field(description="The one element: text for BYTES (UTF-8 on the wire), a flag, a count; or a "
+                         "token-id prompt's ids, as many as `shape`'s last dimension.")
 
 
-def wire_datatype(data_type: str) -> str:
-    """TYPE_INT32 -> INT32, TYPE_STRING -> BYTES: the inference protocol's name for a config type."""
-    name = data_type.removeprefix("TYPE_")
-    return "BYTES" if name == "STRING" else name
-
-
-def int_or_none(value: Any) -> int | None:
-    """An integer from an int, an integral float or a numeric string (vLLM's own sample client sends
-    "max_tokens": "100" and the backend casts it with int()); None for anything else."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, (str, bytes)):
-        try:
-            return int(value.strip())
-        except ValueError:
-            return None
-    return None
-
-
-class LLMInterface(_Strict):
+class LLMInterface(StrictRead):
     """How to ask one model for text: which tensors carry the prompt, max_tokens, the stream switch.
 
     Built by `detect_interface`; every role names a tensor that the model's config declares."""
 
-    kind: Kind = Field(description="Which family of interface: generic, vllm or trtllm.")
+    kind: Kind = Field(description="Which family of interface: generic, vllm, trtllm or token_ids.")
     label: str = Field(description="The family in words for reports: 'vLLM backend', 'TensorRT-LLM ensemble', ...")
     model: str = Field(description="The model's name, for messages.")
-    text_input: str = Field(description="STRING input that takes the prompt.")
-    text_output: str = Field(description="STRING output that carries the generated text.")
+    text_input: str = Field(description="Input that takes the prompt: STRING, or integer ids (`prompt_datatype`).")
+    text_output: str = Field(description="Output that carries what is generated: STRING text, or integer ids.")
+    prompt_datatype: str = Field(default="BYTES", description="Wire datatype of the prompt: BYTES, or INT32/INT64 ids.")
+    prompt_length_input: str | None = Field(default=None, description="Integer input taking the number of ids sent.")
+    prompt_length_datatype: str | None = Field(default=None, description="Its wire datatype (INT32, ...).")
     max_tokens_input: str | None = Field(
         description="Integer input that takes max_tokens. None: it goes in `sampling_parameters_input`'s "
         "JSON, else in the request parameters (key 'max_tokens')."
@@ -199,7 +147,15 @@ class LLMInterface(_Strict):
         "or max_tokens is required."
     )
 
-    # ---------------------------------------------------------------------------------------------
+    @property
+    def speaks_token_ids(self) -> bool:
+        """The prompt goes as token ids, and each id of a response is one token (`llm_token_ids`)."""
+        return self.prompt_datatype != "BYTES"
+
+    def sizing_bytes_per_token(self, bytes_per_token: float) -> float:
+        """The bytes per token a text prompt for this model is sized with: 1 for token ids (one id per
+        character, so the text's length is the prompt's exact tokens), else `bytes_per_token`."""
+        return 1.0 if self.speaks_token_ids else bytes_per_token
 
     def will_stream(self, stream: bool = True) -> bool:
         """Whether a request built with `stream` gets its tokens as separate responses.
@@ -214,11 +170,16 @@ class LLMInterface(_Strict):
             return self.kind != "vllm"
         return stream
 
-    def _fields(self, prompt: str, max_tokens: int, stream: bool, count_input_tokens: bool) -> list[_Field]:
+    def _fields(self, prompt: Prompt, max_tokens: int, stream: bool, count_input_tokens: bool) -> list[_Field]:
         """(name, wire datatype, value) of every tensor a request sends, in a stable order."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
-        fields: list[_Field] = [(self.text_input, "BYTES", prompt)]
+        if not self.speaks_token_ids and not isinstance(prompt, str):
+            raise ValueError(f"model {self.model!r} takes text in {self.text_input}: give the prompt as a string")
+        fields: list[_Field] = [(self.text_input, self.prompt_datatype, prompt_ids(prompt))] if self.speaks_token_ids \
+            else [(self.text_input, "BYTES", prompt)]
+        if self.prompt_length_input is not None:
+            fields.append((self.prompt_length_input, self.prompt_length_datatype or "INT32", len(fields[0][2])))
         if self.max_tokens_input is not None:
             fields.append((self.max_tokens_input, self.max_tokens_datatype or "INT32", max_tokens))
         if self.sampling_parameters_input is not None:
@@ -242,17 +203,18 @@ class LLMInterface(_Strict):
         return fields
 
     def request(
-        self, prompt: str, max_tokens: int, stream: bool = True, count_input_tokens: bool = False
+        self, prompt: Prompt, max_tokens: int, stream: bool = True, count_input_tokens: bool = False
     ) -> list[RequestTensor]:
-        """The input tensors of one request for `max_tokens` tokens of `prompt`.
+        """The input tensors of one request for `max_tokens` tokens of `prompt` (text; for a model of
+        token ids, its ids, or a text sent one id per character: `llm_token_ids.prompt_ids`).
 
         `stream`: ask for token-by-token responses where the model has a switch (sent false on a
         model that is not decoupled; see `will_stream`). `count_input_tokens`: also ask for the
         prompt's token count in `input_token_count_output`, where the model offers it (ignored
         otherwise). Send `request_parameters(max_tokens)` with it."""
         lead = [1] if self.batched else []
-        return [RequestTensor(name=name, datatype=dt, shape=lead + [1], value=value)
-                for name, dt, value in self._fields(prompt, max_tokens, stream, count_input_tokens)]
+        return [RequestTensor(name=name, datatype=dt, shape=lead + [len(value) if isinstance(value, list) else 1],
+                              value=value) for name, dt, value in self._fields(prompt, max_tokens, stream, count_input_tokens)]
 
     def request_parameters(self, max_tokens: int) -> dict[str, int]:
         """Triton request parameters the request needs: {'max_tokens': N} where no tensor takes it
@@ -263,14 +225,14 @@ class LLMInterface(_Strict):
         return {}
 
     def generate_body(
-        self, prompt: str, max_tokens: int, stream: bool = True, count_input_tokens: bool = False
+        self, prompt: Prompt, max_tokens: int, stream: bool = True, count_input_tokens: bool = False
     ) -> dict[str, Any]:
         """JSON body for POST /v2/models/<model>/generate_stream (SSE) or /generate.
 
         The server maps each top-level key, and each key of "parameters", to the input of that name
         or else to a request parameter, and fills the shape (batch dimension included) from the
         model's metadata (server src/http_server.cc, `ConvertGenerateRequest`/`ExactMappingInput`),
-        so the values are the same single elements as `request`'s."""
+        so the values are the same single elements as `request`'s (a token-id prompt: a JSON array)."""
         fields = self._fields(prompt, max_tokens, stream, count_input_tokens)
         body: dict[str, Any] = {name: value for name, _, value in fields}
         parameters = self.request_parameters(max_tokens)
@@ -346,16 +308,6 @@ def _text_output(model: str, inputs: Sequence[TensorInfo], outputs: Sequence[Ten
     raise _unknown(model, inputs, f"no text_output, and several STRING outputs ({', '.join(strings)}) to choose from")
 
 
-def _refuse_token_ids(model: str, inputs: Mapping[str, TensorInfo]) -> None:
-    token_ids = [name for name in TOKEN_ID_INPUTS if name in inputs]
-    if "input_ids" in token_ids and len(token_ids) >= 2 and _pick(inputs, GENERIC_TEXT_INPUTS, _STRING) is None:
-        raise TokenIdModel(
-            f"model {model!r} is TensorRT-LLM's token-id model (inputs {', '.join(token_ids)}): it takes token "
-            "ids, tritongen sends text; point tritongen at the repository's ensemble model (platform \"ensemble\", "
-            "usually named \"ensemble\") or at tensorrt_llm_bls, which tokenize text_input and detokenize text_output"
-        )
-
-
 def detect_interface(
     *,
     model: str,
@@ -371,8 +323,9 @@ def detect_interface(
     """The interface of a model from its config's fields; `UnknownInterface` when it has none tritongen knows.
 
     Rules, first match wins:
-    1. inputs input_ids with input_lengths or request_output_len, and no text input: TensorRT-LLM's
-       raw model, refused (`TokenIdModel`) with a pointer to the ensemble or BLS model.
+    1. no STRING text input by name, an integer prompt input and an integer output of ids by name
+       (`llm_token_ids.token_id_roles`): token ids, TensorRT-LLM's raw model or a user's own; the
+       budget in request_output_len or a generic max_tokens name, else the request parameters.
     2. backend "vllm", or a `sampling_parameters` input: vLLM. With no inputs listed (a config.pbtxt
        read from disk: the backend's sample lists none) and backend "vllm", the backend's
        auto-completed inputs and outputs are assumed. A config that lists some is taken as it is:
@@ -402,7 +355,8 @@ def detect_interface(
         inputs = list(VLLM_AUTOCOMPLETE_INPUTS)
         outputs = outputs or list(VLLM_AUTOCOMPLETE_OUTPUTS)
     by_name = {t.name: t for t in inputs}
-    _refuse_token_ids(model, by_name)
+    ids = None if is_vllm_backend or _pick(by_name, text_inputs, _STRING) else token_id_roles(
+        by_name, outputs, GENERIC_MAX_TOKENS_INPUTS)
 
     count_input = _pick(by_name, ("return_num_input_tokens",), _BOOL)
     count_output = next((t for t in outputs if t.name == "num_input_tokens" and t.data_type in _INTEGER_TYPES), None)
@@ -413,7 +367,15 @@ def detect_interface(
         "input_token_count_output": count_output.name if count_input and count_output else None,
     }
 
-    if is_vllm_backend or "sampling_parameters" in by_name:
+    if ids is not None:
+        roles = dict(
+            kind="token_ids", label="TensorRT-LLM raw model (token ids)" if (backend or "").lower() == "tensorrtllm"
+            else "token ids", text=ids.prompt, max_tokens=_pick(by_name, ids.max_tokens_names, _INTEGER_TYPES),
+            sampling=None, stream=_pick(by_name, GENERIC_STREAM_INPUTS, _BOOL),
+            exclude=_pick(by_name, ("exclude_input_in_output",), _BOOL), decoupled=decoupled,
+            default_max_tokens=int_or_none((parameters or {}).get("default_max_tokens")),
+        )
+    elif is_vllm_backend or "sampling_parameters" in by_name:
         text = _pick(by_name, ("text_input",), _STRING)
         sampling = _pick(by_name, ("sampling_parameters",), _STRING)
         roles = dict(
@@ -457,9 +419,10 @@ def detect_interface(
                        "/v2/models/<model>/config, which holds the backend's auto-completed inputs)")
     if text is None:
         names = "text_input" if roles["kind"] != "generic" else ", ".join(text_inputs)
-        raise _unknown(model, inputs, f"no STRING text input with one element ({names})")
+        raise _unknown(model, inputs, token_id_reason(by_name, outputs) or f"no STRING text input with one element ({names})")
 
-    filled = {t.name for t in (text, roles["max_tokens"], roles["sampling"], roles["stream"], roles["exclude"]) if t}
+    length = ids.length if ids is not None else None
+    filled = {t.name for t in (text, length, roles["max_tokens"], roles["sampling"], roles["stream"], roles["exclude"]) if t}
     if count_input is not None and common["input_token_count_input"] is not None:
         filled.add(count_input.name)
     unfillable = [t for t in inputs if not t.optional and t.name not in filled]
@@ -472,7 +435,10 @@ def detect_interface(
         kind=roles["kind"],
         label=roles["label"],
         text_input=text.name,
-        text_output=_text_output(model, inputs, outputs),
+        text_output=ids.output.name if ids is not None else _text_output(model, inputs, outputs),
+        prompt_datatype=wire_datatype(text.data_type),
+        prompt_length_input=length.name if length else None,
+        prompt_length_datatype=wire_datatype(length.data_type) if length else None,
         max_tokens_input=max_tokens.name if max_tokens else None,
         max_tokens_datatype=wire_datatype(max_tokens.data_type) if max_tokens else None,
         sampling_parameters_input=roles["sampling"].name if roles["sampling"] else None,

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tritongen.core.llm_interface import GENERIC_TEXT_INPUTS, LLMInterface, TokenIdModel, UnknownInterface
+from tritongen.core.llm_interface import GENERIC_TEXT_INPUTS, LLMInterface, UnknownInterface
 from tritongen.core.llm_interface_config import config_decoupled, config_tensors, interface_from_config
 from tritongen.core.profile_types import MeasurementGap
 
@@ -116,8 +116,6 @@ def stated_llm_interface(model: str, config: Mapping[str, Any], stated: StatedKi
     carry the prompt into a tensor that means something else."""
     try:
         return interface_from_config(config, model=model)
-    except TokenIdModel as err:
-        raise KindRefused(f"{err} ({stated.words(model)})") from None
     except UnknownInterface as err:
         lacks = err.reason or str(err)  # what the config lacks with a prompt input by role
     inputs = config_tensors(config, "input")

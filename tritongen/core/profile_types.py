@@ -281,9 +281,13 @@ class EngineMeasurement(_Model):
     """The engine behind a decoupled model, measured from outside: what simulate and tune use."""
 
     interface: str = Field(description="The LLM interface the profile spoke (llm_interface.LLMInterface.describe).")
-    interface_kind: Literal["generic", "vllm", "trtllm"]
+    interface_kind: Literal["generic", "vllm", "trtllm", "token_ids"] = Field(
+        description="The interface's family (LLMInterface.kind); token_ids: prompts were sent as ids, one per token, "
+        "so the profile's prompt lengths are exact token counts and its output tokens were counted from the ids."
+    )
     bytes_per_token: float = Field(description="Prompt bytes per token used to size prompts.")
-    bytes_per_token_source: str = Field(description="'backend token counts', 'spec', or 'assumed (4)'.")
+    bytes_per_token_source: str = Field(description="'backend token counts', 'spec', 'assumed (4)', or 'token ids' "
+                                        "(1 by construction: the model was sent one id per token).")
     request_overhead_ms: float = Field(description="A request's time outside the engine: the idle time to first token's intercept less the modelled engine time of a first token.")
     prefill: list[PrefillSample] = Field(default_factory=list)
     decode: list[DecodeSample] = Field(default_factory=list)

@@ -14,7 +14,9 @@ What the simulator's engine model (`tritongen.core.engine`) needs, each labelled
     requests until the first out-of-memory answer or preemption.
 
 Prompts are sized in tokens with the model's bytes per token: the spec's, else the backend's own
-token count (vLLM's `num_input_tokens`), else 4 (labelled "assumed").
+token count (vLLM's `num_input_tokens`), else 4 (labelled "assumed"). A model of token ids is sent
+one id per token (`llm_token_ids`): its prompt lengths are exact, with nothing to measure or assume,
+and its responses' tokens are counted from their ids.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from tritongen.core.engine_inference import bytes_per_token_from_counts, counter
 from tritongen.core.engine_metrics import PROMPT_TOKENS_COUNTER
 from tritongen.core.llm_interface import LLMInterface, UnknownInterface
 from tritongen.core.llm_interface_config import interface_from_config
+from tritongen.core.llm_token_ids import TOKEN_IDS_SOURCE
 from tritongen.core.prompts import prompt_of
 from tritongen.core.profile_types import DecodeSample, EngineMeasurement, MeasurementGap, PrefillSample
 from tritongen.errors import BadInput, RunFailed, TritongenError
@@ -73,9 +76,9 @@ def interface_of(name: str, config: dict) -> LLMInterface:
 def stream_inputs(interface: LLMInterface, prompt_tokens: int, max_tokens: int, bytes_per_token: float,
                   count_input_tokens: bool = False) -> RequestInputs:
     """One request's arrays in the model's interface, with the request parameters that carry its
-    budget where no tensor does."""
-    arrays = numpy_inputs(interface.request(prompt_of(prompt_tokens, bytes_per_token), max_tokens, stream=True,
-                                            count_input_tokens=count_input_tokens))
+    budget where no tensor does (a model of token ids: `prompt_tokens` ids, whatever `bytes_per_token`)."""
+    text = prompt_of(prompt_tokens, interface.sizing_bytes_per_token(bytes_per_token))
+    arrays = numpy_inputs(interface.request(text, max_tokens, stream=True, count_input_tokens=count_input_tokens))
     return RequestInputs(arrays, interface.request_parameters(max_tokens))
 
 
@@ -148,7 +151,8 @@ class EngineProfiler(EngineCapacity):
     # -- pieces ---------------------------------------------------------------------------------
 
     def _stream(self, inputs) -> StreamLoad:
-        return StreamLoad(self.grpc_url, self.model, inputs, self.interface.text_output, prompt_input=self.interface.text_input)
+        return StreamLoad(self.grpc_url, self.model, inputs, self.interface.text_output, prompt_input=self.interface.text_input,
+                          token_ids=self.interface.speaks_token_ids)
 
     def _request(self, prompt_tokens: int, max_tokens: int, bpt: float) -> RequestInputs:
         return stream_inputs(self.interface, prompt_tokens, max_tokens, bpt)
@@ -159,7 +163,10 @@ class EngineProfiler(EngineCapacity):
 
     def bytes_per_token(self) -> tuple[float, str]:
         """The spec's ratio, else the engine's own token counts of prompts of two sizes (the
-        backend's `num_input_tokens`, else its prompt-token counter's growth), else assumed."""
+        backend's `num_input_tokens`, else its prompt-token counter's growth), else assumed; for a
+        model of token ids, 1: each prompt is sent as one id per token, its length exact."""
+        if self.interface.speaks_token_ids:
+            return 1.0, TOKEN_IDS_SOURCE
         if self.spec_bytes_per_token:
             return self.spec_bytes_per_token, "spec"
         output = self.interface.input_token_count_output
@@ -344,6 +351,11 @@ class EngineProfiler(EngineCapacity):
         if bpt_source.startswith("assumed"):
             self.worst_tokens_per_token = bpt
             self._fit_context()
+        if self.interface.speaks_token_ids and self.interface.exclude_input_input is None:
+            self.notes.append(
+                f"tokens were counted from the ids in {self.interface.text_output}: streamed responses hold new ids; a model "
+                "that repeats the prompt's ids in a response (TensorRT-LLM's when not streaming, without "
+                "exclude_input_in_output) would have its prompt counted too, and that cannot be told from outside")
         preempt0 = self._preemptions()
         prefill = self.prefill(bpt)
         lengths = [p.prompt_tokens for p in prefill]

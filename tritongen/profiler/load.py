@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tritongen.client import RequestInputs, infer_inputs, request_parameters_of
+from tritongen.client import RequestInputs, infer_inputs, request_parameters_of, response_tokens
+from tritongen.core.llm_token_ids import salted_ids
 from tritongen.core.prompts import salted
 from tritongen.errors import RunFailed
 from tritongen.shared.reach import stream_cause
@@ -105,11 +106,15 @@ _SALTS = itertools.count(secrets.randbelow(1000) * 10**6)
 
 
 def unique_prompt(inputs: Mapping[str, np.ndarray], prompt_input: str | None) -> dict[str, np.ndarray]:
-    """`inputs` with the prompt tensor's text made unique (core.prompts.salted); unchanged
-    when there is no such tensor or it holds no text."""
+    """`inputs` with the prompt tensor's text, or token ids, made unique (core.prompts.salted,
+    llm_token_ids.salted_ids); unchanged when there is no such tensor or it holds neither."""
     out = RequestInputs(inputs, request_parameters_of(inputs))
     value = out.get(prompt_input) if prompt_input else None
     if value is None or value.size == 0:
+        return out
+    if np.issubdtype(value.dtype, np.integer):
+        ids = salted_ids(value.reshape(-1).tolist(), next(_SALTS))
+        out[prompt_input] = np.asarray(ids, dtype=value.dtype).reshape(value.shape)  # type: ignore[index]
         return out
     first = value.reshape(-1)[0]
     if not isinstance(first, (bytes, str)):
@@ -124,7 +129,8 @@ def unique_prompt(inputs: Mapping[str, np.ndarray], prompt_input: str | None) ->
 class StreamWorker(threading.Thread):
     """One gRPC stream sending requests one after another until stopped (or `limit` are done);
     with `prompt_input`, each request's prompt starts uniquely (`unique_prompt`), so an engine's
-    prefix cache cannot hide the prefill it measures."""
+    prefix cache cannot hide the prefill it measures. `token_ids`: the output holds token ids, and
+    each id of a response is a token (`client.response_tokens`); else each response is one."""
 
     def __init__(
         self,
@@ -138,9 +144,11 @@ class StreamWorker(threading.Thread):
         go: threading.Event | None = None,
         pause_s: float = 0.0,
         prompt_input: str | None = None,
+        token_ids: bool = False,
     ) -> None:
         super().__init__(name=f"tritongen-stream-{model}", daemon=True)
         self.prompt_input = prompt_input
+        self.token_ids = token_ids
         self.pause_s = pause_s  # between requests (0: closed loop, back to back)
         self.ready = threading.Event()  # connected, stream open
         self.go = go  # when given, the first request waits for it (streams that start together)
@@ -229,9 +237,8 @@ class StreamWorker(threading.Thread):
             response = result.get_response()
             if response.id and response.id != request_id:
                 continue  # a late response of a cancelled request
-            value = result.as_numpy(self.output)
-            if value is not None and value.size:
-                record.token_times.append(arrived)
+            tokens = response_tokens(result.as_numpy(self.output), self.token_ids)
+            record.token_times.extend([arrived] * tokens)
             final = response.parameters.get("triton_final_response")
             if final is not None and final.bool_param:
                 record.end = arrived
@@ -244,8 +251,9 @@ class StreamLoad:
     """N stream workers in closed loop; `run_level` windows their token rate."""
 
     def __init__(self, url: str, model: str, inputs: Mapping[str, np.ndarray], output: str, request_timeout_s: float = 60.0,
-                 prompt_input: str | None = None) -> None:
+                 prompt_input: str | None = None, token_ids: bool = False) -> None:
         self.url = url
+        self.token_ids = token_ids  # the output holds token ids: a response carries as many tokens as ids
         self.model = model
         self.inputs = RequestInputs(inputs, request_parameters_of(inputs))
         self.output = output
@@ -266,7 +274,7 @@ class StreamLoad:
         go = threading.Event() if together else None
         workers = [
             StreamWorker(self.url, self.model, inputs or self.inputs, self.output, stop, limit, self.request_timeout_s, go, pause_s,
-                         self.prompt_input)
+                         self.prompt_input, self.token_ids)
             for _ in range(concurrency)
         ]
         for worker in workers:

@@ -30,7 +30,7 @@ _SALTS = itertools.count(10**9 + secrets.randbelow(1000) * 10**6)
 
 
 def _pair_inputs(interface: LLMInterface, prompt_tokens: int, bytes_per_token: float) -> RequestInputs:
-    text = prompt_of(prompt_tokens, bytes_per_token, salt=next(_SALTS))
+    text = prompt_of(prompt_tokens, interface.sizing_bytes_per_token(bytes_per_token), salt=next(_SALTS))
     arrays = numpy_inputs(interface.request(text, 1, stream=True))
     return RequestInputs(arrays, interface.request_parameters(1))
 
@@ -57,8 +57,10 @@ def probe_prefix_cache(grpc_url: str, model: str, interface: LLMInterface, bytes
     def probe(length: int) -> None:
         update(f"prefix cache at {length} prompt tokens")
         inputs = _pair_inputs(interface, length, bytes_per_token)
-        fresh = _first_token_ms(StreamLoad(grpc_url, model, inputs, interface.text_output, prompt_input=interface.text_input))
-        repeat = _first_token_ms(StreamLoad(grpc_url, model, inputs, interface.text_output))
+        ids = interface.speaks_token_ids
+        fresh = _first_token_ms(StreamLoad(grpc_url, model, inputs, interface.text_output, prompt_input=interface.text_input,
+                                           token_ids=ids))
+        repeat = _first_token_ms(StreamLoad(grpc_url, model, inputs, interface.text_output, token_ids=ids))
         if fresh and repeat:
             samples.append(PrefixCacheSample(
                 prompt_tokens=length, pairs=min(len(fresh), len(repeat)), fresh_ttft_ms=round(statistics.median(fresh), 3),

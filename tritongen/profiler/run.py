@@ -312,7 +312,9 @@ class Profiler(StreamingSteps):
             return None
         prompt, output = self._stream_lengths(target)
         bpt = target.bytes_per_token
-        if not bpt:
+        if interface.speaks_token_ids:
+            bpt = 1.0  # one id per token: exact, nothing assumed (stream_inputs sizes the ids)
+        elif not bpt:
             bpt = ASSUMED_BYTES_PER_TOKEN
             builder.gaps.append(assumed_bytes_per_token_gap(
                 "the model is not decoupled, returns no token count, and the spec states no bytes_per_token"))

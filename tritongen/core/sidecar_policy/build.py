@@ -238,6 +238,8 @@ def _llm_entry(
             "prompt_bytes_per_token": prompt_bpt,
             "tokenizer": tokenizer,
             "prompt_input": interface.text_input if interface else "text_input",
+            # only where true: a text model's policy reads as it always did
+            **({"prompt_token_ids": True} if interface and interface.speaks_token_ids else {}),
             "max_tokens_input": (interface.max_tokens_input if interface else None) or "max_tokens",
             "preallocated": True,
             "prefill_peak": prefill,

@@ -174,6 +174,8 @@ def _kv(profile: Profile, pool_tokens: int | None, block: int, policy: str | Non
         "prompt_bytes_per_token": prompt_bpt,
         "tokenizer": None,
         "prompt_input": inputs[0] if inputs else "text_input",
+        # a model the profile fed token ids (only then written): the sidecar counts each prompt's ids, exactly
+        **({"prompt_token_ids": True} if engine is not None and engine.interface_kind == "token_ids" else {}),
         "max_tokens_input": inputs[1] if inputs else "max_tokens",
         "preallocated": True,
         "prefill_peak": prefill,

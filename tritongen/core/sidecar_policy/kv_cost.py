@@ -77,6 +77,10 @@ class KVCost(PolicyModel):
         "cannot be read, prompt_bytes_per_token estimates them."
     )
     prompt_input: str = Field(default="text_input", min_length=1, description="Input tensor holding the prompt.")
+    prompt_token_ids: bool = Field(
+        default=False, description="The prompt input holds token ids (an LLM of token ids, core.llm_token_ids): each "
+        "element is one token, so a prompt's tokens are counted exactly, with no bytes-per-token ratio."
+    )
     max_tokens_input: str = Field(default="max_tokens", min_length=1, description="Input tensor holding max_tokens.")
     preallocated: bool = Field(
         default=True, description="The engine allocates its KV pool up front: KV costs count against the model's "

@@ -18,12 +18,13 @@ import json
 import os
 import sys
 
-import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 
 from standin_engine import ReserveKill  # noqa: E402
-from standin_triton import BadRequest, ResponseSink, as_bytes, require_decoupled, scalar, send_error, start_engine  # noqa: E402
+from standin_triton import (  # noqa: E402
+    BadRequest, ResponseSink, as_bytes, int_parameters, require_decoupled, scalar, send_error, start_engine,
+)
 
 DEFAULTS = {"pool_tokens": 1920, "max_active": 48, "default_max_tokens": 32}
 
@@ -32,25 +33,11 @@ class _Sink(ResponseSink):
     oom_code = "INTERNAL"  # a hand-written engine's "out of memory" is an internal error
 
 
-def read_parameters(model_config: dict) -> dict[str, int]:
-    params = model_config.get("parameters", {})
-    values = {}
-    for key, default in DEFAULTS.items():
-        raw = params.get(key, {}).get("string_value", "")
-        try:
-            values[key] = int(raw) if raw.strip() else default
-        except ValueError as err:
-            raise pb_utils.TritonModelException(f"reserve_llm: parameter {key} must be an integer, got {raw!r}") from err
-        if values[key] < 1:
-            raise pb_utils.TritonModelException(f"reserve_llm: parameter {key} must be >= 1, got {values[key]}")
-    return values
-
-
 class TritonPythonModel:
     def initialize(self, args):
         model_config = json.loads(args["model_config"])
         require_decoupled(model_config, "reserve_llm")
-        self.params = read_parameters(model_config)
+        self.params = int_parameters(model_config, DEFAULTS, "reserve_llm")
         policy = ReserveKill(pool_tokens=self.params["pool_tokens"])
         self.engine = start_engine(args, policy, self.params["max_active"])
 

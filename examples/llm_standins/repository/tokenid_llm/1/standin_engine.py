@@ -1,0 +1,1 @@
+../../../standin_engine.py
