@@ -173,7 +173,14 @@ def test_a_new_user_profiles_it_through_url_without_a_spec_then_renders_simulate
     assert done.returncode == 0 and "Locally cancelled" not in said, said[-2000:]
     profile = read_profile((profiles / f"{MODEL}.json").read_text())
     assert profile.complete and profile.engine is not None, profile.error
-    assert profile.engine.interface_kind == "vllm" and profile.engine.decode_fixed_ms > 0
+    engine = profile.engine
+    assert engine.interface_kind == "vllm" and engine.decode and all(d.step_ms > 0 for d in engine.decode)
+    # issue 44: the profile sees vLLM's prefix cache (V1's default, model.json does not turn it off):
+    # never "not cached", and a repeated prompt's first token sooner than a fresh one's
+    probe = engine.prefix_cache
+    assert probe is not None and probe.caches is not False, probe
+    longest = max(probe.samples, key=lambda s: s.prompt_tokens)
+    assert longest.repeat_ttft_ms < longest.fresh_ttft_ms, probe
 
     rendered = tmp_path / "rendered"
     done = cli("render", "--profiles", str(profiles), "-o", str(rendered))
