@@ -59,6 +59,15 @@ def parse_model_config(text: str, path: str = "config.pbtxt") -> ModelConfig:
     return config
 
 
+def config_from_served(served: dict, where: str) -> ModelConfig:
+    """A config as the server reports it (GET /v2/models/M/config: protobuf's JSON mapping) as
+    `ModelConfig`; fields this ModelConfig does not know (a newer server's) are left out."""
+    try:
+        return json_format.ParseDict(served, ModelConfig(), ignore_unknown_fields=True)
+    except json_format.ParseError as err:
+        raise BadInput(f"{where}: the served config cannot be read as a ModelConfig: {err}") from None
+
+
 def config_to_text(config: ModelConfig) -> str:
     """Text format, the way config.pbtxt files are written."""
     return text_format.MessageToString(config)

@@ -193,6 +193,15 @@ def test_a_new_user_profiles_it_through_url_without_a_spec_then_renders_simulate
                str(repository / MODEL / "config.pbtxt"), "--traffic", str(EXAMPLES / "traffic" / "poisson.yaml"), "--json")
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(done.stdout), "simulate printed no result"
+    # without the repository: the config the server reported, and the engine from the profile alone
+    # (upstream's backend reports no pool, so simulate asks for it, naming how to give it)
+    alone = ("simulate", "--profile", str(profiles / f"{MODEL}.json"), "--traffic", str(EXAMPLES / "traffic" / "poisson.yaml"))
+    done = cli(*alone)
+    assert done.returncode == 2 and "KV pool is unknown" in done.stderr and "--engine kv_pool_tokens=N" in done.stderr, \
+        done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    done = cli(*alone, "--engine", f"kv_pool_tokens={BLOCKS * BLOCK_SIZE}", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)[MODEL]["throughput_per_s"] > 0, done.stdout + done.stderr
 
     with SidecarProcess(rendered / "sidecar_policy.json", server, tmp_path / "sidecar.log") as sidecar:
         body = {"text_input": "a prompt of a few words", "sampling_parameters": json.dumps({"max_tokens": 4}),

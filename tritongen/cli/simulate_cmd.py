@@ -17,7 +17,10 @@ no target is shown.
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +51,7 @@ from tritongen.core.simulator import (
 )
 from tritongen.engine_files import as_served, engine_for
 from tritongen.errors import BadInput
-from tritongen.pbtxt import parse_model_config
+from tritongen.pbtxt import config_from_served, config_to_text, parse_model_config
 from tritongen.profiles import read_profiles
 from tritongen.server_flags import flags_near, read_flags_file
 from tritongen.specio import LoadedSpec, format_loc, load_spec
@@ -133,6 +136,38 @@ def service_of(profile: Profile, where: str) -> Service:
         return Service(curve=ServiceCurve.from_profile(profile), profile=profile)
     except ValueError as err:
         raise BadInput(f"{where}: {err}") from None
+
+
+def served_config_files(profile: Optional[Path], profiles: Optional[Path]) -> list[Path]:
+    """Without --config: each profile's served config (`Profile.served_config`) written as
+    `<model>/config.pbtxt` in a folder of its own (removed at exit), so the rest reads it as any config
+    file. A folder with no engine files: the engine comes from the profile and --engine, as it does
+    for a server reached only by --url."""
+    if (profile is None) == (profiles is None):
+        raise BadInput("give --profiles DIR or --profile FILE, one of the two, and --config C unless the profiles "
+                       "hold the configs their server reported")
+    if profile is not None:
+        found = {"": read_service(profile).profile}
+    else:
+        assert profiles is not None
+        found = dict(read_profiles(profiles))
+    served = {name: p for name, p in found.items() if p is not None and p.served_config}
+    if not served:
+        where = profile if profile is not None else profiles
+        raise BadInput(f"{where}: no --config given and the profile holds no config its server reported (a curve file, "
+                       "or a profile made before tritongen recorded it); give --config path/to/config.pbtxt")
+    folder = Path(tempfile.mkdtemp(prefix="tritongen-served-"))
+    atexit.register(shutil.rmtree, folder, True)
+    files = []
+    for p in served.values():
+        parsed = config_from_served(p.served_config, f"the profile of {p.model}")
+        if not parsed.name:
+            parsed.name = p.model
+        path = folder / p.model / "config.pbtxt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(config_to_text(parsed))
+        files.append(path)
+    return files
 
 
 def services_by_config(profile: Optional[Path], profiles: Optional[Path], configs: list[Path]) -> list[Service]:
@@ -243,7 +278,9 @@ def simulate_cmd(
     profile: Optional[Path] = typer.Option(
         None, "--profile", help="Instead of --profiles: one profile JSON, or a curve file (curve:/engine:), for every config."
     ),
-    config: list[Path] = typer.Option(..., "--config", help="config.pbtxt to simulate; repeat to compare several."),
+    config: list[Path] = typer.Option(
+        [], "--config", help="config.pbtxt to simulate; repeat to compare several. Default: the config the server "
+        "reported when each profile was taken (a model profiled through --url alone needs no repository)."),
     traffic: Path = typer.Option(..., "--traffic", help="Traffic file (examples/traffic/*.yaml)."),
     requests: Optional[int] = typer.Option(None, "--requests", min=1, help="Simulate this many requests (default: the traffic's duration)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the arrivals and the simulation."),
@@ -267,6 +304,11 @@ def simulate_cmd(
     """Predict tail latency, throughput and utilisation of configs from their profiles, in milliseconds."""
     stated = parse_engine_option(engine)
     loaded = load_spec(spec) if spec is not None else None
+    if not config:
+        config = served_config_files(profile, profiles)
+        if not as_json:
+            console.print(f"[dim]no --config: the config{'s' if len(config) > 1 else ''} the server reported when "
+                          f"profiled ({', '.join(c.parent.name for c in config)})[/]")
     services = services_by_config(profile, profiles, config)
     tspec, trace_text = read_traffic(traffic)
     arrivals = arrivals_from(tspec, trace_text, seed, requests, str(traffic))

@@ -404,8 +404,8 @@ def resolve_engine_limits(
     if not pool_blocks:
         raise EngineSourceError(
             f"model {model!r}: the size of its KV pool is unknown: neither the backend's files, the engine's "
-            "metrics in the profile nor the spec state it; set engine.kv_pool_tokens in the spec, or profile "
-            "with --kv-capacity-probe"
+            "metrics in the profile nor the spec state it; set engine.kv_pool_tokens in the spec (simulate: "
+            "--engine kv_pool_tokens=N), or profile with --kv-capacity-probe"
         )
     seqs = claims.get("max_num_seqs")
     if seqs is None:

@@ -10,7 +10,7 @@ Units are in the field names: `_ms` milliseconds, `_bytes` bytes, `_mb` MiB, `_p
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -423,6 +423,10 @@ class Profile(_Model):
     gaps: list[MeasurementGap] = Field(
         default_factory=list, description="Optional measurements the model did not support, and what was inferred.")
     notes: list[str] = Field(default_factory=list, description="What was measured how, and what could not be.")
+    served_config: dict[str, Any] | None = Field(
+        default=None, description="The model's config as the server reported it (GET /v2/models/M/config, its "
+        "auto-completed fields included): what `simulate` runs when no --config is given, so a model profiled "
+        "through --url alone can be simulated without its repository.")
 
 
 def read_profile(text: str) -> Profile:

@@ -72,6 +72,7 @@ class ProfileBuilder:
             variant=c.variant,
             llm=self.llm,
             gaps=self.gaps,
+            served_config=self.target.config or None,
             notes=[*c.notes, *rejection_notes(c.levels, "requests"),
                    *rejection_notes(self.streaming.levels if self.streaming else [], "streams")],
         )
