@@ -17,7 +17,7 @@ class Stalled(Exception):
 
 
 def stream_run(url: str, requests: list[tuple[str, str, int]], empty_final: bool, batched: bool = False,
-               metadata: tuple[tuple[str, str], ...] = ()) -> dict[str, dict[str, Any]]:
+               metadata: tuple[tuple[str, str], ...] = (), priority: int = 0) -> dict[str, dict[str, Any]]:
     """tinyllm's (request id, prompt, max_tokens) requests on one gRPC stream: per request id, its
     text, responses and final flags. `batched`: the model has max_batch_size > 0 (shapes [1, 1]).
     Raises Stalled on Triton's stalled-batcher timeout; asserts there is no other error."""
@@ -38,7 +38,8 @@ def stream_run(url: str, requests: list[tuple[str, str, int]], empty_final: bool
         text.set_data_from_numpy(np.array([prompt.encode()], dtype=np.object_).reshape(shape))
         budget = grpcclient.InferInput("max_tokens", shape, "INT32")
         budget.set_data_from_numpy(np.array([max_tokens], dtype=np.int32).reshape(shape))
-        client.async_stream_infer("tinyllm", [text, budget], request_id=rid, enable_empty_final_response=empty_final)
+        client.async_stream_infer("tinyllm", [text, budget], request_id=rid, enable_empty_final_response=empty_final,
+                                  priority=priority)
     expected = {rid for rid, _, max_tokens in requests if max_tokens > 0 or empty_final}
     got: dict[str, dict[str, Any]] = {}
     finished: set[str] = set()
