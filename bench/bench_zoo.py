@@ -7,8 +7,10 @@ metrics), resolve its engine from that profile alone (the probe's KV capacity an
 flood it live for its measured capacity, then run Poisson traffic at 0.5x, 0.9x and 1.5x of that,
 `--repeats` times live (real gRPC streams) and once simulated, side by side, and the simulation
 against the live median (bench_llm_fidelity.one_model). Models that are not decoupled are profiled
-and their static-batch probe printed; their simulation against live runs is not part of this
-bench yet.
+(their static-batch probe printed), then served with the max_batch_size render writes for them (the
+largest batch the probe saw run whole), and that config is simulated with the profile's curve against
+live Poisson runs of requests shaped as the profile's (its prompt, its budget in the model's own
+place), at 0.5x, 0.9x and 1.5x of the live capacity: end-to-end time is their first token.
 
 Goals (issue 43): completed/s within 10%, TTFT P50/P99 within 25% of the median of 3 live runs (or
 inside their range where their own spread is wider). The sidecar's goals on the same models are
@@ -25,10 +27,21 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from types import SimpleNamespace
+
 from bench.bench_llm_fidelity import one_model
+from bench.bench_vllm_fidelity import print_against_the_median
+from bench.report import ms, rel, saved_report
 from bench.rig import ROOT
-from bench.report import saved_report
-from tritongen.pbtxt import parse_model_config
+from tritongen.core.served_overheads import choose_overheads
+from tritongen.core.llm_interface_config import interface_from_config
+from tritongen.core.profile_types import Profile
+from tritongen.core.simulator import ServerSim, ServiceCurve, simulate
+from tritongen.core.simulator.configs import model_sim_from_config
+from tritongen.core.traffic import TrafficSpec, generate_arrivals
+from tritongen.loadgen import LoadTarget, run_load
+from tritongen.pbtxt import config_from_served, config_to_text, parse_model_config
+from tritongen.profiler.engine import ASSUMED_BYTES_PER_TOKEN
 from tritongen.profiler.run import Endpoints, Profiler, TritonAdmin, default_settings, resolve_targets
 from tritongen.server import ServerOptions, TritonServer
 
@@ -51,17 +64,94 @@ def main() -> int:
         repo = Path(tmp) / "repo"
         for name in names:
             shutil.copytree(ZOO / name, repo / name)
+        unary_profiles: dict[str, Profile] = {}
         with TritonServer(ServerOptions(repository=repo)) as server:
             for name in names:
                 if _decoupled(repo / name):
                     case = {"spec": None, "bytes_per_token": None, "prompt": 32, "output": 32, "capacity_probe": True}
                     one_model(server, name, case, Path(tmp), args.seconds, repeats=args.repeats, live_capacity=True)
                 else:
-                    unary(server, name, Path(tmp))
+                    profile = unary(server, name, Path(tmp))
+                    if profile is not None:
+                        unary_profiles[name] = profile
+        for name, profile in unary_profiles.items():
+            fits = profile.llm.largest_batch_that_fits if profile.llm else None
+            if not fits or profile.served_config is None:
+                print(f"{name}: no batch ran whole, or no served config: nothing to simulate")
+                continue
+            config = config_from_served(profile.served_config, name)
+            config.max_batch_size = min(config.max_batch_size, fits)
+            if config.HasField("dynamic_batching"):  # preferred sizes past the new bound, as render drops them
+                kept = [b for b in config.dynamic_batching.preferred_batch_size if b <= config.max_batch_size]
+                del config.dynamic_batching.preferred_batch_size[:]
+                config.dynamic_batching.preferred_batch_size.extend(kept)
+            (repo / name / "config.pbtxt").write_text(config_to_text(config))
+            print(f"\n## {name}: its config with max_batch_size {config.max_batch_size} (render's, from the probe), "
+                  "simulated against live runs")
+            with TritonServer(ServerOptions(repository=repo, load_models=[name], model_control="explicit")) as server:
+                simulated_against_live(server, name, profile, config, args.seconds, args.repeats)
     return 0
 
 
-def unary(server: TritonServer, model: str, out: Path) -> None:
+def simulated_against_live(server: TritonServer, model: str, profile: Profile, config, seconds: float,
+                           repeats: int) -> None:
+    """`config` simulated with the profile's latency-versus-batch curve, against live runs."""
+    llm = profile.llm
+    assert llm is not None
+    if not profile.curve:
+        print("the profile measured no latency-versus-batch curve: nothing to simulate")
+        return
+    overheads, used = choose_overheads(None, profile, None)
+    sim_server = ServerSim(models=[model_sim_from_config(config, curve=ServiceCurve.from_profile(profile))],
+                           overheads=overheads)
+    print(f"overheads: {used}")
+    interface = interface_from_config(profile.served_config or {}, model=model)
+    target = LoadTarget(model, streaming=False, batched=config.max_batch_size > 0, interface=interface,
+                        bytes_per_token=ASSUMED_BYTES_PER_TOKEN)
+
+    def traffic(rate: float, seed: int = 5):
+        spec = TrafficSpec(shape="poisson", rate_per_s=rate, duration_s=seconds, warmup_s=2.0,
+                           classes=[{"name": "all", "share": 1.0, "priority": 1, "prompt_tokens": llm.probe_prompt_tokens,
+                                     "output_tokens": llm.probe_max_tokens}])
+        return generate_arrivals(spec, seed=seed)
+
+    sim_capacity = simulate(sim_server, traffic(400.0), seed=1).throughput_per_s
+    flood = run_load(traffic(2.0 * sim_capacity, seed=3), {"all": target}, http_url=server.http_url, request_timeout_s=60.0)
+    capacity = flood.summary()[0][0].throughput_per_s
+    print(f"capacity: live {capacity:.1f} req/s (offered {2 * sim_capacity:.0f}/s; failed {_failed(flood)}), "
+          f"simulated {sim_capacity:.1f} ({rel(capacity, sim_capacity)})")
+    print("| load | req/s | run | completed/s live / sim | P50 ms live / sim | P99 ms live / sim | failed live |")
+    print("|---|---|---|---|---|---|---|")
+    summary: list[tuple[float, list, object]] = []
+    for factor in (0.5, 0.9, 1.5):
+        arrivals = traffic(capacity * factor)
+        sc = _as_first_token(simulate(sim_server, arrivals, seed=2).classes[0])
+        lives: list = []
+        summary.append((factor, lives, sc))
+        for run in range(repeats):
+            live = run_load(arrivals, {"all": target}, http_url=server.http_url, request_timeout_s=60.0)
+            lc = live.summary()[0][0]
+            lives.append(_as_first_token(lc))
+            print(f"| {factor:g}x | {arrivals.mean_rate:.1f} | {run + 1} | {lc.throughput_per_s:.1f} / {sc.throughput_per_s:.1f} "
+                  f"({rel(lc.throughput_per_s, sc.throughput_per_s)}) | {ms(lc.p50_ms)} / {ms(sc.ttft_p50_ms)} "
+                  f"({rel(lc.p50_ms, sc.ttft_p50_ms)}) | {ms(lc.p99_ms)} / {ms(sc.ttft_p99_ms)} "
+                  f"({rel(lc.p99_ms, sc.ttft_p99_ms)}) | {_failed(live)} |", flush=True)
+    print_against_the_median(summary)
+
+
+def _failed(result) -> str:
+    """How many requests failed, and the first error (the model's own words), for the table."""
+    said = [m for m in result.messages if m]
+    return f"{len(said)}" + (f" ({said[0][:120]})" if said else "")
+
+
+def _as_first_token(stats):
+    """A class's figures with its end-to-end times as its first token's (one response holds the
+    whole completion), as print_against_the_median reads them."""
+    return SimpleNamespace(throughput_per_s=stats.throughput_per_s, ttft_p50_ms=stats.p50_ms, ttft_p99_ms=stats.p99_ms)
+
+
+def unary(server: TritonServer, model: str, out: Path) -> Profile | None:
     endpoints = Endpoints(http=server.http_url, grpc=server.grpc_url, metrics=server.metrics_url)
     admin = TritonAdmin(endpoints)
     try:
@@ -72,7 +162,7 @@ def unary(server: TritonServer, model: str, out: Path) -> None:
     print(f"\n## {model}: not decoupled")
     if llm is None:
         print("not recognised as an LLM: profiled as a classic model")
-        return
+        return None
     print(f"{llm.interface}; budget honoured: {llm.budget_honoured}; end-to-end by budget: {llm.latency_ms_by_budget}")
     print(f"static batch probe at {llm.probe_prompt_tokens} + {llm.probe_max_tokens} tokens: {llm.batch_fits}; "
           f"largest that fits {llm.largest_batch_that_fits}, smallest that fails {llm.smallest_batch_that_fails}"
@@ -82,6 +172,7 @@ def unary(server: TritonServer, model: str, out: Path) -> None:
               f"{level.errors} errors |")
     for gap in profile.gaps:
         print(f"gap ({gap.measurement}): {gap.unseen}; taken instead: {gap.inferred}")
+    return profile
 
 
 if __name__ == "__main__":

@@ -85,6 +85,8 @@ class LoadTarget:
     # (gRPC), where the sidecar reads it as the stream opens (nginx carries a gRPC stream it decided
     # by its metadata: it cannot read the parameters of the requests inside it).
     class_header: str | None = None
+    # An LLM that is not decoupled (streaming False): its interface makes each request LLM-shaped (the
+    # arrivals' prompt and budget) instead of random tensors from the config.
     # Streaming models: the LLM interface the model speaks (`llm_interface`, required): it builds
     # every request (stream on, max_tokens where that interface carries it). Prompts are sized in
     # tokens x `bytes_per_token`.
@@ -183,15 +185,22 @@ class _Runner:
     async def _classic(self, i: int, target: LoadTarget, http) -> None:
         import tritonclient.http.aio as aioclient
 
-        rows = int(self.arr.rows[i])
-        key = (target.model, rows)
-        data = self._tensor_cache.get(key)
-        if data is None:
-            data = _features(target, rows, self.rng)
-            self._tensor_cache[key] = data
-        tensors = infer_inputs(aioclient, data)
         priority = int(self.arr.class_priority[int(self.arr.cls[i])])
         parameters = self._class_parameters(i, target)
+        if target.interface is not None:
+            # an LLM that is not decoupled: its prompt and budget as the interface carries them, one response
+            budget = int(self.arr.output[i])
+            tensors = infer_inputs(aioclient, numpy_inputs(target.interface.request(self._prompt(i, target), budget,
+                                                                                    stream=False)))
+            parameters = {**target.interface.request_parameters(budget), **(parameters or {})} or None
+        else:
+            rows = int(self.arr.rows[i])
+            key = (target.model, rows)
+            data = self._tensor_cache.get(key)
+            if data is None:
+                data = _features(target, rows, self.rng)
+                self._tensor_cache[key] = data
+            tensors = infer_inputs(aioclient, data)
         self.send_t[i] = self._now()
         try:
             await asyncio.wait_for(
