@@ -102,8 +102,10 @@ def simulated_against_live(server: TritonServer, model: str, profile: Profile, c
         print("the profile measured no latency-versus-batch curve: nothing to simulate")
         return
     overheads, used = choose_overheads(None, profile, None)
-    sim_server = ServerSim(models=[model_sim_from_config(config, curve=ServiceCurve.from_profile(profile))],
+    sim_server = ServerSim(models=[model_sim_from_config(config, curve=ServiceCurve.from_profile(profile),
+                                                         static_batch_tokens=llm.kv_capacity_tokens)],
                            overheads=overheads)
+    print(f"static batches fail above {llm.kv_capacity_tokens} tokens (the probe's)")
     print(f"overheads: {used}")
     interface = interface_from_config(profile.served_config or {}, model=model)
     target = LoadTarget(model, streaming=False, batched=config.max_batch_size > 0, interface=interface,

@@ -334,3 +334,19 @@ def test_lanes_route_by_prompt_length() -> None:
     long = ModelSim(name="m_long", route="m", max_batch_size=8, llm=llm_model("grow_kill", 64).llm)
     sim = run([short, long], arrivals([0, 0, 0], prompt=[10, 100, 32], output=[2, 2, 2]))
     assert sim.route == [0, 1, 0]
+
+
+def test_a_static_batch_whose_tokens_pass_the_models_memory_fails_whole() -> None:
+    """An LLM that is not decoupled (static batches from Triton's batcher) holds its batch's tokens
+    at once: a batch past `static_batch_tokens` runs out of memory, every request in it, as the zoo's
+    oneshot does live (bench-zoo 11:23: batches of 5 slightly longer prompts than its probe's)."""
+    m = model(mbs=4, static_batch_tokens=200,
+              dynamic_batching=BatcherConfig(max_queue_delay_us=50_000, default_queue_policy=POLICY))
+    # four at once: 4 x (20 + 32) = 208 tokens > 200, one batch, all four fail; then two: 104, fit
+    sim = run(m, arrivals([0, 0, 0, 0, 500, 500], prompt=[20] * 6, output=[32] * 6))
+    assert [int(s) for s in sim.status] == [OOM] * 4 + [OK] * 2
+    assert lat_ms(sim, 0) < lat_ms(sim, 4)  # the allocation fails as the batch starts: no service time spent
+    # without the bound the same batch runs
+    free = run(model(mbs=4, dynamic_batching=BatcherConfig(max_queue_delay_us=50_000, default_queue_policy=POLICY)),
+               arrivals([0, 0, 0, 0], prompt=[20] * 4, output=[32] * 4))
+    assert [int(s) for s in free.status] == [OK] * 4

@@ -170,6 +170,13 @@ def served_config_files(profile: Optional[Path], profiles: Optional[Path]) -> li
     return files
 
 
+def static_batch_tokens(profile: object | None) -> int | None:
+    """The tokens one execution of an LLM that is not decoupled holds (its static-batch probe), which
+    the simulator fails a larger batch against; None for any other model."""
+    llm = getattr(profile, "llm", None)
+    return getattr(llm, "kv_capacity_tokens", None) if llm is not None else None
+
+
 def services_by_config(profile: Optional[Path], profiles: Optional[Path], configs: list[Path]) -> list[Service]:
     """Each config's service: the one `--profile` file for all of them, or from `--profiles DIR` the
     profile of the config's model (its `name:`, else its directory's name, as Triton names it)."""
@@ -332,7 +339,8 @@ def simulate_cmd(
         spec_model = spec_model_of(loaded, parsed.name, path) if loaded is not None else None
         try:
             served = service.engine_for(parsed, path, stated, spec_model, spec)
-            model = model_sim_from_config(parsed, curve=service.curve, engine=served, device_curve=device_curve)
+            model = model_sim_from_config(parsed, curve=service.curve, engine=served, device_curve=device_curve,
+                                          static_batch_tokens=static_batch_tokens(service.profile))
         except ValueError as err:
             raise BadInput(f"{path}: {err}") from None
         streaming = streaming or model.llm is not None

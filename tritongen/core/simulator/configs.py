@@ -27,11 +27,13 @@ def model_sim_from_config(
     prompt_tokens_max: int | None = None,
     prompt_tokens_min: int = 0,
     device_curve: ServiceCurve | None = None,
+    static_batch_tokens: int | None = None,
 ) -> ModelSim:
     """A `ModelSim` from Triton's `ModelConfig` proto (a parsed config.pbtxt).
 
     `device_curve`: the part of each execution its instances take in turns on their device (a
-    classic profile's instance scaling); None = instances scale linearly.
+    classic profile's instance scaling); None = instances scale linearly. `static_batch_tokens`: an
+    LLM that is not decoupled, the tokens one execution's memory holds (ModelSim's field).
 
     A decoupled model is a streaming LLM: it needs its `engine` (`engine_sources.resolve_engine`
     reads it from the backend's files, the spec and the profile); a classic model its `curve`.
@@ -85,6 +87,7 @@ def model_sim_from_config(
         device_curve=device_curve if llm is None else None,
         prompt_tokens_min=prompt_tokens_min,
         prompt_tokens_max=prompt_tokens_max,
+        static_batch_tokens=static_batch_tokens if llm is None else None,
     )
 
 

@@ -220,6 +220,11 @@ class ModelSim(Strict):
     )
     curve: ServiceCurve | None = None
     llm: EngineModel | None = None
+    static_batch_tokens: int | None = Field(
+        default=None, ge=1, description="An LLM that is not decoupled (static batches from Triton's batcher): the "
+        "prompt + output tokens its memory holds across one execution (the profile's static-batch probe). An "
+        "execution whose requests need more fails whole, out of memory, as such a model does live."
+    )
     prompt_tokens_min: int = Field(default=0, ge=0, description="Lanes: shortest prompt this entry takes.")
     prompt_tokens_max: int | None = Field(default=None, ge=0, description="Lanes: longest prompt this entry takes.")
 

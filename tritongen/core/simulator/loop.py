@@ -266,7 +266,8 @@ class Simulation:
         n_req = len(p.reqs)
         service = (m.curve.ms(p.rows) / 1000.0 if m.curve is not None else 0.0)
         jitter = self._jitter_factor()
-        dur = (service + m.batch_s + m.req_exec_s * n_req) * jitter
+        p.out_of_memory = m.over_memory(p.reqs, self.prompt, self.output)  # fails as it starts: no service time
+        dur = ((0.0 if p.out_of_memory else service) + m.batch_s + m.req_exec_s * n_req) * jitter
         for r in p.reqs:
             self.t_start[r] = now
         m.running_count += 1
@@ -328,7 +329,7 @@ class Simulation:
                 self._push(now, _STEP, m.index, None)
         else:
             for r in p.reqs:
-                self._finish(r, OK, now)
+                self._finish(r, OOM if p.out_of_memory else OK, now)
         if self.release_s > 0.0:  # the responses are out; the instance comes back a little later
             self._push(now + self.release_s * self._exponential(), _RELEASE, m.index, inst)
         else:

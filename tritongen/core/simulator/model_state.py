@@ -26,7 +26,7 @@ Finish = Callable[[int, int, float], None]
 class Payload:
     """One batch in the making, then executing: its requests and rows."""
 
-    __slots__ = ("reqs", "rows", "state", "seq", "started")
+    __slots__ = ("reqs", "rows", "state", "seq", "started", "out_of_memory")
 
     def __init__(self, seq: int) -> None:
         self.reqs: list[int] = []
@@ -34,6 +34,7 @@ class Payload:
         self.state = UNINIT
         self.seq = seq
         self.started = 0.0
+        self.out_of_memory = False  # a static-batch LLM's execution whose tokens its memory cannot hold
 
 
 class ModelState:
@@ -172,6 +173,12 @@ class ModelState:
         if closest < math.inf:
             wait = min(closest - now, wait) if now <= closest else 1e-6
         return max(wait, 1e-6)
+
+    def over_memory(self, reqs: list[int], prompt: list[int], output: list[int]) -> bool:
+        """Whether an execution of these requests needs more tokens than a static-batch LLM's memory
+        holds (ModelSim.static_batch_tokens): such a batch fails whole, out of memory."""
+        pool = self.cfg.static_batch_tokens
+        return pool is not None and sum(prompt[r] + output[r] for r in reqs) > pool
 
     def take(self, items: list[tuple[int, bool, int]], rows: list[int]) -> None:
         p = self.curr
