@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.rig import ROOT
-from bench.report import ms, rel, saved_report
+from bench.report import live_vs_sim, rel, saved_report
 from tritongen.core.llm_interface_config import interface_from_config
 from tritongen.core.engine_sources import measured_from_profile, resolve_engine
 from tritongen.core.spec import EngineSection
@@ -184,9 +184,7 @@ def one_model(server: TritonServer, model: str, case: dict, tmp: Path, seconds: 
             lc = live.summary()[0][0]
             lives.append(lc)
             print(
-                f"| {factor:g}x | {arrivals.mean_rate:.1f} | {rep + 1} | {lc.throughput_per_s:.1f} / {sc.throughput_per_s:.1f} ({rel(lc.throughput_per_s, sc.throughput_per_s)}) "
-                f"| {ms(lc.ttft_p50_ms)} / {ms(sc.ttft_p50_ms)} ({rel(lc.ttft_p50_ms, sc.ttft_p50_ms)}) "
-                f"| {ms(lc.ttft_p99_ms)} / {ms(sc.ttft_p99_ms)} ({rel(lc.ttft_p99_ms, sc.ttft_p99_ms)}) "
+                f"| {factor:g}x | {arrivals.mean_rate:.1f} | {rep + 1} | {live_vs_sim(lc, sc)} "
                 f"| {lc.oom_killed} / {sc.oom_killed} ({rel(lc.oom_killed, sc.oom_killed)}) "
                 f"| {live_pre:.0f} / {sim_pre} ({rel(live_pre, sim_pre)}) |",
                 flush=True,

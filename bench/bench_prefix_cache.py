@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from bench.bench_vllm_fidelity import MODEL, example_server, print_against_the_median
-from bench.report import ms, rel, saved_report
+from bench.report import live_vs_sim, rel, saved_report
 from tritongen.core.engine_sources import measured_from_profile, resolve_engine
 from tritongen.core.llm_interface_config import interface_from_config
 from tritongen.core.simulator import ModelSim, Overheads, ServerSim, simulate
@@ -121,10 +121,7 @@ def run(server: TritonServer, repo: Path, tmp: Path, args) -> None:
             for rep in range(args.repeats):
                 lc = run_load(arrivals, {"all": target}, grpc_url=server.grpc_url, request_timeout_s=120.0).summary()[0][0]
                 lives.append(lc)
-                print(f"| {factor:g}x | {arrivals.mean_rate:.1f} | {rep + 1} | {lc.throughput_per_s:.1f} / {sc.throughput_per_s:.1f} "
-                      f"({rel(lc.throughput_per_s, sc.throughput_per_s)}) | {ms(lc.ttft_p50_ms)} / {ms(sc.ttft_p50_ms)} "
-                      f"({rel(lc.ttft_p50_ms, sc.ttft_p50_ms)}) | {ms(lc.ttft_p99_ms)} / {ms(sc.ttft_p99_ms)} "
-                      f"({rel(lc.ttft_p99_ms, sc.ttft_p99_ms)}) | {'-' if hits is None else f'{hits:.0%}'} |", flush=True)
+                print(f"| {factor:g}x | {arrivals.mean_rate:.1f} | {rep + 1} | {live_vs_sim(lc, sc)} | {'-' if hits is None else f'{hits:.0%}'} |", flush=True)
         met_total += print_against_the_median(summary)
     print(f"\nall mixes: {met_total} cells within the goal's band")
 

@@ -36,7 +36,7 @@ import httpx
 
 from bench.rig import ROOT
 from bench.rig.cpu import busy, cpu_times
-from bench.report import ms, rel, saved_report
+from bench.report import live_vs_sim, rel, saved_report
 from tritongen.core.engine_sources import measured_from_profile, resolve_engine
 from tritongen.core.llm_interface_config import interface_from_config
 from tritongen.core.prometheus import parse_prometheus
@@ -238,10 +238,7 @@ def run(server: TritonServer, repo: Path, spec: Path, tmp: Path, args) -> None:
             lc = result.summary()[0][0]
             lives.append(lc)
             print(
-                f"| {factor:g}x | {arrivals.mean_rate:.1f} | {rep + 1} | {lc.throughput_per_s:.1f} / {sc.throughput_per_s:.1f} "
-                f"({rel(lc.throughput_per_s, sc.throughput_per_s)}) | {ms(lc.ttft_p50_ms)} / {ms(sc.ttft_p50_ms)} "
-                f"({rel(lc.ttft_p50_ms, sc.ttft_p50_ms)}) | {ms(lc.ttft_p99_ms)} / {ms(sc.ttft_p99_ms)} "
-                f"({rel(lc.ttft_p99_ms, sc.ttft_p99_ms)}) | {live_pre:.0f} / {sim_pre} ({rel(live_pre, sim_pre)}) | {cpu} |",
+                f"| {factor:g}x | {arrivals.mean_rate:.1f} | {rep + 1} | {live_vs_sim(lc, sc)} | {live_pre:.0f} / {sim_pre} ({rel(live_pre, sim_pre)}) | {cpu} |",
                 flush=True,
             )
     print_against_the_median(summary)

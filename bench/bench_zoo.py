@@ -26,18 +26,18 @@ import argparse
 import shutil
 import tempfile
 from pathlib import Path
-
 from types import SimpleNamespace
 
 from bench.bench_llm_fidelity import one_model
 from bench.bench_vllm_fidelity import print_against_the_median
-from bench.report import ms, rel, saved_report
+from bench.report import live_vs_sim, rel, saved_report
 from bench.rig import ROOT
-from tritongen.core.served_overheads import choose_overheads
 from tritongen.core.llm_interface_config import interface_from_config
 from tritongen.core.profile_types import Profile
+from tritongen.core.served_overheads import choose_overheads
 from tritongen.core.simulator import ServerSim, ServiceCurve, simulate
 from tritongen.core.simulator.configs import model_sim_from_config
+from tritongen.core.static_batch import measured_batch_bound
 from tritongen.core.traffic import TrafficSpec, generate_arrivals
 from tritongen.loadgen import LoadTarget, run_load
 from tritongen.pbtxt import config_from_served, config_to_text, parse_model_config
@@ -75,12 +75,12 @@ def main() -> int:
                     if profile is not None:
                         unary_profiles[name] = profile
         for name, profile in unary_profiles.items():
-            fits = profile.llm.largest_batch_that_fits if profile.llm else None
-            if not fits or profile.served_config is None:
-                print(f"{name}: no batch ran whole, or no served config: nothing to simulate")
+            bound = measured_batch_bound(profile, None)  # what render --profiles bounds max_batch_size by
+            if profile.served_config is None:
+                print(f"{name}: the profile holds no served config: nothing to simulate")
                 continue
             config = config_from_served(profile.served_config, name)
-            config.max_batch_size = min(config.max_batch_size, fits)
+            config.max_batch_size = min(config.max_batch_size, bound or config.max_batch_size)
             if config.HasField("dynamic_batching"):  # preferred sizes past the new bound, as render drops them
                 kept = [b for b in config.dynamic_batching.preferred_batch_size if b <= config.max_batch_size]
                 del config.dynamic_batching.preferred_batch_size[:]
@@ -132,12 +132,10 @@ def simulated_against_live(server: TritonServer, model: str, profile: Profile, c
         summary.append((factor, lives, sc))
         for run in range(repeats):
             live = run_load(arrivals, {"all": target}, http_url=server.http_url, request_timeout_s=60.0)
-            lc = live.summary()[0][0]
-            lives.append(_as_first_token(lc))
-            print(f"| {factor:g}x | {arrivals.mean_rate:.1f} | {run + 1} | {lc.throughput_per_s:.1f} / {sc.throughput_per_s:.1f} "
-                  f"({rel(lc.throughput_per_s, sc.throughput_per_s)}) | {ms(lc.p50_ms)} / {ms(sc.ttft_p50_ms)} "
-                  f"({rel(lc.p50_ms, sc.ttft_p50_ms)}) | {ms(lc.p99_ms)} / {ms(sc.ttft_p99_ms)} "
-                  f"({rel(lc.p99_ms, sc.ttft_p99_ms)}) | {_failed(live)} |", flush=True)
+            lc = _as_first_token(live.summary()[0][0])
+            lives.append(lc)
+            print(f"| {factor:g}x | {arrivals.mean_rate:.1f} | {run + 1} | {live_vs_sim(lc, sc)} | {_failed(live)} |",
+                  flush=True)
     print_against_the_median(summary)
 
 

@@ -105,3 +105,12 @@ def rel(reference: float | None, value: float | None) -> str:
 def ms(v: float | None) -> str:
     """A latency in a table cell: whole milliseconds from 100 up, one decimal below."""
     return "-" if v is None else f"{v:.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def live_vs_sim(live, sim) -> str:
+    """The fidelity tables' three cells of one live run against the simulation: completed/s, TTFT P50
+    and TTFT P99, each 'live / sim (error)'. `live` and `sim` carry throughput_per_s, ttft_p50_ms and
+    ttft_p99_ms (ClassStats)."""
+    return (f"{live.throughput_per_s:.1f} / {sim.throughput_per_s:.1f} ({rel(live.throughput_per_s, sim.throughput_per_s)}) "
+            f"| {ms(live.ttft_p50_ms)} / {ms(sim.ttft_p50_ms)} ({rel(live.ttft_p50_ms, sim.ttft_p50_ms)}) "
+            f"| {ms(live.ttft_p99_ms)} / {ms(sim.ttft_p99_ms)} ({rel(live.ttft_p99_ms, sim.ttft_p99_ms)})")
