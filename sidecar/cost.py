@@ -73,6 +73,11 @@ def prefill_peak_bytes(points: Sequence[PrefillPoint], prompt_tokens: int) -> in
     return last.peak_bytes  # pragma: no cover - the loop covers every length in range
 
 
+def prompt_tokens_of(kv: KVCost, prompt_bytes: int, counted: int | None = None) -> int:
+    """A prompt's tokens: the tokenizer's count where there is one, else its bytes at the policy's ratio."""
+    return counted if counted is not None else math.ceil(prompt_bytes / kv.prompt_bytes_per_token)
+
+
 def sequence_tokens(
     kv: KVCost, prompt_bytes: int | None, max_tokens: int | None, counted: int | None = None
 ) -> tuple[int, int]:
@@ -80,7 +85,7 @@ def sequence_tokens(
     prompt's exact token count when a tokenizer gave one."""
     if prompt_bytes is None:
         return kv.max_context, kv.max_context  # unknown prompt: assume the worst
-    prompt = counted if counted is not None else math.ceil(prompt_bytes / kv.prompt_bytes_per_token)
+    prompt = prompt_tokens_of(kv, prompt_bytes, counted)
     if max_tokens is None or max_tokens < 0:
         output = kv.default_max_tokens if kv.default_max_tokens is not None else kv.max_context - prompt
     else:

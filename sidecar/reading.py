@@ -37,12 +37,11 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from sidecar.cost import LLMFacts, TokenCounter
+from sidecar.cost import LLMFacts, TokenCounter, prompt_tokens_of
 from sidecar.prefix_blocks import block_keys
 from tritongen.core.llm_interface import int_or_none
 from tritongen.core.sidecar_policy.base import DEFAULT_TENANT, NAME_MAX_LENGTH, NAME_PATTERN
@@ -187,11 +186,17 @@ def budget(stated: Stated, tensor_name: str) -> tuple[int | None, ...]:
     return ()
 
 
+def _per_sequence(max_tokens: tuple[int | None, ...], sequences: int) -> tuple[int | None, ...]:
+    """The budgets as one for all or one each; neither (a count that matches no sequence count): the
+    largest, for all."""
+    if len(max_tokens) > 1 and len(max_tokens) != sequences:
+        return (max((m for m in max_tokens if m is not None), default=None),)
+    return max_tokens
+
+
 def id_sequences(ids: Sequence[int], max_tokens: tuple[int | None, ...]) -> LLMFacts:
     """Each sequence of a token-id prompt (its number of ids, its exact tokens) and budget."""
-    if len(max_tokens) > 1 and len(max_tokens) != len(ids):
-        max_tokens = (max((m for m in max_tokens if m is not None), default=None),)
-    return LLMFacts(tuple(ids), max_tokens, prompt_tokens=tuple(ids))
+    return LLMFacts(tuple(ids), _per_sequence(max_tokens, len(ids)), prompt_tokens=tuple(ids))
 
 
 def sequences(prompts: Sequence[Prompt], max_tokens: tuple[int | None, ...], count: TokenCounter | None,
@@ -200,8 +205,7 @@ def sequences(prompts: Sequence[Prompt], max_tokens: tuple[int | None, ...], cou
     with `kv` of an engine that reserves and reuses prefix blocks, each prompt's shareable blocks."""
     if not prompts:
         prompts = (None,)
-    if len(max_tokens) > 1 and len(max_tokens) != len(prompts):  # neither one for all nor one each: the largest
-        max_tokens = (max((m for m in max_tokens if m is not None), default=None),)
+    max_tokens = _per_sequence(max_tokens, len(prompts))
     lengths = tuple([None if p is None else len(p) for p in prompts])
     tokens: tuple[int | None, ...] | None = None
     if count is not None:
@@ -212,8 +216,8 @@ def sequences(prompts: Sequence[Prompt], max_tokens: tuple[int | None, ...], cou
     keys = None
     if kv is not None and kv.prefix_caching and kv.reserves:
         counted = tokens or (None,) * len(prompts)
-        keys = [() if p is None else block_keys(p, n if n else math.ceil(len(p) / kv.prompt_bytes_per_token),
-                                                kv.block_tokens) for p, n in zip(prompts, counted)]
+        keys = [() if p is None else block_keys(p, prompt_tokens_of(kv, len(p), n), kv.block_tokens)
+                for p, n in zip(prompts, counted)]
     return LLMFacts(lengths, max_tokens, prompt_tokens=tokens, prefix_keys=keys)
 
 
