@@ -27,6 +27,7 @@ import yaml
 
 from tritongen.core.spec import DeploymentSpec
 from tritongen.core.traffic import TrafficSpec, generate_arrivals
+from tritongen.core.traffic_sharing import any_shares
 from tritongen.errors import RunFailed
 from tritongen.local_llm import split_cores, write_example_repository, write_example_spec
 from tritongen.profiles import read_profiles
@@ -95,7 +96,7 @@ def say_cache_effect(measured, profile: Path, config: Path, shape: TrafficSpec, 
     """Where the traffic shares a prefix (a chat's system prompt): what the profile saw of the engine's
     prefix cache, and the capacity the simulator predicts without it beside the one with it, so the
     demo shows what the cache is worth on this traffic (issue 44)."""
-    if not any(c.shared_prefix is not None or c.conversation is not None for c in shape.classes):
+    if not any_shares(shape.classes):
         return
     probe = measured.engine.prefix_cache if measured.engine is not None else None
     seen = probe.evidence if probe is not None else "not probed"

@@ -188,12 +188,17 @@ class _Builder:
                              conversation=self.conversation, shared_tokens=self.shared)
 
 
+def any_shares(classes: Sequence[SharingClass]) -> bool:
+    """Whether any class states a shared prefix or conversations."""
+    return any(c.shared_prefix is not None or c.conversation is not None for c in classes)
+
+
 def share_prompts(classes: Sequence[SharingClass], t: np.ndarray, cls: np.ndarray, prompt: np.ndarray,
                   output: np.ndarray, seed: int) -> SharedPrompts | None:
     """The sharing of requests (send times `t`, class indices `cls`, new prompt tokens `prompt`,
     max_tokens `output`) under their classes' sections; None when no class shares anything, so a
     traffic without sharing is left exactly as it was."""
-    if not any(c.shared_prefix is not None or c.conversation is not None for c in classes):
+    if not any_shares(classes):
         return None
     build = _Builder(prompt, seed)
     for i, klass in enumerate(classes):
