@@ -7,8 +7,10 @@ import pytest
 
 from tritongen.core.engine_inference import (
     ProbeRun,
+    UsageRead,
     bytes_per_token_from_counts,
     capacity_from_probe,
+    capacity_from_usage,
     counter_delta,
     only_timing_says_no,
     run_fits,
@@ -22,6 +24,38 @@ def test_bytes_per_token_is_the_slope_so_a_bos_token_does_not_count():
     assert bytes_per_token_from_counts(samples) == pytest.approx(4.0)
     # one size: the plain ratio (the BOS token then counts)
     assert bytes_per_token_from_counts([(512, 129)]) == pytest.approx(512 / 129)
+
+
+POOL_BLOCKS, BLOCK = 168, 16
+
+
+def held(streams: int) -> float:
+    """The usage gauge while `streams` streams hold 5 blocks each."""
+    return streams * 5 / POOL_BLOCKS
+
+
+def test_the_usage_probe_believes_the_largest_read_because_the_gauge_lags_the_tokens():
+    # CI, 2026-12-07: every client had its 2nd token while the gauge still showed the step before,
+    # when one stream held its 5 blocks; the next reads show all four
+    reads = [UsageRead(held(1), (3, 2, 2, 2)), UsageRead(held(4), (3, 3, 3, 3)), UsageRead(held(4), (5, 4, 4, 4))]
+    assert capacity_from_usage(reads, 4, BLOCK) == POOL_BLOCKS * BLOCK
+
+
+def test_the_usage_probe_needs_reads_over_a_window_in_which_the_engine_stepped():
+    # one read just as the streams began could be a lagging one: no answer rather than a wrong one
+    assert capacity_from_usage([UsageRead(held(1), (2, 2, 2, 2))], 4, BLOCK) is None
+    assert capacity_from_usage([UsageRead(held(1), (2, 2, 2, 2)), UsageRead(held(1), (3, 3, 3, 3))], 4, BLOCK) is None
+    assert capacity_from_usage([], 4, BLOCK) is None
+
+
+def test_the_usage_probe_ignores_reads_outside_the_five_block_window():
+    # a read before every stream had its 2nd token, one after a stream may have taken a 6th block,
+    # one missing a stream, and a gauge that has not risen
+    outside = [UsageRead(held(2), (1, 2, 2, 2)), UsageRead(held(5), (11, 9, 9, 9)), UsageRead(held(3), (4, 4, 4)),
+               UsageRead(0.0, (4, 4, 4, 4))]
+    inside = [UsageRead(held(4), (2, 2, 2, 2)), UsageRead(held(4), (4, 4, 4, 4))]
+    assert capacity_from_usage(outside, 4, BLOCK) is None
+    assert capacity_from_usage(outside + inside, 4, BLOCK) == POOL_BLOCKS * BLOCK
 
 
 def test_bytes_per_token_needs_counts_that_grow():

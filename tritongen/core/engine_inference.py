@@ -35,6 +35,36 @@ def counter_delta(before: float | None, after: float | None) -> float | None:
     return max(0.0, after - before)
 
 
+USAGE_HELD_BLOCKS = 5  # blocks each usage-probe stream holds: a prompt of 4 full blocks, then its 5th
+
+
+@dataclass(frozen=True)
+class UsageRead:
+    """One read of vLLM's KV usage gauge during the usage probe: its rise since the probe began
+    (0..1 of the pool) and the tokens each stream had received when it was read."""
+
+    rise: float
+    tokens_seen: tuple[int, ...]
+
+
+def capacity_from_usage(reads: Sequence[UsageRead], streams: int, block: int) -> int | None:
+    """Pool tokens from reads of the usage gauge while `streams` streams each held exactly
+    USAGE_HELD_BLOCKS blocks: from each stream's 2nd token (its 5th block taken) until the client
+    saw half a block more (the client never runs ahead of the engine, and can lag it by a few tokens).
+
+    The gauge lags the tokens: an engine publishes it after the step's tokens went out (vLLM's
+    backend from a logger thread), so a read just after every stream showed its 2nd token can still
+    hold an earlier step, when fewer streams held blocks (the vLLM stand-in's pool read 4x too large
+    in CI, 2026-12-07: one stream's 5 blocks). Within the window the true count does not change, and
+    every lagging read is lower, so the largest read is the one to believe; and only a window over
+    which the streams made 2 more tokens counts, so the engine has stepped since they all began."""
+    window = [r for r in reads if len(r.tokens_seen) == streams and min(r.tokens_seen) >= 2
+              and max(r.tokens_seen) <= block // 2 + 2 and r.rise > 0]
+    if not window or min(window[-1].tokens_seen) - min(window[0].tokens_seen) < 2:
+        return None
+    return int(round(streams * USAGE_HELD_BLOCKS / max(r.rise for r in window) * block))
+
+
 @dataclass(frozen=True)
 class ProbeRun:
     """One level of the capacity probe: `streams` requests of `prompt` + `output` tokens sent

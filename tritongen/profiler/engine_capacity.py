@@ -6,11 +6,10 @@ A mixin, because it shares the engine profiler's state: `admin`, `model`, `setti
 
 from __future__ import annotations
 
-import statistics
 import time
 
-from tritongen.core.engine_inference import (ProbeRun, bisect_fit, capacity_from_probe, double_until_fail, only_timing_says_no,
-                                             policy_from_probe, run_fits)
+from tritongen.core.engine_inference import (ProbeRun, UsageRead, bisect_fit, capacity_from_probe, capacity_from_usage,
+                                             double_until_fail, only_timing_says_no, policy_from_probe, run_fits)
 from tritongen.core.engine_metrics import TRTLLM_BLOCK_TYPE, TRTLLM_KV_BLOCKS, VLLM_USAGE_GAUGES, is_out_of_memory
 from tritongen.core.engine_sources import VLLM_DEFAULT_BLOCK_SIZE, EngineSourceError, vllm_stated
 from tritongen.core.prometheus import kv_gauges, parse_prometheus
@@ -101,42 +100,45 @@ class EngineCapacity:
         return usage
 
     def _vllm_capacity(self, bpt: float, block: int = VLLM_DEFAULT_BLOCK_SIZE) -> tuple[int, str] | None:
-        """Hold streams whose prompts fill exactly 4 blocks and read the usage gauge while each has
-        made a few tokens: every stream then holds exactly 5 blocks (its 5th fills while it makes
-        tokens 2 to block + 1), so capacity = streams x 5 / usage, whatever the client's lag.
+        """Hold streams whose prompts fill exactly 4 blocks and read the usage gauge while each
+        makes its next few tokens: every stream then holds exactly 5 blocks (its 5th fills while it
+        makes tokens 2 to block + 1), so capacity = streams x 5 / usage, whatever the client's lag
+        (core.engine_inference.capacity_from_usage, which also allows for the gauge's own lag).
         vLLM's default block size (16): the metric does not say the block size."""
         s = self.settings
         streams = max(s.concurrency_levels)
         prompt = 4 * block
         load = self._stream(self._request(prompt, 4 * block, bpt))
-        exact: list[float] = []
+        tokens = None
         for _attempt in range(3):
             before = self._settled_usage()  # what the probe's streams add to it is theirs
+            reads: list[UsageRead] = []
             workers, stop = load.start(streams, limit=1, together=True)
             try:
                 deadline = time.monotonic() + 30.0
-                while any(w.is_alive() for w in workers) and time.monotonic() < deadline and not exact:
+                while any(w.is_alive() for w in workers) and time.monotonic() < deadline:
                     counts = [len(w.current.token_times) for w in workers if w.current is not None]
                     if len(counts) < streams or min(counts) < 2:
                         time.sleep(0.002)
                         continue
                     usage = self._usage()
-                    after = [len(w.current.token_times) for w in workers if w.current is not None]
+                    after = tuple(len(w.current.token_times) for w in workers if w.current is not None)
                     if usage is not None and usage >= 0.98:  # the pool is smaller: it preempts
                         streams = max(1, streams // 2)
                         break
-                    if usage and usage > before and len(after) == streams and max(after) <= block // 2 + 2:
-                        exact.append(streams * 5 / (usage - before) * block)
-                    elif after and max(after) > block // 2 + 2:
+                    if max(after) > block // 2 + 2:  # past the window: a stream may have taken its 6th block
                         break
+                    if usage is not None:
+                        reads.append(UsageRead(usage - before, after))
+                    time.sleep(0.002)
             finally:
                 StreamLoad.finish(workers, stop)
-            if exact:
+            tokens = capacity_from_usage(reads, streams, block)
+            if tokens is not None:
                 break
-        if not exact:
+        if tokens is None:
             self.notes.append("vLLM metrics: the usage gauge could not be read while every stream held 5 blocks")
             return None
-        tokens = int(round(statistics.median(exact)))
         return tokens, f"kv_cache_usage_perc while {streams} streams held 5 blocks of {block} each"
 
     def _preemptions(self) -> float:
