@@ -306,7 +306,8 @@ class _Admission:
     contextlib's wrapper per request) cost several microseconds more than these two methods.
     """
 
-    __slots__ = ("_ctl", "_model", "_klass", "_cost", "_tenant", "_before_s", "_ticket", "_series", "_waited_s")
+    __slots__ = ("_ctl", "_model", "_klass", "_cost", "_tenant", "_before_s", "_ticket", "_series", "_waited_s",
+                 "_inner_ended", "_inner_seen", "_inner_last")
 
     def __init__(self, ctl: AdmissionController, model: str, klass: str, cost: Cost, tenant: str,
                  before_s: float = 0.0) -> None:
@@ -317,6 +318,8 @@ class _Admission:
         self._tenant = tenant
         self._before_s = before_s
         self._ticket: Ticket | None = None
+        self._inner_ended = self._inner_seen = 0  # requests inside a carried gRPC stream (inner_request_ended)
+        self._inner_last = 0.0
 
     async def __aenter__(self) -> Ticket:
         ctl, model, klass, cost, tenant = self._ctl, self._model, self._klass, self._cost, self._tenant
@@ -364,6 +367,26 @@ class _Admission:
         self._ticket = Ticket(rid, model, klass, cost, arrived, ctl.clock(), decision.waited_s, ctl, tenant=tenant)
         return self._ticket
 
+    def inner_request_ended(self, seconds: float, error: bytes | None) -> None:
+        """One request inside a gRPC stream nginx carries ended (its final response, or an error
+        response; `seconds`: its span as nginx could time it). The stream holds one reservation, but
+        each of its requests is a request on the dashboard: admitted (the stream's admission counted
+        the first), ended with its own outcome and duration. The stream's end then counts only the
+        requests it cut short, not itself."""
+        self._count_inner(outcome(ENDED, 500 if error else 200, error), seconds)
+        self._inner_last = self._ctl.clock()
+
+    def inner_requests_seen(self, requests: int) -> None:
+        """How many requests the stream's response frames named (nginx says so before its end)."""
+        self._inner_seen = max(self._inner_seen, requests)
+
+    def _count_inner(self, how: str, seconds: float) -> None:
+        accounting = self._ctl.accounting
+        if self._inner_ended:
+            accounting.admitted(self._series, self._tenant, 0.0)
+        self._inner_ended += 1
+        accounting.ended(self._series, how, seconds)
+
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         ticket = self._ticket
         assert ticket is not None
@@ -383,7 +406,11 @@ class _Admission:
         if state.has_events:
             ctl.dispatch()
         end = ctl.clock()
-        ctl.accounting.ended(self._series, how, end - ticket.arrived)
+        if self._inner_ended:  # a stream whose requests were counted each: the ones it cut short
+            for _ in range(self._inner_seen - self._inner_ended):
+                self._count_inner(how, end - self._inner_last)
+        else:
+            ctl.accounting.ended(self._series, how, end - ticket.arrived)
         if log.isEnabledFor(logging.DEBUG):
             ttft = "-" if ticket.first_token_at is None else f"{1000 * (ticket.first_token_at - ticket.arrived):.1f}"
             log.debug("%s %s %s (tenant %s): waited %.1f ms, first response %s ms, total %.1f ms, %d responses",

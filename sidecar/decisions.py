@@ -27,9 +27,11 @@ length-prefixed so no JSON parser is needed in Lua):
   nginx -> here  `ok\tID\n` on the same connection once it read a grant (a connection that closes
                  before it: the client left, the grant goes back),
                  `first\tID\n`, `end\tID\tSTATUS\tEVENTS\tHOW\tN\n` + N bytes of the engine's error
-                 (HOW: "ok", or "down" when nginx could not reach Triton); no answer. Before a carried
-                 stream's end, `stream\tID\tREQUESTS\tFINALS\tERRORS\n`: the requests its response
-                 frames named, how many ended (final flag or error response), how many with an error.
+                 (HOW: "ok", or "down" when nginx could not reach Triton); no answer. As each request
+                 inside a carried stream ends, `req\tID\tMICROSECONDS\tN\n` + N bytes of its error
+                 response's text (N = 0: it ended well): its span as nginx could time it. Before a
+                 carried stream's end, `stream\tID\tREQUESTS\tFINALS\tERRORS\n`: the requests its
+                 response frames named, how many ended (final flag or error response), how many with an error.
 OP `grpc_stream` (a gRPC ModelStreamInfer as it opens, sidecar/stream_path.py) has no model and no
 body: the sidecar attributes the stream to the policy's streaming model and admits a slot of it.
 
@@ -64,7 +66,8 @@ log = logging.getLogger("tritongen.sidecar")
 GRPC_INFER = "grpc_infer"  # the op nginx names a gRPC ModelInfer by (its body: the request's protobuf, unframed)
 GRPC_STREAM = "grpc_stream"  # a gRPC ModelStreamInfer as it opens (no model, no body: sidecar/stream_path.py)
 OPS = frozenset({"infer", "generate", "generate_stream", GRPC_INFER, GRPC_STREAM})
-FIELDS = {"admit": 8, "ok": 2, "first": 2, "end": 6, "stream": 5}  # each message's tab-separated fields
+FIELDS = {"admit": 8, "ok": 2, "first": 2, "end": 6, "stream": 5, "req": 4}  # each message's tab-separated fields
+WITH_BODY = frozenset({"admit", "end", "req"})  # the messages whose last field is the length of a body that follows
 PASS = b"pass\t\t\t0\n"  # "not carried this way": nginx hands the call to the Python listener
 _GRPC_INTERNAL = 13
 
@@ -150,6 +153,10 @@ class DecisionServer:
             self.decide(conn, fields, body)
         elif kind == "first":
             self.first(_number(fields, 1, "first", "id"))
+        elif kind == "req":
+            if len(fields) != FIELDS["req"]:
+                raise Unreadable(f"req: {len(fields)} fields, {FIELDS['req']} expected")
+            self.inner_request(_number(fields, 1, "req", "id"), _number(fields, 2, "req", "microseconds"), body)
         elif kind == "stream":
             if len(fields) != FIELDS["stream"]:
                 raise Unreadable(f"stream: {len(fields)} fields, {FIELDS['stream']} expected")
@@ -248,6 +255,13 @@ class DecisionServer:
         if held is not None:
             held[1].first_token()
 
+    def inner_request(self, rid: int, microseconds: int, error: bytes) -> None:
+        """A request inside a carried stream ended, as nginx read it from the response frames:
+        counted as a request of its own (`_Admission.inner_request_ended`)."""
+        held = self.held.get(rid)
+        if held is not None:
+            held[0].inner_request_ended(microseconds / 1e6, error or None)
+
     def stream_requests(self, rid: int, requests: int, finals: int, errors: int) -> None:
         """How the requests inside a carried stream ended, as nginx read them from its response
         frames (sent just before the stream's end): `requests` seen, `finals` of them ended (final
@@ -255,6 +269,7 @@ class DecisionServer:
         held = self.held.get(rid)
         if held is None:
             return
+        held[0].inner_requests_seen(requests)
         model = self.controller.accounting.label(held[1].model)
         counter = self.controller.metrics.stream_requests
         for outcome, n in (("ended", finals - errors), ("error", errors), ("unfinished", requests - finals)):
@@ -389,7 +404,7 @@ def _body_size(fields: list[str]) -> int:
     kind = fields[0]
     if kind not in FIELDS:
         raise Unreadable(f"unknown message {kind[:40]!r}")
-    if kind not in ("admit", "end"):
+    if kind not in WITH_BODY:
         return 0
     size = fields[-1]
     if not size.isdigit():

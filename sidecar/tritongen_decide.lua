@@ -230,7 +230,7 @@ end
 -- A gRPC ModelStreamInfer, decided once as it opens (its requests are inside the open HTTP/2 stream,
 -- which Lua cannot read): the sidecar picks the model and prices a slot (sidecar/stream_path.py).
 function M.stream(class_var, tenant_var)
-    ngx.ctx.tg_frames = {} -- the response frames' reader state, for stream_body
+    ngx.ctx.tg_frames = { opened = ngx.now() } -- the response frames' reader state, for stream_body
     return decide("", GRPC_STREAM, class_var, tenant_var, "")
 end
 
@@ -336,7 +336,26 @@ local function is_final(data, from, to) -- one parameters map entry
     return key == FINAL and on
 end
 
-local function response(state, data, from, to)
+-- One request inside a carried stream ended (its final flag or an error response): its span and the
+-- error's text go to Python, which counts it as a request of its own (sidecar/decisions.py: `req`).
+-- nginx cannot see when the client sent it (the request messages stay inside the HTTP/2 stream), so
+-- its span starts at the later of the stream's opening and the previous request's end (a client that
+-- sends one request after another), or at its own first response where that came sooner (requests
+-- sent together).
+local function request_ended(state, stream_id, id, err)
+    local now = ngx.now()
+    local start = state.last_end or state.opened or now
+    local first = state.first_at[id]
+    if first ~= nil and first < start then
+        start = first
+    end
+    state.first_at[id] = nil
+    state.last_end = now
+    err = err or ""
+    push(concat({ "req\t", stream_id, "\t", math.floor((now - start) * 1000000), "\t", #err, "\n", err }))
+end
+
+local function response(state, data, from, to, stream_id)
     local id, final, err, outputs = "", false, nil, false
     fields(data, from, to, function(field, wire, a, b)
         if field == 1 and wire == 2 and b >= a then
@@ -365,7 +384,11 @@ local function response(state, data, from, to)
     if final or err ~= nil then
         state.finals = state.finals + 1
         state.ids[id] = nil
+        request_ended(state, stream_id, id, err)
     else
+        if seen == 0 then
+            state.first_at[id] = ngx.now()
+        end
         state.ids[id] = seen + 1
     end
     return outputs and err == nil
@@ -379,7 +402,7 @@ function M.stream_body()
         return
     end
     if state.ids == nil then
-        state.ids, state.requests, state.finals, state.errors, state.skip = {}, 0, 0, 0, 0
+        state.ids, state.first_at, state.requests, state.finals, state.errors, state.skip = {}, {}, 0, 0, 0, 0
     end
     local data, at = chunk, 1
     if state.skip > 0 then -- the rest of a large message, already read
@@ -407,7 +430,7 @@ function M.stream_body()
         end
         local last = whole and at + 4 + length or stop
         state.events = (state.events or 0) + 1
-        if b1 == 0 and response(state, data, at + 5, last) and not state.first then
+        if b1 == 0 and response(state, data, at + 5, last, id) and not state.first then
             state.first = true
             push("first\t" .. id .. "\n")
         end

@@ -110,6 +110,7 @@ def test_a_carried_stream_is_what_triton_sends_and_python_counts_it_once(carried
     ended = metric(carried, 'sidecar_carried_stream_requests_total{model="tinyllm",outcome="ended"}')
     ttfts = metric(carried, 'sidecar_time_to_first_token_seconds_count{class="interactive",model="tinyllm"}')
     relayed = metric(carried, 'sidecar_grpc_streams_total{path="relay"}')
+    durations = metric(carried, 'sidecar_request_duration_seconds_count{class="interactive",model="tinyllm"}')
     direct, _ = stream_runs(carried.sidecar.config.grpc_upstream, empty_final)
     through, tries = stream_runs(f"127.0.0.1:{carried.sidecar.grpc_port}", empty_final, (("x-traffic-class", "interactive"),))
     assert through == direct
@@ -124,6 +125,7 @@ def test_a_carried_stream_is_what_triton_sends_and_python_counts_it_once(carried
     if tries == 1:  # a stalled try's requests ended otherwise
         assert metric(carried, 'sidecar_carried_stream_requests_total{model="tinyllm",outcome="ended"}') == ended + len(through)
         assert metric(carried, 'sidecar_time_to_first_token_seconds_count{class="interactive",model="tinyllm"}') == ttfts + 1
+        assert metric(carried, 'sidecar_request_duration_seconds_count{class="interactive",model="tinyllm"}') == durations + len(through)
 
 
 def test_a_stream_that_finds_no_room_is_refused_as_it_opens(carried: SidecarThread) -> None:
@@ -170,31 +172,49 @@ def test_a_stream_that_finds_no_room_is_refused_as_it_opens(carried: SidecarThre
 def _cancelled_after_the_last_response(url: str) -> str:
     """One request on a stream the client cancels as soon as its final response came (what
     tritonclient's asyncio stream does): the error text when Triton answered with one, else ""."""
+    return _one_after_another(url, 1)[0]
+
+
+def _one_after_another(url: str, count: int) -> tuple[str, int]:
+    """`count` requests on one stream, each sent once the one before had its final response, the
+    stream cancelled after the last: (the error text Triton answered one with, else "", how many
+    were sent). An error ends the stream there."""
     request = pb.ModelInferRequest(model_name="tinyllm", id="bye")
     request.inputs.add(name="text_input", datatype="BYTES", shape=[1, 1])
     request.inputs.add(name="max_tokens", datatype="INT32", shape=[1, 1])
     request.raw_input_contents.append(struct.pack("<I", 5) + b"hello")
     request.raw_input_contents.append(np.array([[6]], dtype=np.int32).tobytes())
     request.parameters["triton_enable_empty_final_response"].bool_param = True
-    done = threading.Event()
+    done, answered = threading.Event(), threading.Semaphore(0)
+    sent = 0
 
     def requests() -> Iterator[Any]:
-        yield request
+        nonlocal sent
+        for _ in range(count):
+            sent += 1
+            yield request
+            if not answered.acquire(timeout=20):
+                break
         done.wait(20)  # the client's side stays open until it cancels
 
     with grpc.insecure_channel(url) as channel:
         call = pbg.GRPCInferenceServiceStub(channel).ModelStreamInfer(
             requests(), metadata=(("x-traffic-class", "normal"),), timeout=20)  # named: carried (stream_path.py)
+        finals = 0
         try:
             for reply in call:
                 if reply.error_message:
-                    return reply.error_message
+                    return reply.error_message, sent
                 if reply.infer_response.parameters["triton_final_response"].bool_param:
-                    return ""
-            return "the stream ended without a final response"
+                    finals += 1
+                    if finals == count:
+                        return "", sent
+                    answered.release()
+            return "the stream ended without a final response", sent
         finally:
             call.cancel()
             done.set()
+            answered.release()
 
 
 def test_a_client_that_cancels_after_its_last_response_ended_well(carried: SidecarThread) -> None:
@@ -216,8 +236,9 @@ def test_a_client_that_cancels_after_its_last_response_ended_well(carried: Sidec
 
 
 def test_the_dashboard_counts_every_request_whichever_way_it_went(carried: SidecarThread) -> None:
-    """HTTP infers (nginx's lane or a decision), gRPC ModelInfers and gRPC streams (nginx carries
-    them): every one is in sidecar_request_duration_seconds_count within a second of the last."""
+    """HTTP infers (nginx's lane or a decision), gRPC ModelInfers and the requests inside gRPC streams
+    (nginx carries them, and reads each one's end from the response frames): every one is in
+    sidecar_request_duration_seconds_count within a second of the last."""
     duration = "sidecar_request_duration_seconds_count{"
     before = metric(carried, duration)
     base, url = f"http://127.0.0.1:{carried.sidecar.http_port}", f"127.0.0.1:{carried.sidecar.grpc_port}"
@@ -235,7 +256,8 @@ def test_the_dashboard_counts_every_request_whichever_way_it_went(carried: Sidec
                 answers.append(200)
             except grpc.RpcError as err:  # Triton's own answer (its queue timeouts) is still a request
                 answers.append(err.code().value[0])
-    streams = [_cancelled_after_the_last_response(url) for _ in range(20)]
-    assert answers.count(200) >= 100 and streams.count("") >= 15, (answers, streams)
+    # streams of one request and of three, one after another: each request counts, not each stream
+    streams = [_one_after_another(url, 1 + 2 * (i % 2)) for i in range(20)]
+    assert answers.count(200) >= 100 and [e for e, _ in streams].count("") >= 15, (answers, streams)
     time.sleep(1.0)  # the lane's counts come at its next sync (20-100 ms), nginx's ends within ms
-    assert metric(carried, duration) - before == 140
+    assert metric(carried, duration) - before == 120 + sum(n for _, n in streams)

@@ -311,3 +311,57 @@ def test_without_a_grpc_upstream_a_grpc_decision_closes_the_connection() -> None
         assert nginx.transport.closed and nginx.answer() is None and state.inflight == 0
 
     run(test)
+
+
+def stream_policy() -> SidecarPolicy:
+    """`llm` streams and its engine queues: nginx carries its gRPC streams (sidecar/stream_path.py)."""
+    doc = policy_doc()
+    doc["models"][0].update(streaming=True, grpc_streams="carried")
+    return parse_policy(doc)
+
+
+def test_each_request_inside_a_carried_stream_is_a_request_on_the_dashboard() -> None:
+    """A stream holds one slot, but each request nginx saw end inside it is admitted, ended with its
+    own outcome and duration; the requests the stream cut short are counted at its end, and the
+    stream itself is not counted as one more."""
+    duration = 'sidecar_request_duration_seconds_count{class="normal",model="llm"}'
+    admitted = 'sidecar_requests_admitted_total{class="normal",model="llm"}'
+
+    async def test(server: Any, state: Any, metrics: Any) -> None:
+        nginx, events = NginxSide(server), NginxSide(server)
+        rid = nginx.carried("", "grpc_stream", b"", klass="normal")
+        oom = b"out of memory: 16 of 1920 tokens are free"
+        events.send(f"first\t{rid}\nreq\t{rid}\t120000\t0\n".encode() + f"req\t{rid}\t80000\t0\n".encode()
+                    + f"req\t{rid}\t5000\t{len(oom)}\n".encode() + oom)
+        assert state.inflight == 1 and sample(metrics, duration) == 3  # counted as they end, the slot still held
+        events.send(f"stream\t{rid}\t4\t3\t1\nend\t{rid}\t499\t40\tok\t0\n".encode())
+        assert state.inflight == 0
+        assert sample(metrics, duration) == sample(metrics, admitted) == 4
+        assert finished(metrics, "ok", "llm", "normal") == 2 and finished(metrics, "oom", "llm", "normal") == 1
+        assert finished(metrics, "client_disconnect", "llm", "normal") == 1  # the one the stream cut short
+        sums = sample(metrics, 'sidecar_request_duration_seconds_sum{class="normal",model="llm"}')
+        assert sums >= 0.205
+
+    run(test, stream_policy())
+
+
+def test_a_stream_in_which_nginx_saw_no_request_end_counts_once() -> None:
+    async def test(server: Any, state: Any, metrics: Any) -> None:
+        nginx = NginxSide(server)
+        rid = nginx.carried("", "grpc_stream", b"", klass="normal")
+        nginx.send(f"stream\t{rid}\t0\t0\t0\nend\t{rid}\t200\t0\tok\t0\n".encode())
+        assert state.inflight == 0
+        assert sample(metrics, 'sidecar_request_duration_seconds_count{class="normal",model="llm"}') == 1
+        assert finished(metrics, "ok", "llm", "normal") == 1
+
+    run(test, stream_policy())
+
+
+def test_a_request_end_that_cannot_be_read_is_skipped_and_leaks_nothing() -> None:
+    async def test(server: Any, state: Any, metrics: Any) -> None:
+        nginx = NginxSide(server)
+        rid = nginx.carried("", "grpc_stream", b"", klass="normal")
+        nginx.send(f"req\t{rid}\tsoon\t0\nreq\t{rid}\t1\textra\t0\n".encode() + f"end\t{rid}\t200\t0\tok\t0\n".encode())
+        assert state.inflight == 0 and not server.held
+
+    run(test, stream_policy())
