@@ -63,4 +63,8 @@ def test_a_salted_prompt_keeps_its_length_and_its_salt_even_when_tiny() -> None:
 
     assert len(prompt_of(2, 1.0, salt=123456)) == 2
     assert prompt_of(40, 4.0, salt=7) != prompt_of(40, 4.0, salt=8)
-    assert prompt_of(40, 4.0, salt=7).startswith("seven: ") and len(prompt_of(40, 4.0, salt=7)) == 160
+    assert prompt_of(40, 4.0, salt=7).startswith("seven zero ") and len(prompt_of(40, 4.0, salt=7)) == 160
+    # every salt is as many words, whatever its value: two prompts of one size hold as many words
+    # (a model that counts words sees them alike), and consecutive salts part at the first word
+    assert len(prompt_of(40, 4.0, salt=7).split()) == len(prompt_of(40, 4.0, salt=4_200_000_123).split())
+    assert prompt_of(40, 4.0, salt=41).split()[0] != prompt_of(40, 4.0, salt=42).split()[0]

@@ -10,6 +10,12 @@ _FILLER = "Triton serves models; tritongen measures them before it configures th
 
 
 _SALT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+# Every salt is spelled with this many digits (leading zeros), whatever its value: a salt of fewer
+# digits left more of the filler in a prompt, so two prompts of one size held different numbers of
+# words, and a model that counts words saw the load generator's prompts (ten-digit salts) longer than
+# the profile's static-batch probe (seven to nine): batches the probe had sized ran out of memory live
+# (bench-zoo's oneshot, 2026-12-07). One width, so every prompt of a size has one make-up.
+SALT_DIGITS = 10
 
 
 def prompt_of(tokens: int, bytes_per_token: float, salt: int | None = None) -> str:
@@ -39,8 +45,11 @@ def salted(text: str, salt: int) -> str:
     Engines with a prefix cache (vLLM's is on by default) serve the blocks of a prompt they have
     seen from memory: a measurement or a load that repeats one prompt would see almost no prefill,
     where real users' prompts differ. Words, not digits, so the salt tokenizes at about the rate of
-    the text it replaces and the prompt keeps its size in tokens."""
-    return _headed(text, spelled(salt) + ": ")
+    the text it replaces and the prompt keeps its size in tokens; SALT_DIGITS of them, last digit
+    first, so consecutive salts part at the first word (a cache block shared by two salted prompts
+    would be served from memory)."""
+    digits = str(abs(int(salt)) % 10**SALT_DIGITS).zfill(SALT_DIGITS)
+    return _headed(text, " ".join(_SALT_WORDS[int(d)] for d in reversed(digits)) + ": ")
 
 
 def _own_text(tokens: int, bytes_per_token: float, kind: str, ident: int, run: int) -> str:

@@ -29,7 +29,7 @@ from tritongen.core.engine_metrics import is_out_of_memory
 from tritongen.core.llm_interface import LLMInterface
 from tritongen.core.profile_types import MeasurementGap, UnaryLLMMeasurement
 from tritongen.profiler.engine import stream_inputs
-from tritongen.profiler.load import ModelFailed
+from tritongen.profiler.load import ModelFailed, unique_prompt
 
 BUDGET_REPEATS = 3  # single requests per budget; the median is read
 HONOURED_GROWTH = 0.25  # a budget of N must take this much longer than a budget of 1 (and 0.5 ms) to count as read
@@ -68,8 +68,13 @@ class UnaryLLMProfiler:
 
     def _send(self, inputs: Mapping[str, np.ndarray], gate: threading.Barrier | None = None) -> tuple[float, str | None]:
         """(seconds, the model's error verbatim or None) of one request on a connection of its own;
-        with `gate`, the connection is opened first and the request waits for the others' at the gate."""
+        with `gate`, the connection is opened first and the request waits for the others' at the gate.
+        Its prompt is salted as every load's is (profiler.load.unique_prompt): a cache cannot serve
+        it, and it holds the words a load's prompt of its size holds (an unsalted one held fewer, so
+        batches this probe sized ran out of memory under the load generator's prompts)."""
         import tritonclient.http as httpclient
+
+        inputs = unique_prompt(inputs, self.interface.text_input)
 
         client = httpclient.InferenceServerClient(self.http_url, connection_timeout=60.0, network_timeout=60.0)
         try:
