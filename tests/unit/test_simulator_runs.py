@@ -143,6 +143,22 @@ def test_fit_overheads_recovers_what_was_put_in() -> None:
     assert ov.request_exec_ms == pytest.approx(0.1, abs=1e-3)
 
 
+def test_a_curve_that_already_holds_one_requests_cost_is_not_charged_it_twice() -> None:
+    """A static-batch LLM: its curve (rows in one request) holds one request's decode; each further
+    request in an execution adds one more. The live instance time is curve + 10 x (requests - 1),
+    so the fit's intercept is -10: kept, not clipped to 0, so one request costs its curve."""
+    curve = ServiceCurve(fixed_ms=100.0, per_item_ms=1.0)
+    batches = {n: (50, curve.ms(n) + 10.0 * (n - 1)) for n in (1, 2, 3, 4, 5)}
+    ov = fit_overheads([LiveObservation(client_mean_ms=120.0, server_mean_ms=119.0, batches=batches)], curve)
+    assert ov.request_exec_ms == pytest.approx(10.0, abs=1e-3) and ov.batch_ms == pytest.approx(-10.0, abs=1e-3)
+    assert ov.batch_ms + ov.request_exec_ms == pytest.approx(0.0, abs=1e-3)
+
+
+def test_overheads_refuse_an_execution_cheaper_than_its_curve() -> None:
+    with pytest.raises(ValueError, match="batch_ms may be negative only as far as request_exec_ms"):
+        Overheads(batch_ms=-2.0, request_exec_ms=1.0)
+
+
 # ---------------------------------------------------------------------------------------------
 # Traffic
 

@@ -381,7 +381,9 @@ class MeasuredOverheads(_Model):
     (`simulator.fit_overheads`): what simulate and tune use for this server by default."""
 
     request_ms: float = Field(description="Mean client-side latency less Triton's request duration (client, HTTP, loopback).")
-    batch_ms: float = Field(description="Instance time per execution outside the curve (backend IPC, tensor copies).")
+    batch_ms: float = Field(description="Instance time per execution outside the curve (backend IPC, tensor copies); "
+                            "negative, down to -request_exec_ms, where the curve already holds one request's "
+                            "per-request cost.")
     request_exec_ms: float = Field(description="The same per request in an execution.")
     levels: int = Field(description="Load levels the fit used.")
     detail: str = Field(description="What could and could not be separated.")

@@ -64,6 +64,12 @@ Overheads (`Overheads`, fitted from live runs on the embedded server, see `fit_o
                    HTTP parse, response send and decode. Adds latency, occupies nothing.
   batch_ms         per execution, the instance time outside the profiled curve: Python-backend
                    IPC to the stub, input/output tensor copies, the batcher-to-instance hand-off.
+                   Negative (down to -request_exec_ms) where the curve, measured one request per
+                   execution, already holds one request's per-request cost: a static-batch LLM
+                   decodes each request of a batch, so its curve of rows in one request holds one
+                   request's decode, and each further request adds one (oneshot in bench-zoo: the
+                   fit's intercept clipped to 0 counted that decode twice, 10.4 ms, and put the
+                   simulated latency 18-32% above live below capacity, 2026-12-07).
   request_exec_ms  per request inside an execution (response objects, per-request IPC).
   wake_ms          the batcher thread's wake-up latency after a notify.
   release_ms, completion_wake_p, completion_wake_p_idle, wake_loss_doubling_per_s,

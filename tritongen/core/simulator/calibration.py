@@ -45,7 +45,10 @@ def fit_overheads(observations: Sequence[LiveObservation], curve: ServiceCurve, 
                     = intercept and slope of (instance time per execution - curve(rows)) against
                       the requests in the execution (Python backend IPC per call, and per request
                       the response objects and output copies), a least-squares fit weighted by
-                      executions over every batch size of every run.
+                      executions over every batch size of every run. The intercept is kept where it
+                      is negative (down to -slope: one request costs at least its curve): the curve
+                      then already holds one request's per-request cost, and clipping it to 0
+                      would count that cost twice.
     Fields this cannot measure (wake_ms, completion_wake_p, jitter_cv) are kept from `base`.
     """
     if not observations:
@@ -75,7 +78,7 @@ def fit_overheads(observations: Sequence[LiveObservation], curve: ServiceCurve, 
     return base.model_copy(
         update={
             "request_ms": round(float(np.median(req)), 3),
-            "batch_ms": round(max(0.0, batch_ms), 3),
+            "batch_ms": round(max(-per_req, batch_ms), 3),  # an execution of one request: at least its curve
             "request_exec_ms": round(max(0.0, per_req), 4),
         }
     )

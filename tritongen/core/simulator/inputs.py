@@ -82,7 +82,11 @@ class Overheads(Strict):
     """Costs outside the profiled curve; see the package docstring (`tritongen.core.simulator`)."""
 
     request_ms: float = Field(default=0.0, ge=0, description="Per request, outside scheduler and instance (client, HTTP).")
-    batch_ms: float = Field(default=0.0, ge=0, description="Per execution, instance time outside the curve.")
+    batch_ms: float = Field(
+        default=0.0,
+        description="Per execution, instance time outside the curve. Negative, down to -request_exec_ms, where the "
+        "curve already holds one request's per-request cost (see the package docstring).",
+    )
     request_exec_ms: float = Field(default=0.0, ge=0, description="Per request inside an execution.")
     wake_ms: float = Field(default=0.0, ge=0, description="Batcher thread wake-up latency after a notify (busy host).")
     completion_wake_p: float = Field(
@@ -119,6 +123,14 @@ class Overheads(Strict):
         "noise (never near zero); gamma for service times that are themselves random (cv 1 = exponential, "
         "the service of the textbook M/M/c queue the simulator is checked against).",
     )
+
+    @model_validator(mode="after")
+    def _one_request_costs_nothing_less(self) -> Overheads:
+        if self.batch_ms + self.request_exec_ms < 0:
+            raise ValueError(f"batch_ms {self.batch_ms:g} + request_exec_ms {self.request_exec_ms:g} is below 0: an "
+                             "execution of one request would take less than its curve; batch_ms may be negative only "
+                             "as far as request_exec_ms")
+        return self
 
 
 # The lost-wake chances in `Overheads` are quoted at this server-wide arrival rate; the recent rate is
