@@ -152,6 +152,12 @@ def test_a_curve_that_already_holds_one_requests_cost_is_not_charged_it_twice() 
     ov = fit_overheads([LiveObservation(client_mean_ms=120.0, server_mean_ms=119.0, batches=batches)], curve)
     assert ov.request_exec_ms == pytest.approx(10.0, abs=1e-3) and ov.batch_ms == pytest.approx(-10.0, abs=1e-3)
     assert ov.batch_ms + ov.request_exec_ms == pytest.approx(0.0, abs=1e-3)
+    # rounded apart (3 and 4 decimals), the two must still make a valid pair (bench-zoo, 13:27:
+    # -12.236 + 12.2357 was refused)
+    odd = {n: (50, curve.ms(n) + 12.2357 * (n - 1)) for n in (1, 2, 3, 4, 5)}
+    ov = fit_overheads([LiveObservation(client_mean_ms=120.0, server_mean_ms=119.0, batches=odd)], curve)
+    Overheads.model_validate(ov.model_dump())
+    assert ov.batch_ms + ov.request_exec_ms >= 0.0
 
 
 def test_overheads_refuse_an_execution_cheaper_than_its_curve() -> None:

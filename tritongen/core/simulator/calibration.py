@@ -75,11 +75,12 @@ def fit_overheads(observations: Sequence[LiveObservation], curve: ServiceCurve, 
             batch_ms, per_req = float(np.average(ys, weights=ws)), 0.0
     elif xs:
         batch_ms = float(np.average(ys, weights=ws))
+    per_req = round(max(0.0, per_req), 4)
     return base.model_copy(
         update={
             "request_ms": round(float(np.median(req)), 3),
-            "batch_ms": round(max(-per_req, batch_ms), 3),  # an execution of one request: at least its curve
-            "request_exec_ms": round(max(0.0, per_req), 4),
+            "batch_ms": max(-per_req, round(batch_ms, 3)),  # an execution of one request: at least its curve
+            "request_exec_ms": per_req,
         }
     )
 

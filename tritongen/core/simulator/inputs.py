@@ -126,7 +126,7 @@ class Overheads(Strict):
 
     @model_validator(mode="after")
     def _one_request_costs_nothing_less(self) -> Overheads:
-        if self.batch_ms + self.request_exec_ms < 0:
+        if self.batch_ms + self.request_exec_ms < -1e-9:
             raise ValueError(f"batch_ms {self.batch_ms:g} + request_exec_ms {self.request_exec_ms:g} is below 0: an "
                              "execution of one request would take less than its curve; batch_ms may be negative only "
                              "as far as request_exec_ms")
