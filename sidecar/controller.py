@@ -367,12 +367,16 @@ class _Admission:
         self._ticket = Ticket(rid, model, klass, cost, arrived, ctl.clock(), decision.waited_s, ctl, tenant=tenant)
         return self._ticket
 
-    def inner_request_ended(self, seconds: float, error: bytes | None) -> None:
+    def inner_request_ended(self, seconds: float, first_s: float, error: bytes | None) -> None:
         """One request inside a gRPC stream nginx carries ended (its final response, or an error
-        response; `seconds`: its span as nginx could time it). The stream holds one reservation, but
-        each of its requests is a request on the dashboard: admitted (the stream's admission counted
-        the first), ended with its own outcome and duration. The stream's end then counts only the
-        requests it cut short, not itself."""
+        response; `seconds` and `first_s`: its span and time to first response as nginx could time
+        them). The stream holds one reservation, but each of its requests is a request on the
+        dashboard: admitted (the stream's admission counted the first), ended with its own outcome
+        and duration, and, after the first (whose first token the stream's counted), its time to
+        first token. The stream's end then counts only the requests it cut short, not itself."""
+        if self._inner_ended and not error:
+            ctl = self._ctl
+            ctl.accounting.child(ctl.metrics.ttft, self._klass, self._series.mlabel).observe(first_s)
         self._count_inner(outcome(ENDED, 500 if error else 200, error), seconds)
         self._inner_last = self._ctl.clock()
 

@@ -28,8 +28,9 @@ length-prefixed so no JSON parser is needed in Lua):
                  before it: the client left, the grant goes back),
                  `first\tID\n`, `end\tID\tSTATUS\tEVENTS\tHOW\tN\n` + N bytes of the engine's error
                  (HOW: "ok", or "down" when nginx could not reach Triton); no answer. As each request
-                 inside a carried stream ends, `req\tID\tMICROSECONDS\tN\n` + N bytes of its error
-                 response's text (N = 0: it ended well): its span as nginx could time it. Before a
+                 inside a carried stream ends, `req\tID\tMICROSECONDS\tFIRST\tN\n` + N bytes of its
+                 error response's text (N = 0: it ended well): its span and its time to first response
+                 (microseconds) as nginx could time them. Before a
                  carried stream's end, `stream\tID\tREQUESTS\tFINALS\tERRORS\n`: the requests its
                  response frames named, how many ended (final flag or error response), how many with an error.
 OP `grpc_stream` (a gRPC ModelStreamInfer as it opens, sidecar/stream_path.py) has no model and no
@@ -66,7 +67,7 @@ log = logging.getLogger("tritongen.sidecar")
 GRPC_INFER = "grpc_infer"  # the op nginx names a gRPC ModelInfer by (its body: the request's protobuf, unframed)
 GRPC_STREAM = "grpc_stream"  # a gRPC ModelStreamInfer as it opens (no model, no body: sidecar/stream_path.py)
 OPS = frozenset({"infer", "generate", "generate_stream", GRPC_INFER, GRPC_STREAM})
-FIELDS = {"admit": 8, "ok": 2, "first": 2, "end": 6, "stream": 5, "req": 4}  # each message's tab-separated fields
+FIELDS = {"admit": 8, "ok": 2, "first": 2, "end": 6, "stream": 5, "req": 5}  # each message's tab-separated fields
 WITH_BODY = frozenset({"admit", "end", "req"})  # the messages whose last field is the length of a body that follows
 PASS = b"pass\t\t\t0\n"  # "not carried this way": nginx hands the call to the Python listener
 _GRPC_INTERNAL = 13
@@ -156,7 +157,8 @@ class DecisionServer:
         elif kind == "req":
             if len(fields) != FIELDS["req"]:
                 raise Unreadable(f"req: {len(fields)} fields, {FIELDS['req']} expected")
-            self.inner_request(_number(fields, 1, "req", "id"), _number(fields, 2, "req", "microseconds"), body)
+            self.inner_request(_number(fields, 1, "req", "id"), _number(fields, 2, "req", "microseconds"),
+                               _number(fields, 3, "req", "first response microseconds"), body)
         elif kind == "stream":
             if len(fields) != FIELDS["stream"]:
                 raise Unreadable(f"stream: {len(fields)} fields, {FIELDS['stream']} expected")
@@ -255,12 +257,12 @@ class DecisionServer:
         if held is not None:
             held[1].first_token()
 
-    def inner_request(self, rid: int, microseconds: int, error: bytes) -> None:
+    def inner_request(self, rid: int, microseconds: int, first_us: int, error: bytes) -> None:
         """A request inside a carried stream ended, as nginx read it from the response frames:
         counted as a request of its own (`_Admission.inner_request_ended`)."""
         held = self.held.get(rid)
         if held is not None:
-            held[0].inner_request_ended(microseconds / 1e6, error or None)
+            held[0].inner_request_ended(max(0, microseconds) / 1e6, max(0, first_us) / 1e6, error or None)
 
     def stream_requests(self, rid: int, requests: int, finals: int, errors: int) -> None:
         """How the requests inside a carried stream ended, as nginx read them from its response

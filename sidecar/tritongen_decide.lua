@@ -336,23 +336,21 @@ local function is_final(data, from, to) -- one parameters map entry
     return key == FINAL and on
 end
 
--- One request inside a carried stream ended (its final flag or an error response): its span and the
--- error's text go to Python, which counts it as a request of its own (sidecar/decisions.py: `req`).
--- nginx cannot see when the client sent it (the request messages stay inside the HTTP/2 stream), so
--- its span starts at the later of the stream's opening and the previous request's end (a client that
--- sends one request after another), or at its own first response where that came sooner (requests
--- sent together).
+-- One request inside a carried stream ended (its final flag or an error response): its span, its time
+-- to first response and the error's text go to Python, which counts it as a request of its own
+-- (sidecar/decisions.py: `req`). nginx cannot see when the client sent it (the request messages stay
+-- inside the HTTP/2 stream), so both count from the later of the stream's opening and the end of the
+-- request before it as its first response came (exact for a client that sends one request after
+-- another; with requests sent together, later ones lose what they waited).
 local function request_ended(state, stream_id, id, err)
     local now = ngx.now()
-    local start = state.last_end or state.opened or now
-    local first = state.first_at[id]
-    if first ~= nil and first < start then
-        start = first
-    end
-    state.first_at[id] = nil
+    local start = state.start_at[id] or state.last_end or state.opened or now
+    local first = state.first_at[id] or now
+    state.first_at[id], state.start_at[id] = nil, nil
     state.last_end = now
     err = err or ""
-    push(concat({ "req\t", stream_id, "\t", math.floor((now - start) * 1000000), "\t", #err, "\n", err }))
+    push(concat({ "req\t", stream_id, "\t", math.floor((now - start) * 1000000), "\t",
+        math.floor((first - start) * 1000000), "\t", #err, "\n", err }))
 end
 
 local function response(state, data, from, to, stream_id)
@@ -388,6 +386,7 @@ local function response(state, data, from, to, stream_id)
     else
         if seen == 0 then
             state.first_at[id] = ngx.now()
+            state.start_at[id] = state.last_end or state.opened
         end
         state.ids[id] = seen + 1
     end
@@ -402,7 +401,8 @@ function M.stream_body()
         return
     end
     if state.ids == nil then
-        state.ids, state.first_at, state.requests, state.finals, state.errors, state.skip = {}, {}, 0, 0, 0, 0
+        state.ids, state.first_at, state.start_at = {}, {}, {}
+        state.requests, state.finals, state.errors, state.skip = 0, 0, 0, 0
     end
     local data, at = chunk, 1
     if state.skip > 0 then -- the rest of a large message, already read

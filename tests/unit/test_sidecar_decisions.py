@@ -331,9 +331,13 @@ def test_each_request_inside_a_carried_stream_is_a_request_on_the_dashboard() ->
         nginx, events = NginxSide(server), NginxSide(server)
         rid = nginx.carried("", "grpc_stream", b"", klass="normal")
         oom = b"out of memory: 16 of 1920 tokens are free"
-        events.send(f"first\t{rid}\nreq\t{rid}\t120000\t0\n".encode() + f"req\t{rid}\t80000\t0\n".encode()
-                    + f"req\t{rid}\t5000\t{len(oom)}\n".encode() + oom)
+        events.send(f"first\t{rid}\nreq\t{rid}\t120000\t40000\t0\n".encode() + f"req\t{rid}\t80000\t30000\t0\n".encode()
+                    + f"req\t{rid}\t5000\t5000\t{len(oom)}\n".encode() + oom)
         assert state.inflight == 1 and sample(metrics, duration) == 3  # counted as they end, the slot still held
+        # first tokens: the stream's (its first request's), then the second's; the third failed
+        ttft = 'sidecar_time_to_first_token_seconds'
+        assert sample(metrics, ttft + '_count{class="normal",model="llm"}') == 2
+        assert sample(metrics, ttft + '_sum{class="normal",model="llm"}') >= 0.03
         events.send(f"stream\t{rid}\t4\t3\t1\nend\t{rid}\t499\t40\tok\t0\n".encode())
         assert state.inflight == 0
         assert sample(metrics, duration) == sample(metrics, admitted) == 4
@@ -361,7 +365,7 @@ def test_a_request_end_that_cannot_be_read_is_skipped_and_leaks_nothing() -> Non
     async def test(server: Any, state: Any, metrics: Any) -> None:
         nginx = NginxSide(server)
         rid = nginx.carried("", "grpc_stream", b"", klass="normal")
-        nginx.send(f"req\t{rid}\tsoon\t0\nreq\t{rid}\t1\textra\t0\n".encode() + f"end\t{rid}\t200\t0\tok\t0\n".encode())
+        nginx.send(f"req\t{rid}\tsoon\t0\t0\nreq\t{rid}\t1\t1\textra\t0\n".encode() + f"end\t{rid}\t200\t0\tok\t0\n".encode())
         assert state.inflight == 0 and not server.held
 
     run(test, stream_policy())
