@@ -68,7 +68,7 @@ def test_a_text_classifier_nobody_named_is_taken_for_an_llm_and_the_gap_says_how
     assert (how.interface.text_input, how.interface.text_output) == ("text", "label")
     assert how.note is None and how.gap is not None
     assert how.gap.measurement == "model kind"
-    assert how.gap.inferred == ("taken for an LLM from its text input text and text output label; if it is not one, "
+    assert how.gap.inferred == ("taken for an LLM from its text input text and output label; if it is not one, "
                                 "say kind: classic in the spec or --kind tagger=classic")
     assert "neither a spec `kind` nor --kind" in how.gap.unseen
 

@@ -198,6 +198,20 @@ def test_an_llm_that_is_not_decoupled_reserves_against_its_static_batch_probe() 
     assert (kv["max_context"], kv["block_tokens"], kv["kv_policy"]) == (320, 1, None)
     assert entry["memory_quota_bytes"] == kv["engine_pool_bytes"] == 320
     assert (kv["prompt_input"], kv["max_tokens_input"]) == ("text_input", "max_tokens")
+    assert "prompt_token_ids" not in kv
+
+
+def test_an_llm_of_token_ids_that_is_not_decoupled_has_its_ids_counted() -> None:
+    """Read as text, a batched model's [1, 6] ids were priced as six prompts of 3 bytes (2026-12-07)."""
+    llm = UnaryLLMMeasurement(
+        interface="token ids (input_ids, no stream input, max_new_tokens; not decoupled: one response per request)",
+        interface_kind="token_ids", budget_honoured=True, probe_prompt_tokens=32, probe_max_tokens=32,
+        batch_fits=[(1, True), (2, True), (4, True)], largest_batch_that_fits=4, kv_capacity_tokens=256,
+    )
+    profile = example("ranker").model_copy(update={"model": "idshot", "llm": llm, "knee": None})
+    kv = model(build(profile), "idshot")["kv"]
+    assert kv["prompt_token_ids"] is True
+    assert (kv["prompt_input"], kv["max_tokens_input"]) == ("input_ids", "max_new_tokens")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -73,7 +73,8 @@ def guessed_llm_gap(model: str, interface: LLMInterface) -> MeasurementGap:
     return MeasurementGap(
         measurement="model kind",
         unseen=f"whether {model} is an LLM: it is not decoupled, and neither a spec `kind` nor {KIND_FLAG} says",
-        inferred=f"taken for an LLM from its text input {interface.text_input} and text output {interface.text_output}; "
+        inferred=f"taken for an LLM from its {'token-id' if interface.speaks_token_ids else 'text'} input "
+                 f"{interface.text_input} and output {interface.text_output}; "
                  f"if it is not one, say {how_to_say(model, 'classic')}",
     )
 

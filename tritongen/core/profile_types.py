@@ -235,6 +235,9 @@ class UnaryLLMMeasurement(_Model):
     forms its batches (static batching: a batch runs until its longest request is done)."""
 
     interface: str = Field(description="The LLM interface the profile spoke (LLMInterface.describe).")
+    interface_kind: Literal["generic", "vllm", "trtllm", "token_ids"] | None = Field(
+        default=None, description="The interface's family (LLMInterface.kind), as EngineMeasurement.interface_kind; "
+        "None in profiles written before it was recorded.")
     budget_honoured: bool | None = Field(
         description="Whether a larger token budget made a request take longer (the model reads the budget where "
         "tritongen sends it); None: could not be told.")

@@ -220,6 +220,7 @@ class UnaryLLMProfiler:
             ))
         return UnaryLLMMeasurement(
             interface=self.interface.describe(),
+            interface_kind=self.interface.kind,
             budget_honoured=honoured,
             latency_ms_by_budget=latencies,
             ms_per_output_token=None if slope is None else round(slope, 4),

@@ -175,7 +175,7 @@ def _kv(profile: Profile, pool_tokens: int | None, block: int, policy: str | Non
         "tokenizer": None,
         "prompt_input": inputs[0] if inputs else "text_input",
         # a model the profile fed token ids (only then written): the sidecar counts each prompt's ids, exactly
-        **({"prompt_token_ids": True} if engine is not None and engine.interface_kind == "token_ids" else {}),
+        **({"prompt_token_ids": True} if _speaks_token_ids(profile) else {}),
         "max_tokens_input": inputs[1] if inputs else "max_tokens",
         "preallocated": True,
         "prefill_peak": prefill,
@@ -184,6 +184,14 @@ def _kv(profile: Profile, pool_tokens: int | None, block: int, policy: str | Non
         **({"prefix_caching": True} if engine is not None and engine.prefix_cache is not None
            and engine.prefix_cache.caches else {}),
     }
+
+
+def _speaks_token_ids(profile: Profile) -> bool:
+    """Whether the profile fed the model token ids, decoupled (its engine section) or not (its llm
+    section): read as text, a prompt of ids would be priced as one prompt per id (a batched model's
+    [1, 6] ids as six 3-byte prompts, 2026-12-07)."""
+    measured = profile.engine if profile.engine is not None else profile.llm
+    return measured is not None and measured.interface_kind == "token_ids"
 
 
 def _sequence_limit(engine: EngineMeasurement, stated: int | None) -> tuple[int | None, str]:
