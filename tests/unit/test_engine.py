@@ -124,6 +124,17 @@ def test_sequences_fitting_counts_whole_blocks() -> None:
     assert model.sequences_fitting(48, 48) == 100 // 6
 
 
+def test_the_tokens_an_engine_adds_to_every_prompt_are_prefilled_and_held() -> None:
+    """A BOS token: prompts of 4 tokens and 5 out hold 8 tokens (the last one's KV is never stored),
+    exactly 2 blocks of 4, so 2 sequences fit a pool of 4 blocks; with the engine's own token, each
+    needs a 3rd block and one is preempted."""
+    assert run(engine("grow_preempt", 4), [4, 4], [5, 5])[0].preemptions == 0
+    added = engine("grow_preempt", 4, prompt_added_tokens=1)
+    assert run(added, [4, 4], [5, 5])[0].preemptions >= 1
+    assert run(added, [10], [1])[1][0][2] * 1000 == pytest.approx(1.0 + 0.1 * 11)  # prefill of 10 + 1 tokens
+    assert added.sequences_fitting(4, 4) == 1 and engine("grow_preempt", 4).sequences_fitting(4, 4) == 2
+
+
 # ---------------------------------------------------------------------------------------------
 # Byte pools: models whose layers do not all grow alike
 

@@ -11,6 +11,7 @@ from tritongen.core.engine_inference import (
     bytes_per_token_from_counts,
     capacity_from_probe,
     capacity_from_usage,
+    tokens_added_per_prompt,
     counter_delta,
     only_timing_says_no,
     run_fits,
@@ -56,6 +57,14 @@ def test_the_usage_probe_ignores_reads_outside_the_five_block_window():
     inside = [UsageRead(held(4), (2, 2, 2, 2)), UsageRead(held(4), (4, 4, 4, 4))]
     assert capacity_from_usage(outside, 4, BLOCK) is None
     assert capacity_from_usage(outside + inside, 4, BLOCK) == POOL_BLOCKS * BLOCK
+
+
+def test_the_tokens_an_engine_adds_to_every_prompt_are_the_counts_beyond_the_slope():
+    # 4 bytes per token, and one BOS token on every prompt
+    assert tokens_added_per_prompt([(128, 128 / 4 + 1), (512, 512 / 4 + 1)]) == 1
+    assert tokens_added_per_prompt([(128, 32), (512, 128)]) == 0
+    assert tokens_added_per_prompt([(512, 129)]) is None  # one size: the two cannot be told apart
+    assert tokens_added_per_prompt([]) is None
 
 
 def test_bytes_per_token_needs_counts_that_grow():

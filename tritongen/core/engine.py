@@ -129,6 +129,10 @@ class EngineModel(Strict):
         "prompt's identical leading blocks from them (vLLM enable_prefix_caching, TensorRT-LLM block reuse); "
         "module docstring. A block pool only.",
     )
+    prompt_added_tokens: int = Field(
+        default=0, ge=0, description="Tokens the engine adds to every prompt (a BOS token, a chat template): "
+        "prefilled and held in the KV pool like the prompt's own (a traffic's prompt tokens are its text's).",
+    )
     sources: dict[str, str] = Field(default_factory=dict, description="Field name -> where its value came from.")
 
     @model_validator(mode="after")
@@ -167,6 +171,9 @@ class EngineModel(Strict):
         """Sequences of this size the pool holds at their longest (at most max_num_seqs). With the
         prefix cache, sequences whose first `shared_tokens` prompt tokens are the same hold those
         full blocks once (at most all but the last prompt token's, as admission serves them)."""
+        if self.prompt_added_tokens:  # the engine's own tokens begin every prompt, shared or not
+            prompt_tokens += self.prompt_added_tokens
+            shared_tokens += self.prompt_added_tokens if shared_tokens else 0
         shared = self.cacheable_blocks(prompt_tokens, shared_tokens)
         per = max(1, self.charge(self.blocks_for(prompt_tokens + output_tokens) - shared))
         return max(0, min(self.max_num_seqs, (self.pool_units - shared) // per))
@@ -190,8 +197,11 @@ class EngineState:
     def __init__(self, model: EngineModel, prompt: Sequence[int], output: Sequence[int],
                  sharing: PromptSharing | None = None) -> None:
         self.model = model
-        self.prompt = prompt
+        added = model.prompt_added_tokens  # the engine's own tokens at every prompt's start (a BOS token)
+        self.prompt = [p + added for p in prompt] if added else prompt
         self.output = output
+        if sharing is not None and added:  # they begin every prompt, so every shared prefix too
+            sharing = PromptSharing(sharing.prefix_id, [t + added for t in sharing.prefix_tokens], sharing.conversation)
         self.sharing = sharing
         # The prefix cache, where the engine has one and some prompts share blocks with others.
         self.cache = PrefixCache(model.kv_pool_blocks) if model.prefix_caching and sharing is not None else None

@@ -28,6 +28,21 @@ def bytes_per_token_from_counts(samples: Sequence[tuple[int, float]]) -> float |
     return (b1 - b0) / (t1 - t0)
 
 
+def tokens_added_per_prompt(samples: Sequence[tuple[int, float]]) -> int | None:
+    """The tokens the engine adds to every prompt whatever its text (a BOS token, a chat template),
+    from (prompt bytes sent, prompt tokens counted) at two or more sizes: what the counts hold beyond
+    the text's own tokens at the slope (`bytes_per_token_from_counts`). The engine prefills them and
+    holds them in its KV like the prompt's own: a prompt of exactly 5 blocks' tokens takes a 6th
+    (the real vLLM preempted under load where a simulation without them did not, 2026-12-07). None
+    with fewer than two sizes or counts that do not grow."""
+    points = sorted((int(b), float(t)) for b, t in samples if t > 0)
+    slope = bytes_per_token_from_counts(points)
+    if slope is None or len({b for b, _ in points}) < 2:
+        return None
+    b0, t0 = points[0]
+    return max(0, int(round(t0 - b0 / slope)))
+
+
 def counter_delta(before: float | None, after: float | None) -> float | None:
     """A counter's growth between two reads (None when the counter is not exported)."""
     if before is None or after is None:

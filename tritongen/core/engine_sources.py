@@ -75,6 +75,7 @@ class MeasuredEngine:
     kv_policy_evidence: str | None = None
     prefix_caching: bool | None = None  # what a probe saw: a repeated prompt's first token sooner than a fresh one's
     prefix_caching_evidence: str | None = None
+    prompt_added_tokens: int = 0  # what the engine adds to every prompt (EngineMeasurement.prompt_added_tokens)
 
 
 @dataclass
@@ -294,7 +295,9 @@ def resolve_engine(*, measured: MeasuredEngine | None, **where: object) -> Engin
             "the profile"
         )
     fields = {k: v for k, v in asdict(limits).items() if k in EngineModel.model_fields}
-    return EngineModel(**{**fields, "curve": measured.curve, "sources": {**limits.sources, "curve": "the profile"}})
+    added = {"prompt_added_tokens": "the profile (the engine's token counts at two prompt sizes)"} if measured.prompt_added_tokens else {}
+    return EngineModel(**{**fields, "curve": measured.curve, "prompt_added_tokens": measured.prompt_added_tokens,
+                          "sources": {**limits.sources, "curve": "the profile", **added}})
 
 
 def entry_sources(entry, model, device: tuple[int, str] | None = None) -> dict[str, object]:
@@ -489,4 +492,5 @@ def measured_from_profile(engine) -> MeasuredEngine:
         kv_policy_evidence=getattr(engine, "kv_policy_evidence", None),
         prefix_caching=probe.caches if (probe := getattr(engine, "prefix_cache", None)) is not None else None,
         prefix_caching_evidence=probe.evidence if probe is not None else None,
+        prompt_added_tokens=getattr(engine, "prompt_added_tokens", None) or 0,
     )

@@ -289,6 +289,9 @@ class EngineMeasurement(_Model):
         "so the profile's prompt lengths are exact token counts and its output tokens were counted from the ids."
     )
     bytes_per_token: float = Field(description="Prompt bytes per token used to size prompts.")
+    prompt_added_tokens: int | None = Field(
+        default=None, description="Tokens the engine adds to every prompt whatever its text (a BOS token, a chat "
+        "template), from its token counts at two prompt sizes; None where it counts none (or the model takes ids).")
     bytes_per_token_source: str = Field(description="'backend token counts', 'spec', 'assumed (4)', or 'token ids' "
                                         "(1 by construction: the model was sent one id per token).")
     request_overhead_ms: float = Field(description="A request's time outside the engine: the idle time to first token's intercept less the modelled engine time of a first token.")

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tritongen.client import RequestInputs, numpy_inputs
-from tritongen.core.engine_inference import bytes_per_token_from_counts, counter_delta
+from tritongen.core.engine_inference import bytes_per_token_from_counts, counter_delta, tokens_added_per_prompt
 from tritongen.core.engine_metrics import PROMPT_TOKENS_COUNTER
 from tritongen.core.llm_interface import LLMInterface, UnknownInterface
 from tritongen.core.llm_interface_config import interface_from_config
@@ -147,6 +147,7 @@ class EngineProfiler(EngineCapacity):
         # stated; where they were assumed, every byte may be a token (a byte-level tokenizer), so a
         # request is sized to fit the model's context even then.
         self.worst_tokens_per_token = 1.0
+        self.prompt_added_tokens: int | None = None  # what the engine adds to every prompt (bytes_per_token)
 
     # -- pieces ---------------------------------------------------------------------------------
 
@@ -193,9 +194,11 @@ class EngineProfiler(EngineCapacity):
                 by_counter.append((prompt_bytes, grown))
         found = bytes_per_token_from_counts(counted)
         if found:
+            self.prompt_added_tokens = tokens_added_per_prompt(counted)
             return round(found, 4), "backend token counts"
         found = bytes_per_token_from_counts(by_counter)
         if found:
+            self.prompt_added_tokens = tokens_added_per_prompt(by_counter)
             return round(found, 4), f"the engine's {PROMPT_TOKENS_COUNTER} against the prompt bytes sent"
         self.gaps.append(assumed_bytes_per_token_gap(
             f"the model returns no prompt token count (no num_input_tokens output) and exports no {PROMPT_TOKENS_COUNTER}"))
@@ -423,6 +426,7 @@ class EngineProfiler(EngineCapacity):
             decode_fixed_ms=round(d_fixed, 4),
             decode_ms_per_seq=round(d_per_seq, 5),
             decode_context_tokens=self.settings.prompt_tokens + self.settings.output_tokens / 2,
+            prompt_added_tokens=self.prompt_added_tokens,
             kv_capacity_tokens=capacity,
             kv_block_tokens=block,
             kv_capacity_source=source,
