@@ -164,7 +164,8 @@ def run(server: TritonServer, repo: Path, spec: Path, tmp: Path, args) -> None:
             print(f"{name} said: {(done.stderr or done.stdout).strip()[-600:]}")
 
     print(f"\n## profile: {eng.interface}")
-    print(f"bytes/token {eng.bytes_per_token:g} ({eng.bytes_per_token_source}); prefill {eng.prefill_fixed_ms:.2f} ms + "
+    print(f"bytes/token {eng.bytes_per_token:g} ({eng.bytes_per_token_source}), {eng.prompt_added_tokens} token(s) the "
+          f"engine adds to every prompt; prefill {eng.prefill_fixed_ms:.2f} ms + "
           f"{eng.prefill_ms_per_token * 1000:.1f} us/token, in the decode step: {eng.prefill_in_step}; decode "
           f"{eng.decode_fixed_ms:.2f} + {eng.decode_ms_per_seq:.3f} ms/seq; request path {eng.request_overhead_ms:.2f} ms")
     print(f"metric families seen: {len(eng.engine_metrics)} ({', '.join(sorted({m.split('_bucket')[0] for m in eng.engine_metrics}))})")

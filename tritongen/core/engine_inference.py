@@ -32,9 +32,11 @@ def tokens_added_per_prompt(samples: Sequence[tuple[int, float]]) -> int | None:
     """The tokens the engine adds to every prompt whatever its text (a BOS token, a chat template),
     from (prompt bytes sent, prompt tokens counted) at two or more sizes: what the counts hold beyond
     the text's own tokens at the slope (`bytes_per_token_from_counts`). The engine prefills them and
-    holds them in its KV like the prompt's own: a prompt of exactly 5 blocks' tokens takes a 6th
-    (the real vLLM preempted under load where a simulation without them did not, 2026-12-07). None
-    with fewer than two sizes or counts that do not grow."""
+    holds them in its KV like the prompt's own: a prompt of exactly 5 blocks' tokens takes a 6th.
+    The profile counts unsalted prompts, so a salt's own density is not in it (tritongen's salts,
+    ten digit-words, tokenize denser than the filler: on bench-vllm-fidelity's tiny tokenizer a
+    96-token prompt held 100-106 tokens, 2026-12-07). None with fewer than two sizes or counts that
+    do not grow."""
     points = sorted((int(b), float(t)) for b, t in samples if t > 0)
     slope = bytes_per_token_from_counts(points)
     if slope is None or len({b for b, _ in points}) < 2:
