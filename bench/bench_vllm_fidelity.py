@@ -165,7 +165,7 @@ def run(server: TritonServer, repo: Path, spec: Path, tmp: Path, args) -> None:
 
     print(f"\n## profile: {eng.interface}")
     print(f"bytes/token {eng.bytes_per_token:g} ({eng.bytes_per_token_source}), {eng.prompt_added_tokens} token(s) the "
-          f"engine adds to every prompt; prefill {eng.prefill_fixed_ms:.2f} ms + "
+          f"engine adds to every prompt, {eng.salt_surplus_tokens} a salt adds; prefill {eng.prefill_fixed_ms:.2f} ms + "
           f"{eng.prefill_ms_per_token * 1000:.1f} us/token, in the decode step: {eng.prefill_in_step}; decode "
           f"{eng.decode_fixed_ms:.2f} + {eng.decode_ms_per_seq:.3f} ms/seq; request path {eng.request_overhead_ms:.2f} ms")
     print(f"metric families seen: {len(eng.engine_metrics)} ({', '.join(sorted({m.split('_bucket')[0] for m in eng.engine_metrics}))})")
@@ -214,7 +214,8 @@ def run(server: TritonServer, repo: Path, spec: Path, tmp: Path, args) -> None:
 
     admin.unload(MODEL)  # waits until the profiled engine has stopped, before the next one loads
     load(server, TRUTH)
-    target = LoadTarget(TRUTH, streaming=True, batched=False, interface=interface, bytes_per_token=eng.bytes_per_token)
+    target = LoadTarget(TRUTH, streaming=True, batched=False, interface=interface, bytes_per_token=eng.bytes_per_token,
+                        salt_surplus_tokens=eng.salt_surplus_tokens or 0)
     sim_capacity = simulate(sim_server, traffic(200.0, 1), seed=1).throughput_per_s
     flood = run_load(traffic(2.0 * sim_capacity, 3), {"all": target}, grpc_url=server.grpc_url, request_timeout_s=120.0)
     capacity = flood.summary()[0][0].throughput_per_s

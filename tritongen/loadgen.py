@@ -92,6 +92,9 @@ class LoadTarget:
     # tokens x `bytes_per_token`.
     interface: LLMInterface | None = None
     bytes_per_token: float = 1.0
+    # LLMs: the tokens a salted prompt holds beyond its size (the profile's engine section measures
+    # them, `salt_surplus_tokens`), taken off each prompt's filler so it holds the tokens the arrivals say.
+    salt_surplus_tokens: int = 0
     # Streaming models: "grpc" (bidirectional stream per request) or "http" (POST
     # /v2/models/M/generate_stream, server-sent events).
     protocol: str = "grpc"
@@ -158,7 +161,7 @@ class _Runner:
         """Request i's text: its own, or sharing what the arrivals say it shares (core.prompts); for
         a model of token ids, one character per token (the interface sends one id per character)."""
         bpt = target.interface.sizing_bytes_per_token(target.bytes_per_token) if target.interface else target.bytes_per_token
-        return arrival_prompt(self.arr, i, bpt, self.salt0)
+        return arrival_prompt(self.arr, i, bpt, self.salt0, target.salt_surplus_tokens)
 
     def _error(self, i: int, message: str, now: float) -> None:
         self.status[i] = classify_error(message)

@@ -68,3 +68,17 @@ def test_a_salted_prompt_keeps_its_length_and_its_salt_even_when_tiny() -> None:
     # (a model that counts words sees them alike), and consecutive salts part at the first word
     assert len(prompt_of(40, 4.0, salt=7).split()) == len(prompt_of(40, 4.0, salt=4_200_000_123).split())
     assert prompt_of(40, 4.0, salt=41).split()[0] != prompt_of(40, 4.0, salt=42).split()[0]
+
+
+def test_a_salts_surplus_is_taken_off_the_filler() -> None:
+    """The engine counted a salted prompt 6 tokens longer than an unsalted one of its bytes: the load
+    generator's prompt of 96 tokens is then sized for 90, salt and all; never below its salt."""
+    from tritongen.core.prompts import prompt_of
+
+    full, trimmed = prompt_of(96, 1.5, salt=7), prompt_of(96, 1.5, salt=7, salt_surplus=6)
+    assert trimmed == prompt_of(90, 1.5, salt=7) and len(trimmed) < len(full)
+    assert trimmed.startswith(full[:20])  # the same salt
+    assert prompt_of(96, 1.5, salt=7, salt_surplus=-4) == prompt_of(100, 1.5, salt=7)  # a salt sparser than the filler
+    tiny = prompt_of(8, 1.5, salt=7)
+    assert prompt_of(8, 1.5, salt=7, salt_surplus=6) == tiny  # the salt fills it: nothing to take off
+    assert prompt_of(96, 1.5, salt_surplus=6) == prompt_of(96, 1.5)  # unsalted: nothing to take off

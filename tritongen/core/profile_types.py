@@ -292,6 +292,10 @@ class EngineMeasurement(_Model):
     prompt_added_tokens: int | None = Field(
         default=None, description="Tokens the engine adds to every prompt whatever its text (a BOS token, a chat "
         "template), from its token counts at two prompt sizes; None where it counts none (or the model takes ids).")
+    salt_surplus_tokens: int | None = Field(
+        default=None, description="Tokens a salted prompt (tritongen's loads start each prompt with a unique salt) "
+        "holds beyond an unsalted one of the same bytes, by the engine's count: the load generator takes them off "
+        "its filler so a prompt of N tokens holds N; None where the engine counts none.")
     bytes_per_token_source: str = Field(description="'backend token counts', 'spec', 'assumed (4)', or 'token ids' "
                                         "(1 by construction: the model was sent one id per token).")
     request_overhead_ms: float = Field(description="A request's time outside the engine: the idle time to first token's intercept less the modelled engine time of a first token.")

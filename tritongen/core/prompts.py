@@ -18,11 +18,20 @@ _SALT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "e
 SALT_DIGITS = 10
 
 
-def prompt_of(tokens: int, bytes_per_token: float, salt: int | None = None) -> str:
+def prompt_of(tokens: int, bytes_per_token: float, salt: int | None = None, salt_surplus: int = 0) -> str:
     """An ASCII prompt of about `tokens` tokens for a tokenizer of `bytes_per_token` bytes per token;
-    with `salt`, its start is unique (see `salted`)."""
-    text = _filler(tokens, bytes_per_token)
-    return text if salt is None else salted(text, salt)
+    with `salt`, its start is unique (see `salted`), and `salt_surplus` (the tokens a salt adds
+    beyond the filler it replaces, as the engine counts them: `EngineMeasurement.salt_surplus_tokens`)
+    is taken off the filler, so the salted prompt holds `tokens` (a salt longer than the prompt is cut
+    with it, and nothing is taken off)."""
+    if salt is None:
+        return _filler(tokens, bytes_per_token)
+    text = salted(_filler(tokens, bytes_per_token), salt)
+    if salt_surplus and len(text) > len(_salt_head(salt)):
+        shorter = salted(_filler(max(1, tokens - salt_surplus), bytes_per_token), salt)
+        if len(shorter) > len(_salt_head(salt)):
+            return shorter
+    return text
 
 
 def _filler(tokens: int, bytes_per_token: float) -> str:
@@ -48,8 +57,12 @@ def salted(text: str, salt: int) -> str:
     the text it replaces and the prompt keeps its size in tokens; SALT_DIGITS of them, last digit
     first, so consecutive salts part at the first word (a cache block shared by two salted prompts
     would be served from memory)."""
+    return _headed(text, _salt_head(salt))
+
+
+def _salt_head(salt: int) -> str:
     digits = str(abs(int(salt)) % 10**SALT_DIGITS).zfill(SALT_DIGITS)
-    return _headed(text, " ".join(_SALT_WORDS[int(d)] for d in reversed(digits)) + ": ")
+    return " ".join(_SALT_WORDS[int(d)] for d in reversed(digits)) + ": "
 
 
 def _own_text(tokens: int, bytes_per_token: float, kind: str, ident: int, run: int) -> str:
@@ -62,7 +75,7 @@ def _own_text(tokens: int, bytes_per_token: float, kind: str, ident: int, run: i
     return _headed(_filler(tokens, bytes_per_token), f"{ident_words} {kind} {spelled(run)}: ")
 
 
-def arrival_prompt(arrivals: Arrivals, i: int, bytes_per_token: float, salt0: int) -> str:
+def arrival_prompt(arrivals: Arrivals, i: int, bytes_per_token: float, salt0: int, salt_surplus: int = 0) -> str:
     """The text of request `i`, sized as `prompt_of` sizes prompts, that shares exactly what the
     arrivals say it shares (`tritongen.core.traffic_sharing`), so the live engine's prefix cache
     sees what the simulated one does:
@@ -72,13 +85,14 @@ def arrival_prompt(arrivals: Arrivals, i: int, bytes_per_token: float, salt0: in
       turn begins with the whole text of every earlier one (the previous reply a stand-in of its
       length);
     - else its own text, headed by the request's index.
-    A prompt that shares nothing is salted as it always was (`prompt_of`, salt `salt0 + i`).
+    A prompt that shares nothing is salted as it always was (`prompt_of`, salt `salt0 + i`, its filler
+    short by `salt_surplus` tokens).
     `salt0` sets the run: another base makes every text new, so a second run meets no prompt of
     the first in a cache."""
     tokens = int(arrivals.prompt[i])
     prefix, conversation = int(arrivals.prefix_id[i]), int(arrivals.conversation[i])
     if prefix < 0 and conversation < 0:
-        return prompt_of(tokens, bytes_per_token, salt=salt0 + i)
+        return prompt_of(tokens, bytes_per_token, salt=salt0 + i, salt_surplus=salt_surplus)
     head = ""
     if prefix >= 0:
         shared = int(arrivals.prefix_tokens[i])

@@ -46,7 +46,7 @@ from tritongen.profiler.engine_fits import (
 )
 from tritongen.profiler.engine_capacity import EngineCapacity
 from tritongen.profiler.first_output import first_output_int
-from tritongen.profiler.load import ModelFailed, StreamLoad, StreamRecord, first_error
+from tritongen.profiler.load import ModelFailed, StreamLoad, StreamRecord, first_error, unique_prompt
 from tritongen.profiler.prefix_probe import probe_prefix_cache
 
 ASSUMED_BYTES_PER_TOKEN = 4.0
@@ -148,6 +148,7 @@ class EngineProfiler(EngineCapacity):
         # request is sized to fit the model's context even then.
         self.worst_tokens_per_token = 1.0
         self.prompt_added_tokens: int | None = None  # what the engine adds to every prompt (bytes_per_token)
+        self.salt_surplus_tokens: int | None = None  # what a salt adds to a prompt's tokens (bytes_per_token)
 
     # -- pieces ---------------------------------------------------------------------------------
 
@@ -176,22 +177,22 @@ class EngineProfiler(EngineCapacity):
             sizes = tuple(min(size, max(8, self.max_context // 2)) for size in sizes)
         counted: list[tuple[int, float]] = []
         by_counter: list[tuple[int, float]] = []
+        last: tuple[RequestInputs, float | None, float | None] | None = None
         for sent in sorted(set(sizes)):
             prompt_bytes = len(prompt_of(sent, 1.0))
             tensors = stream_inputs(self.interface, sent, 1, 1.0, count_input_tokens=bool(output))
-            before = self._counter(PROMPT_TOKENS_COUNTER)
             try:
-                count = first_output_int(self.grpc_url, self.model, tensors, output or self.interface.text_output,
-                                          want_int=bool(output), parameters=tensors.parameters)
+                count, grown = self._prompt_tokens(tensors, output)
             except ModelFailed as err:  # optional: a count the model will not give is a gap, not a failure
                 self.notes.append(f"bytes per token: a {sent}-byte prompt was refused: {err}")
                 continue
-            after = self._wait_counter(PROMPT_TOKENS_COUNTER, before)
-            if output and count:
-                counted.append((prompt_bytes, float(count)))
-            grown = counter_delta(before, after)
+            if count:
+                counted.append((prompt_bytes, count))
             if grown:
                 by_counter.append((prompt_bytes, grown))
+            last = (tensors, count, grown)
+        if last is not None:
+            self.salt_surplus_tokens = self._salt_surplus(*last, output)
         found = bytes_per_token_from_counts(counted)
         if found:
             self.prompt_added_tokens = tokens_added_per_prompt(counted)
@@ -203,6 +204,31 @@ class EngineProfiler(EngineCapacity):
         self.gaps.append(assumed_bytes_per_token_gap(
             f"the model returns no prompt token count (no num_input_tokens output) and exports no {PROMPT_TOKENS_COUNTER}"))
         return ASSUMED_BYTES_PER_TOKEN, f"assumed ({ASSUMED_BYTES_PER_TOKEN:g})"
+
+    def _prompt_tokens(self, tensors: RequestInputs, output: str | None) -> tuple[float | None, float | None]:
+        """(the backend's count of the prompt's tokens, its prompt-token counter's growth) for one
+        request of `tensors`; either None where the model gives none."""
+        before = self._counter(PROMPT_TOKENS_COUNTER)
+        count = first_output_int(self.grpc_url, self.model, tensors, output or self.interface.text_output,
+                                 want_int=bool(output), parameters=tensors.parameters)
+        after = self._wait_counter(PROMPT_TOKENS_COUNTER, before)
+        return (float(count) if output and count else None), counter_delta(before, after)
+
+    def _salt_surplus(self, tensors: RequestInputs, count: float | None, grown: float | None,
+                      output: str | None) -> int | None:
+        """Tokens a salted prompt holds beyond the same-sized unsalted one (core.prompts.salted: the
+        salt's digit words tokenize denser than the filler they replace): what every load's prompt
+        carries beyond its nominal size, which the load generator takes off its filler
+        (`LoadTarget.salt_surplus_tokens`). None where the engine counts no tokens."""
+        try:
+            salted_count, salted_grown = self._prompt_tokens(unique_prompt(tensors, self.interface.text_input), output)
+        except ModelFailed:
+            return None
+        if count and salted_count:
+            return int(round(salted_count - count))
+        if grown and salted_grown:
+            return int(round(salted_grown - grown))
+        return None
 
     def _wait_counter(self, name: str, before: float | None, timeout_s: float = 2.0) -> float | None:
         """The counter once it moved past `before` (a backend publishes its metrics from a thread of
@@ -427,6 +453,7 @@ class EngineProfiler(EngineCapacity):
             decode_ms_per_seq=round(d_per_seq, 5),
             decode_context_tokens=self.settings.prompt_tokens + self.settings.output_tokens / 2,
             prompt_added_tokens=self.prompt_added_tokens,
+            salt_surplus_tokens=self.salt_surplus_tokens,
             kv_capacity_tokens=capacity,
             kv_block_tokens=block,
             kv_capacity_source=source,
