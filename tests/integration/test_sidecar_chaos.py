@@ -199,12 +199,18 @@ def outcomes(text: str) -> dict[str, float]:
 # tests
 
 
+# Long enough that no stream can end before its client walks away: with 40 tokens, a fast tinyllm
+# (and nginx's buffering) finished all six streams before the cancels arrived once, every outcome ok
+# (make test 14:43, 2026-12-07). The policy here gives tinyllm a 128-token context.
+WALKS_AWAY_TOKENS = 100
+
+
 def test_clients_disconnecting_mid_stream(stack: Stack) -> None:
     before = outcomes(stack.metrics())
 
     async def http_client(session: aiohttp.ClientSession, n: int) -> int:
         resp = await session.post(f"{stack.http}/v2/models/tinyllm/generate_stream",
-                                  json={"text_input": f"client {n} walks away", "max_tokens": 40})
+                                  json={"text_input": f"client {n} walks away", "max_tokens": WALKS_AWAY_TOKENS})
         seen = 0
         async for line in resp.content:
             if line.startswith(b"data:"):
@@ -216,7 +222,7 @@ def test_clients_disconnecting_mid_stream(stack: Stack) -> None:
 
     async def grpc_client(stub: Any, n: int) -> int:
         async def requests() -> Any:
-            yield stream_request(f"g{n}", 40)
+            yield stream_request(f"g{n}", WALKS_AWAY_TOKENS)
             await asyncio.sleep(30)  # keep the stream open: the client cancels it
 
         call = stub.ModelStreamInfer(requests())
