@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.rig import ROOT
-from bench.report import live_vs_sim, rel, saved_report
+from bench.report import FLOOD_FACTOR, flooded_capacity, live_vs_sim, rel, saved_report
 from tritongen.core.llm_interface_config import interface_from_config
 from tritongen.core.engine_sources import measured_from_profile, resolve_engine
 from tritongen.core.spec import EngineSection
@@ -164,9 +164,10 @@ def one_model(server: TritonServer, model: str, case: dict, tmp: Path, seconds: 
     target = LoadTarget(model, streaming=True, batched=False, interface=interface_from_config(config, model=model),
                         bytes_per_token=eng.bytes_per_token)
     if live_capacity:
-        flood = run_load(traffic(2.0 * capacity, seed=3), {"all": target}, grpc_url=server.grpc_url, request_timeout_s=120.0)
-        sim_capacity, capacity = capacity, flood.summary()[0][0].throughput_per_s
-        print(f"measured capacity {capacity:.1f} req/s (offered {2 * sim_capacity:.0f}/s; the simulation's "
+        sim_capacity = capacity
+        capacity, _ = flooded_capacity(sim_capacity, lambda rate: run_load(
+            traffic(rate, seed=3), {"all": target}, grpc_url=server.grpc_url, request_timeout_s=120.0))
+        print(f"measured capacity {capacity:.1f} req/s (offered {FLOOD_FACTOR * sim_capacity:.0f}/s; the simulation's "
               f"{rel(capacity, sim_capacity)}): the loads below are fractions of it")
     print("\n| load | req/s | run | completed/s live / sim | TTFT P50 ms live / sim | TTFT P99 ms live / sim | kills live / sim | preemptions live / sim |")
     print("|---|---|---|---|---|---|---|---|")

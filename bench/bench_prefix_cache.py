@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from bench.bench_vllm_fidelity import MODEL, example_server, print_against_the_median
-from bench.report import live_vs_sim, rel, saved_report
+from bench.report import FLOOD_FACTOR, flooded_capacity, live_vs_sim, rel, saved_report
 from tritongen.core.engine_sources import measured_from_profile, resolve_engine
 from tritongen.core.llm_interface_config import interface_from_config
 from tritongen.core.simulator import ModelSim, Overheads, ServerSim, simulate
@@ -104,10 +104,9 @@ def run(server: TritonServer, repo: Path, tmp: Path, args) -> None:
     for key in [m for m in args.mixes.split(",") if m]:
         title, mix = MIXES[key]
         sim_capacity = simulate(sim_server, traffic(mix, 200.0, args.seconds, 1), seed=1).throughput_per_s
-        flood = run_load(traffic(mix, 2.0 * sim_capacity, args.seconds, 3), {"all": target}, grpc_url=server.grpc_url,
-                         request_timeout_s=120.0)
-        capacity = flood.summary()[0][0].throughput_per_s
-        print(f"\n## {title}: capacity live {capacity:.1f} req/s (offered {2 * sim_capacity:.0f}/s), simulated "
+        capacity, _ = flooded_capacity(sim_capacity, lambda rate: run_load(
+            traffic(mix, rate, args.seconds, 3), {"all": target}, grpc_url=server.grpc_url, request_timeout_s=120.0))
+        print(f"\n## {title}: capacity live {capacity:.1f} req/s (offered {FLOOD_FACTOR * sim_capacity:.0f}/s), simulated "
               f"{sim_capacity:.1f} ({rel(capacity, sim_capacity)})")
         print("| load | req/s | run | completed/s live / sim | TTFT P50 ms live / sim | TTFT P99 ms live / sim | sim cache hits |")
         print("|---|---|---|---|---|---|---|")

@@ -36,7 +36,7 @@ import httpx
 
 from bench.rig import ROOT
 from bench.rig.cpu import busy, cpu_times
-from bench.report import live_vs_sim, rel, saved_report
+from bench.report import FLOOD_FACTOR, flooded_capacity, live_vs_sim, rel, saved_report
 from tritongen.core.engine_sources import measured_from_profile, resolve_engine
 from tritongen.core.llm_interface_config import interface_from_config
 from tritongen.core.prometheus import parse_prometheus
@@ -217,9 +217,9 @@ def run(server: TritonServer, repo: Path, spec: Path, tmp: Path, args) -> None:
     target = LoadTarget(TRUTH, streaming=True, batched=False, interface=interface, bytes_per_token=eng.bytes_per_token,
                         salt_surplus_tokens=eng.salt_surplus_tokens or 0)
     sim_capacity = simulate(sim_server, traffic(200.0, 1), seed=1).throughput_per_s
-    flood = run_load(traffic(2.0 * sim_capacity, 3), {"all": target}, grpc_url=server.grpc_url, request_timeout_s=120.0)
-    capacity = flood.summary()[0][0].throughput_per_s
-    print(f"\ncapacity: live {capacity:.1f} req/s of {PROMPT} + {OUTPUT} tokens (offered {2 * sim_capacity:.0f}/s); "
+    capacity, _ = flooded_capacity(sim_capacity, lambda rate: run_load(
+        traffic(rate, 3), {"all": target}, grpc_url=server.grpc_url, request_timeout_s=120.0))
+    print(f"\ncapacity: live {capacity:.1f} req/s of {PROMPT} + {OUTPUT} tokens (offered {FLOOD_FACTOR * sim_capacity:.0f}/s); "
           f"simulated {sim_capacity:.1f} req/s ({rel(capacity, sim_capacity)})")
     print("\n| load | req/s | run | completed/s live / sim | TTFT P50 ms live / sim | TTFT P99 ms live / sim | preemptions live / sim | CPU busy |")
     print("|---|---|---|---|---|---|---|---|")

@@ -30,7 +30,7 @@ from types import SimpleNamespace
 
 from bench.bench_llm_fidelity import one_model
 from bench.bench_vllm_fidelity import print_against_the_median
-from bench.report import live_vs_sim, rel, saved_report
+from bench.report import FLOOD_FACTOR, flooded_capacity, live_vs_sim, rel, saved_report
 from bench.rig import ROOT
 from tritongen.core.llm_interface_config import interface_from_config
 from tritongen.core.profile_types import Profile
@@ -118,9 +118,9 @@ def simulated_against_live(server: TritonServer, model: str, profile: Profile, c
         return generate_arrivals(spec, seed=seed)
 
     sim_capacity = simulate(sim_server, traffic(400.0), seed=1).throughput_per_s
-    flood = run_load(traffic(2.0 * sim_capacity, seed=3), {"all": target}, http_url=server.http_url, request_timeout_s=60.0)
-    capacity = flood.summary()[0][0].throughput_per_s
-    print(f"capacity: live {capacity:.1f} req/s (offered {2 * sim_capacity:.0f}/s; failed {_failed(flood)}), "
+    capacity, flood = flooded_capacity(sim_capacity, lambda rate: run_load(
+        traffic(rate, seed=3), {"all": target}, http_url=server.http_url, request_timeout_s=60.0))
+    print(f"capacity: live {capacity:.1f} req/s (offered {FLOOD_FACTOR * sim_capacity:.0f}/s; failed {_failed(flood)}), "
           f"simulated {sim_capacity:.1f} ({rel(capacity, sim_capacity)})")
     print("| load | req/s | run | completed/s live / sim | P50 ms live / sim | P99 ms live / sim | failed live |")
     print("|---|---|---|---|---|---|---|")

@@ -15,9 +15,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from bench.rig import ROOT
 
@@ -105,6 +106,18 @@ def rel(reference: float | None, value: float | None) -> str:
 def ms(v: float | None) -> str:
     """A latency in a table cell: whole milliseconds from 100 up, one decimal below."""
     return "-" if v is None else f"{v:.0f}" if v >= 100 else f"{v:.1f}"
+
+
+# A fidelity bench's live capacity: what the engine completes when offered this many times what the
+# simulation says it can (far past its knee, and not so far that the run is all queue).
+FLOOD_FACTOR = 2.0
+
+
+def flooded_capacity(sim_capacity: float, flood: Callable[[float], Any]) -> tuple[float, Any]:
+    """(completed/s of the one class, the run) when `flood(rate)` offers FLOOD_FACTOR x
+    `sim_capacity`: the capacity whose fractions the fidelity benches load the engine at."""
+    result = flood(FLOOD_FACTOR * sim_capacity)
+    return result.summary()[0][0].throughput_per_s, result
 
 
 def live_vs_sim(live, sim) -> str:
