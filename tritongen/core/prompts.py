@@ -26,10 +26,11 @@ def prompt_of(tokens: int, bytes_per_token: float, salt: int | None = None, salt
     with it, and nothing is taken off)."""
     if salt is None:
         return _filler(tokens, bytes_per_token)
-    text = salted(_filler(tokens, bytes_per_token), salt)
-    if salt_surplus and len(text) > len(_salt_head(salt)):
-        shorter = salted(_filler(max(1, tokens - salt_surplus), bytes_per_token), salt)
-        if len(shorter) > len(_salt_head(salt)):
+    head = _salt_head(salt)
+    text = _headed(_filler(tokens, bytes_per_token), head)
+    if salt_surplus and len(text) > len(head):
+        shorter = _headed(_filler(max(1, tokens - salt_surplus), bytes_per_token), head)
+        if len(shorter) > len(head):
             return shorter
     return text
 
