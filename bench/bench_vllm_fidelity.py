@@ -83,8 +83,7 @@ def idle_ttft(server: TritonServer, interface, bpt: float, lengths: list[int], r
 
     out = {}
     for length in lengths:
-        load_ = StreamLoad(server.grpc_url, MODEL, stream_inputs(interface, length, 1, bpt), interface.text_output,
-                           prompt_input=interface.text_input)  # unique prompts: no prefix-cache hit
+        load_ = StreamLoad.of(server.grpc_url, MODEL, stream_inputs(interface, length, 1, bpt), interface)  # unique prompts
         ttfts = [r.ttft_s * 1000 for r in load_.singles(repeats, timeout_s=120) if r.ttft_s is not None]
         out[length] = statistics.median(ttfts)
     return out

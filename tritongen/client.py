@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tritongen.core.llm_interface import RequestTensor
+from tritongen.core.llm_token_ids import ids_in
 from tritongen.core.plan import ModelEntryPlan, TensorView
 from tritongen.shared.reach import GRPC, HTTP, grpc_reason, grpc_unreached, stream_cause, unreachable
 
@@ -86,14 +87,50 @@ def numpy_inputs(tensors: Sequence[RequestTensor]) -> dict[str, np.ndarray]:
     return out
 
 
-def response_tokens(value: np.ndarray | None, token_ids: bool) -> int:
-    """The tokens one response's output carries: none when it is empty or absent; else one (a
-    response per token, the streaming convention of text models) or, for a model of token ids
-    (`LLMInterface.speaks_token_ids`), every id it holds, exactly: a stream may send several ids at
-    once, and a single response holds them all."""
+def response_tokens(value: np.ndarray | None, token_ids: bool, counted: np.ndarray | None = None) -> int:
+    """The tokens one response's output carries: none when it is absent or holds no element; else
+    the model's own count where it sends one (`counted`, the vLLM backend's `num_output_tokens`:
+    an engine that runs ahead of its backend merges several steps' tokens into one response, vLLM's
+    output collector among them); else, for a model of token ids (`LLMInterface.speaks_token_ids`),
+    every id it holds, exactly; else one (a response per token, the streaming convention of text
+    models, an empty text included: a token that decodes to nothing yet is still a step)."""
     if value is None or not value.size:
         return 0
+    if counted is not None and counted.size:
+        return int(np.asarray(counted, dtype=np.int64).sum())
     return int(value.size) if token_ids else 1
+
+
+@dataclass(frozen=True)
+class TokenReader:
+    """What a streaming client needs to count a model's tokens in each response: the output that
+    carries them, whether it holds ids, and the output holding the model's own count, if any."""
+
+    output: str
+    token_ids: bool = False
+    count_output: str | None = None
+
+    @classmethod
+    def of(cls, interface) -> TokenReader:
+        """The reader for an `LLMInterface`."""
+        return cls(interface.text_output, interface.speaks_token_ids, interface.output_token_count_output)
+
+    def tokens(self, result) -> int:
+        """Tokens in one tritonclient result (`response_tokens`)."""
+        counted = result.as_numpy(self.count_output) if self.count_output else None
+        return response_tokens(result.as_numpy(self.output), self.token_ids, counted)
+
+    def event_tokens(self, event: Mapping) -> int:
+        """Tokens in one generate_stream event (its JSON), counted as `tokens` counts a gRPC response:
+        none when the event lacks the output (an empty final response), else the model's own count,
+        else its ids, else one (an empty text included)."""
+        value = event.get(self.output)
+        if value is None:
+            return 0
+        counted = event.get(self.count_output) if self.count_output else None
+        if isinstance(counted, (int, list)) and not isinstance(counted, bool):
+            return sum(counted) if isinstance(counted, list) else counted
+        return ids_in(value) if self.token_ids else 1
 
 
 class RequestInputs(dict):

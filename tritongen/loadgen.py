@@ -41,9 +41,8 @@ import aiohttp
 import numpy as np
 
 from tritongen.core.simulator import OK, OOM, QUEUE_FULL, TIMEOUT
-from tritongen.client import aio_stream_infer, infer_inputs, numpy_inputs, response_tokens, sample_input
+from tritongen.client import TokenReader, aio_stream_infer, infer_inputs, numpy_inputs, sample_input
 from tritongen.core.llm_interface import LLMInterface
-from tritongen.core.llm_token_ids import ids_in
 from tritongen.core.prompts import arrival_prompt
 from tritongen.core.plan import TensorView
 from tritongen.core.traffic import Arrivals
@@ -225,8 +224,7 @@ class _Runner:
         text_value = self._prompt(i, target)
         tensors = target.interface.request(text_value, int(self.arr.output[i]), stream=True)
         inputs = infer_inputs(grpcaio, numpy_inputs(tensors))
-        output_name = target.interface.text_output
-        token_ids = target.interface.speaks_token_ids
+        reader = TokenReader.of(target.interface)
         priority = int(self.arr.class_priority[int(self.arr.cls[i])])
         finished = asyncio.Event()
 
@@ -248,7 +246,7 @@ class _Runner:
                     if error is not None:
                         self._error(i, str(error), now)
                         return
-                    tokens = response_tokens(result.as_numpy(output_name), token_ids)
+                    tokens = reader.tokens(result)
                     if tokens:
                         if math.isnan(self.first_t[i]):
                             self.first_t[i] = now
@@ -279,8 +277,7 @@ class _Runner:
         parameters = self._class_parameters(i, target)
         if parameters:
             body["parameters"] = {**body.get("parameters", {}), **parameters}
-        output = target.interface.text_output
-        token_ids = target.interface.speaks_token_ids  # each id an event carries is a token
+        reader = TokenReader.of(target.interface)
         self.send_t[i] = self._now()
         try:
             async with asyncio.timeout(self.request_timeout_s):
@@ -301,8 +298,7 @@ class _Runner:
                         if "error" in event:
                             self._error(i, str(event["error"]), now)
                             return
-                        value = event.get(output)
-                        tokens = ids_in(value) if token_ids else int(value not in (None, "", []))
+                        tokens = reader.event_tokens(event)
                         if tokens:
                             if math.isnan(self.first_t[i]):
                                 self.first_t[i] = now

@@ -285,8 +285,7 @@ def limit_under_load(server: TritonServer, tmp_path: Path, start: int, streams: 
     seen: list[str] = []  # each reading with the law's reason, for a failure's message
     with SidecarProcess(sidecar_policy(tmp_path, start), server, tmp_path / f"sidecar-{start}.log",
                         grpc_upstream=server.grpc_url, token_file=token) as sidecar:
-        load = StreamLoad(sidecar.grpc_url, MODEL, stream_inputs(interface, 16, 16, 1.0), interface.text_output,
-                          prompt_input=interface.text_input)
+        load = StreamLoad.of(sidecar.grpc_url, MODEL, stream_inputs(interface, 16, 16, 1.0), interface)
         workers, stop = load.start(streams)
         try:
             deadline = time.monotonic() + seconds
@@ -370,8 +369,8 @@ def completions_per_s(server: TritonServer, interface, prompt_tokens: int, outpu
     from tritongen.profiler.engine import stream_inputs
     from tritongen.profiler.load import StreamLoad
 
-    load = StreamLoad(server.grpc_url, MODEL, stream_inputs(interface, prompt_tokens, output_tokens, bytes_per_token),
-                      interface.text_output, prompt_input=interface.text_input)
+    load = StreamLoad.of(server.grpc_url, MODEL, stream_inputs(interface, prompt_tokens, output_tokens, bytes_per_token),
+                         interface)
     workers, stop = load.start(streams)
     try:
         time.sleep(1.0)

@@ -256,7 +256,11 @@ def test_vllm_served_config_is_the_same_interface_as_the_sample() -> None:
 def test_vllm_request_puts_max_tokens_in_sampling_parameters_and_excludes_the_prompt() -> None:
     iface = interface_from_config(VLLM_SERVED)
     sent = tensors_of(iface)
-    assert list(sent) == ["text_input", "sampling_parameters", "stream", "exclude_input_in_output"]
+    # a stream asks for each response's token count: vLLM merges several tokens into one response
+    # when the backend falls behind the engine
+    assert list(sent) == ["text_input", "sampling_parameters", "stream", "exclude_input_in_output", "return_num_output_tokens"]
+    assert (iface.output_token_count_input, iface.output_token_count_output) == ("return_num_output_tokens", "num_output_tokens")
+    assert "return_num_output_tokens" not in tensors_of(iface, stream=False)  # one response: nothing to count
     assert sent["text_input"] == RequestTensor(name="text_input", datatype="BYTES", shape=[1], value="Hello")
     assert sent["sampling_parameters"].datatype == "BYTES" and sent["sampling_parameters"].shape == [1]
     assert json.loads(sent["sampling_parameters"].value) == {"max_tokens": 32, "ignore_eos": True}
@@ -287,6 +291,7 @@ def test_trtllm_ensemble_is_batched_and_fills_only_what_it_needs() -> None:
     assert iface.batched and iface.decoupled and iface.default_max_tokens is None
     sent = tensors_of(iface)
     assert list(sent) == ["text_input", "max_tokens", "stream", "exclude_input_in_output"]  # no sampling inputs
+    assert iface.output_token_count_output is None  # its count's meaning in a stream is not known: not asked for
     assert sent["text_input"] == RequestTensor(name="text_input", datatype="BYTES", shape=[1, 1], value="Hello")
     assert sent["max_tokens"] == RequestTensor(name="max_tokens", datatype="INT32", shape=[1, 1], value=32)
     assert sent["stream"] == RequestTensor(name="stream", datatype="BOOL", shape=[1, 1], value=True)

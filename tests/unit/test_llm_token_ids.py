@@ -18,7 +18,7 @@ from tritonclient.grpc import service_pb2 as pb
 from sidecar import protocol, reading
 from sidecar.cost import llm_cost
 from tests.helpers import RAW_TRTLLM, config_tensors as tensors
-from tritongen.client import numpy_inputs, response_tokens
+from tritongen.client import TokenReader, numpy_inputs, response_tokens
 from tritongen.core.llm_interface import UnknownInterface
 from tritongen.core.llm_interface_config import interface_from_config
 from tritongen.core.llm_token_ids import (
@@ -215,3 +215,27 @@ def test_a_token_id_prompt_is_priced_by_its_ids_exactly() -> None:
     """40 ids + 20 tokens = 60 tokens, 4 blocks of 16: no bytes-per-token ratio anywhere."""
     cost = llm_cost(KV, reading.id_sequences((40,), (20,)))
     assert cost.prompt_tokens == 40 and cost.tokens == 60 and cost.kv_bytes == 4 * 16 * 512
+
+
+def test_the_models_own_count_beats_one_token_a_response() -> None:
+    """vLLM merges the tokens of several engine steps into one response when its backend falls behind;
+    its `num_output_tokens` says how many each holds, and an empty text is still a token."""
+    text = np.array([b" and then"], dtype=np.object_)
+    assert response_tokens(text, token_ids=False, counted=np.array([3], dtype=np.uint32)) == 3
+    assert response_tokens(np.array([b""], dtype=np.object_), token_ids=False) == 1
+    assert response_tokens(None, token_ids=False, counted=np.array([2], dtype=np.uint32)) == 0  # an empty final
+    reader = TokenReader("text_output", False, "num_output_tokens")
+    assert reader.event_tokens({"text_output": " and then", "num_output_tokens": 3}) == 3
+    assert reader.event_tokens({"text_output": ""}) == 1  # no count sent: one a response, as over gRPC
+    assert reader.event_tokens({"model_name": "m"}) == 0  # the final response carries no output
+    assert TokenReader("ids", True).event_tokens({"ids": [[5, 6]]}) == 2
+
+
+def test_a_stream_load_reads_the_interfaces_count() -> None:
+    from tritongen.core.llm_interface import detect_interface
+    from tritongen.profiler.load import StreamLoad
+
+    vllm = detect_interface(model="m", backend="vllm", platform=None, inputs=[], outputs=[], max_batch_size=0, decoupled=True)
+    load = StreamLoad.of("127.0.0.1:1", "m", {}, vllm)
+    assert load.reader == TokenReader("text_output", False, "num_output_tokens")
+    assert load.prompt_input == "text_input" and StreamLoad.of("127.0.0.1:1", "m", {}, vllm, salted=False).prompt_input is None

@@ -139,6 +139,14 @@ class LLMInterface(StrictRead):
     input_token_count_output: str | None = Field(
         description="Integer output with the prompt's token count (num_input_tokens), when the model has both."
     )
+    output_token_count_input: str | None = Field(
+        default=None, description="BOOL input that asks for each response's token count (return_num_output_tokens)."
+    )
+    output_token_count_output: str | None = Field(
+        default=None, description="Integer output with the tokens each response carries (num_output_tokens), when "
+        "the model has both: read instead of taking a response for one token, since an engine that runs ahead of "
+        "its backend merges several tokens into one response.",
+    )
     batched: bool = Field(description="max_batch_size > 0: every tensor carries a leading batch dimension of 1.")
     decoupled: bool = Field(description="Decoupled transaction policy: the model may send many responses per request.")
     default_max_tokens: int | None = Field(
@@ -200,6 +208,8 @@ class LLMInterface(StrictRead):
             fields.append((self.exclude_input_input, "BOOL", True))
         if self.input_token_count_input is not None and count_input_tokens:
             fields.append((self.input_token_count_input, "BOOL", True))
+        if self.output_token_count_input is not None and self.will_stream(stream):
+            fields.append((self.output_token_count_input, "BOOL", True))  # a stream's tokens, counted by the model
         return fields
 
     def request(
@@ -281,6 +291,15 @@ VLLM_AUTOCOMPLETE_OUTPUTS = (
 )
 
 
+def _count_pair(inputs: Mapping[str, TensorInfo], outputs: Sequence[TensorInfo], switch: str,
+                counted: str) -> tuple[TensorInfo | None, TensorInfo | None]:
+    """The BOOL input that asks for a count and the integer output that carries it (vLLM's
+    return_num_input_tokens / num_input_tokens), or (None, None) unless the model has both."""
+    asks = _pick(inputs, (switch,), _BOOL)
+    carries = next((t for t in outputs if t.name == counted and t.data_type in _INTEGER_TYPES), None)
+    return (asks, carries) if asks is not None and carries is not None else (None, None)
+
+
 def _pick(tensors: Mapping[str, TensorInfo], names: Sequence[str], types: frozenset[str]) -> TensorInfo | None:
     """The first of `names` the model has with one of `types` and room for one element."""
     for name in names:
@@ -358,13 +377,13 @@ def detect_interface(
     ids = None if is_vllm_backend or _pick(by_name, text_inputs, _STRING) else token_id_roles(
         by_name, outputs, GENERIC_MAX_TOKENS_INPUTS)
 
-    count_input = _pick(by_name, ("return_num_input_tokens",), _BOOL)
-    count_output = next((t for t in outputs if t.name == "num_input_tokens" and t.data_type in _INTEGER_TYPES), None)
+    count_input, count_output = _count_pair(by_name, outputs, "return_num_input_tokens", "num_input_tokens")
+    count_tokens, counted_tokens = _count_pair(by_name, outputs, "return_num_output_tokens", "num_output_tokens")
     common: dict[str, Any] = {
         "model": model,
         "batched": max_batch_size > 0,
-        "input_token_count_input": count_input.name if count_input and count_output else None,
-        "input_token_count_output": count_output.name if count_input and count_output else None,
+        "input_token_count_input": count_input.name if count_input else None,
+        "input_token_count_output": count_output.name if count_output else None,
     }
 
     if ids is not None:
@@ -423,8 +442,14 @@ def detect_interface(
 
     length = ids.length if ids is not None else None
     filled = {t.name for t in (text, length, roles["max_tokens"], roles["sampling"], roles["stream"], roles["exclude"]) if t}
-    if count_input is not None and common["input_token_count_input"] is not None:
-        filled.add(count_input.name)
+    if roles["kind"] != "vllm":
+        # Only vLLM's backend is known to count each streamed response's own tokens (src/utils/request.py,
+        # `create_response`: the growth of the completion's token ids since the last response); another
+        # family's count may be the running total, which summed would multiply the tokens.
+        count_tokens = counted_tokens = None
+    common["output_token_count_input"] = count_tokens.name if count_tokens else None
+    common["output_token_count_output"] = counted_tokens.name if counted_tokens else None
+    filled |= {t.name for t in (count_input, count_tokens) if t is not None}
     unfillable = [t for t in inputs if not t.optional and t.name not in filled]
     if unfillable:
         names = ", ".join(t.label() for t in unfillable)

@@ -153,8 +153,7 @@ class EngineProfiler(EngineCapacity):
     # -- pieces ---------------------------------------------------------------------------------
 
     def _stream(self, inputs) -> StreamLoad:
-        return StreamLoad(self.grpc_url, self.model, inputs, self.interface.text_output, prompt_input=self.interface.text_input,
-                          token_ids=self.interface.speaks_token_ids)
+        return StreamLoad.of(self.grpc_url, self.model, inputs, self.interface)
 
     def _request(self, prompt_tokens: int, max_tokens: int, bpt: float) -> RequestInputs:
         return stream_inputs(self.interface, prompt_tokens, max_tokens, bpt)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tritongen.client import RequestInputs, infer_inputs, request_parameters_of, response_tokens
+from tritongen.client import RequestInputs, TokenReader, infer_inputs, request_parameters_of
 from tritongen.core.llm_token_ids import salted_ids
 from tritongen.core.prompts import salted
 from tritongen.errors import RunFailed
@@ -129,33 +129,31 @@ def unique_prompt(inputs: Mapping[str, np.ndarray], prompt_input: str | None) ->
 class StreamWorker(threading.Thread):
     """One gRPC stream sending requests one after another until stopped (or `limit` are done);
     with `prompt_input`, each request's prompt starts uniquely (`unique_prompt`), so an engine's
-    prefix cache cannot hide the prefill it measures. `token_ids`: the output holds token ids, and
-    each id of a response is a token (`client.response_tokens`); else each response is one."""
+    prefix cache cannot hide the prefill it measures. `reader` counts each response's tokens
+    (`client.TokenReader`: the model's own count, else its ids, else one a response)."""
 
     def __init__(
         self,
         url: str,
         model: str,
         inputs: Mapping[str, np.ndarray],
-        output: str,
+        reader: TokenReader,
         stop: threading.Event,
         limit: int | None = None,
         request_timeout_s: float = 60.0,
         go: threading.Event | None = None,
         pause_s: float = 0.0,
         prompt_input: str | None = None,
-        token_ids: bool = False,
     ) -> None:
         super().__init__(name=f"tritongen-stream-{model}", daemon=True)
         self.prompt_input = prompt_input
-        self.token_ids = token_ids
+        self.reader = reader
         self.pause_s = pause_s  # between requests (0: closed loop, back to back)
         self.ready = threading.Event()  # connected, stream open
         self.go = go  # when given, the first request waits for it (streams that start together)
         self.url = url
         self.model = model
         self.inputs = RequestInputs(inputs, request_parameters_of(inputs))
-        self.output = output
         self.stop = stop
         self.limit = limit
         self.request_timeout_s = request_timeout_s
@@ -237,8 +235,7 @@ class StreamWorker(threading.Thread):
             response = result.get_response()
             if response.id and response.id != request_id:
                 continue  # a late response of a cancelled request
-            tokens = response_tokens(result.as_numpy(self.output), self.token_ids)
-            record.token_times.extend([arrived] * tokens)
+            record.token_times.extend([arrived] * self.reader.tokens(result))
             final = response.parameters.get("triton_final_response")
             if final is not None and final.bool_param:
                 record.end = arrived
@@ -251,14 +248,24 @@ class StreamLoad:
     """N stream workers in closed loop; `run_level` windows their token rate."""
 
     def __init__(self, url: str, model: str, inputs: Mapping[str, np.ndarray], output: str, request_timeout_s: float = 60.0,
-                 prompt_input: str | None = None, token_ids: bool = False) -> None:
+                 prompt_input: str | None = None, token_ids: bool = False, count_output: str | None = None) -> None:
         self.url = url
-        self.token_ids = token_ids  # the output holds token ids: a response carries as many tokens as ids
+        # how a response's tokens are counted: the model's own count where it sends one (`count_output`),
+        # else its ids (`token_ids`), else one a response
+        self.reader = TokenReader(output, token_ids, count_output)
         self.model = model
         self.inputs = RequestInputs(inputs, request_parameters_of(inputs))
-        self.output = output
         self.request_timeout_s = request_timeout_s
         self.prompt_input = prompt_input  # the input holding the prompt: each request's is made unique
+
+    @classmethod
+    def of(cls, url: str, model: str, inputs: Mapping[str, np.ndarray], interface, salted: bool = True,
+           request_timeout_s: float = 60.0) -> StreamLoad:
+        """Streams in `interface`'s terms (an `LLMInterface`): its output, ids and token count, and
+        each prompt made unique unless `salted` is false (a probe that repeats one prompt on purpose)."""
+        reader = TokenReader.of(interface)
+        return cls(url, model, inputs, reader.output, request_timeout_s, interface.text_input if salted else None,
+                   reader.token_ids, reader.count_output)
 
     def start(
         self,
@@ -273,8 +280,8 @@ class StreamLoad:
         stop = threading.Event()
         go = threading.Event() if together else None
         workers = [
-            StreamWorker(self.url, self.model, inputs or self.inputs, self.output, stop, limit, self.request_timeout_s, go, pause_s,
-                         self.prompt_input, self.token_ids)
+            StreamWorker(self.url, self.model, inputs or self.inputs, self.reader, stop, limit, self.request_timeout_s, go, pause_s,
+                         self.prompt_input)
             for _ in range(concurrency)
         ]
         for worker in workers:

@@ -57,10 +57,8 @@ def probe_prefix_cache(grpc_url: str, model: str, interface: LLMInterface, bytes
     def probe(length: int) -> None:
         update(f"prefix cache at {length} prompt tokens")
         inputs = _pair_inputs(interface, length, bytes_per_token)
-        ids = interface.speaks_token_ids
-        fresh = _first_token_ms(StreamLoad(grpc_url, model, inputs, interface.text_output, prompt_input=interface.text_input,
-                                           token_ids=ids))
-        repeat = _first_token_ms(StreamLoad(grpc_url, model, inputs, interface.text_output, token_ids=ids))
+        fresh = _first_token_ms(StreamLoad.of(grpc_url, model, inputs, interface))
+        repeat = _first_token_ms(StreamLoad.of(grpc_url, model, inputs, interface, salted=False))
         if fresh and repeat:
             samples.append(PrefixCacheSample(
                 prompt_tokens=length, pairs=min(len(fresh), len(repeat)), fresh_ttft_ms=round(statistics.median(fresh), 3),

@@ -52,8 +52,7 @@ class StreamingSteps:
         s = builder.settings
         interface = interface_of(target.name, target.config)
         target = replace(target, interface=interface)
-        stream = StreamLoad(self.endpoints.grpc, target.name, {}, interface.text_output, prompt_input=interface.text_input,
-                            token_ids=interface.speaks_token_ids)
+        stream = StreamLoad.of(self.endpoints.grpc, target.name, {}, interface)
         probe, notes = self.probe_factory(target)
         memory = MemorySection(
             probe=probe.name,
