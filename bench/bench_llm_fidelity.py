@@ -26,13 +26,13 @@ from pathlib import Path
 
 from bench.rig import ROOT
 from bench.report import FLOOD_FACTOR, flooded_capacity, live_vs_sim, rel, saved_report
-from tritongen.core.llm_interface_config import interface_from_config
 from tritongen.core.engine_sources import measured_from_profile, resolve_engine
 from tritongen.core.spec import EngineSection
 from tritongen.core.simulator import ModelSim, Overheads, ServerSim, simulate
 from tritongen.core.traffic import TrafficSpec, generate_arrivals
 from tritongen.engine_files import vllm_engine_args
-from tritongen.loadgen import LoadTarget, run_load
+from tritongen.llm_targets import llm_target
+from tritongen.loadgen import run_load
 from tritongen.core.prometheus import parse_prometheus
 from tritongen.profiler.run import Endpoints, Profiler, TritonAdmin, default_settings, resolve_targets
 from tritongen.server import ServerOptions, TritonServer
@@ -161,8 +161,7 @@ def one_model(server: TritonServer, model: str, case: dict, tmp: Path, seconds: 
         print("the simulation completed nothing at 200 req/s: see the engine above")
         return
     print(f"simulated capacity {capacity:.1f} req/s")
-    target = LoadTarget(model, streaming=True, batched=False, interface=interface_from_config(config, model=model),
-                        bytes_per_token=eng.bytes_per_token)
+    target = llm_target(model, config, eng)
     if live_capacity:
         sim_capacity = capacity
         capacity, _ = flooded_capacity(sim_capacity, lambda rate: run_load(

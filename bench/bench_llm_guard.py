@@ -71,7 +71,6 @@ from bench.rig.cpu import busy, cpu_times, process_cpu_s
 from bench.report import saved_report, shown
 from tritongen.core.fmt import fmt_ms
 from tritongen.core.engine_sources import EngineSourceError, measured_from_profile, resolve_engine
-from tritongen.core.llm_interface_config import interface_from_config
 from tritongen.core.profile_types import Profile, read_profile
 from tritongen.core.simulator import OK, OOM, QUEUE_FULL, TIMEOUT, ModelSim, Overheads, ServerSim, simulate
 from tritongen.core.spec import ModelSpec, TrafficClass
@@ -79,7 +78,8 @@ from tritongen.core.traffic import Arrivals, TrafficSpec, generate_arrivals
 from tritongen.engine_files import vllm_engine_args
 from tritongen.local_llm import split_cores, write_example_spec
 from tritongen.load_result import LoadResult
-from tritongen.loadgen import LoadTarget, run_load
+from tritongen.llm_targets import llm_target
+from tritongen.loadgen import run_load
 from tritongen.core.prometheus import parse_prometheus
 from tritongen.server import ServerOptions, TritonServer
 from tritongen.shared.fronts import DEFAULT_FRONT, FRONTS
@@ -438,9 +438,8 @@ def burst_arrivals(case: Case, klass: TrafficClass) -> Arrivals:
 
 def drive(case: Case, arrivals: Arrivals, through_sidecar: bool) -> Run:
     config = config_of(case.server, case.model)
-    target = LoadTarget(
-        case.model, streaming=True, batched=int(config.get("max_batch_size") or 0) > 0,
-        interface=interface_from_config(config, model=case.model),
+    target = llm_target(
+        case.model, config, case.profile.engine,
         bytes_per_token=float(case.spec_model.bytes_per_token or case.profile.engine.bytes_per_token or 1.0),
         # gRPC streams name their class in the stream's metadata, where the sidecar reads it as the
         # stream opens (sidecar/stream_path.py); HTTP requests in a parameter of the body.

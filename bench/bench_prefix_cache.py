@@ -32,11 +32,11 @@ import httpx
 from bench.bench_vllm_fidelity import MODEL, example_server, print_against_the_median
 from bench.report import FLOOD_FACTOR, flooded_capacity, live_vs_sim, rel, saved_report
 from tritongen.core.engine_sources import measured_from_profile, resolve_engine
-from tritongen.core.llm_interface_config import interface_from_config
 from tritongen.core.simulator import ModelSim, Overheads, ServerSim, simulate
 from tritongen.core.traffic import TrafficSpec, generate_arrivals
 from tritongen.engine_files import vllm_engine_args
-from tritongen.loadgen import LoadTarget, run_load
+from tritongen.llm_targets import llm_target
+from tritongen.loadgen import run_load
 from tritongen.profiler.run import Endpoints, Profiler, TritonAdmin, default_settings, resolve_targets
 from tritongen.server import TritonServer
 
@@ -98,8 +98,7 @@ def run(server: TritonServer, repo: Path, tmp: Path, args) -> None:
           f"({engine.sources.get('prefix_caching')})")
     sim_server = ServerSim(models=[ModelSim(name=MODEL, llm=engine)], overheads=Overheads(request_ms=eng.request_overhead_ms))
     config = httpx.get(f"http://{server.http_url}/v2/models/{MODEL}/config", timeout=10).json()
-    target = LoadTarget(MODEL, streaming=True, batched=False, interface=interface_from_config(config, model=MODEL),
-                        bytes_per_token=eng.bytes_per_token)
+    target = llm_target(MODEL, config, eng)
     met_total = 0
     for key in [m for m in args.mixes.split(",") if m]:
         title, mix = MIXES[key]

@@ -43,7 +43,8 @@ from tritongen.core.prometheus import parse_prometheus
 from tritongen.core.simulator import ModelSim, Overheads, ServerSim, simulate
 from tritongen.core.traffic import TrafficSpec, generate_arrivals
 from tritongen.engine_files import vllm_engine_args
-from tritongen.loadgen import LoadTarget, run_load
+from tritongen.llm_targets import llm_target
+from tritongen.loadgen import run_load
 from tritongen.local_llm import LlamaShape, split_cores, write_example_spec
 from tritongen.profiler.engine import EngineProfiler, engine_settings
 from tritongen.profiler.run import Endpoints, Profiler, TritonAdmin, default_settings, resolve_targets
@@ -213,8 +214,7 @@ def run(server: TritonServer, repo: Path, spec: Path, tmp: Path, args) -> None:
 
     admin.unload(MODEL)  # waits until the profiled engine has stopped, before the next one loads
     load(server, TRUTH)
-    target = LoadTarget(TRUTH, streaming=True, batched=False, interface=interface, bytes_per_token=eng.bytes_per_token,
-                        salt_surplus_tokens=eng.salt_surplus_tokens or 0)
+    target = llm_target(TRUTH, httpx.get(f"http://{server.http_url}/v2/models/{TRUTH}/config", timeout=10).json(), eng)
     sim_capacity = simulate(sim_server, traffic(200.0, 1), seed=1).throughput_per_s
     capacity, _ = flooded_capacity(sim_capacity, lambda rate: run_load(
         traffic(rate, 3), {"all": target}, grpc_url=server.grpc_url, request_timeout_s=120.0))

@@ -28,9 +28,10 @@ from tritongen.core.simulator import OK, OOM
 from tritongen.core.spec import DeploymentSpec
 from tritongen.core.traffic import Arrivals, generate_arrivals, scale_rate
 from tritongen.errors import RunFailed
-from tritongen.core.llm_interface_config import interface_from_config
+from tritongen.core.profile_types import EngineMeasurement
 from tritongen.client import tensors_from_config
 from tritongen.load_result import LoadResult
+from tritongen.llm_targets import llm_target
 from tritongen.loadgen import LoadTarget, run_load
 from tritongen.profiler.report import PALETTE, Chart, Series, svg_chart
 from tritongen.render import SIDECAR_POLICY_FILE
@@ -83,11 +84,12 @@ class ModelRun:
 
 @dataclass(frozen=True)
 class Workload:
-    """One model's arrivals in a load phase. A stream's prompts are sized with `bytes_per_token`."""
+    """One model's arrivals in a load phase. A stream's prompts are sized by `engine`, the profile's
+    engine section (its bytes per token and the salt's surplus); without one, a byte a token."""
 
     arrivals: Arrivals
     streaming: bool
-    bytes_per_token: float | None = None
+    engine: EngineMeasurement | None = None
 
 
 @dataclass
@@ -141,19 +143,16 @@ def compute_busy_ns(http_url: str, model: str) -> int:
 def drive(
     model: str, setup: str, arrivals: Arrivals, server: TritonServer, streaming: bool,
     via: SidecarProcess | None, class_parameter: str | None, llm_protocol: str = "http",
-    bytes_per_token: float | None = None, targets_ms: Mapping[str, float] | None = None,
+    engine: EngineMeasurement | None = None, targets_ms: Mapping[str, float] | None = None,
 ) -> ModelRun:
     """One model's load, straight to Triton or through the sidecar. A stream's prompts are sized
-    with `bytes_per_token` (the profile's; None: one byte per token)."""
-    interface = None
+    by `engine` (the profile's engine section; None: one byte per token)."""
     config = httpx.get(f"http://{server.http_url}/v2/models/{model}/config", timeout=10).json()
     if streaming:  # the LLM interface the served config speaks
-        interface = interface_from_config(config, model=model)
-    target = LoadTarget(
-        model=model, streaming=streaming, batched=int(config.get("max_batch_size", 0)) > 0, class_parameter=class_parameter,
-        interface=interface, inputs=tuple(tensors_from_config(config.get("input") or [])),
-        protocol=llm_protocol, bytes_per_token=bytes_per_token or 1.0,
-    )
+        target = llm_target(model, config, engine, class_parameter=class_parameter, protocol=llm_protocol)
+    else:
+        target = LoadTarget(model=model, streaming=False, batched=int(config.get("max_batch_size", 0)) > 0,
+                            class_parameter=class_parameter, inputs=tuple(tensors_from_config(config.get("input") or [])))
     http_url = via.http_url if via else server.http_url
     grpc_url = via.grpc_url if via else server.grpc_url
     busy_before = compute_busy_ns(server.http_url, model)
@@ -196,12 +195,12 @@ def _drive_workloads(
             for model, load in workloads.items():
                 say(f"{setup}: {len(load.arrivals)} bursty requests to {model} through the sidecar")
                 runs.append(drive(model, setup, load.arrivals, server, load.streaming, sidecar, "traffic_class",
-                                  llm_protocol, load.bytes_per_token, targets_ms))
+                                  llm_protocol, load.engine, targets_ms))
     else:
         for model, load in workloads.items():
             say(f"{setup}: {len(load.arrivals)} bursty requests to {model}, straight to Triton")
             runs.append(drive(model, setup, load.arrivals, server, load.streaming, None, None, llm_protocol,
-                              load.bytes_per_token, targets_ms))
+                              load.engine, targets_ms))
     return runs
 
 

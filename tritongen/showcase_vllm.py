@@ -173,7 +173,7 @@ def run_vllm_showcase(
         show.lap("tune + render")
 
         arrivals = generate_arrivals(demo_shape, seed=3)
-        load = {model: Workload(arrivals, streaming=True, bytes_per_token=measured.engine.bytes_per_token)}
+        load = {model: Workload(arrivals, streaming=True, engine=measured.engine)}
         targets = class_targets_ms(loaded)
         with beside_triton(cpus):
             say(f"3/4 [real vLLM] before: {len(arrivals)} requests straight to Triton, the hand-written model.json")

@@ -28,10 +28,10 @@ import pytest
 import yaml
 
 from tests.helpers import REPO_ROOT, cli
-from tritongen.core.llm_interface_config import interface_from_config
 from tritongen.core.traffic import TrafficSpec, generate_arrivals
 from tritongen.errors import TritongenError
-from tritongen.loadgen import LoadTarget, run_load
+from tritongen.llm_targets import llm_target
+from tritongen.loadgen import run_load
 from tritongen.server import ServerOptions, TritonServer
 from tritongen.sidecar_process import SidecarProcess
 
@@ -60,8 +60,7 @@ def load(server: TritonServer, rates: dict[str, float], via: SidecarProcess | No
     def drive(model: str, rate: float) -> None:
         config = httpx.get(f"http://{server.http_url}/v2/models/{model}/config", timeout=10).json()
         prompt = 64 if model == "vllm_standin" else 48
-        target = LoadTarget(model, streaming=True, batched=False, interface=interface_from_config(config, model=model),
-                            bytes_per_token=4.0 if model == "vllm_standin" else 3.0, protocol="grpc",
+        target = llm_target(model, config, bytes_per_token=4.0 if model == "vllm_standin" else 3.0, protocol="grpc",
                             class_parameter="traffic_class")
         classes = [{"name": "interactive", "share": 0.3, "priority": 1, "prompt_tokens": prompt, "output_tokens": 48},
                    {"name": "batch", "share": 0.7, "priority": 3, "prompt_tokens": prompt, "output_tokens": 48}]

@@ -21,10 +21,10 @@ import pytest
 import httpx
 
 from tests.helpers import REPO_ROOT, cli
-from tritongen.core.llm_interface_config import interface_from_config
 from tritongen.core.simulator import OK
 from tritongen.core.traffic import TrafficSpec, generate_arrivals
-from tritongen.loadgen import LoadTarget, run_load
+from tritongen.llm_targets import llm_target
+from tritongen.loadgen import run_load
 from tritongen.core.profile_types import read_profile
 from tritongen.profiler.run import Endpoints, Profiler, TritonAdmin, default_settings, resolve_targets
 from tritongen.server import ServerOptions, TritonServer
@@ -145,8 +145,7 @@ def test_the_load_generator_streams_each_interface_over_grpc_and_sse(server: Tri
     """Every request asks for 6 tokens in the model's own interface and gets them one response
     each, over gRPC streams and over HTTP generate_stream (server-sent events)."""
     config = httpx.get(f"http://{server.http_url}/v2/models/{model}/config", timeout=10).json()
-    target = LoadTarget(model, streaming=True, batched=False, interface=interface_from_config(config, model=model),
-                        bytes_per_token=3.0, protocol=protocol)
+    target = llm_target(model, config, bytes_per_token=3.0, protocol=protocol)
     spec = TrafficSpec(shape="poisson", rate_per_s=20.0, duration_s=1.0, warmup_s=0.0,
                        classes=[{"name": "all", "share": 1.0, "priority": 1, "prompt_tokens": 24, "output_tokens": 6}])
     arrivals = generate_arrivals(spec, seed=3)

@@ -391,13 +391,13 @@ def test_doctor_diagnoses_an_overloaded_engine_from_the_upstream_metrics_alone(s
     latency histograms, and says so; what it could not see (KV usage, preemptions) it lists."""
     import threading
 
-    from tritongen.core.llm_interface_config import interface_from_config
     from tritongen.core.traffic import TrafficSpec, generate_arrivals
-    from tritongen.loadgen import LoadTarget, run_load
+    from tritongen.llm_targets import llm_target
+    from tritongen.loadgen import run_load
 
     config = httpx.get(f"http://{server.http_url}/v2/models/{MODEL}/config", timeout=10).json()
-    interface = interface_from_config(config, model=MODEL)
-    target = LoadTarget(MODEL, streaming=True, batched=False, interface=interface, bytes_per_token=1.0, protocol="grpc")
+    target = llm_target(MODEL, config, bytes_per_token=1.0, protocol="grpc")
+    interface = target.interface
     classes = [{"name": "all", "share": 1.0, "priority": 1, "prompt_tokens": 96, "output_tokens": 32}]
     # Three times what this engine completes on this host, measured now: a rate fixed in the test read
     # as overload on one host and as a light load on a faster one (39 completed/s, TTFT 10 ms). The

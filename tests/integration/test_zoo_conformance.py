@@ -183,9 +183,9 @@ def test_the_load_generator_ends_streams_whose_final_flag_comes_alone(server: Tr
     each stream of the load generator (`tune --verify`, the benches): tritonclient's asyncio client
     drops enable_empty_final_response, so every such request ran to the client's timeout
     (`client.aio_stream_infer`)."""
-    from tritongen.core.llm_interface_config import interface_from_config
     from tritongen.core.traffic import TrafficSpec, generate_arrivals
-    from tritongen.loadgen import LoadTarget, run_load
+    from tritongen.llm_targets import llm_target
+    from tritongen.loadgen import run_load
 
     decoupled = [m for m in _zoo_models() if not _not_decoupled(m)]
     assert decoupled, "the zoo has no decoupled model"
@@ -194,8 +194,7 @@ def test_the_load_generator_ends_streams_whose_final_flag_comes_alone(server: Tr
         arrivals = generate_arrivals(TrafficSpec(
             shape="poisson", rate_per_s=5, duration_s=1.5, warmup_s=0.0,
             classes=[{"name": "all", "share": 1.0, "priority": 1, "prompt_tokens": 16, "output_tokens": 8}]), seed=1)
-        target = LoadTarget(model, streaming=True, batched=False, interface=interface_from_config(config, model=model),
-                            bytes_per_token=4.0)
+        target = llm_target(model, config, bytes_per_token=4.0)
         result = run_load(arrivals, {"all": target}, grpc_url=server.grpc_url, request_timeout_s=20.0)
         summary = result.summary()[0][0]
         assert summary.sent > 0 and summary.completed == summary.sent, summary

@@ -82,3 +82,13 @@ def test_a_salts_surplus_is_taken_off_the_filler() -> None:
     tiny = prompt_of(8, 1.5, salt=7)
     assert prompt_of(8, 1.5, salt=7, salt_surplus=6) == tiny  # the salt fills it: nothing to take off
     assert prompt_of(96, 1.5, salt_surplus=6) == prompt_of(96, 1.5)  # unsalted: nothing to take off
+
+
+def test_the_profilers_own_requests_leave_room_for_the_salt() -> None:
+    """The stream workers salt a request's text in place (`salted`, same length): a text sized by
+    `to_be_salted` holds, once salted, what `prompt_of` gives a load's salted prompt."""
+    from tritongen.core.prompts import prompt_of, salted, to_be_salted
+
+    assert salted(to_be_salted(96, 1.5, 6), 7) == prompt_of(96, 1.5, salt=7, salt_surplus=6) == prompt_of(90, 1.5, salt=7)
+    assert to_be_salted(8, 1.5, 6) == prompt_of(8, 1.5)  # too short to take anything off
+    assert to_be_salted(96, 1.5, 0) == prompt_of(96, 1.5)

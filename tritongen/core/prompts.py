@@ -16,23 +16,28 @@ _SALT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "e
 # the profile's static-batch probe (seven to nine): batches the probe had sized ran out of memory live
 # (bench-zoo's oneshot, 2026-12-07). One width, so every prompt of a size has one make-up.
 SALT_DIGITS = 10
+_LONGEST_HEAD = SALT_DIGITS * (max(len(w) for w in _SALT_WORDS) + 1) + 1  # its words, their spaces, the colon
 
 
 def prompt_of(tokens: int, bytes_per_token: float, salt: int | None = None, salt_surplus: int = 0) -> str:
     """An ASCII prompt of about `tokens` tokens for a tokenizer of `bytes_per_token` bytes per token;
     with `salt`, its start is unique (see `salted`), and `salt_surplus` (the tokens a salt adds
     beyond the filler it replaces, as the engine counts them: `EngineMeasurement.salt_surplus_tokens`)
-    is taken off the filler, so the salted prompt holds `tokens` (a salt longer than the prompt is cut
-    with it, and nothing is taken off)."""
+    is taken off the filler, so the salted prompt holds `tokens` (`to_be_salted`)."""
     if salt is None:
         return _filler(tokens, bytes_per_token)
-    head = _salt_head(salt)
-    text = _headed(_filler(tokens, bytes_per_token), head)
-    if salt_surplus and len(text) > len(head):
-        shorter = _headed(_filler(max(1, tokens - salt_surplus), bytes_per_token), head)
-        if len(shorter) > len(head):
+    return _headed(to_be_salted(tokens, bytes_per_token, salt_surplus), _salt_head(salt))
+
+
+def to_be_salted(tokens: int, bytes_per_token: float, salt_surplus: int) -> str:
+    """The unsalted prompt a load salts later (`salted`, which keeps a text's length) so that, salted,
+    it holds `tokens`: `prompt_of`'s filler less `salt_surplus` tokens, unless that leaves no room for
+    the longest salt head (then the whole size, as `prompt_of` does)."""
+    if salt_surplus:
+        shorter = _filler(max(1, tokens - salt_surplus), bytes_per_token)
+        if len(shorter) > _LONGEST_HEAD:
             return shorter
-    return text
+    return _filler(tokens, bytes_per_token)
 
 
 def _filler(tokens: int, bytes_per_token: float) -> str:

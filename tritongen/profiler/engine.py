@@ -32,7 +32,7 @@ from tritongen.core.engine_metrics import PROMPT_TOKENS_COUNTER
 from tritongen.core.llm_interface import LLMInterface, UnknownInterface
 from tritongen.core.llm_interface_config import interface_from_config
 from tritongen.core.llm_token_ids import TOKEN_IDS_SOURCE
-from tritongen.core.prompts import prompt_of
+from tritongen.core.prompts import prompt_of, to_be_salted
 from tritongen.core.profile_types import DecodeSample, EngineMeasurement, MeasurementGap, PrefillSample
 from tritongen.errors import BadInput, RunFailed, TritongenError
 from tritongen.profiler.engine_fits import (
@@ -74,10 +74,14 @@ def interface_of(name: str, config: dict) -> LLMInterface:
 
 
 def stream_inputs(interface: LLMInterface, prompt_tokens: int, max_tokens: int, bytes_per_token: float,
-                  count_input_tokens: bool = False) -> RequestInputs:
+                  count_input_tokens: bool = False, salt_surplus: int = 0) -> RequestInputs:
     """One request's arrays in the model's interface, with the request parameters that carry its
-    budget where no tensor does (a model of token ids: `prompt_tokens` ids, whatever `bytes_per_token`)."""
-    text = prompt_of(prompt_tokens, interface.sizing_bytes_per_token(bytes_per_token))
+    budget where no tensor does (a model of token ids: `prompt_tokens` ids, whatever `bytes_per_token`).
+    `salt_surplus`: the tokens a salt adds (`EngineMeasurement.salt_surplus_tokens`), left out of the
+    text so that the stream worker's salted prompt holds `prompt_tokens`."""
+    bpt = interface.sizing_bytes_per_token(bytes_per_token)
+    text = to_be_salted(prompt_tokens, bpt, salt_surplus) if salt_surplus and not interface.speaks_token_ids \
+        else prompt_of(prompt_tokens, bpt)
     arrays = numpy_inputs(interface.request(text, max_tokens, stream=True, count_input_tokens=count_input_tokens))
     return RequestInputs(arrays, interface.request_parameters(max_tokens))
 
@@ -156,7 +160,9 @@ class EngineProfiler(EngineCapacity):
         return StreamLoad.of(self.grpc_url, self.model, inputs, self.interface)
 
     def _request(self, prompt_tokens: int, max_tokens: int, bpt: float) -> RequestInputs:
-        return stream_inputs(self.interface, prompt_tokens, max_tokens, bpt)
+        """A request the stream workers salt, holding `prompt_tokens` once salted where the salt's
+        surplus was measured (`bytes_per_token` runs first)."""
+        return stream_inputs(self.interface, prompt_tokens, max_tokens, bpt, salt_surplus=self.salt_surplus_tokens or 0)
 
     def _counter(self, name: str) -> float | None:
         values = [s.value for s in self._families() if s.name == name]
@@ -299,11 +305,11 @@ class EngineProfiler(EngineCapacity):
         and whose next token shows whether that prefill ran inside the decode step."""
         probe_prompt = 8
         room = (self.max_context - self._worst_tokens(probe_prompt) - 1) if self.max_context else 512
-        long_load = self._stream(stream_inputs(self.interface, probe_prompt, max(16, min(512, room)), bpt))
+        long_load = self._stream(self._request(probe_prompt, max(16, min(512, room)), bpt))
         samples = []
         for length in self.settings.prefill_lengths:
             self.update(f"prefill at {length} prompt tokens")
-            inputs = stream_inputs(self.interface, length, 1, bpt)
+            inputs = self._request(length, 1, bpt)
             ns0, n0 = self._queue_totals()
             idle = [r for r in self._singles(inputs) if r.ttft_s is not None]
             ns1, n1 = self._queue_totals()
@@ -349,7 +355,7 @@ class EngineProfiler(EngineCapacity):
 
     def decode(self, bpt: float, prefill_ms: float) -> list[DecodeSample]:
         s = self.settings
-        load = self._stream(stream_inputs(self.interface, s.prompt_tokens, s.output_tokens, bpt))
+        load = self._stream(self._request(s.prompt_tokens, s.output_tokens, bpt))
         out = []
         for c in s.concurrency_levels:
             self.update(f"decode at {c} stream(s)")
