@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Optional
 
@@ -26,6 +27,7 @@ from rich.table import Table
 from tritongen.cli.app import app
 from tritongen.cli.shared import renamed, say_calibration
 from tritongen.core.plan import DeploymentPlan, ModelEntryPlan
+from tritongen.core.profile_types import Profile
 from tritongen.core.sidecar_policy.build import build_sidecar_policy
 from tritongen.core.engine import EngineModel
 from tritongen.core.fmt import fmt_ms
@@ -251,12 +253,12 @@ def tune(
     if verify and objective == "capacity":
         choices, measured_rows, measured_capacity = _verify_capacity(
             loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed, verify_requests, verify_top,
-            repo or out or Path("model_repository"), spec.name,
+            repo or out or Path("model_repository"), spec.name, _salt_surpluses(profs),
         )
     elif verify:
         choices, measured_rows = _verify(
             loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed, verify_requests, verify_top,
-            repo or out or Path("model_repository"), spec.name,
+            repo or out or Path("model_repository"), spec.name, _salt_surpluses(profs),
         )
     verify_s = time.perf_counter() - verify_started if verify else 0.0
     for name, result in results.items():
@@ -326,7 +328,13 @@ def _picks(result: TuneResult, top: int) -> list[Evaluation]:
     return picks
 
 
-def _load_target(loaded, entry: ModelEntryPlan):
+def _salt_surpluses(profs: Mapping[str, Profile]) -> dict[str, int]:
+    """The tokens a salt adds to a prompt, per profiled model (the engine section's
+    `salt_surplus_tokens`): live checks leave them out so their prompts hold the traffic's tokens."""
+    return {name: p.engine.salt_surplus_tokens or 0 for name, p in profs.items() if p.engine is not None}
+
+
+def _load_target(loaded, entry: ModelEntryPlan, salts: Mapping[str, int]):
     from tritongen.loadgen import LoadTarget
 
     streaming = entry.kind == "llm" and entry.decoupled
@@ -334,14 +342,15 @@ def _load_target(loaded, entry: ModelEntryPlan):
         entry.name, streaming=streaming, batched=entry.max_batch_size > 0, inputs=tuple(entry.inputs),
         interface=entry_interface(entry) if streaming else None,
         bytes_per_token=next(m.bytes_per_token for m in loaded.spec.models if m.name == entry.spec_model) or 1.0,
+        salt_surplus_tokens=salts.get(entry.name, salts.get(entry.spec_model, 0)),
     )
 
 
-def _live_load(loaded, plan, entry: ModelEntryPlan, arrivals_all):
+def _live_load(loaded, plan, entry: ModelEntryPlan, arrivals_all, salts: Mapping[str, int]):
     """What the live runs of one entry send: its share of the live traffic, whether it streams,
     the load targets per candidate (`verify`'s `targets_for`), and the first 200 requests as warm-up."""
     arr = entry_arrivals(arrivals_all, plan, entry, loaded.spec)
-    streaming, target = _load_target(loaded, entry)
+    streaming, target = _load_target(loaded, entry, salts)
 
     def targets_for(_candidate):
         return {cn: target for cn in arr.class_names}, {entry.name: 1}, ([entry.name] if streaming else [])
@@ -369,7 +378,8 @@ def _candidates(loaded, plan, name: str, picks: list[Evaluation], inputs: TuneIn
     return out
 
 
-def _verify_capacity(loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed, n, top, repository: Path, spec_name: str):
+def _verify_capacity(loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed, n, top, repository: Path, spec_name: str,
+                     salts: Mapping[str, int]):
     """--objective capacity --verify: measure the best candidates' capacity live; keep the highest."""
     from tritongen.tuner.verify import measure_capacities
 
@@ -385,7 +395,7 @@ def _verify_capacity(loaded, plan, results, baselines, inputs_by, tspec, trace_t
             choices[name] = result.winner.params
             continue
         cands = _candidates(loaded, plan, name, picks, inputs, spec_name)
-        arr, streaming, targets_for, warm = _live_load(loaded, plan, entry, arrivals_all)
+        arr, streaming, targets_for, warm = _live_load(loaded, plan, entry, arrivals_all, salts)
 
         def passes(run, factor, _inputs=inputs, _s=streaming, _rate=arr.mean_rate):
             ok, worst, lost = live_verdict(run.classes, _inputs.classes, _inputs.max_error_fraction, _s)
@@ -418,7 +428,8 @@ def _verify_capacity(loaded, plan, results, baselines, inputs_by, tspec, trace_t
     return choices, measured_rows, measured
 
 
-def _verify(loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed, n, top, repository: Path, spec_name: str):
+def _verify(loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed, n, top, repository: Path, spec_name: str,
+            salts: Mapping[str, int]):
     """Run the top candidates live; keep the measured winner per model."""
     from tritongen.tuner.verify import verify_candidates
 
@@ -430,7 +441,7 @@ def _verify(loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed
         entry = plan.entry(name)
         picks = _picks(result, top)
         cands = _candidates(loaded, plan, name, picks, inputs, spec_name)
-        arr, streaming, targets_for, warm = _live_load(loaded, plan, entry, arrivals_all)
+        arr, streaming, targets_for, warm = _live_load(loaded, plan, entry, arrivals_all, salts)
         with console.status(f"verifying {len(cands)} candidates of {name} on the embedded server..."):
             verified = verify_candidates(
                 repository, cands, arr, targets_for, server_flags=plan.server_flags, warmup=warm, seed=seed,
