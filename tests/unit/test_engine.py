@@ -311,7 +311,12 @@ def test_decode_step_is_net_of_newcomers_prefills() -> None:
     # a stream of 5 tokens 10 ms apart, except one 14 ms gap that held another stream's 4 ms prefill
     a = StreamRecord(start=0.0, token_times=[0.010, 0.020, 0.034, 0.044, 0.054], end=0.054)
     b = StreamRecord(start=0.015, token_times=[0.030, 0.040], end=0.060)  # its first token at 30 ms
-    assert decode_steps_ms([a, b], 0.0, 1.0, 4.0) == pytest.approx(10.0)
+    assert decode_steps_ms([a, b], 0.0, 1.0) == pytest.approx(10.0)
+    # at a full batch most of a stream's span is other streams' prefills: the gaps that hold none
+    # still read the step, whatever the prefills cost (35 ms each here, in 3 of 8 gaps)
+    c = StreamRecord(start=0.0, token_times=[0.0, 0.010, 0.055, 0.065, 0.110, 0.120, 0.165, 0.175, 0.185], end=0.185)
+    newcomers = [StreamRecord(start=t - 0.04, token_times=[t, t + 0.01], end=t + 0.01) for t in (0.050, 0.100, 0.160)]
+    assert decode_steps_ms([c, *newcomers], 0.0, 1.0) == pytest.approx(10.0)
 
     # 8 streams of 32 tokens: each step also carries 7/32 of a 10 ms prefill
     assert decode_step_ms(12.0, 8, 32, 10.0) == pytest.approx(12.0 - 7 / 32 * 10.0)

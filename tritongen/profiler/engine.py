@@ -365,8 +365,8 @@ class EngineProfiler(EngineCapacity):
             if gap is None:
                 self.notes.append(f"decode at {c} streams: no stream finished with 3 or more tokens")
                 continue
-            step = decode_steps_ms(records, start, end, prefill_ms)
-            if step is None:  # no newcomer could be placed: the expected share of prefills per step
+            step = decode_steps_ms(records, start, end)
+            if step is None:  # no gap free of newcomers: the expected share of prefills per step
                 step = decode_step_ms(gap, c, s.output_tokens, prefill_ms)
             cap = self._max_num_seqs()
             out.append(DecodeSample(concurrency=c, requests=n, mean_gap_ms=round(gap, 3), step_ms=round(step, 3),
