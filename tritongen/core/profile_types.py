@@ -210,7 +210,7 @@ class DecodeSample(_Model):
     concurrency: int
     requests: int
     mean_gap_ms: float = Field(description="Median over streams of (last token - first token) / (tokens - 1).")
-    step_ms: float = Field(description="mean_gap_ms less the prefills of newcomers that land in the same steps.")
+    step_ms: float = Field(description="The decode step: the median token gap among those no newcomer's first token fell in (engine_fits.decode_steps_ms), else mean_gap_ms less the expected share of newcomers' prefills.")
     running_seen: float | None = Field(
         default=None, description="Sequences that ran, where fewer than the streams could (the engine's max_num_seqs); "
         "the decode fit reads the step at this many.")
