@@ -27,7 +27,6 @@ from rich.table import Table
 from tritongen.cli.app import app
 from tritongen.cli.shared import renamed, say_calibration
 from tritongen.core.plan import DeploymentPlan, ModelEntryPlan
-from tritongen.core.profile_types import Profile
 from tritongen.core.sidecar_policy.build import build_sidecar_policy
 from tritongen.core.engine import EngineModel
 from tritongen.core.fmt import fmt_ms
@@ -197,6 +196,7 @@ def tune(
     started = time.perf_counter()
     results: dict[str, TuneResult] = {}
     inputs_by: dict[str, TuneInputs] = {}
+    salts: dict[str, int] = {}  # per entry: the tokens a salt adds, which live checks leave out of their prompts
     baselines: dict[str, Evaluation] = {}
     names = {e.name for e in plan.entries}
     unknown_models = sorted(set(only or []) - names)
@@ -243,6 +243,7 @@ def tune(
                 base = baselines[entry.name]
                 base.capacity_factor = capacity_factor(inputs, base.params, inputs.arrivals, steps=CAPACITY_STEPS, below=True)
         inputs_by[entry.name] = inputs
+        salts[entry.name] = (profile.engine.salt_surplus_tokens or 0) if profile.engine is not None else 0
     if not results:
         raise BadInput(f"nothing to tune: no plan entry of {spec} has a profile in {profiles}")
     search_s = time.perf_counter() - started
@@ -253,12 +254,12 @@ def tune(
     if verify and objective == "capacity":
         choices, measured_rows, measured_capacity = _verify_capacity(
             loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed, verify_requests, verify_top,
-            repo or out or Path("model_repository"), spec.name, _salt_surpluses(profs),
+            repo or out or Path("model_repository"), spec.name, salts,
         )
     elif verify:
         choices, measured_rows = _verify(
             loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed, verify_requests, verify_top,
-            repo or out or Path("model_repository"), spec.name, _salt_surpluses(profs),
+            repo or out or Path("model_repository"), spec.name, salts,
         )
     verify_s = time.perf_counter() - verify_started if verify else 0.0
     for name, result in results.items():
@@ -328,12 +329,6 @@ def _picks(result: TuneResult, top: int) -> list[Evaluation]:
     return picks
 
 
-def _salt_surpluses(profs: Mapping[str, Profile]) -> dict[str, int]:
-    """The tokens a salt adds to a prompt, per profiled model (the engine section's
-    `salt_surplus_tokens`): live checks leave them out so their prompts hold the traffic's tokens."""
-    return {name: p.engine.salt_surplus_tokens or 0 for name, p in profs.items() if p.engine is not None}
-
-
 def _load_target(loaded, entry: ModelEntryPlan, salts: Mapping[str, int]):
     from tritongen.loadgen import LoadTarget
 
@@ -342,7 +337,7 @@ def _load_target(loaded, entry: ModelEntryPlan, salts: Mapping[str, int]):
         entry.name, streaming=streaming, batched=entry.max_batch_size > 0, inputs=tuple(entry.inputs),
         interface=entry_interface(entry) if streaming else None,
         bytes_per_token=next(m.bytes_per_token for m in loaded.spec.models if m.name == entry.spec_model) or 1.0,
-        salt_surplus_tokens=salts.get(entry.name, salts.get(entry.spec_model, 0)),
+        salt_surplus_tokens=salts.get(entry.name, 0),
     )
 
 

@@ -80,8 +80,7 @@ def stream_inputs(interface: LLMInterface, prompt_tokens: int, max_tokens: int, 
     `salt_surplus`: the tokens a salt adds (`EngineMeasurement.salt_surplus_tokens`), left out of the
     text so that the stream worker's salted prompt holds `prompt_tokens`."""
     bpt = interface.sizing_bytes_per_token(bytes_per_token)
-    text = to_be_salted(prompt_tokens, bpt, salt_surplus) if salt_surplus and not interface.speaks_token_ids \
-        else prompt_of(prompt_tokens, bpt)
+    text = prompt_of(prompt_tokens, bpt) if interface.speaks_token_ids else to_be_salted(prompt_tokens, bpt, salt_surplus)
     arrays = numpy_inputs(interface.request(text, max_tokens, stream=True, count_input_tokens=count_input_tokens))
     return RequestInputs(arrays, interface.request_parameters(max_tokens))
 
