@@ -326,6 +326,7 @@ class Sidecar:
         self.lane = LaneControl(self.nginx, self.state, self.controller.accounting,
                                 lambda: bool(self.health and self.health.up), self.controller.dispatch)
         self.controller.on_queued = self.lane.queued
+        self.decisions.lane_overflow = self.lane.overflowed
         self.controller.reclaim = self.lane.reclaim
 
     @property

@@ -103,6 +103,9 @@ class DecisionServer:
         self.controller = controller
         self.health = health
         self.held: dict[int, tuple[Any, Ticket]] = {}
+        # (model, class) of a request the lane could have carried (a unary infer naming no tenant and
+        # no priority): nginx found no free slot, so the lane's control plane should look now.
+        self.lane_overflow: Callable[[tuple[str, str]], None] = lambda key: None
         self.carried = 0  # admitted and reported ended by nginx
         self._server: asyncio.AbstractServer | None = None
 
@@ -209,6 +212,8 @@ class DecisionServer:
             conn.answer(_refusal(prepared))
             return
         reading = prepared.reading  # the one reader's: the model, class and tenant admission judges
+        if op in ("infer", GRPC_INFER) and not tenant and reading.priority is None:
+            self.lane_overflow((reading.model, reading.klass))
         admission = self.controller.admit(reading.model, reading.klass, prepared.cost, reading.tenant, before_s)
         entering = admission.__aenter__()
         try:

@@ -1,8 +1,8 @@
 """The lane's control plane: the asyncio task that hands lane slots to nginx and takes them back.
 
-Each sync (every `lane.sync_busy_ms` of the policy while the lane carries requests or its slots
-move, at once when a request enters the Python queue or takes slots back, and every
-`lane.sync_idle_ms` otherwise) reads nginx's counts, feeds finished lane requests to the admission
+Each sync (every `lane.sync_busy_ms` of the policy while its slots move, at once when a request
+enters the Python queue, takes slots back or overflows the lane, and every `lane.sync_idle_ms`
+otherwise) reads nginx's counts, feeds finished lane requests to the admission
 state, moves each (model, class) pair's slots toward `lane.target_slots`, and, when they changed,
 pushes them. Every lane pair gets a cap, 0 while idle: nginx then counts the pair's requests that
 overflow to Python, which is the demand that grows its slots at the next sync; a pair unused for
@@ -29,7 +29,7 @@ import aiohttp
 
 from sidecar.accounting import Accounting
 from sidecar.admission import AdmissionState
-from sidecar.lane import LaneCounts, LaneKey, demand, lane_keys, since, target_slots
+from sidecar.lane import LaneCounts, LaneKey, demand, lane_keys, since, spare_slots, target_slots
 from sidecar.tasks import BackgroundTask
 
 log = logging.getLogger("tritongen.sidecar")
@@ -65,6 +65,7 @@ class LaneControl:
         self._background = BackgroundTask(self._loop, "sidecar-lane-sync")
         self.failures = 0
         self.hot = False  # the last sync moved something: sync again soon
+        self._synced_at = float("-inf")
 
     def start(self) -> None:
         self._background.start()
@@ -85,6 +86,16 @@ class LaneControl:
         it matters: an LLM's requests queue one by one under overload, and a sync per queued
         request (an HTTP exchange with nginx) cost the sidecar more CPU than the requests did."""
         if self.holds_slots():
+            self.wake()
+
+    def overflowed(self, key: LaneKey) -> None:
+        """A request the lane could carry reached Python: nginx found no free slot. Sync now rather
+        than at the idle cadence, so a burst beyond the spare slots finds them after one exchange;
+        at most once a busy period (a request naming a priority of a model without levels reads the
+        same, and must not cost a sync each)."""
+        quiet_s = self.clock() - self._synced_at
+        if key in self.keys and not self.hot and quiet_s >= self.state.policy.lane.sync_busy_ms / 1000:
+            self.hot = True
             self.wake()
 
     def policy_changed(self) -> None:
@@ -113,15 +124,16 @@ class LaneControl:
 
     async def _loop(self) -> None:
         while True:
-            # Quick while the lane carries requests or its slots move (caps pushed, requests
-            # overflowing, requests waiting in Python): bursts must find their slots within a period,
-            # or they overflow into the Python path, whose CPU a small host takes from Triton.
-            # Otherwise every sync_idle_ms. An idle pair's first requests overflow to Python (its cap
-            # is 0) until a sync grows it.
-            busy = self.hot or any(c.inflight for c in self.counts.values())
+            # Quick while the slots move (caps pushed, requests overflowing, requests waiting in
+            # Python): bursts must find their slots within a period, or they overflow into the
+            # Python path, whose CPU a small host takes from Triton. Otherwise, busy or not, every
+            # sync_idle_ms: a lane whose slots fit its load has nothing to move, and a sync every
+            # busy period cost the sidecar 3-5% of a core under a steady closed loop (bench_sidecar's
+            # identity model at 64 clients), taken from Triton on a small host. An idle pair's first
+            # requests overflow to Python (its cap is 0) until a sync grows it.
             cfg = self.state.policy.lane
             try:
-                await asyncio.wait_for(self._wake.wait(), (cfg.sync_busy_ms if busy else cfg.sync_idle_ms) / 1000)
+                await asyncio.wait_for(self._wake.wait(), (cfg.sync_busy_ms if self.hot else cfg.sync_idle_ms) / 1000)
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
@@ -155,6 +167,7 @@ class LaneControl:
             # to count. An exchange per period here was the sidecar's largest idle cost.
             self.hot = False
             return {}
+        self._synced_at = self.clock()
         counts = await self.front.exchange(None)
         self._account(counts)
         overflowed = any(self._overflowed.values())
@@ -213,7 +226,11 @@ class LaneControl:
                 if not self.state.take_lane_slot(slot, model, klass):
                     break
                 held.append(slot)
-            while len(held) > max(want, inflight) or (len(held) > inflight and self.state.lane_overfull(model, klass)):
+            # Spare slots go back only past half the spare again: a closed loop's peak wobbles by a
+            # request or two between readings, and each wobble was a push that kept the sync quick.
+            slack = (spare_slots(wanted, cfg) // 2) if want > inflight else 0
+            while len(held) > max(want + slack, inflight) or (len(held) > inflight
+                                                               and self.state.lane_overfull(model, klass)):
                 self.state.return_lane_slot(held.pop())
                 released = True
             if key in self.keys and up:

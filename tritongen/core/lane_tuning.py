@@ -25,12 +25,15 @@ does not hold its model's room. Policy field `lane.idle_after_s`. Value: a judge
 484e19c)."""
 
 SYNC_BUSY_MS = 20.0
-"""The lane's control plane syncs with nginx this often while the lane carries requests or its
-slots move. Policy field `lane.sync_busy_ms`. Value: checked on one run, on one host: commit
-0463fa9 synced this often only while slots moved (CPU per request at c=1 fell from about 24 to
-11-17 us); commit 6a76d92 went back to this cadence while the lane carries requests, after one demo
-run saw 74 tinyllm refusals from bursts overflowing into the Python path. Lower: bursts find their
-slots sooner, at more CPU for nginx and the sidecar."""
+"""The lane's control plane syncs with nginx this often while its slots move (caps pushed, requests
+overflowing, requests waiting in Python), and at most this often on requests overflowing into
+Python. Policy field `lane.sync_busy_ms`. Value: checked on one run, on one host: commit 0463fa9
+synced this often only while slots moved (CPU per request at c=1 fell from about 24 to 11-17 us);
+commit 6a76d92 went back to this cadence while the lane carries requests, after one demo run saw 74
+tinyllm refusals from bursts overflowing into the Python path, whose overflow was then seen only at
+the next idle sync; since 2026-12-07 an overflow wakes the sync at once, and a steady lane syncs at
+SYNC_IDLE_MS (a sync per busy period cost 3-5% of a core under a steady closed loop). Lower: bursts
+find their slots sooner, at more CPU for nginx and the sidecar."""
 
 SYNC_IDLE_MS = 100.0
 """The sync cadence otherwise (an idle pair's first requests overflow to Python until a sync grows

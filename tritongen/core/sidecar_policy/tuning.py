@@ -73,7 +73,7 @@ class LanePolicy(PolicyModel):
         "no spare slots."
     )
     sync_busy_ms: float = Field(
-        default=lane.SYNC_BUSY_MS, gt=0, description="Sync period while the lane carries requests or its slots move."
+        default=lane.SYNC_BUSY_MS, gt=0, description="Sync period while the lane's slots move."
     )
     sync_idle_ms: float = Field(default=lane.SYNC_IDLE_MS, gt=0, description="Sync period otherwise.")
 
