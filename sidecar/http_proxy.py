@@ -236,7 +236,7 @@ class HttpProxy:
                            headers.get(policy.tenant_header), state.token_counter(model_name))
             if reading.priority is not None:
                 if op != "infer":
-                    body = protocol.generate_with_priority(doc, reading.priority)
+                    body = protocol.with_priority(doc, reading.priority)
                 else:
                     body, new_length = protocol.infer_with_priority(parsed or protocol.parse_infer(body, header_length),
                                                                     reading.priority)
