@@ -92,7 +92,7 @@ class AdmissionState(AdmissionView):
         self._pump()
 
     def set_token_counters(self, counters: Mapping[str, Callable[[bytes], int]]) -> None:
-        """The models' tokenizers (sidecar/tokens.py), loaded by the owner; the proxies count with them."""
+        """The models' tokenizers (sidecar/admission_prompts.py), loaded by the owner; the proxies count with them."""
         self.prompts.set_counters(counters)
 
     def observe_headroom(self, snapshot: HeadroomSnapshot) -> None:

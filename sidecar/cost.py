@@ -40,7 +40,7 @@ class LLMFacts:
 
     prompt_bytes: Sequence[int | None]  # UTF-8 bytes of each prompt; None: unknown (shared memory)
     max_tokens: Sequence[int | None]  # per sequence; None: not given
-    # Each prompt's tokens counted by the model's tokenizer (sidecar/tokens.py); None: not counted,
+    # Each prompt's tokens counted by the model's tokenizer (sidecar/admission_prompts.py); None: not counted,
     # the policy's prompt_bytes_per_token ratio estimates them from the bytes.
     prompt_tokens: Sequence[int | None] | None = None
     # Each prompt's shareable block keys (sidecar/prefix_blocks.py), where the engine reuses blocks.

@@ -1,4 +1,4 @@
-"""Prompt bytes per token learnt from the engine's own counter (sidecar/prompt_ratio.py), and the
+"""Prompt bytes per token learnt from the engine's own counter (sidecar/admission_prompts.py), and the
 sidecar counting prompts with it where the policy names no tokenizer."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from sidecar.admission_types import HeadroomSnapshot, Request
 from sidecar.cost import LLMFacts, cost_for
 from sidecar.headroom import TritonMetricsSource
 from tritongen.core.sidecar_policy.schema import parse_policy
-from sidecar.prompt_ratio import MIN_TOKENS, LearnedRatio
+from sidecar.admission_prompts import MIN_TOKENS, LearnedRatio
 from tests.sidecar_rigs import FakeClock, policy_doc
 
 
