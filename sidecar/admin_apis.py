@@ -33,6 +33,7 @@ tested decoded and normalised; either form in an admin category shuts it.
 from __future__ import annotations
 
 import hmac
+from collections.abc import Collection
 from typing import Any
 from urllib.parse import unquote
 
@@ -151,6 +152,17 @@ def authorised(authorization: str | None, sidecar_token: str | None, token: str 
     if token_matches(sidecar_token, token):
         return TOKEN_HEADER
     return None
+
+
+def kept_out(category: str, authorization: str | None, sidecar_token: str | None, token: str | None,
+             open_categories: Collection[str]) -> tuple[str, ...] | None:
+    """A request to a shut admin API passes with the admin token or when the policy opens its
+    category: the headers (gRPC: metadata keys) that carried the token, kept out of what goes
+    upstream, or None when it is refused."""
+    carried = authorised(authorization, sidecar_token, token)
+    if carried is None and category not in open_categories:
+        return None
+    return (AUTHORIZATION, TOKEN_HEADER) if carried == AUTHORIZATION else (TOKEN_HEADER,)
 
 
 def refusal(category: str, protocol: str, token_configured: bool) -> tuple[int, dict[str, Any]]:

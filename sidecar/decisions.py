@@ -195,7 +195,7 @@ class DecisionServer:
             if header_length:
                 headers[protocol.HEADER_LENGTH] = header_length
             prepared = self.proxy.prepare(op, model, headers, body)
-            refused = lambda rejected: HttpProxy._refused(rejected, model, prepared)  # noqa: E731
+            refused = HttpProxy.refused
         if isinstance(prepared, Answer):
             conn.answer(_refusal(prepared))
             return
