@@ -436,7 +436,7 @@ class Sidecar:
         now = self.clock()
         m.headroom.clear()
         m.capacity.clear()
-        for scope in self.state.status()["scopes"]:  # type: ignore[union-attr]
+        for scope in self.state.scopes():
             reading = self.state.reading(scope, now)
             cap = self.state.capacity(scope, now)
             if reading is None or cap is None:

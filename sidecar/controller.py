@@ -274,7 +274,7 @@ class AdmissionController:
             law = state.engine_limit(name)
             if law is not None:
                 m.engine_limit.labels(name).set(law.limit)
-            ratio = state.prompt_ratio(name)
+            ratio = state.prompts.ratio(name)
             if ratio is not None:
                 m.prompt_ratio.labels(name, ratio[1]).set(ratio[0])
         m.inflight.labels("other").set(

@@ -193,7 +193,7 @@ class GrpcProxy:
         model = state.model_policy(request.model_name)
         stated = protocol.grpc_stated(request, model.kv, policy.class_parameter)
         reading = read(policy, model, request.model_name, stated, header_value(metadata, policy.class_header),
-                       header_value(metadata, policy.tenant_header), state.token_counter(request.model_name))
+                       header_value(metadata, policy.tenant_header), state.prompts.counter(request.model_name))
         if reading.priority is not None:
             protocol.grpc_set_priority(request, reading.priority)
         return reading, cost_for(model, reading.llm)

@@ -222,7 +222,7 @@ class HttpProxy:
                 doc = protocol.parse_generate(body)
                 stated = protocol.generate_stated(doc, model.kv, policy.class_parameter)
             reading = read(policy, model, model_name, stated, headers.get(policy.class_header),
-                           headers.get(policy.tenant_header), state.token_counter(model_name))
+                           headers.get(policy.tenant_header), state.prompts.counter(model_name))
             if reading.priority is not None:
                 if op != "infer":
                     body = protocol.with_priority(doc, reading.priority)
