@@ -3,18 +3,13 @@
     async with controller.admit(model, klass, cost, tenant) as ticket:
         ticket.started(); ...forward upstream; ticket.first_token(); ticket.finished()...
 
-Whatever happens inside the block (completion, an error, cancellation, the client going away,
-the upstream failing), leaving it releases the reservation exactly once. A request that is still
-waiting when its task is cancelled leaves the queue; one that was granted in the instant it was
-cancelled is released. `Rejected` carries the decision for the 429/413/403/400 answer.
-
-The tenant's in-flight count and reserved bytes are part of the same reservation, so they are
-released with it, exactly once, on every way out of the block (see sidecar/admission.py for how a
-tenant over its quota waits or is refused).
-
-A request that was sent upstream and did not see its end (cancelled, client gone) keeps its bytes
-reserved for the model's `release_grace_ms`, because the engine may hold its KV blocks until it
-notices the cancellation; the in-flight count drops at once.
+Whatever ends the block (completion, an error, cancellation, the client going away, the upstream
+failing), leaving it releases the reservation, the tenant's counts with it, exactly once. A request
+still waiting when its task is cancelled leaves the queue; one granted in the instant it was
+cancelled is released. `Rejected` carries the decision for the 429/413/403/400 answer. A request
+that went upstream and did not see its end keeps its bytes reserved for the model's
+`release_grace_ms` (the engine may hold its KV blocks until it notices); its in-flight count drops
+at once.
 """
 
 from __future__ import annotations
