@@ -1,33 +1,17 @@
 """Triton's admin APIs behind the sidecar: which of Triton's restricted-API categories a request
 belongs to, and what the sidecar answers when it keeps one shut. Pure: no I/O, no state.
 
-The categories are Triton's own, the names `--http-restricted-api` and `--grpc-restricted-protocol`
-take (server src/restricted_features.h; docs/customization_guide/inference_protocols.md, "Limit
-Endpoint Access"). Which endpoint is in which follows src/http_server.cc and src/grpc/grpc_server.cc:
+The categories are Triton's own (tritongen/core/admin_categories.py); which endpoint is in which
+follows Triton's src/http_server.cc and src/grpc/grpc_server.cc (`GRPC_CATEGORIES` lists every
+gRPC method). A request in a shut category is served only with the sidecar's admin token (the one
+`/sidecar/status` takes), unless the policy's `admin_apis.open` opens the category to every client.
 
-  health            GET /v2/health/live|ready, /v2/models/<m>[/versions/<v>]/ready;
-                    ServerLive, ServerReady, ModelReady (and grpc.health.v1.Health/Check)
-  metadata          GET /v2, /v2/models/<m>[/versions/<v>]; ServerMetadata, ModelMetadata
-  inference         /v2/models/<m>[/versions/<v>]/infer|generate|generate_stream; ModelInfer, ModelStreamInfer
-  model-config      /v2/models/<m>[/versions/<v>]/config; ModelConfig
-  statistics        /v2/models/stats, /v2/models/<m>[/versions/<v>]/stats; ModelStatistics
-  model-repository  /v2/repository[/<repo>]/index, /v2/repository[/<repo>]/models/<m>/load|unload;
-                    RepositoryIndex, RepositoryModelLoad, RepositoryModelUnload
-  trace             /v2/trace/setting, /v2/models/<m>[/versions/<v>]/trace/setting; TraceSetting
-  logging           /v2/logging; LogSettings
-  shared-memory     /v2/systemsharedmemory[/region/<r>]/status|register|unregister, the same under
-                    /v2/cudasharedmemory; System- and CudaSharedMemoryStatus|Register|Unregister
-
-The last four are admin doors, and the sidecar keeps them shut (`SHUT`, in tritongen/core/admin_categories.py): a request in one is
-served only with the sidecar's admin token (the one `/sidecar/status` takes), unless the policy's
-`admin_apis.open` opens the category to every client. The others always pass.
-
-HTTP paths are classified as Triton will match them: the path the proxy sends upstream, without
-the query (yarl has resolved dot segments and decoded unreserved escapes by then; Triton matches it
-as it arrives, undecoded). The admin test is a prefix test on the segment after `/v2/` (plus a
-suffix test for per-model trace settings), so it is conservative: a path under `/v2/repository`,
-say, that Triton would answer 404 is shut too. A path with `%`, `//` or a dot segment is also
-tested decoded and normalised; either form in an admin category shuts it.
+HTTP paths are classified as Triton will match them: the path the proxy sends upstream, without the
+query (yarl has resolved dot segments and decoded unreserved escapes by then). The test is a prefix
+test on the segment after `/v2/` (plus a suffix test for per-model trace settings), so it is
+conservative: a path under `/v2/repository` that Triton would answer 404 is shut too. A path with
+`%`, `//` or a dot segment is also tested decoded and normalised; either form in a shut category
+shuts it.
 """
 
 from __future__ import annotations

@@ -237,8 +237,7 @@ class AdmissionView:
         return self.estimates.drain_rate(model, now, self.inflight_of(model))
 
     def upstream_latency_s(self, model: str) -> float | None:
-        """The policy's quantile (admission.latency_quantile) of admission -> first response
-        (streams) or -> end (unary), recent samples."""
+        """Estimates.upstream_latency_s at the policy's `admission.latency_quantile`."""
         return self.estimates.upstream_latency_s(model, self.policy.admission.latency_quantile)
 
     def allowed_wait_s(self, model: str, klass: ClassPolicy) -> float:
@@ -251,10 +250,8 @@ class AdmissionView:
         return max(0.0, allowed)
 
     def expected_wait_s(self, model: str, position: int, now: float, priority: int | None = None) -> float | None:
-        """Seconds until a request at `position` in its model's queue leaves it: position / drain
-        rate, where, for a request of a lower class, the top class's requests arriving meanwhile
-        (at their recent rate) always pass it, and those of the classes between pass it until the
-        starvation guard has promoted it to their level (effective_level). None: no drain measured."""
+        """Seconds until a request at `position` in its model's queue leaves it (sidecar/admission_estimates.py
+        says how); None: no drain measured."""
         terms = self._wait_terms(model, now, priority)
         return None if terms is None else wait_from(terms, position)
 

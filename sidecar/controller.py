@@ -363,16 +363,15 @@ class _Admission:
         return self._ticket
 
     def inner_request_ended(self, seconds: float, first_s: float, error: bytes | None) -> None:
-        """One request inside a gRPC stream nginx carries ended (its final response, or an error
-        response; `seconds` and `first_s`: its span and time to first response as nginx could time
-        them). The stream holds one reservation, but each of its requests is a request on the
-        dashboard: admitted (the stream's admission counted the first), ended with its own outcome
-        and duration, and, after the first (whose first token the stream's counted), its time to
-        first token. The stream's end then counts only the requests it cut short, not itself."""
+        """One request inside a gRPC stream nginx carries ended (`seconds`, `first_s`: its span and time to
+        first response as nginx could time them). The stream holds one reservation, but each of its
+        requests is one on the dashboard: admitted (the stream's admission counted the first), ended
+        with its own outcome and duration, and after the first its time to first token. The stream's
+        end then counts only the requests it cut short, not itself."""
         if self._inner_ended and not error:
             ctl = self._ctl
             ctl.accounting.child(ctl.metrics.ttft, self._klass, self._series.mlabel).observe(first_s)
-        self._count_inner(outcome(ENDED, 500 if error else 200, error), seconds)
+        self._count_inner(upstream_outcome(error) if error else OK, seconds)
         self._inner_last = self._ctl.clock()
 
     def inner_requests_seen(self, requests: int) -> None:

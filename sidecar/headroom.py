@@ -1,21 +1,12 @@
 """Where live memory headroom comes from, behind one interface, and a chain that falls through.
 
-Sources, in the policy's order (default `nvml`, `triton_metrics`, `static`):
-  * `NvmlSource`: NVML through `pynvml` (`tritongen.shared.nvml`): per-GPU total/used memory and
-    utilisation. With no GPU, `nvmlInit` raises `NVMLError_LibraryNotFound`; the source then
-    fails cleanly (and retries init rarely).
-  * `TritonMetricsSource`: Triton's Prometheus endpoint: `nv_gpu_memory_{total,used}_bytes` per
-    GPU, a model's own KV-pool gauges (`<prefix>_kv_blocks_used/_total`, `_kv_bytes_per_token`,
-    `_kv_block_tokens`, labelled `model=<name>`: tritongen's `llm_engine_*` convention, any prefix;
-    see tritongen.core.engine_metrics), else the engine's
-    (TensorRT-LLM's block gauges, vLLM's usage fraction of the policy's pool) and, from the
-    `nv_inference_queue_duration_us` counters, the queueing delay Triton measured per model.
-  * `StaticSource`: the plan's arithmetic from the policy; it always answers.
-
-Every source is given its I/O (the NVML module, the metrics fetcher): tests inject fakes, the app
-injects the real thing. The chain reads every source; for each scope the first source that
-answered wins, and a source that failed is named in the snapshot (`failures`), the metrics and
-the log (once per change, not once per poll).
+Sources, in the policy's order (default `nvml`, `triton_metrics`, `static`): NVML through `pynvml`
+(per-GPU memory and utilisation; with no GPU it fails cleanly and retries its init rarely), Triton's
+Prometheus endpoint (GPU memory; a model's own KV-pool gauges, tritongen's `llm_engine_*` convention
+or the engine's, tritongen.core.engine_metrics; the queueing delay Triton measured per model), and
+the plan's arithmetic, which always answers. Each is given its I/O, so tests inject fakes. The chain
+reads every source; per scope the first that answered wins, and a source that failed is named in the
+snapshot (`failures`), the metrics and the log (once per change, not once per poll).
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """The HTTP/REST side: Triton's v2 API through admission (aiohttp server and client).
 
-Admission applies to `POST /v2/models/<m>[/versions/<v>]/{infer,generate,generate_stream}`;
-everything else (health, metadata, config, statistics, ...) is passed through, except Triton's
-admin APIs (model repository, logging, trace, shared memory; sidecar/admin_apis.py): those need the
-admin token below (403 without `--token-file`, 401 without the token) unless the policy's
-`admin_apis.open` opens them, and the sidecar's token header does not go upstream.
-Bodies and headers are forwarded as they came (binary tensor data included); the only change is
-the `priority` parameter the request's class sets, written into the JSON (header) part. The
-tenant is read from the policy's `tenant_header` (default `x-tenant`; none: tenant `default`). Request
-bodies sent gzip- or deflate-compressed are forwarded decompressed (aiohttp decodes them, and the
-size limit applies after decoding); responses pass through as Triton compressed them.
-
-Also served here, behind a bearer token: `GET /sidecar/status` and `POST /sidecar/reload`.
+Admission applies to `POST /v2/models/<m>[/versions/<v>]/{infer,generate,generate_stream}`; the rest
+passes through, but for Triton's admin APIs, shut behind the admin token (sidecar/admin_apis.py),
+and the sidecar's own `GET /sidecar/status` and `POST /sidecar/reload`, behind the same token.
+Bodies and headers go as they came (binary tensor data included) but for the `priority` parameter
+the request's class sets, written into the JSON part, and the sidecar's token header. Request
+bodies sent gzip- or deflate-compressed go upstream decompressed (aiohttp decodes them, and the size
+limit applies after decoding); responses pass through as Triton compressed them.
 """
 
 from __future__ import annotations
