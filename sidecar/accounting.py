@@ -1,14 +1,11 @@
 """One accounting for every admitted request, whichever path carried it, and one classification of
 how it ended.
 
-Three carriers learn how a request ended: the Python relays (HTTP and gRPC, through the admission
-block's `Ticket`), nginx for the requests the decision socket admitted (its `end` message: how,
-status, the engine's error) and nginx's lane (counts per model and class, read at each sync).
-`outcome` is the one rule that names the end from what a carrier saw; `Accounting` is the one place
-that counts: admitted (by class and model, and by tenant), the wait in the sidecar's queue, prompt
-lengths, refusals, how each ended and its duration. Why one: the lane counted its own ends and
-skipped the tenant and queue-wait counters, so `sidecar_tenant_requests_admitted` undercounted,
-and the three classifications could drift apart (issue 45).
+The Python relays (through the admission block's `Ticket`), nginx for the requests the decision
+socket admitted (its `end` message) and nginx's lane (counts read at each sync) each learn how a
+request ended; `outcome` is the one rule that names the end from what a carrier saw, and
+`Accounting` the one place that counts it. Why one: the lane counted its own ends and skipped the
+tenant and queue-wait counters, and the three classifications could drift apart (issue 45).
 """
 
 from __future__ import annotations

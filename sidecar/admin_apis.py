@@ -1,38 +1,23 @@
 """Triton's admin APIs behind the sidecar: which of Triton's restricted-API categories a request
 belongs to, and what the sidecar answers when it keeps one shut. Pure: no I/O, no state.
 
-The categories are Triton's own, the names `--http-restricted-api` and `--grpc-restricted-protocol`
-take (server src/restricted_features.h; docs/customization_guide/inference_protocols.md, "Limit
-Endpoint Access"). Which endpoint is in which follows src/http_server.cc and src/grpc/grpc_server.cc:
+The categories are Triton's own (tritongen/core/admin_categories.py); which endpoint is in which
+follows Triton's src/http_server.cc and src/grpc/grpc_server.cc (`GRPC_CATEGORIES` lists every
+gRPC method). A request in a shut category is served only with the sidecar's admin token (the one
+`/sidecar/status` takes), unless the policy's `admin_apis.open` opens the category to every client.
 
-  health            GET /v2/health/live|ready, /v2/models/<m>[/versions/<v>]/ready;
-                    ServerLive, ServerReady, ModelReady (and grpc.health.v1.Health/Check)
-  metadata          GET /v2, /v2/models/<m>[/versions/<v>]; ServerMetadata, ModelMetadata
-  inference         /v2/models/<m>[/versions/<v>]/infer|generate|generate_stream; ModelInfer, ModelStreamInfer
-  model-config      /v2/models/<m>[/versions/<v>]/config; ModelConfig
-  statistics        /v2/models/stats, /v2/models/<m>[/versions/<v>]/stats; ModelStatistics
-  model-repository  /v2/repository[/<repo>]/index, /v2/repository[/<repo>]/models/<m>/load|unload;
-                    RepositoryIndex, RepositoryModelLoad, RepositoryModelUnload
-  trace             /v2/trace/setting, /v2/models/<m>[/versions/<v>]/trace/setting; TraceSetting
-  logging           /v2/logging; LogSettings
-  shared-memory     /v2/systemsharedmemory[/region/<r>]/status|register|unregister, the same under
-                    /v2/cudasharedmemory; System- and CudaSharedMemoryStatus|Register|Unregister
-
-The last four are admin doors, and the sidecar keeps them shut (`SHUT`, in tritongen/core/admin_categories.py): a request in one is
-served only with the sidecar's admin token (the one `/sidecar/status` takes), unless the policy's
-`admin_apis.open` opens the category to every client. The others always pass.
-
-HTTP paths are classified as Triton will match them: the path the proxy sends upstream, without
-the query (yarl has resolved dot segments and decoded unreserved escapes by then; Triton matches it
-as it arrives, undecoded). The admin test is a prefix test on the segment after `/v2/` (plus a
-suffix test for per-model trace settings), so it is conservative: a path under `/v2/repository`,
-say, that Triton would answer 404 is shut too. A path with `%`, `//` or a dot segment is also
-tested decoded and normalised; either form in an admin category shuts it.
+HTTP paths are classified as Triton will match them: the path the proxy sends upstream, without the
+query (yarl has resolved dot segments and decoded unreserved escapes by then). The test is a prefix
+test on the segment after `/v2/` (plus a suffix test for per-model trace settings), so it is
+conservative: a path under `/v2/repository` that Triton would answer 404 is shut too. A path with
+`%`, `//` or a dot segment is also tested decoded and normalised; either form in a shut category
+shuts it.
 """
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Collection
 from typing import Any
 from urllib.parse import unquote
 
@@ -151,6 +136,17 @@ def authorised(authorization: str | None, sidecar_token: str | None, token: str 
     if token_matches(sidecar_token, token):
         return TOKEN_HEADER
     return None
+
+
+def kept_out(category: str, authorization: str | None, sidecar_token: str | None, token: str | None,
+             open_categories: Collection[str]) -> tuple[str, ...] | None:
+    """A request to a shut admin API passes with the admin token or when the policy opens its
+    category: the headers (gRPC: metadata keys) that carried the token, kept out of what goes
+    upstream, or None when it is refused."""
+    carried = authorised(authorization, sidecar_token, token)
+    if carried is None and category not in open_categories:
+        return None
+    return (AUTHORIZATION, TOKEN_HEADER) if carried == AUTHORIZATION else (TOKEN_HEADER,)
 
 
 def refusal(category: str, protocol: str, token_configured: bool) -> tuple[int, dict[str, Any]]:

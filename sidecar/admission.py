@@ -3,37 +3,25 @@
 The asyncio code in `sidecar/controller.py` owns one `AdmissionState` and calls it; everything that
 decides (admit, queue or refuse; who leaves the queue next; when the concurrency limit moves; what
 Retry-After says) is reached from here so it can be tested exhaustively with a fake clock. This
-module holds the operations that change the state; the parts it is made of, and what it answers
-without changing anything, are `AdmissionView` (sidecar/admission_view.py). The numbers that shape
-the decisions are in tritongen/core/admission_tuning.py with their provenance; the ones a deployer
-may move are the policy's `admission` section.
+module holds the operations that change the state; what it is made of and what it answers without
+changing anything are `AdmissionView`'s (sidecar/admission_view.py). The numbers that shape the
+decisions are in tritongen/core/admission_tuning.py with their provenance; the ones a deployer may
+move are the policy's `admission` section.
 
 Waiting or refused. A request that cannot be admitted at once waits only if it is expected to
-leave the queue within its class's wait (its position / the model's drain rate, the top class's
-arrivals passing the lower classes). Below the top class "expected" means at a high quantile of the
-wait (the policy's `admission.wait_z`, 2 standard deviations by default), not its mean: a request
-queued on the mean near the limit waits its whole budget about half the time and is then refused
-late, which tells the client nothing sooner than a timeout would. The top class waits on the mean
-(its budget is a few departures long). Once waiting, a request is refused only at its class's
-deadline (issue 31: "a late one only at its class's deadline"): a refusal mid-wait on a fresh
-prediction cost goodput whenever the drain estimate dipped (a real vLLM's burst: 35 of 100 batch
-requests refused after 4.5 s of a 10 s wait, where the server alone served 71 within target
-against the sidecar's 65), and one still waiting at its deadline could not make its target anyway.
+leave the queue within its class's wait (sidecar/admission_estimates.py); below the top class at
+a high quantile of the wait (`admission.wait_z`), not its mean: one queued on the mean near the
+limit waits its whole budget about half the time and is then refused late. Once waiting, a request
+is refused only at its class's deadline: refusing mid-wait on a fresh prediction cost goodput
+whenever the drain estimate dipped (a real vLLM's burst: 35 of 100 batch requests refused after
+4.5 s of a 10 s wait, where the server alone served 71 within target against the sidecar's 65).
 
 A request blocked by a shared room (device headroom) holds everything behind it, so a large
-request cannot starve; one blocked by its own model's quota only holds its model, one blocked by
-the adaptive limit every LLM request.
-
-Tenants. A tenant over its quota is treated the way a model over its quota is: its request waits
-in the queue (subject to the class's queue cap, its longest wait and the wait estimate, which
-refuse it with 429 naming the tenant limit), and holds only the tenant's own requests behind it,
-never another tenant's; so one tenant at its quota cannot block the others. Two approximations:
-the wait estimate is the model's (a tenant's own drain rate is not measured), and a tenant's
-waiting requests count against its class's queue cap like any other (there is no per-tenant
-queue cap, so a tenant that floods the queue can fill its class's cap). A request that could
-never fit its tenant's memory quota (its class's share of it) is refused at once (413), and a
-class the tenant may not send is refused at once (403). A reloaded policy re-reads the quotas
-and keeps the counts.
+request cannot starve; one blocked by its own model's quota holds only its model, one blocked by
+the adaptive limit every LLM request, one blocked by its tenant's quota only its tenant (so one
+tenant at its quota cannot block the others: docs/sidecar.md, tenants). Two approximations for
+tenants: the wait estimate is the model's, and a tenant's waiting requests count against its
+class's queue cap like any other's.
 """
 
 from __future__ import annotations
@@ -92,7 +80,7 @@ class AdmissionState(AdmissionView):
         self._pump()
 
     def set_token_counters(self, counters: Mapping[str, Callable[[bytes], int]]) -> None:
-        """The models' tokenizers (sidecar/tokens.py), loaded by the owner; the proxies count with them."""
+        """The models' tokenizers (sidecar/admission_prompts.py), loaded by the owner; the proxies count with them."""
         self.prompts.set_counters(counters)
 
     def observe_headroom(self, snapshot: HeadroomSnapshot) -> None:
@@ -172,33 +160,30 @@ class AdmissionState(AdmissionView):
         z = self.policy.admission.wait_z if klass.priority > self._index.top_level else 0.0
         sure_s = None if terms is None else wait_from(terms, ahead + 1, z)
         common = dict(limit=limit_name, limit_capacity=cap, limit_used=used, headroom_bytes=verdict.headroom_bytes)
+
+        def refused(reason: str, detail: str) -> Decision:
+            """Room did not come in time: the top class's LowerShare hears of it too."""
+            self._judge_top_class(request.model, request.klass, now, math.inf)
+            return Decision(Action.REJECT, request.id, reason, retry_after_s=self.retry_after_s(wait_s),
+                            queue_position=ahead + 1, detail=detail, **common)
+
         if klass.queue_cap is not None and same_class >= klass.queue_cap:
-            return self._refused_for_room(Decision(
-                Action.REJECT, request.id, QUEUE_FULL, retry_after_s=self.retry_after_s(wait_s),
-                queue_position=ahead + 1, **common,
-                detail=f"{limit_name} is reached and class {klass.name!r} already has {same_class} "
-                f"requests waiting (its queue cap is {klass.queue_cap})",
-            ), request, now)
+            return refused(QUEUE_FULL, f"{limit_name} is reached and class {klass.name!r} already has {same_class} "
+                           f"requests waiting (its queue cap is {klass.queue_cap})")
         if allowed_s <= 0:
-            upstream = self.upstream_latency_s(request.model) or 0.0
-            quantile = self.policy.admission.latency_quantile
-            return self._refused_for_room(Decision(
-                Action.REJECT, request.id, QUEUE_WAIT, retry_after_s=self.retry_after_s(wait_s),
-                queue_position=ahead + 1, **common,
-                detail=f"{limit_name} is reached and class {klass.name!r}'s {klass.p99_ms:.0f} ms target leaves "
-                f"no time to wait: upstream alone takes {upstream * 1000:.0f} ms (P{quantile * 100:.0f})"
-                + (f" and the request spent {request.before_s * 1000:.0f} ms reaching the sidecar"
-                   if request.before_s > 0 else ""),
-            ), request, now)
+            upstream_ms = (self.upstream_latency_s(request.model) or 0.0) * 1000
+            quantile = self.policy.admission.latency_quantile * 100
+            spent = f" and the request spent {request.before_s * 1000:.0f} ms reaching the sidecar" \
+                if request.before_s > 0 else ""
+            return refused(QUEUE_WAIT, f"{limit_name} is reached and class {klass.name!r}'s {klass.p99_ms:.0f} ms "
+                           f"target leaves no time to wait: upstream alone takes {upstream_ms:.0f} ms "
+                           f"(P{quantile:.0f}){spent}")
         if sure_s is not None and sure_s > allowed_s:
             assert wait_s is not None
             likely = f" ({sure_s * 1000:.0f} ms at its {_z_percentile(z):.0f}th percentile)" if z else ""
-            return self._refused_for_room(Decision(
-                Action.REJECT, request.id, QUEUE_WAIT, retry_after_s=self.retry_after_s(wait_s),
-                queue_position=ahead + 1, **common,
-                detail=f"{limit_name} is reached and the estimated wait, {wait_s * 1000:.0f} ms{likely} for "
-                f"{ahead} request(s) ahead, exceeds the {allowed_s * 1000:.0f} ms class {klass.name!r} may wait",
-            ), request, now)
+            return refused(QUEUE_WAIT, f"{limit_name} is reached and the estimated wait, {wait_s * 1000:.0f} ms"
+                           f"{likely} for {ahead} request(s) ahead, exceeds the {allowed_s * 1000:.0f} ms class "
+                           f"{klass.name!r} may wait")
         self._waiting[request.id] = waiting
         self.estimates.note_arrival(request.model, klass.priority, now)
         return Decision(Action.QUEUE, request.id, "queued", queue_position=ahead + 1, **common,
@@ -377,11 +362,6 @@ class AdmissionState(AdmissionView):
         if share is None:
             share = self._lower_share[model.name] = LowerShare(self.policy.admission.lower_share)
         share.observe(now, first_token_s)
-
-    def _refused_for_room(self, decision: Decision, request: Request, now: float) -> Decision:
-        """A refusal because room did not come in time: the top class's LowerShare hears of it."""
-        self._judge_top_class(request.model, request.klass, now, math.inf)
-        return decision
 
     def _reserve(self, request: Request, now: float, arrived_at: float | None = None) -> None:
         self.ledger.reserve(request, self.model_policy(request.model), now, arrived_at,

@@ -14,6 +14,13 @@ from collections.abc import Mapping
 
 from sidecar.admission_types import HeadroomSnapshot, Reading
 from tritongen.core.sidecar_policy.schema import SidecarPolicy
+from tritongen.core.sidecar_policy.sections import DevicePolicy
+
+
+def static_reading(device: DevicePolicy) -> Reading:
+    """The plan's arithmetic for a device: its memory x utilisation cap, less what the plan placed there."""
+    return Reading(device.id, int(device.memory_bytes * device.utilization_cap), device.static_used_bytes, "static",
+                   live=False)
 
 
 class Capacity:
@@ -45,15 +52,7 @@ class Capacity:
         if snap is not None and scope in snap.readings:
             return snap.readings[scope]
         device = self._devices.get(scope)
-        if device is None:
-            return None
-        return Reading(
-            scope=scope,
-            total_bytes=int(device.memory_bytes * device.utilization_cap),
-            used_bytes=device.static_used_bytes,
-            source="static",
-            live=False,
-        )
+        return None if device is None else static_reading(device)
 
     def capacity(self, scope: str, now: float) -> float | None:
         """Bytes the sidecar may hold on a scope in all (reservations included); None: unconstrained."""

@@ -1,16 +1,91 @@
-"""How the prompts of each LLM are counted in tokens: the model's tokenizer when one was loaded
-(sidecar/tokens.py), else the bytes-per-token ratio learnt from the engine's own prompt-token
-counter (sidecar/prompt_ratio.py) once enough has passed, else the policy's ratio. Pure."""
+"""How the prompts of each LLM are counted in tokens: the model's tokenizer when the policy names one
+(`load_counters`), else the bytes-per-token ratio learnt from the engine's own prompt-token counter
+(`LearnedRatio`) once enough has passed, else the policy's ratio (`PromptCounting` picks). Pure but
+for `load_counters`, which reads the tokenizer files.
+
+A byte ratio is an average: a prompt of unusual text costs more or fewer tokens than it says, and
+a sidecar that reserves KV per request then over-reserves (goodput lost) or under-reserves (the
+engine kills). A tokenizer.json, read with Hugging Face's `tokenizers` (`pip install
+tritongen[tokenizer]`), counts exactly; without the package the sidecar says so once and keeps the
+ratio, still a working estimate. A named file that is missing or unreadable is a policy error: a
+silent fallback would hide the operator's mistake.
+
+The learnt ratio: the engine says how many prompt tokens it processed (vLLM's
+`vllm:prompt_tokens_total`, which Triton's vLLM backend reports), so the prompt bytes the sidecar
+forwarded over the tokens the engine counted between two readings is the ratio the engine's
+tokenizer gives this traffic. Tokens reaching the engine around the sidecar make it read low, which
+counts prompts as more tokens than they are: the safe side for admission. A counter that goes back
+(the engine restarted) starts the window again.
+"""
 
 from __future__ import annotations
 
+import logging
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from sidecar.cost import TokenCounter
-from sidecar.prompt_ratio import LearnedRatio
+from tritongen.core.sidecar_policy.schema import PolicyError, SidecarPolicy
 from tritongen.core.sidecar_policy.sections import ModelPolicy
+
+log = logging.getLogger("tritongen.sidecar.tokens")
+
+MIN_TOKENS = 2048  # the engine counted at least this many prompt tokens in the window: a ratio of many prompts
+WINDOW_READINGS = 120  # readings kept (a minute at the default half-second poll)
+
+
+def load_counters(policy: SidecarPolicy, policy_dir: Path) -> dict[str, TokenCounter]:
+    """A token counter per model whose `kv.tokenizer` is set (relative paths: the policy's directory)."""
+    named = {m.name: m.kv.tokenizer for m in policy.models if m.kv is not None and m.kv.tokenizer}
+    if not named:
+        return {}
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        log.warning("the policy names tokenizers for %s, but the `tokenizers` package is not installed "
+                    "(pip install tritongen[tokenizer]); prompt tokens are estimated from prompt_bytes_per_token",
+                    sorted(named))
+        return {}
+    counters: dict[str, TokenCounter] = {}
+    for model, name in named.items():
+        path = Path(name) if Path(name).is_absolute() else policy_dir / name
+        try:
+            tokenizer = Tokenizer.from_file(str(path))
+        except Exception as err:  # the library raises a bare Exception for a missing or bad file
+            raise PolicyError(f"models {model!r}: kv.tokenizer {path} cannot be read: {err}; fix the path, or "
+                              "remove `tokenizer` to estimate tokens from prompt_bytes_per_token") from None
+        counters[model] = _counter(tokenizer)
+    return counters
+
+
+def _counter(tokenizer: object) -> TokenCounter:
+    def count(text: bytes) -> int:
+        return len(tokenizer.encode(text.decode("utf-8", errors="replace"), add_special_tokens=True).ids)  # type: ignore[attr-defined]
+
+    return count
+
+
+@dataclass
+class LearnedRatio:
+    """Bytes per prompt token of one model, from (bytes forwarded, engine's prompt tokens) readings."""
+
+    _readings: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=WINDOW_READINGS))
+    ratio: float | None = None
+
+    def observe(self, bytes_forwarded: float, engine_tokens: float) -> float | None:
+        """One reading of both running totals; returns the ratio in force (None: not learnt yet)."""
+        if self._readings and engine_tokens < self._readings[-1][1]:
+            self._readings.clear()  # the engine's counter restarted
+        self._readings.append((bytes_forwarded, engine_tokens))
+        first_bytes, first_tokens = self._readings[0]
+        tokens = engine_tokens - first_tokens
+        sent = bytes_forwarded - first_bytes
+        if tokens >= MIN_TOKENS and sent > 0:
+            self.ratio = sent / tokens
+        return self.ratio
 
 
 class PromptCounting:

@@ -32,7 +32,8 @@ class Waiting:
 class WaitQueue(dict):  # type: ignore[type-arg]
     """The waiting requests by id, in arrival order (a request is put in once, when it is queued).
     `rev` counts every change, so a cached walk of the queue (`order`) knows it is stale without
-    each place that adds or removes a request having to say so."""
+    each place that adds or removes a request having to say so; the state changes it only by
+    `[id] = `, `del` and `pop`, which count."""
 
     rev = 0
 
@@ -67,22 +68,6 @@ class WaitQueue(dict):  # type: ignore[type-arg]
     def pop(self, key: Hashable, *default: Any) -> Any:
         self.rev += 1
         return super().pop(key, *default)
-
-    def popitem(self) -> tuple[Hashable, Waiting]:
-        self.rev += 1
-        return super().popitem()
-
-    def clear(self) -> None:
-        self.rev += 1
-        super().clear()
-
-    def update(self, *args: Any, **kwargs: Any) -> None:
-        self.rev += 1
-        super().update(*args, **kwargs)
-
-    def setdefault(self, key: Hashable, default: Any = None) -> Any:
-        self.rev += 1
-        return super().setdefault(key, default)
 
     # -- order ----------------------------------------------------------------------------------------
 

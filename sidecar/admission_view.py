@@ -1,21 +1,18 @@
 """The admission state's parts, set up from a policy (again on a reload), and everything it answers
-without changing anything: the policy looked up by name, the rooms a request faces and whether it
-fits, the measurements the wait estimate reads, the counts and the status document.
-`AdmissionState` (sidecar/admission.py) is this view plus the operations that change it (submit,
-release, tick, the lane's slots); the split is read / write, so what a metric or the status reads
-is defined apart from how a decision changes the books.
+without changing anything: the policy by name, the rooms a request faces and whether it fits, the
+measurements the wait estimate reads, the counts and the status document. `AdmissionState`
+(sidecar/admission.py) is this view plus the operations that change it: what a metric or the status
+reads is defined apart from how a decision changes the books.
 
-The parts, each in its own module: the policy by name (admission_index), the books
-(admission_ledger), the wait queue and its order (admission_queue), what each memory scope can
-hold (admission_capacity), the per-model measurements and the wait estimate (admission_estimates),
-the limits that move (admission_limits) and prompt counting (admission_prompts). The rooms and the
-rule that checks them are in admission_types.
+The parts, each in its own module: admission_index (the policy by name), admission_ledger (the
+books), admission_queue (the wait queue), admission_capacity (what each memory scope can hold),
+admission_estimates (measurements and the wait estimate), admission_limits (the limits that move),
+admission_prompts (prompt counting); the rooms and the rule that checks them: admission_types.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 from sidecar.admission_capacity import Capacity
 from sidecar.admission_estimates import Estimates, WaitTerms, wait_from
@@ -24,7 +21,7 @@ from sidecar.admission_ledger import Ledger
 from sidecar.admission_limits import AdaptiveLimit, LowerShare, engine_queues, pool_blocks
 from sidecar.admission_prompts import PromptCounting
 from sidecar.admission_queue import Group, Waiting, WaitQueue
-from sidecar.admission_types import Clock, HeadroomSnapshot, Reading, Request, Room, Verdict, decide
+from sidecar.admission_types import Clock, Reading, Request, Room, Verdict, decide
 from sidecar.engine_concurrency import EngineConcurrency
 from tritongen.core.sidecar_policy.base import DEFAULT_TENANT, OTHER_TENANTS
 from tritongen.core.sidecar_policy.schema import SidecarPolicy
@@ -57,15 +54,6 @@ class AdmissionView:
         for share in self._lower_share.values():
             share.cfg = policy.admission.lower_share
         self._follow_engines()
-
-    def token_counter(self, model: str) -> Callable[[bytes], int] | None:
-        return self.prompts.counter(model)
-
-    def prompt_ratio(self, model: str) -> tuple[float, str] | None:
-        return self.prompts.ratio(model)
-
-    def prompt_counting(self, model: str) -> str:
-        return self.prompts.describe(model)
 
     # -- lookups ----------------------------------------------------------------------------------
 
@@ -249,8 +237,7 @@ class AdmissionView:
         return self.estimates.drain_rate(model, now, self.inflight_of(model))
 
     def upstream_latency_s(self, model: str) -> float | None:
-        """The policy's quantile (admission.latency_quantile) of admission -> first response
-        (streams) or -> end (unary), recent samples."""
+        """Estimates.upstream_latency_s at the policy's `admission.latency_quantile`."""
         return self.estimates.upstream_latency_s(model, self.policy.admission.latency_quantile)
 
     def allowed_wait_s(self, model: str, klass: ClassPolicy) -> float:
@@ -263,10 +250,8 @@ class AdmissionView:
         return max(0.0, allowed)
 
     def expected_wait_s(self, model: str, position: int, now: float, priority: int | None = None) -> float | None:
-        """Seconds until a request at `position` in its model's queue leaves it: position / drain
-        rate, where, for a request of a lower class, the top class's requests arriving meanwhile
-        (at their recent rate) always pass it, and those of the classes between pass it until the
-        starvation guard has promoted it to their level (effective_level). None: no drain measured."""
+        """Seconds until a request at `position` in its model's queue leaves it (sidecar/admission_estimates.py
+        says how); None: no drain measured."""
         terms = self._wait_terms(model, now, priority)
         return None if terms is None else wait_from(terms, position)
 
@@ -354,10 +339,6 @@ class AdmissionView:
     def lingering(self) -> int:
         return self.ledger.lingering
 
-    @property
-    def snapshot(self) -> HeadroomSnapshot | None:
-        return self._capacity.snapshot
-
     def _tenant_status(self) -> dict[str, dict[str, object]]:
         out: dict[str, dict[str, object]] = {}
         for label, (inflight, reserved) in self.tenant_usage().items():
@@ -369,6 +350,10 @@ class AdmissionView:
                 "max_reserved_bytes": quota.max_reserved_bytes if quota else None,
             }
         return out
+
+    def scopes(self) -> list[str]:
+        """The memory scopes the policy names: its devices and its LLMs' KV pools."""
+        return sorted({d.id for d in self.policy.devices} | {f"pool:{m.name}" for m in self.policy.models if m.kv})
 
     def status(self) -> dict[str, object]:
         now = self._now()
@@ -387,9 +372,9 @@ class AdmissionView:
                 models[name]["engine_limit"] = law.status()
             known = self._index.models.get(name)
             if known is not None and known.kv is not None:
-                models[name]["prompt_tokens_counted_by"] = self.prompt_counting(name)
+                models[name]["prompt_tokens_counted_by"] = self.prompts.describe(name)
         scopes = {}
-        for scope in sorted({d.id for d in self.policy.devices} | {f"pool:{m.name}" for m in self.policy.models if m.kv}):
+        for scope in self.scopes():
             reading = self.reading(scope, now)
             scopes[scope] = {
                 "source": reading.source if reading else None,
@@ -398,7 +383,7 @@ class AdmissionView:
                 "capacity_bytes": self.capacity(scope, now),
                 "reserved_bytes": self.reserved_scope(scope),
             }
-        snap = self.snapshot
+        snap = self._capacity.snapshot
         return {
             "inflight": self.inflight,
             "reserved_bytes": self.reserved_bytes,

@@ -46,7 +46,7 @@ from sidecar.nginx_front import (
     FrontAddresses, NativeFrontUnavailable, NginxFront, NginxInstall, decision_socket, find_nginx,
 )
 from sidecar.tasks import stop_step
-from sidecar.tokens import load_counters
+from sidecar.admission_prompts import load_counters
 from sidecar.upstream import UpstreamHealth
 from tritongen.core.sidecar_policy.schema import PolicyError, SidecarPolicy
 from tritongen.errors import BadInput
@@ -437,7 +437,7 @@ class Sidecar:
         now = self.clock()
         m.headroom.clear()
         m.capacity.clear()
-        for scope in self.state.status()["scopes"]:  # type: ignore[union-attr]
+        for scope in self.state.scopes():
             reading = self.state.reading(scope, now)
             cap = self.state.capacity(scope, now)
             if reading is None or cap is None:

@@ -3,18 +3,13 @@
     async with controller.admit(model, klass, cost, tenant) as ticket:
         ticket.started(); ...forward upstream; ticket.first_token(); ticket.finished()...
 
-Whatever happens inside the block (completion, an error, cancellation, the client going away,
-the upstream failing), leaving it releases the reservation exactly once. A request that is still
-waiting when its task is cancelled leaves the queue; one that was granted in the instant it was
-cancelled is released. `Rejected` carries the decision for the 429/413/403/400 answer.
-
-The tenant's in-flight count and reserved bytes are part of the same reservation, so they are
-released with it, exactly once, on every way out of the block (see sidecar/admission.py for how a
-tenant over its quota waits or is refused).
-
-A request that was sent upstream and did not see its end (cancelled, client gone) keeps its bytes
-reserved for the model's `release_grace_ms`, because the engine may hold its KV blocks until it
-notices the cancellation; the in-flight count drops at once.
+Whatever ends the block (completion, an error, cancellation, the client going away, the upstream
+failing), leaving it releases the reservation, the tenant's counts with it, exactly once. A request
+still waiting when its task is cancelled leaves the queue; one granted in the instant it was
+cancelled is released. `Rejected` carries the decision for the 429/413/403/400 answer. A request
+that went upstream and did not see its end keeps its bytes reserved for the model's
+`release_grace_ms` (the engine may hold its KV blocks until it notices); its in-flight count drops
+at once.
 """
 
 from __future__ import annotations
@@ -274,7 +269,7 @@ class AdmissionController:
             law = state.engine_limit(name)
             if law is not None:
                 m.engine_limit.labels(name).set(law.limit)
-            ratio = state.prompt_ratio(name)
+            ratio = state.prompts.ratio(name)
             if ratio is not None:
                 m.prompt_ratio.labels(name, ratio[1]).set(ratio[0])
         m.inflight.labels("other").set(
@@ -368,16 +363,15 @@ class _Admission:
         return self._ticket
 
     def inner_request_ended(self, seconds: float, first_s: float, error: bytes | None) -> None:
-        """One request inside a gRPC stream nginx carries ended (its final response, or an error
-        response; `seconds` and `first_s`: its span and time to first response as nginx could time
-        them). The stream holds one reservation, but each of its requests is a request on the
-        dashboard: admitted (the stream's admission counted the first), ended with its own outcome
-        and duration, and, after the first (whose first token the stream's counted), its time to
-        first token. The stream's end then counts only the requests it cut short, not itself."""
+        """One request inside a gRPC stream nginx carries ended (`seconds`, `first_s`: its span and time to
+        first response as nginx could time them). The stream holds one reservation, but each of its
+        requests is one on the dashboard: admitted (the stream's admission counted the first), ended
+        with its own outcome and duration, and after the first its time to first token. The stream's
+        end then counts only the requests it cut short, not itself."""
         if self._inner_ended and not error:
             ctl = self._ctl
             ctl.accounting.child(ctl.metrics.ttft, self._klass, self._series.mlabel).observe(first_s)
-        self._count_inner(outcome(ENDED, 500 if error else 200, error), seconds)
+        self._count_inner(upstream_outcome(error) if error else OK, seconds)
         self._inner_last = self._ctl.clock()
 
     def inner_requests_seen(self, requests: int) -> None:

@@ -1,22 +1,17 @@
 """A request's memory cost from what it asks for. Pure arithmetic over the policy's cost model.
 
 LLM: for each sequence, (prompt tokens + requested output tokens), clamped to max_context and
-rounded up to whole KV blocks, and the KV bytes a sequence of that length holds (`KVCost.bytes_at`:
-bytes per token for a classic model; for a hybrid, the growing layers per token, the windowed or
-chunked layers up to their caps and the fixed recurrent state); plus the profiled prefill peak for
-the prompt length (held only until the first token). Classic: the per-request memory the policy
-names.
+rounded up to whole KV blocks, at the KV bytes a sequence of that length holds (`KVCost.bytes_at`),
+plus the profiled prefill peak for the prompt length (held only until the first token). Classic: the
+per-request memory the policy names. A request that can never run is marked (`Cost.never`) rather
+than clamped, so it is refused at once instead of killed by the engine: output tokens of max_context
+or more, or a footprint beyond one engine's whole pool. An engine that grows and preempts (vLLM) is
+charged no KV bytes: nothing is reserved for it.
 
-A request that can never run is marked (`Cost.never`) rather than clamped, so the sidecar refuses
-it at once instead of letting the engine kill it: output tokens of max_context or more (no prompt
-fits beside them), or a footprint beyond one engine's whole pool. An engine that grows and
-preempts (vLLM) is charged no KV bytes: nothing is reserved for it (policy.KVCost).
-
-The same arithmetic gives each stated prompt's length in tokens (`Cost.prompt_lengths`), which the
-sidecar exports as the `sidecar_prompt_tokens` histogram (doctor rule DR103 reads it). Tokens are
-UTF-8 bytes / `prompt_bytes_per_token`: with the default 1.0 (the safe bound for admission) they
-are bytes, which over-counts a sub-word tokenizer's tokens by a roughly constant factor; the
-spread P95 / P50 that DR103 judges does not change with that factor.
+Each stated prompt's length in tokens (`Cost.prompt_lengths`) feeds the `sidecar_prompt_tokens`
+histogram (doctor rule DR103): at the default 1.0 bytes per token they are bytes, which over-counts
+a sub-word tokenizer by a roughly constant factor, and the spread P95 / P50 DR103 judges does not
+change with that factor.
 """
 
 from __future__ import annotations
@@ -40,7 +35,7 @@ class LLMFacts:
 
     prompt_bytes: Sequence[int | None]  # UTF-8 bytes of each prompt; None: unknown (shared memory)
     max_tokens: Sequence[int | None]  # per sequence; None: not given
-    # Each prompt's tokens counted by the model's tokenizer (sidecar/tokens.py); None: not counted,
+    # Each prompt's tokens counted by the model's tokenizer (sidecar/admission_prompts.py); None: not counted,
     # the policy's prompt_bytes_per_token ratio estimates them from the bytes.
     prompt_tokens: Sequence[int | None] | None = None
     # Each prompt's shareable block keys (sidecar/prefix_blocks.py), where the engine reuses blocks.

@@ -1,14 +1,11 @@
 """Decisions for requests nginx carries: the Python end of sidecar/tritongen_decide.lua.
 
-Why: relaying a request through Python costs CPU per byte and per token (an event loop reads,
-parses and writes every chunk), and on a host where the engine shares the cores that CPU is the
-sidecar's cost to the user: first tokens later, refusals slower, fewer completions (bench_llm_guard).
-With the native front, nginx carries a model request's bytes both ways and asks here once, before it goes upstream:
-admit (the body to send, when the class's priority had to be written into it), or refuse (status,
-Retry-After, the JSON body). A queued request waits in nginx on its connection; a client that goes
-away closes it and the request leaves the queue. nginx then reports the stream's first token and
-its end (status, events, the engine's error), and the reservation goes back through the same
-admission context (`AdmissionController.admit`) and the same metrics as the Python path's.
+Why: relaying a request through Python costs CPU per byte and per token, which on a host shared
+with the engine is taken from the engine (docs/sidecar.md, the native front). nginx carries a model
+request's bytes both ways and asks here once before it goes upstream; a queued request waits in
+nginx on its connection (a client that goes away closes it and leaves the queue). nginx then reports
+its first token and end, and the reservation goes back through the same admission context
+(`AdmissionController.admit`) and metrics as the Python path's.
 
 The wire, on a Unix socket only nginx and this process know (`\t`-separated lines, each body
 length-prefixed so no JSON parser is needed in Lua):
@@ -156,17 +153,11 @@ class DecisionServer:
                 raise Unreadable(f"admit: {what}")
             self.decide(conn, fields, body)
         elif kind == "first":
-            self.first(_number(fields, 1, "first", "id"))
+            self.first(*_numbers(fields, "id"))
         elif kind == "req":
-            if len(fields) != FIELDS["req"]:
-                raise Unreadable(f"req: {len(fields)} fields, {FIELDS['req']} expected")
-            self.inner_request(_number(fields, 1, "req", "id"), _number(fields, 2, "req", "microseconds"),
-                               _number(fields, 3, "req", "first response microseconds"), body)
+            self.inner_request(*_numbers(fields, "id", "microseconds", "first response microseconds"), body)
         elif kind == "stream":
-            if len(fields) != FIELDS["stream"]:
-                raise Unreadable(f"stream: {len(fields)} fields, {FIELDS['stream']} expected")
-            self.stream_requests(_number(fields, 1, "stream", "id"), _number(fields, 2, "stream", "requests"),
-                                 _number(fields, 3, "stream", "finals"), _number(fields, 4, "stream", "errors"))
+            self.stream_requests(*_numbers(fields, "id", "requests", "finals", "errors"))
         else:  # "end": its reservation goes back whatever else in it cannot be read
             rid = _number(fields, 1, "end", "id")
             try:
@@ -207,7 +198,7 @@ class DecisionServer:
             if header_length:
                 headers[protocol.HEADER_LENGTH] = header_length
             prepared = self.proxy.prepare(op, model, headers, body)
-            refused = lambda rejected: HttpProxy._refused(rejected, model, prepared)  # noqa: E731
+            refused = HttpProxy.refused
         if isinstance(prepared, Answer):
             conn.answer(_refusal(prepared))
             return
@@ -424,6 +415,14 @@ def _number(fields: list[str], at: int, kind: str, name: str) -> int:
         return int(fields[at])
     except (IndexError, ValueError):
         raise Unreadable(f"{kind}'s {name} {fields[at:at + 1]} is not a number") from None
+
+
+def _numbers(fields: list[str], *names: str) -> list[int]:
+    """A message's numeric fields after its kind, named for the error; `Unreadable` for a wrong count."""
+    kind = fields[0]
+    if len(fields) != FIELDS[kind]:
+        raise Unreadable(f"{kind}: {len(fields)} fields, {FIELDS[kind]} expected")
+    return [_number(fields, at, kind, name) for at, name in enumerate(names, 1)]
 
 
 def _refusal(answer: Answer) -> bytes:

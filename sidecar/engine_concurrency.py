@@ -1,48 +1,30 @@
 """How many requests an engine that queues may hold at once, found from what it answers. Pure.
 
 An engine that grows its KV cache and preempts (vLLM, TensorRT-LLM's guaranteed_no_evict) never
-runs out of memory: past its own sequence limit it queues requests inside itself. There the sidecar
-can no longer order them by class nor refuse the ones that cannot make their target, so the sidecar
-should hold what the engine runs at once, and one more so that a slot the engine frees is taken at
-its next step rather than after a round trip through the sidecar; the rest wait in the sidecar's
-queue. What the engine runs at once is stated in its files (vLLM's max_num_seqs) when the policy
-was rendered from them, but a policy may be rendered from other files, without a profile, or from
-a pool measured wrong; so the limit starts at the policy's figure and follows what the engine shows,
-with nothing but the streams the sidecar relays:
+runs out of memory: past its own sequence limit it queues requests inside itself, where the sidecar
+can neither order them by class nor refuse the ones that cannot make their target. So the sidecar
+holds what the engine runs at once, and one more (a slot the engine frees is taken at its next step,
+not after a round trip); the rest wait in the sidecar's queue. The policy's figure (vLLM's
+max_num_seqs) is only the start: a policy may be rendered from other files or a pool measured wrong,
+so the limit follows what the engine shows on the streams the sidecar sees:
 
-* A request the engine has room for gets its first token within its prefill and about a step (the
-  step in progress). One still without a first token `wait_steps` steps (the inter-token gap the
-  sidecar measures on the same streams) past the engine's baseline (a low quantile of the time from
-  admission to first token) is waiting for a slot inside the engine. The engine is then full, and
-  what it runs is the sidecar's requests that are past their first token: the limit goes to that
-  count plus one, at once.
-* While requests wait in the sidecar for the limit and none at the engine is late, the engine
-  starts what it gets: the limit grows, by a fraction of itself until the engine first shows it is
-  full, then one request at a time near that level, by a fraction again after `KNEE_STEPS` moves
-  up found no end.
-* Growth needs demand (requests waited in the sidecar for this limit): below it the limit binds
-  nothing. The limit drops without demand too (a limit above what the engine runs lets it queue
-  where the sidecar cannot order or refuse), but then only on two late requests: one alone may be a
-  long prompt's prefill.
-* Never below what the engine was seen to run with no request late, in any of the last
-  `proven_judgements` judgements (`proven`): it had room for that many. On a CPU engine a prefill
-  takes several steps, and several prompts admitted together (after a step up, or a burst) make
-  the last of them late with room for all; the law then read a full engine and fell to what ran
-  (measured on the real vLLM, bench_llm_guard tiny_llama 2026-12-03 20:50: the limit fell to 5 at
-  0.7x of capacity, median 14, and to 3 at 1.5x, holding requests the engine had room for).
-* A step down goes to what runs and one more, but by at most `decrease_fraction` of the limit per
-  judgement: one misread costs a few slots for an interval, not most of the engine. And only once
-  `full_judgements` judgements in a row found late requests: a full engine keeps its queue from one
-  judgement to the next, a clump of prefills is gone within a few of them.
-* No more than the engine's pool holds blocks (each running sequence holds at least one), when the
-  pool is known.
+* A request still without a first token `wait_steps` decode steps (the inter-token gap) past the
+  engine's baseline time to first token waits for a slot inside the engine: the engine is full, and
+  what it runs is the requests past their first token. The limit goes to that count plus one, by at
+  most `decrease_fraction` per judgement, after `full_judgements` in a row, and never below what
+  the engine ran with none late in the last `proven_judgements` (`proven`): on a CPU engine a
+  prefill takes several steps, prompts admitted together make the last of them late with room for
+  all, and the law without that floor fell to 5 at 0.7x of the real vLLM's capacity (median 14) and
+  to 3 at 1.5x (bench_llm_guard, 2026-12-03). Each knob's why is on QueueingEnginePolicy.
+* While requests wait in the sidecar for the limit and none is late, the engine starts what it
+  gets: the limit grows by a fraction of itself, by one request for `KNEE_STEPS` moves after the
+  engine first showed it full. Growth needs that demand; without it the limit drops only on two
+  late requests (one alone may be a long prompt's prefill).
+* Never more than the engine's pool holds blocks (each running sequence holds one), when known.
 
-The wait is judged in steps of the engine (a dimensionless count), not milliseconds, so the law
-holds on any device: a GPU engine's steps are shorter, and so is what counts as a wait. A prompt
-whose prefill takes several steps alone (a long prompt on a small engine) can read as a wait; the
-limit then holds at what runs, which costs one slot, not the engine. Engines that kill when their
-pool runs dry are not governed by this: each of their requests' footprint is reserved against the
-pool (sidecar/admission.py).
+The wait is judged in engine steps, not milliseconds, so the law holds on any device. Engines that
+kill when their pool runs dry are not governed by this: each request's footprint is reserved
+against the pool (sidecar/admission.py).
 """
 
 from __future__ import annotations
@@ -79,8 +61,6 @@ class EngineConcurrency:
     _full_in_row: int = 0  # judgements in a row that found the engine full
 
     def __post_init__(self) -> None:
-        # One more than the engine is said to run, from the start: the slot it frees is taken at its
-        # next step (see the module docstring).
         self.value = self._bounded(float(self.start + 1))
 
     @property

@@ -1,28 +1,16 @@
-"""The gRPC side: Triton's `inference.GRPCInferenceService` through admission (grpc.aio).
-With the native front nginx carries `ModelInfer` itself (sidecar/tritongen_lane.lua) and hands
-this relay what its lane does not take, and every `ModelStreamInfer` (see sidecar/nginx_front.py).
+"""The gRPC side: Triton's `inference.GRPCInferenceService` through admission (grpc.aio). With the
+native front, nginx hands it what it does not carry itself (sidecar/nginx_front.py says which).
 
-`ModelInfer` and `ModelStreamInfer` go through admission; every other method is passed through
-as raw bytes. Client metadata is forwarded; the only change to a request is its `priority`
-parameter (set from its class) and, on streams, what sidecar/grpc_stream.py says (an internal id
-and Triton's empty final response, so the sidecar sees each request's end). The tenant is the
-`tenant_header` metadata key (default `x-tenant`).
-
-Triton's response metadata comes back as Triton sent it, on every method: the initial metadata
-before the first message, the trailing metadata with the status (errors included). Only the keys
-the gRPC transport owns (pseudo-headers, `grpc-*`, content-type, ...) are left to the sidecar's own
-transport. One limit on streams: initial metadata goes out once, before the stream's first
-message; if the sidecar has to answer first (a refusal before Triton has said anything), the
-client gets the sidecar's (empty) initial metadata and Triton's, arriving later, is dropped.
-
-Refusals: `RESOURCE_EXHAUSTED` with the JSON body as details and `retry-after` in the trailing
-metadata (unary), or a stream response whose `error_message` carries the same JSON (streams).
-
-Triton's admin methods (RepositoryIndex/ModelLoad/ModelUnload, LogSettings, TraceSetting, the
-System- and CudaSharedMemory ones; sidecar/admin_apis.py) need the admin token in the metadata
-(`authorization: Bearer <token>` or `x-sidecar-token`), unless the policy's `admin_apis.open`
-opens their category: PERMISSION_DENIED when the sidecar has no token, UNAUTHENTICATED when the
-call lacks it, the JSON refusal as details. The token's key is not forwarded.
+`ModelInfer` and `ModelStreamInfer` go through admission; every other method passes as raw bytes.
+Client metadata is forwarded (the tenant is the policy's `tenant_header` key); the only change to a
+request is its `priority` parameter and, on streams, what sidecar/grpc_stream.py says. Triton's
+reply metadata comes back as Triton sent it (sidecar/grpc_metadata.py), with one limit on streams:
+initial metadata goes out once, so if the sidecar answers first (a refusal before Triton has said
+anything) Triton's, arriving later, is dropped. Refusals: the HTTP side's status mapped to a gRPC
+code (`grpc_code`), the JSON body as details and `retry-after` in the trailing metadata (unary), or
+a stream response whose `error_message` carries the same JSON (streams). Triton's admin methods
+are shut behind the admin token as the HTTP ones (sidecar/admin_apis.py); the token's key is not
+forwarded.
 """
 
 from __future__ import annotations
@@ -114,10 +102,10 @@ class GrpcProxy:
         await self.channels.close()
 
     async def _ready(self, context: grpc.aio.ServicerContext) -> None:
-        """Make sure the upstream channel is connected (Triton may just have come back), or answer
-        UNAVAILABLE; a connected channel costs one state check."""
-        if not await self._connected():
-            await self._abort_down(context)
+        """Answer UNAVAILABLE unless Triton is up and the channel connected (Triton may just have come
+        back); a connected channel costs one state check."""
+        if not self.health.up or not await self._connected():
+            await _abort_with(context, self._down())
 
     def _still_connected(self) -> bool:
         channel = self.channel
@@ -162,31 +150,25 @@ class GrpcProxy:
         self.metrics.unavailable.labels("grpc").inc()
         return _grpc_answer(grpc.StatusCode.UNAVAILABLE, json.dumps(unavailable(self.health.reason)), "1")
 
-    async def _abort_down(self, context: grpc.aio.ServicerContext) -> None:
-        await _abort_with(context, self._down())
-
     async def admin_passthrough(self, method: str, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """A shut admin method: passed through with the admin token (its key removed) or when the
         policy opens the category; refused otherwise."""
         category = admin_apis.grpc_admin_category(method)
         assert category is not None
         metadata = call_metadata(context)
-        carried = admin_apis.authorised(header_value(metadata, admin_apis.AUTHORIZATION),
-                                        header_value(metadata, admin_apis.TOKEN_HEADER), self.token)
-        if carried is None and category not in self.policy().admin_apis.open:
+        drop = admin_apis.kept_out(category, header_value(metadata, admin_apis.AUTHORIZATION),
+                                   header_value(metadata, admin_apis.TOKEN_HEADER), self.token,
+                                   self.policy().admin_apis.open)
+        if drop is None:
             status, body = admin_apis.refusal(category, "grpc", token_configured=bool(self.token))
             self.metrics.admin_refused.labels(category, "grpc").inc()
             log.debug("refused %s: Triton's %s API is shut (%d)", method, category, status)
             await context.abort(grpc_code(status), json.dumps(body))
-        drop = (admin_apis.AUTHORIZATION, admin_apis.TOKEN_HEADER) if carried == admin_apis.AUTHORIZATION \
-            else (admin_apis.TOKEN_HEADER,)
         return await self.passthrough(method, request, context, tuple((k, v) for k, v in metadata if k not in drop))
 
     async def passthrough(
         self, method: str, request: bytes, context: grpc.aio.ServicerContext, metadata: Metadata | None = None
     ) -> bytes:
-        if not self.health.up:
-            await self._abort_down(context)
         await self._ready(context)
         if metadata is None:
             metadata = call_metadata(context)
@@ -211,7 +193,7 @@ class GrpcProxy:
         model = state.model_policy(request.model_name)
         stated = protocol.grpc_stated(request, model.kv, policy.class_parameter)
         reading = read(policy, model, request.model_name, stated, header_value(metadata, policy.class_header),
-                       header_value(metadata, policy.tenant_header), state.token_counter(request.model_name))
+                       header_value(metadata, policy.tenant_header), state.prompts.counter(request.model_name))
         if reading.priority is not None:
             protocol.grpc_set_priority(request, reading.priority)
         return reading, cost_for(model, reading.llm)
@@ -251,12 +233,10 @@ class GrpcProxy:
         try:
             request = pb.ModelInferRequest.FromString(raw)
             reading, cost = self.prepare(request, metadata)
-        except (protocol.BadRequest, ValueError) as err:
+        except Exception as err:  # the reader's BadRequest or ValueError, or protobuf's DecodeError
             self.metrics.malformed.labels("grpc").inc()
-            return _grpc_answer(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {err}")
-        except Exception as err:  # protobuf DecodeError
-            self.metrics.malformed.labels("grpc").inc()
-            return _grpc_answer(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {type(err).__name__}: {err}")
+            why = err if isinstance(err, (protocol.BadRequest, ValueError)) else f"{type(err).__name__}: {err}"
+            return _grpc_answer(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {why}")
         return request, reading, cost
 
     @staticmethod
@@ -267,12 +247,7 @@ class GrpcProxy:
         return _grpc_answer(grpc_code(status), json.dumps(body), str(int(retry)) if retry is not None and status == 429
                             else None)
 
-    async def _refuse(self, context: grpc.aio.ServicerContext, rejected: Rejected) -> None:
-        await _abort_with(context, self.refused_carried(rejected))
-
     async def model_infer(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        if not self.health.up:
-            await self._abort_down(context)
         await self._ready(context)
         metadata = call_metadata(context)
         parsed = self._parsed(raw, metadata)
@@ -298,7 +273,7 @@ class GrpcProxy:
                     await relay_reply_metadata(call, context)
                     return response
         except Rejected as rejected:
-            await self._refuse(context, rejected)
+            await _abort_with(context, self.refused_carried(rejected))
         await abort_like(context, error)
         raise AssertionError("unreachable")  # pragma: no cover
 

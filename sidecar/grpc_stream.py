@@ -3,16 +3,13 @@ and written to one upstream stream to Triton, Triton's replies routed back to th
 
 Each request gets an internal id (mapped back on every reply, so the client sees its own ids) and
 `triton_enable_empty_final_response`, so the sidecar sees its end; an empty final reply the client
-did not ask for is not forwarded. Triton's side is read as fast as Triton sends and the replies go
+did not ask for is not forwarded. Triton's side is read as fast as Triton sends, and the replies go
 to the client through one writer, in order: a request's first token and end reach admission when
-the engine gives them, not when a slow client has taken the replies before them (a client that
-read nothing held a finished request's reservation; admission reads those two instants for what the
-engine runs and when its room frees). Triton's own gRPC front buffers a slow client's replies the
-same way. What is buffered is bounded by intake, not by reading Triton: while more than
-`STREAM_BUFFER_BYTES` of replies wait for a client, its next request waits unadmitted (and gRPC's
-flow control then holds the client), so a client that never reads cannot have the sidecar admit
-without end and keep every reply. A refusal, a malformed request or a failed upstream answers that request alone, with an
-`error_message`, as Triton reports per-request errors on a stream.
+the engine gives them, not when a slow client has taken the replies before them (a client that read
+nothing held a finished request's reservation). What is buffered is bounded by intake instead: past
+`STREAM_BUFFER_BYTES` of replies waiting for a client, its next request waits unadmitted (and gRPC's
+flow control then holds the client). A refusal, a malformed request or a failed upstream answers
+that request alone, with an `error_message`, as Triton reports per-request errors on a stream.
 """
 
 from __future__ import annotations

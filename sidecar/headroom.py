@@ -1,21 +1,12 @@
 """Where live memory headroom comes from, behind one interface, and a chain that falls through.
 
-Sources, in the policy's order (default `nvml`, `triton_metrics`, `static`):
-  * `NvmlSource`: NVML through `pynvml` (`tritongen.shared.nvml`): per-GPU total/used memory and
-    utilisation. With no GPU, `nvmlInit` raises `NVMLError_LibraryNotFound`; the source then
-    fails cleanly (and retries init rarely).
-  * `TritonMetricsSource`: Triton's Prometheus endpoint: `nv_gpu_memory_{total,used}_bytes` per
-    GPU, a model's own KV-pool gauges (`<prefix>_kv_blocks_used/_total`, `_kv_bytes_per_token`,
-    `_kv_block_tokens`, labelled `model=<name>`: tritongen's `llm_engine_*` convention, any prefix;
-    see tritongen.core.engine_metrics), else the engine's
-    (TensorRT-LLM's block gauges, vLLM's usage fraction of the policy's pool) and, from the
-    `nv_inference_queue_duration_us` counters, the queueing delay Triton measured per model.
-  * `StaticSource`: the plan's arithmetic from the policy; it always answers.
-
-Every source is given its I/O (the NVML module, the metrics fetcher): tests inject fakes, the app
-injects the real thing. The chain reads every source; for each scope the first source that
-answered wins, and a source that failed is named in the snapshot (`failures`), the metrics and
-the log (once per change, not once per poll).
+Sources, in the policy's order (default `nvml`, `triton_metrics`, `static`): NVML through `pynvml`
+(per-GPU memory and utilisation; with no GPU it fails cleanly and retries its init rarely), Triton's
+Prometheus endpoint (GPU memory; a model's own KV-pool gauges, tritongen's `llm_engine_*` convention
+or the engine's, tritongen.core.engine_metrics; the queueing delay Triton measured per model), and
+the plan's arithmetic, which always answers. Each is given its I/O, so tests inject fakes. The chain
+reads every source; per scope the first that answered wins, and a source that failed is named in the
+snapshot (`failures`), the metrics and the log (once per change, not once per poll).
 """
 
 from __future__ import annotations
@@ -27,6 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from sidecar.admission_capacity import static_reading
 from sidecar.admission_types import HeadroomSnapshot, Reading
 from tritongen.core.engine_metrics import PROMPT_TOKENS_COUNTER, TRTLLM_BLOCK_TYPE, TRTLLM_KV_BLOCKS, VLLM_USAGE_GAUGES
 from tritongen.core.prometheus import KV_GAUGE_SUFFIXES, Sample, kv_gauges, parse_prometheus
@@ -167,7 +159,8 @@ class TritonMetricsSource:
         if not any(s.name.startswith("nv_") for s in samples) and "nv_" not in text:
             raise SourceFailed("the metrics endpoint answered without any nv_* family; is it Triton's?")
         out = SourceReading()
-        out.readings.extend(self._gpus(samples))
+        gpus = self._gpu_order(samples)
+        out.readings.extend(self._gpus(samples, gpus))
         out.readings.extend(self._pools(samples))
         out.queue_delay_s.update(self._queue_delay(samples))
         for s in samples:
@@ -175,14 +168,14 @@ class TritonMetricsSource:
                 model = s.labels["model"]
                 out.prompt_tokens_total[model] = out.prompt_tokens_total.get(model, 0.0) + s.value
         for s in samples:
-            if s.name == "nv_gpu_utilization":
-                index = self._gpu_index(samples, s.labels.get("gpu_uuid", ""))
-                if index is not None and f"gpu{index}" in self.device_ids:
-                    out.gpu_utilization[f"gpu{index}"] = s.value
+            uuid = s.labels.get("gpu_uuid", "")
+            if s.name == "nv_gpu_utilization" and uuid in gpus and f"gpu{gpus.index(uuid)}" in self.device_ids:
+                out.gpu_utilization[f"gpu{gpus.index(uuid)}"] = s.value
         return out
 
     @staticmethod
     def _gpu_order(samples: list[Sample]) -> list[str]:
+        """Triton labels GPUs by UUID only; they are numbered in the order Triton lists them."""
         order: list[str] = []
         for s in samples:
             if s.name == "nv_gpu_memory_total_bytes":
@@ -191,13 +184,7 @@ class TritonMetricsSource:
                     order.append(uuid)
         return order
 
-    def _gpu_index(self, samples: list[Sample], uuid: str) -> int | None:
-        order = self._gpu_order(samples)
-        return order.index(uuid) if uuid in order else None
-
-    def _gpus(self, samples: list[Sample]) -> list[Reading]:
-        """Triton labels GPUs by UUID only; they are numbered in the order Triton lists them."""
-        order = self._gpu_order(samples)
+    def _gpus(self, samples: list[Sample], order: list[str]) -> list[Reading]:
         total = {s.labels.get("gpu_uuid", ""): s.value for s in samples if s.name == "nv_gpu_memory_total_bytes"}
         used = {s.labels.get("gpu_uuid", ""): s.value for s in samples if s.name == "nv_gpu_memory_used_bytes"}
         out = []
@@ -277,12 +264,7 @@ class StaticSource:
         self.policy = policy
 
     async def read(self) -> SourceReading:
-        return SourceReading(
-            readings=[
-                Reading(d.id, int(d.memory_bytes * d.utilization_cap), d.static_used_bytes, self.name, live=False)
-                for d in self.policy.devices
-            ]
-        )
+        return SourceReading(readings=[static_reading(d) for d in self.policy.devices])
 
 
 # ------------------------------------------------------------------------------------------------

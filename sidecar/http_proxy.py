@@ -1,17 +1,12 @@
 """The HTTP/REST side: Triton's v2 API through admission (aiohttp server and client).
 
-Admission applies to `POST /v2/models/<m>[/versions/<v>]/{infer,generate,generate_stream}`;
-everything else (health, metadata, config, statistics, ...) is passed through, except Triton's
-admin APIs (model repository, logging, trace, shared memory; sidecar/admin_apis.py): those need the
-admin token below (403 without `--token-file`, 401 without the token) unless the policy's
-`admin_apis.open` opens them, and the sidecar's token header does not go upstream.
-Bodies and headers are forwarded as they came (binary tensor data included); the only change is
-the `priority` parameter the request's class sets, written into the JSON (header) part. The
-tenant is read from the policy's `tenant_header` (default `x-tenant`; none: tenant `default`). Request
-bodies sent gzip- or deflate-compressed are forwarded decompressed (aiohttp decodes them, and the
-size limit applies after decoding); responses pass through as Triton compressed them.
-
-Also served here, behind a bearer token: `GET /sidecar/status` and `POST /sidecar/reload`.
+Admission applies to `POST /v2/models/<m>[/versions/<v>]/{infer,generate,generate_stream}`; the rest
+passes through, but for Triton's admin APIs, shut behind the admin token (sidecar/admin_apis.py),
+and the sidecar's own `GET /sidecar/status` and `POST /sidecar/reload`, behind the same token.
+Bodies and headers go as they came (binary tensor data included) but for the `priority` parameter
+the request's class sets, written into the JSON part, and the sidecar's token header. Request
+bodies sent gzip- or deflate-compressed go upstream decompressed (aiohttp decodes them, and the size
+limit applies after decoding); responses pass through as Triton compressed them.
 """
 
 from __future__ import annotations
@@ -59,9 +54,6 @@ _HOP = frozenset(
 # aiohttp's server decodes gzip/deflate request bodies (and counts the size limit after decoding):
 # bodies go upstream decoded, so their Content-Encoding does not.
 _REQUEST_DROP = _HOP | {"content-encoding"}
-# an admin API request (see sidecar/admin_apis.py) goes upstream without the sidecar's token header
-_ADMIN_DROP = _REQUEST_DROP | {admin_apis.TOKEN_HEADER}
-_ADMIN_DROP_AUTH = _ADMIN_DROP | {"authorization"}
 _MODEL_OPS = ("infer", "generate", "generate_stream")
 _PRIORITY_JSON = f'"{PRIORITY}"'.encode()  # the priority parameter's key, as a JSON part names it
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
@@ -102,14 +94,6 @@ class Prepared:
     cost: Cost
     body: bytes
     headers: CIMultiDict[str]
-
-    @property
-    def klass(self) -> str:
-        return self.reading.klass
-
-    @property
-    def tenant(self) -> str:
-        return self.reading.tenant
 
 
 def _json_response(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
@@ -233,10 +217,10 @@ class HttpProxy:
                 doc = protocol.parse_generate(body)
                 stated = protocol.generate_stated(doc, model.kv, policy.class_parameter)
             reading = read(policy, model, model_name, stated, headers.get(policy.class_header),
-                           headers.get(policy.tenant_header), state.token_counter(model_name))
+                           headers.get(policy.tenant_header), state.prompts.counter(model_name))
             if reading.priority is not None:
                 if op != "infer":
-                    body = protocol.generate_with_priority(doc, reading.priority)
+                    body = protocol.with_priority(doc, reading.priority)
                 else:
                     body, new_length = protocol.infer_with_priority(parsed or protocol.parse_infer(body, header_length),
                                                                     reading.priority)
@@ -248,12 +232,12 @@ class HttpProxy:
         return Prepared(reading, cost, body, _forward_headers(headers, _REQUEST_DROP, **override))
 
     @staticmethod
-    def _refused(rejected: Rejected, model_name: str, prepared: Prepared) -> Answer:
-        status, payload = refusal(rejected.decision, model_name, prepared.klass, prepared.tenant)
-        extra = {}
-        if rejected.decision.retry_after_s is not None and status == 429:
-            extra["Retry-After"] = str(int(rejected.decision.retry_after_s))
-        return Answer.json(status, payload, extra)
+    def refused(rejected: Rejected) -> Answer:
+        """A refusal as HTTP answers it: its status, the JSON body, Retry-After on a 429."""
+        status, payload = refusal(rejected.decision, rejected.model, rejected.klass, rejected.tenant)
+        retry = rejected.decision.retry_after_s
+        return Answer.json(status, payload, {"Retry-After": str(int(retry))} if retry is not None and status == 429
+                           else None)
 
     async def model_op(self, request: web.Request) -> web.StreamResponse:
         op = request.match_info["op"]
@@ -266,12 +250,13 @@ class HttpProxy:
             return prepared.web()
         url = f"{self.base}{request.path_qs}"
         try:
-            async with self.controller.admit(model_name, prepared.klass, prepared.cost, prepared.tenant) as ticket:
+            reading = prepared.reading
+            async with self.controller.admit(model_name, reading.klass, prepared.cost, reading.tenant) as ticket:
                 if op == "generate_stream":
                     return await self._stream(request, ticket, url, prepared.body, prepared.headers)
                 return await self._unary(ticket, url, prepared.body, prepared.headers)
         except Rejected as rejected:
-            return self._refused(rejected, model_name, prepared).web()
+            return self.refused(rejected).web()
 
     async def _unary(self, ticket: Ticket, url: str, body: bytes, headers: CIMultiDict[str]) -> web.Response:
         assert self.session is not None
@@ -328,17 +313,6 @@ class HttpProxy:
 
     # -- everything else --------------------------------------------------------------------------
 
-    def _admin_api(self, request: web.Request, category: str) -> tuple[web.Response | None, frozenset[str]]:
-        """(a refusal or None, the headers not to forward) for a request to a shut admin API."""
-        headers = request.headers
-        carried = admin_apis.authorised(headers.get("Authorization"), headers.get(admin_apis.TOKEN_HEADER),
-                                        self.admin.token)
-        if carried is not None or category in self.policy().admin_apis.open:
-            return None, _ADMIN_DROP_AUTH if carried == admin_apis.AUTHORIZATION else _ADMIN_DROP
-        self.metrics.admin_refused.labels(category, "http").inc()
-        log.debug("refused %s %s: Triton's %s API is shut", request.method, request.path, category)
-        return self._token_refusal(category), _ADMIN_DROP
-
     async def passthrough(self, request: web.Request) -> web.StreamResponse:
         if request.path.startswith("/sidecar/"):
             return _json_response(404, {"error": f"no sidecar endpoint {request.path}"})
@@ -350,9 +324,14 @@ class HttpProxy:
         drop = _REQUEST_DROP
         category = admin_apis.http_admin_category(path)
         if category is not None:
-            denied, drop = self._admin_api(request, category)
-            if denied is not None:
-                return denied
+            headers = request.headers
+            kept_out = admin_apis.kept_out(category, headers.get("Authorization"), headers.get(admin_apis.TOKEN_HEADER),
+                                           self.admin.token, self.policy().admin_apis.open)
+            if kept_out is None:
+                self.metrics.admin_refused.labels(category, "http").inc()
+                log.debug("refused %s %s: Triton's %s API is shut", request.method, request.path, category)
+                return self._token_refusal(category)
+            drop = drop | frozenset(kept_out)
         if not self.health.up:
             return self._down().web()
         assert self.session is not None

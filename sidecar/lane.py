@@ -1,23 +1,12 @@
-"""The native fast lane: which requests nginx may send straight to Triton, and how many at once.
+"""The native fast lane: which requests nginx may send straight to Triton, and how many at once. Pure.
 
-Pure arithmetic, no I/O. With `--front native` the sidecar puts nginx in front (sidecar/nginx_front.py)
-and keeps the admission state in Python. A request nginx can judge without parsing it (a classic
-model's unary infer, naming no tenant and no priority, whose class, from the class header, the class
-parameter or the policy's default, needs no priority written into it) goes to Triton directly while
-its model and class hold a free *lane slot*; every other request, and every one over the slots, goes
-through the Python path as before (which queues, refuses with 429, or admits).
-
-Why slots and not a copy of the admission rules in Lua: a slot is a real reservation in the
-`AdmissionState` (the model's quota, the tenant's, device headroom, the class's budget share), taken
-and given back by the Python control plane between requests, so the Python path sees the lane's
-requests as in flight, and every rule stays in one place. nginx only counts its own requests
-against the number of slots it was granted, per model and class.
-
-The control plane grows the slots ahead of the lane's demand (`spare`) while nothing waits in the
-Python queue for the model, and shrinks them to what the lane has in flight as soon as something
-does: then new lane requests overflow to the Python queue and take their turn in priority order,
-and the lane's slots go back to the state as its requests finish. A Python-path request that finds
-no room takes the lane's idle slots back at once (lane_control.LaneControl.reclaim).
+A request nginx can judge without parsing it (a classic model's unary infer naming no tenant and no
+priority, whose class needs no priority written in) goes to Triton directly while its (model, class)
+pair holds a free *lane slot*; every other request, and every one over the slots, takes the Python
+path. Why slots and not the admission rules again in Lua: a slot is a real reservation in the
+`AdmissionState`, taken and given back by the control plane between requests (sidecar/lane_control.py),
+so every rule stays in one place and the Python path sees the lane's requests in flight; nginx
+only counts its requests against the slots it was granted. docs/sidecar.md says how the slots move.
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """The lane's control plane: the asyncio task that hands lane slots to nginx and takes them back.
 
-Each sync (every `lane.sync_busy_ms` of the policy while its slots move, at once when a request
-enters the Python queue, takes slots back or overflows the lane, and every `lane.sync_idle_ms`
-otherwise) reads nginx's counts, feeds finished lane requests to the admission
-state, moves each (model, class) pair's slots toward `lane.target_slots`, and, when they changed,
-pushes them. Every lane pair gets a cap, 0 while idle: nginx then counts the pair's requests that
-overflow to Python, which is the demand that grows its slots at the next sync; a pair unused for
-`lane.idle_after_s` keeps no spare. The policy's figures are read at every sync, so a reload
-applies them (tritongen/core/lane_tuning.py says where the defaults come from). Slots are
-reservations in the `AdmissionState` (sidecar/lane.py), so nginx never runs more lane requests than
-the state granted at the last push; slots are given back only down to what the lane had in flight
-at the last reading.
-
-If nginx stops answering, the slots are kept (nginx may still use them) and the sync is retried;
-if the sidecar stops, nginx goes with it.
+Each sync reads nginx's counts, feeds finished lane requests to the admission state, moves each
+(model, class) pair's slots toward `lane.target_slots` and pushes them when they changed: every
+`lane.sync_busy_ms` of the policy while its slots move, at once when a request enters the Python
+queue, takes slots back or overflows the lane, every `lane.sync_idle_ms` otherwise (the policy is
+read at every sync, so a reload applies it; tritongen/core/lane_tuning.py says where the defaults
+come from). Every lane pair gets a cap, 0 while idle: nginx then counts the requests that overflow to
+Python, the demand that grows its slots. Slots are given back only down to what the lane had in
+flight at the last reading, so nginx never runs more than the state granted. If nginx stops
+answering, the slots are kept and the sync retried; if the sidecar stops, nginx goes too.
 """
 
 from __future__ import annotations
@@ -195,12 +190,9 @@ class LaneControl:
                                            since(now.buckets, before.buckets), seconds)
             overflow = now.overflow - before.overflow
             if overflow > 0:
-                self.metrics.lane_overflow.labels(klass, self._label(model)).inc(overflow)
+                self.metrics.lane_overflow.labels(klass, self.accounting.label(model)).inc(overflow)
                 self._overflowed[key] = self._overflowed.get(key, 0) + overflow
         self.counts = counts
-
-    def _label(self, model: str) -> str:
-        return self.accounting.label(model)
 
     def plan(self, counts: dict[LaneKey, LaneCounts]) -> dict[LaneKey, int]:
         """Move each pair's slots toward its target and return the caps nginx should use."""
@@ -235,7 +227,7 @@ class LaneControl:
                 released = True
             if key in self.keys and up:
                 caps[key] = len(held)
-            self.metrics.lane_slots.labels(klass, self._label(model)).set(len(held))
+            self.metrics.lane_slots.labels(klass, self.accounting.label(model)).set(len(held))
             if not held and key not in self.keys:
                 del self.slots[key]
         if released:

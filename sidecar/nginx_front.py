@@ -2,18 +2,13 @@
 process, and the control socket the lane's slots and counts go through.
 
 Why nginx: a proxy's cost per request is mostly parsing and copying bytes, which a Python event
-loop does at 2-3x nginx's CPU (README, bench_sidecar). nginx carries the bytes of every request;
-the fast lane (sidecar/lane.py, sidecar/tritongen_lane.lua) sends plain classic requests straight
-to Triton; every other HTTP model request (`infer` with a class, a tenant or a priority to write,
-`generate`, `generate_stream`) goes to Triton too, once Python has decided on it
-(sidecar/decisions.py, sidecar/tritongen_decide.lua: nginx asks, waits while the request is
-queued, and reports its first token and end), so no byte of an HTTP model request crosses Python.
-gRPC `ModelInfer` takes the same two ways (the lane, or a decision). gRPC `ModelStreamInfer` is
-carried by nginx and decided once, when the stream opens, where the engine queues; else it is
-relayed by Python, which reads each request inside it (sidecar/stream_path.py says which and why:
-nginx's Lua cannot read a request out of an open HTTP/2 stream). The rest (admin APIs, health, the
-sidecar's own endpoints, compressed bodies, bodies too large for memory) goes to the Python sidecar
-on private ports, which decides as it always did.
+loop does at 2-3x nginx's CPU (README, bench_sidecar). nginx carries the bytes of every model
+request: plain classic ones on the lane (sidecar/lane.py), the other HTTP and gRPC `ModelInfer`
+ones once Python has decided (sidecar/decisions.py), gRPC `ModelStreamInfer` carried or handed to
+the Python relay as sidecar/stream_path.py says (nginx's Lua cannot read a request out of an open
+HTTP/2 stream). The rest (admin APIs, health, the sidecar's own endpoints, compressed bodies,
+bodies too large for memory) goes to the Python listeners on private ports. docs/layout.md has
+the table.
 
 Needs Debian's `nginx-light` (or any nginx 1.19+) and `libnginx-mod-http-lua`. The binary and the
 module directory can be moved with TRITONGEN_NGINX and TRITONGEN_NGINX_MODULES.

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sidecar.reading import MAX_TOKENS, PRIORITY, SAMPLING, BadRequest, Prompt, Stated
 from tritongen.core.sidecar_policy.kv_cost import KVCost
@@ -136,6 +136,60 @@ def _utf8(value: Any) -> bytes:
     return str(value).encode("utf-8")
 
 
+class Tensor(NamedTuple):
+    """One input tensor as either protocol carries it, for `_tensors_stated`."""
+
+    name: str
+    datatype: str
+    shape: Any
+    raw: bytes | memoryview | None  # its binary data (HTTP binary extension, gRPC raw_input_contents)
+    data: list[Any] | None  # its elements sent as values (HTTP JSON `data`, gRPC contents of its datatype)
+    text: list[Any] | None  # its elements sent as values read as BYTES (a prompt's, sampling_parameters')
+    shared: bool  # in a shared-memory region: unreadable here
+
+
+def _elements(tensor: Tensor, datatype: str) -> list[Any] | None:
+    """The tensor's elements as `datatype`, from its binary data or its values; None: it has neither."""
+    if tensor.raw is not None:
+        return decode_elements(tensor.raw, datatype, tensor.name)
+    return tensor.text if datatype == "BYTES" else tensor.data
+
+
+def _tensors_stated(tensors: list[Tensor], kv: KVCost) -> tuple[tuple[Prompt, ...], tuple[Any, ...], Any,
+                                                                  tuple[int, ...]]:
+    """(prompts, budget tensor, sampling_parameters, token-id counts) an LLM request's tensors state,
+    by the same reading whichever protocol carried them; an unreadable prompt is charged a full context."""
+    prompts: list[Prompt] = []
+    budget: list[Any] = []
+    sampling = None
+    ids: tuple[int, ...] = ()
+    for tensor in tensors:
+        name = tensor.name
+        if name == kv.prompt_input and kv.prompt_token_ids:
+            if tensor.raw is not None:
+                total = count_ids(tensor.raw, tensor.datatype, name)
+            elif tensor.data is not None:
+                total = len(tensor.data)
+            else:
+                prompts = [None]
+                continue
+            ids = id_counts(total, tensor.shape or [total], name)
+        elif name == kv.prompt_input:
+            elements = _elements(tensor, "BYTES")
+            if elements is not None:
+                prompts = [v if isinstance(v, memoryview) else _utf8(v) for v in elements]
+            elif tensor.shared:
+                prompts = [None]
+            else:
+                raise BadRequest(f"input {name!r} has neither `data` nor binary data")
+        elif name == kv.max_tokens_input:
+            budget = _elements(tensor, tensor.datatype) or []
+        elif name == SAMPLING:
+            elements = _elements(tensor, "BYTES")
+            sampling = elements[0] if elements else None
+    return tuple(prompts), tuple(budget), sampling, ids
+
+
 # ------------------------------------------------------------------------------------------------
 # HTTP /infer
 
@@ -202,60 +256,29 @@ def _binary_slices(body: InferBody) -> dict[str, memoryview]:
     return out
 
 
-def _infer_elements(tensor: dict[str, Any], binary: dict[str, memoryview], datatype: str) -> list[Any] | None:
-    """A JSON infer tensor's elements, from its binary data (as `datatype`) or its JSON `data`; None:
-    it has neither."""
-    name = str(tensor.get("name"))
-    if name in binary:
-        return decode_elements(binary[name], datatype, name)
-    if "data" in tensor:
-        return _flatten(tensor["data"])
-    return None
-
-
 def infer_stated(body: InferBody, kv: KVCost | None, class_key: str) -> Stated:
     """What an HTTP infer states; its tensors are read only for an LLM (`kv`)."""
     if kv is None:
         return _json_stated(body.parameters, class_key)
     binary = _binary_slices(body)
-    prompts: list[Prompt] = []
-    budget: list[Any] = []
-    sampling = None
-    ids: tuple[int, ...] = ()
-    for tensor in body.header["inputs"]:
-        name = tensor.get("name")
-        if name == kv.prompt_input and kv.prompt_token_ids:
-            if name in binary:
-                total = count_ids(binary[name], str(tensor.get("datatype", "INT32")), name)
-            elif "data" in tensor:
-                total = len(_flatten(tensor["data"]))
-            else:
-                prompts = [None]  # shared memory, or nothing readable: charged a full context
-                continue
-            ids = id_counts(total, tensor.get("shape") or [total], str(name))
-        elif name == kv.prompt_input:
-            elements = _infer_elements(tensor, binary, "BYTES")
-            if elements is not None:
-                prompts = [v if isinstance(v, memoryview) else _utf8(v) for v in elements]
-            elif "shared_memory_region" in (tensor.get("parameters") or {}):
-                prompts = [None]  # unreadable here: charged a full context
-            else:
-                raise BadRequest(f"input {name!r} has neither `data` nor binary data")
-        elif name == kv.max_tokens_input:
-            budget = _infer_elements(tensor, binary, str(tensor.get("datatype", "INT32"))) or []
-        elif name == SAMPLING:
-            elements = _infer_elements(tensor, binary, "BYTES")
-            sampling = elements[0] if elements else None
-    return _json_stated(body.parameters, class_key, tuple(prompts), tuple(budget), sampling, ids)
+    tensors = []
+    for t in body.header["inputs"]:
+        values = _flatten(t["data"]) if "data" in t else None
+        tensors.append(Tensor(str(t.get("name")), str(t.get("datatype") or "INT32"), t.get("shape"),
+                              binary.get(str(t.get("name"))), values, values,
+                              "shared_memory_region" in (t.get("parameters") or {})))
+    return _json_stated(body.parameters, class_key, *_tensors_stated(tensors, kv))
+
+
+def with_priority(doc: dict[str, Any], priority: int) -> bytes:
+    """A JSON request (an infer's header, a generate body) with `parameters.priority` set, compact."""
+    params = {**(doc.get("parameters") or {}), PRIORITY: priority}
+    return json.dumps({**doc, "parameters": params}, separators=(",", ":")).encode()
 
 
 def infer_with_priority(body: InferBody, priority: int) -> tuple[bytes, str | None]:
-    """The body with `parameters.priority` set; the new Inference-Header-Content-Length if binary."""
-    header = dict(body.header)
-    params = dict(header.get("parameters") or {})
-    params[PRIORITY] = priority
-    header["parameters"] = params
-    head = json.dumps(header, separators=(",", ":")).encode()
+    """The body with its priority written in; the new Inference-Header-Content-Length if binary."""
+    head = with_priority(body.header, priority)
     if body.header_length is None:
         return head, None
     return head + body.binary, str(len(head))
@@ -289,29 +312,8 @@ def generate_stated(doc: dict[str, Any], kv: KVCost | None, class_key: str) -> S
                         doc.get(SAMPLING), ids)
 
 
-def generate_with_priority(doc: dict[str, Any], priority: int) -> bytes:
-    out = dict(doc)
-    params = dict(out.get("parameters") or {})
-    params[PRIORITY] = priority
-    out["parameters"] = params
-    return json.dumps(out, separators=(",", ":")).encode()
-
-
 # ------------------------------------------------------------------------------------------------
 # gRPC ModelInferRequest
-
-
-def _grpc_elements(request: Any, index: int, tensor: Any, datatype: str) -> list[Any] | None:
-    """A gRPC input's elements, from raw_input_contents (as `datatype`) or its contents; None: it
-    has neither."""
-    raw = request.raw_input_contents
-    if len(raw):
-        if index >= len(raw):
-            raise BadRequest(f"raw_input_contents has no entry for input {tensor.name!r}")
-        return decode_elements(raw[index], datatype, tensor.name)
-    contents = tensor.contents
-    fields = ("bytes_contents",) if datatype == "BYTES" else _NUMBER_CONTENTS
-    return next((list(values) for values in (getattr(contents, f) for f in fields) if len(values)), None)
 
 
 def _grpc_parameter(request: Any, key: str) -> Any:
@@ -334,38 +336,22 @@ def grpc_stated(request: Any, kv: KVCost | None, class_key: str) -> Stated:
     names_priority = PRIORITY in request.parameters
     if kv is None:
         return Stated(class_parameter=class_parameter, names_priority=names_priority)
-    prompts: list[Prompt] = []
-    budget: list[Any] = []
-    sampling = None
-    ids: tuple[int, ...] = ()
+    raw = request.raw_input_contents
+    tensors = []
     for index, tensor in enumerate(request.inputs):
-        if tensor.name == kv.prompt_input and kv.prompt_token_ids:
-            raw = request.raw_input_contents
-            if len(raw) > index:
-                total = count_ids(raw[index], tensor.datatype or "INT32", tensor.name)
-            else:
-                elements = _grpc_elements(request, index, tensor, tensor.datatype or "INT32")
-                if elements is None:
-                    prompts = [None]  # shared memory: charged a full context
-                    continue
-                total = len(elements)
-            ids = id_counts(total, list(tensor.shape) or [total], tensor.name)
-        elif tensor.name == kv.prompt_input:
-            elements = _grpc_elements(request, index, tensor, "BYTES")
-            if elements is not None:
-                prompts = elements
-            elif "shared_memory_region" in tensor.parameters:
-                prompts = [None]
-            else:
-                raise BadRequest(f"input {tensor.name!r} carries no data")
-        elif tensor.name == kv.max_tokens_input:
-            budget = _grpc_elements(request, index, tensor, tensor.datatype or "INT32") or []
-        elif tensor.name == SAMPLING:
-            elements = _grpc_elements(request, index, tensor, "BYTES")
-            sampling = elements[0] if elements else None
-    return Stated(class_parameter=class_parameter, names_priority=names_priority, prompts=tuple(prompts),
-                  budget_tensor=tuple(budget), sampling=sampling, budget_parameter=_grpc_parameter(request, MAX_TOKENS),
-                  prompt_ids=ids)
+        if tensor.name not in (kv.prompt_input, kv.max_tokens_input, SAMPLING):
+            continue
+        if len(raw) and index >= len(raw):
+            raise BadRequest(f"raw_input_contents has no entry for input {tensor.name!r}")
+        text = numbers = None  # with raw_input_contents, the contents are not read
+        if not len(raw):
+            text = list(tensor.contents.bytes_contents) or None
+            numbers = next((list(v) for v in (getattr(tensor.contents, f) for f in _NUMBER_CONTENTS) if len(v)), None)
+        tensors.append(Tensor(tensor.name, tensor.datatype or "INT32", list(tensor.shape),
+                              raw[index] if len(raw) else None, text if tensor.datatype == "BYTES" else numbers, text,
+                              "shared_memory_region" in tensor.parameters))
+    prompts, budget, sampling, ids = _tensors_stated(tensors, kv)
+    return Stated(class_parameter, names_priority, prompts, budget, sampling, _grpc_parameter(request, MAX_TOKENS), ids)
 
 
 def grpc_set_priority(request: Any, priority: int) -> None:

@@ -1,12 +1,11 @@
 """One reader of a request: what admission knows of it, read by one set of rules whatever carried it.
 
-A request reaches admission over HTTP (JSON or binary-tensor `infer`, `generate`,
-`generate_stream`), over gRPC (`ModelInfer`, each request of a `ModelStreamInfer`), through the
-decision socket (nginx's copy of any of those) or on nginx's lane (a (model, class) key). Each path
-keeps only its wire parsing (sidecar/protocol.py): it says what the request states (`Stated`),
-and `read` turns that into one typed `Reading` by the rules below. The price is then
-`cost.cost_for(model, reading.llm)`, the function admission charges. Why one reader: with three
-extractors, each with its own rules, one request got a different price on each path (issue 45).
+A request reaches admission over HTTP (`infer`, `generate`, `generate_stream`), gRPC (`ModelInfer`,
+each request of a `ModelStreamInfer`), the decision socket (nginx's copy of either) or nginx's lane
+(a (model, class) key). Each path keeps only its wire parsing (sidecar/protocol.py), which says what
+the request states (`Stated`); `read` turns that into one `Reading` by the rules below, and
+`cost.cost_for(model, reading.llm)` prices it. Why one reader: with three extractors, one request
+got a different price on each path (issue 45).
 
 The rules:
 - class: the class header, else the class parameter, else the policy's default; an unknown name is
@@ -17,20 +16,14 @@ The rules:
 - prompt: each element of the prompt input (UTF-8 bytes; counted by the model's tokenizer when it
   has one); none readable (shared memory, no prompt input): charged a full context. A model of
   token ids (`kv.prompt_token_ids`): each sequence's ids, one token each, exact.
-- budget (max_tokens), from the first source the request states, in the order the backends read
-  them: the max_tokens input tensor (one value per sequence, or one for all); else a
-  `sampling_parameters` JSON object (tensor or generate field), whose `max_tokens` or nothing
-  (vLLM then ignores the request parameters, and so does the price); else the request parameter
-  `max_tokens`. None stated: the model's default (policy `default_max_tokens`, else up to
-  max_context).
+- budget (max_tokens), from the first source stated, in the order the backends read them: the
+  max_tokens input (one value per sequence, or one for all); else a `sampling_parameters` JSON
+  object, whose `max_tokens` or nothing (vLLM then ignores the request parameters, and so does the
+  price); else the request parameter `max_tokens`; else the model's default.
 - a budget value is an integer, an integral float or a numeric string (vLLM's own client sends
-  "100" and its backend casts with int()), 0 or more. Anything else is a 400 naming where it was:
-  a negative count (vLLM and TensorRT-LLM refuse it themselves, after it took a slot; and a backend
-  reading -1 as "no limit" would have been charged the default), a fraction, a word, a bool.
-  Zero is valid (a prompt-only request). A count of max_context or more is refused by the price
-  (`exceeds_context`, 400), never admitted. The same rules on every path: before this, HTTP took
-  numeric strings and dropped negatives, gRPC took only int64 parameters, and HTTP `infer` ignored
-  a binary `sampling_parameters` tensor that gRPC read.
+  "100"), 0 or more; anything else is a 400 naming where it was: a negative count too (a backend
+  reading -1 as "no limit" would have been charged the default). A count of max_context or more
+  is refused by the price (`exceeds_context`).
 """
 
 from __future__ import annotations
@@ -108,8 +101,7 @@ _classes: tuple[SidecarPolicy | None, dict[str, ClassPolicy]] = (None, {})
 
 
 def resolve_class(policy: SidecarPolicy, header_value: str | None, param_value: str | None) -> ClassPolicy:
-    """The request's class: the header, else the request parameter, else the policy's default.
-    An unknown name is a 400 (a typo must not silently become the default class)."""
+    """The request's class by the module's rule."""
     global _classes
     held, classes = _classes
     if held is not policy:
@@ -124,12 +116,9 @@ def resolve_class(policy: SidecarPolicy, header_value: str | None, param_value: 
 
 
 def resolve_tenant(header_value: str | None) -> str:
-    """The request's tenant: the tenant header's value, or `default` when it is absent or empty.
-
-    Any name is accepted (tenants the policy does not list get its `default_tenant` quota), but
-    only in the policy's name syntax: the value becomes part of error bodies, logs and a
-    dictionary key, so a value that could not be a tenant name is a 400 rather than carried along.
-    """
+    """The request's tenant by the module's rule. Any name is accepted (tenants the policy does not
+    list get its `default_tenant` quota), but only in the policy's name syntax: the value becomes part
+    of error bodies, logs and a dictionary key."""
     if header_value is None:
         return DEFAULT_TENANT
     name = header_value.strip()
@@ -174,8 +163,7 @@ def _counts(values: Iterable[Any], where: str, name: str = "") -> tuple[int, ...
 
 
 def budget(stated: Stated, tensor_name: str) -> tuple[int | None, ...]:
-    """The max_tokens a request states, per sequence (one for all, or none), from the first source
-    it states (the module docstring says which and why)."""
+    """The max_tokens a request states, per sequence (one for all, or none), by the module's rule."""
     if stated.budget_tensor:
         return _counts(stated.budget_tensor, "input {!r}", tensor_name)
     if stated.sampling is not None:

@@ -1,26 +1,19 @@
 """Which way gRPC `ModelStreamInfer` goes through the sidecar, and why. Pure.
 
-Two ways:
-
-* **carried**: nginx carries the stream to Triton and back (`grpc_pass`). Python decides once, when
-  the stream opens: its class and tenant (from the metadata), a slot of the stream model, or a
-  refusal (RESOURCE_EXHAUSTED with Retry-After). The slot goes back when the stream closes. A Lua
-  body filter reads the response frames (each response's request id, final flag, error) and reports
-  the stream's first token, its responses and how its requests ended, so no token crosses Python.
-  What nginx cannot do inside an open HTTP/2 stream is read the requests: the slot is priced as a
-  request of unknown prompt, no KV is reserved, and the class's priority is not written into the
-  requests (the sidecar's queue still orders streams by class).
-* **relay**: Python reads every request of the stream, prices and reserves its KV, writes its
-  priority, and relays every token (sidecar/grpc_stream.py): about 150-400 us of CPU per token on
-  the hosts measured, one event loop's worth of tokens per second at most (docs/sidecar.md).
+* **carried**: nginx carries the stream to Triton and back (`grpc_pass`); Python decides once as it
+  opens (its class and tenant from the metadata, a slot of the stream model, or a refusal) and hears
+  from a Lua body filter how its requests end, so no token crosses Python. nginx cannot read the
+  requests inside an open HTTP/2 stream: the slot is priced as a request of unknown prompt, no KV is
+  reserved and no priority written (the sidecar's queue still orders streams by class).
+* **relay**: Python reads, prices, reserves and relays every request and token (sidecar/grpc_stream.py),
+  at 150-400 us of CPU per token on the hosts measured (docs/sidecar.md).
 
 Carried is the default for an engine that queues when its KV is full (kv_policy grow_preempt: vLLM;
-reserve_wait: TensorRT-LLM's GUARANTEED_NO_EVICT), where a request the sidecar did not price
-waits in the engine instead of failing. An engine that kills when its pool runs dry (reserve_kill,
-grow_kill), or one whose policy is not known, needs each request's KV reserved: relay. A model's
-`grpc_streams` in the policy overrides either way. nginx sees no model name in a stream (it is in
-the messages), so a stream is attributed to the policy's one streaming model; with several, streams
-are relayed (Python reads which model each request names).
+reserve_wait: TensorRT-LLM's GUARANTEED_NO_EVICT), where an unpriced request waits in the engine
+instead of failing; an engine that kills (reserve_kill, grow_kill), or of unknown policy, needs
+each request's KV reserved: relay. A model's `grpc_streams` overrides either way. nginx sees no
+model name in a stream, so it is attributed to the policy's one streaming model; with several,
+streams are relayed.
 """
 
 from __future__ import annotations

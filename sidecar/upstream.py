@@ -51,28 +51,26 @@ class UpstreamHealth:
     def mark_down(self, reason: str) -> None:
         """A proxy saw the connection fail: stop sending until the probe says otherwise."""
         if self.up:
-            self.up = False
-            self.reason = reason
-            log.warning("upstream down: %s", reason)
-            for listener in self._listeners:
-                result = listener(False)
-                if asyncio.iscoroutine(result):
-                    asyncio.ensure_future(result)
+            self.up, self.reason = False, reason
+            for pending in self._tell(False):
+                asyncio.ensure_future(pending)
         self._kick.set()
 
     async def _set(self, ok: bool, reason: str | None) -> None:
         changed = ok != self.up
         self.up, self.reason = ok, reason
-        if not changed:
-            return
+        if changed:
+            for pending in self._tell(ok):
+                await pending
+
+    def _tell(self, ok: bool) -> list[Awaitable[None]]:
+        """Log the change and tell the listeners; the coroutines they returned, for the caller to run."""
         if ok:
             log.warning("upstream ready")
         else:
-            log.warning("upstream down: %s", reason)
-        for listener in self._listeners:
-            result = listener(ok)
-            if asyncio.iscoroutine(result):
-                await result
+            log.warning("upstream down: %s", self.reason)
+        results = [listener(ok) for listener in self._listeners]
+        return [r for r in results if asyncio.iscoroutine(r)]
 
     def start(self) -> None:
         self._background.start()

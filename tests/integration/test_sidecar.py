@@ -45,7 +45,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
-from sidecar.loop import run as run_loop
+from sidecar.run import run_loop
 from tests.helpers import SIDECAR_POOL_BLOCKS, build_sidecar_repository
 from tests.live_sidecar_rigs import stream_run
 from tritongen.server import ServerOptions, TritonServer

@@ -1,4 +1,4 @@
-"""Prompt bytes per token learnt from the engine's own counter (sidecar/prompt_ratio.py), and the
+"""Prompt bytes per token learnt from the engine's own counter (sidecar/admission_prompts.py), and the
 sidecar counting prompts with it where the policy names no tokenizer."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from sidecar.admission_types import HeadroomSnapshot, Request
 from sidecar.cost import LLMFacts, cost_for
 from sidecar.headroom import TritonMetricsSource
 from tritongen.core.sidecar_policy.schema import parse_policy
-from sidecar.prompt_ratio import MIN_TOKENS, LearnedRatio
+from sidecar.admission_prompts import MIN_TOKENS, LearnedRatio
 from tests.sidecar_rigs import FakeClock, policy_doc
 
 
@@ -40,7 +40,7 @@ def test_the_metrics_source_reads_the_engines_prompt_token_counter_per_model() -
 def test_without_a_tokenizer_the_sidecar_counts_prompts_with_the_learnt_ratio() -> None:
     clock = FakeClock()
     state = AdmissionState(parse_policy(policy_doc()), clock)  # llm: 1 byte per token, the bound
-    assert state.token_counter("llm") is None and "bound" in state.prompt_counting("llm")
+    assert state.prompts.counter("llm") is None and "bound" in state.prompts.describe("llm")
     state.observe_headroom(HeadroomSnapshot(clock(), prompt_tokens_total={"llm": 100.0}))
     model = state.model_policy("llm")
     sent = 0
@@ -50,6 +50,6 @@ def test_without_a_tokenizer_the_sidecar_counts_prompts_with_the_learnt_ratio() 
         state.release(request.id)
         sent += 40
     state.observe_headroom(HeadroomSnapshot(clock(), prompt_tokens_total={"llm": 100.0 + sent / 4}))
-    counter = state.token_counter("llm")
+    counter = state.prompts.counter("llm")
     assert counter is not None and counter(b"x" * 400) == 100
     assert "4 bytes/token, learnt" in state.status()["models"]["llm"]["prompt_tokens_counted_by"]

@@ -117,7 +117,7 @@ def test_generate_states_class_priority_and_every_budget_source() -> None:
         b'{"text_input": "hello", "max_tokens": 4, "parameters": {"traffic_class": "interactive"}}')
     stated = protocol.generate_stated(doc, KV, CLASS)
     assert facts(stated) == ([5], (4,)) and stated.class_parameter == "interactive"
-    assert json.loads(protocol.generate_with_priority(doc, 1))["parameters"]["priority"] == 1
+    assert json.loads(protocol.with_priority(doc, 1))["parameters"]["priority"] == 1
     params = protocol.generate_stated(protocol.parse_generate(b'{"text_input": "hi", "parameters": {"max_tokens": 9}}'),
                                       KV, CLASS)
     assert facts(params) == ([2], (9,))

@@ -143,7 +143,7 @@ def test_prompts_are_counted_by_the_model_directorys_tokenizer(tmp_path: Path, w
     assert f"counted by {found.resolve()} (the model directory's tokenizer.json), else at 4 bytes/token" in note
     assert model(doc, "reserve_llm")["kv"]["tokenizer"] is None  # its spec names no directory
     # the sidecar can count with it
-    from sidecar.tokens import load_counters
+    from sidecar.admission_prompts import load_counters
 
     counters = load_counters(parse_policy(doc), tmp_path)
     assert set(counters) == {"vllm_standin"}

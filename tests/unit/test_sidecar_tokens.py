@@ -1,4 +1,4 @@
-"""Exact prompt token counts from the model's tokenizer.json (sidecar/tokens.py), end to end: the
+"""Exact prompt token counts from the model's tokenizer.json (sidecar/admission_prompts.py), end to end: the
 spec names it, render writes it into the policy, the sidecar loads it and charges each request
 the tokens its prompt really has."""
 
@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from sidecar.cost import llm_cost
 from tritongen.core.sidecar_policy.kv_cost import KVCost
 from tritongen.core.sidecar_policy.schema import PolicyError, parse_policy
-from sidecar.tokens import load_counters
+from sidecar.admission_prompts import load_counters
 from tests.helpers import EXAMPLES, run_cli
 from tests.sidecar_rigs import generate_facts, policy_doc
 

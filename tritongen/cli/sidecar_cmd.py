@@ -49,8 +49,7 @@ def sidecar(
     old one stays in force. Stops on SIGINT or SIGTERM.
     """
     from sidecar.config import SidecarConfig, split_address
-    from sidecar.run import serve
-    from sidecar.loop import run as run_loop
+    from sidecar.run import run_loop, serve
     from tritongen.shared.policy_file import load_policy
 
     url = renamed(url, upstream, "--url", "--upstream")
