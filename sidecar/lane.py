@@ -77,11 +77,13 @@ def spare_slots(wanted: int, cfg: LanePolicy) -> int:
     return max(cfg.spare_min, math.ceil(wanted * cfg.spare_fraction))
 
 
-def demand(counts: LaneCounts, overflow_since: int) -> int:
+def demand(counts: LaneCounts, overflow_since: int, overflow_inflight: int = 0) -> int:
     """What the lane was asked to carry at once since the last reading: its peak in flight, or more
-    when requests overflowed for want of a slot (they would have been in flight too). A sample of
-    the in-flight count alone reads low between a closed loop's completions and its next sends."""
-    return max(counts.inflight, counts.peak) + max(0, overflow_since)
+    when requests overflowed for want of a slot (they would have been in flight too): those that
+    overflowed since, or those of its kind the Python path still has in flight, whichever is more. A
+    sample of the in-flight count alone reads low between a closed loop's completions and its next
+    sends."""
+    return max(counts.inflight, counts.peak) + max(0, overflow_since, overflow_inflight)
 
 
 def target_slots(inflight: int, wanted: int, may_grow: bool, upstream_up: bool, cfg: LanePolicy) -> int:

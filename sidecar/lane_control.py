@@ -17,6 +17,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +25,7 @@ import aiohttp
 
 from sidecar.accounting import Accounting
 from sidecar.admission import AdmissionState
-from sidecar.lane import LaneCounts, LaneKey, demand, lane_keys, since, spare_slots, target_slots
+from sidecar.lane import LaneCounts, LaneKey, demand, lane_keys, since, target_slots
 from sidecar.tasks import BackgroundTask
 
 log = logging.getLogger("tritongen.sidecar")
@@ -54,6 +55,7 @@ class LaneControl:
         self.counts: dict[LaneKey, LaneCounts] = {}
         self._overflowed: dict[LaneKey, int] = {}  # requests that overflowed since the last plan
         self._used_at: dict[LaneKey, float] = {}  # when the pair last had lane demand
+        self._peaks: dict[LaneKey, deque[tuple[float, int]]] = {}  # (when, demand), falling: _held_peak
         self.clock = clock
         self._ids = itertools.count(1)
         self._wake = asyncio.Event()
@@ -207,7 +209,8 @@ class LaneControl:
             held = self.slots.setdefault(key, [])
             now = counts.get(key, LaneCounts())
             inflight = now.inflight
-            wanted = demand(now, self._overflowed.pop(key, 0))
+            wanted = self._held_peak(key, at, cfg.hold_s, demand(
+                now, self._overflowed.pop(key, 0), self.state.lane_like_inflight(model, klass, set(held))))
             if wanted > 0:
                 self._used_at[key] = at
             # Spare slots only for a pair in use: an idle class must not hold its model's room.
@@ -218,11 +221,7 @@ class LaneControl:
                 if not self.state.take_lane_slot(slot, model, klass):
                     break
                 held.append(slot)
-            # Spare slots go back only past half the spare again: a closed loop's peak wobbles by a
-            # request or two between readings, and each wobble was a push that kept the sync quick.
-            slack = (spare_slots(wanted, cfg) // 2) if want > inflight else 0
-            while len(held) > max(want + slack, inflight) or (len(held) > inflight
-                                                               and self.state.lane_overfull(model, klass)):
+            while len(held) > max(want, inflight) or (len(held) > inflight and self.state.lane_overfull(model, klass)):
                 self.state.return_lane_slot(held.pop())
                 released = True
             if key in self.keys and up:
@@ -233,6 +232,20 @@ class LaneControl:
         if released:
             self.dispatch()  # the room went to whoever waits: hand them their grants
         return caps
+
+    def _held_peak(self, key: LaneKey, at: float, hold_s: float, wanted: int) -> int:
+        """The most the pair was asked for over the last `hold_s` (lane.hold_s). What nginx has read
+        and not finished swings with its reads, not with the clients: 64 clients of a model that
+        does nothing read 4-64 from one sync to the next while nginx's one worker was the bottleneck,
+        and slots that followed each reading sent every swing up into the Python path (3-4% of the
+        requests, each a decision in Python), and pushed new caps at every sync."""
+        window = self._peaks.setdefault(key, deque())
+        while window and window[-1][1] <= wanted:
+            window.pop()
+        window.append((at, wanted))
+        while window[0][0] < at - hold_s:
+            window.popleft()
+        return window[0][1]
 
     def status(self) -> dict[str, dict[str, dict[str, int]]]:
         """Per model and class: slots held (counted in the state's in-flight and reserved figures,

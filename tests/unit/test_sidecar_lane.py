@@ -355,3 +355,50 @@ def test_a_policy_with_nothing_for_the_lane_tells_nginx_once_and_then_leaves_it_
     state.apply_policy(parse_policy(policy_doc(models=[classic("cls", max_inflight=40)])))
     lane.policy_changed()
     assert sync(lane, clock) == {N: 0, B: 0, I: 0}
+
+
+def test_the_lanes_demand_is_its_peak_over_the_hold_and_its_overflow_still_in_python() -> None:
+    """What nginx has read and not finished swings with its reads; slots that followed each reading
+    sent every upward swing into the Python path. Overflowed requests still in flight through the
+    Python path are demand too."""
+    state, clock = state_of(models=[classic("cls", max_inflight=400)])
+    lane, front, _ = control(state, clock, [True])
+    front.counts = {N: LaneCounts(inflight=50, peak=60)}
+    assert sync(lane, clock)[N] == 90  # 60 and half again
+    pushes = front.pushes
+    for inflight in (5, 30, 12):  # the swing: no slot goes back, no cap is pushed
+        front.counts = {N: LaneCounts(inflight=inflight, peak=inflight)}
+        assert sync(lane, clock)[N] == 90
+    assert front.pushes == pushes and not lane.hot
+    clock.advance(lane.state.policy.lane.hold_s)
+    assert sync(lane, clock)[N] == 18  # the peak left the window: 12 and half again
+    for i in range(20):  # overflowed earlier, admitted by the Python path, still in flight
+        assert state.submit(Request(f"py{i}", "cls", "normal", Cost(request_bytes=100))).action is Action.ADMIT
+    assert state.submit(Request("tenant", "cls", "normal", Cost(request_bytes=100), "acme")).action is Action.ADMIT
+    front.counts = {N: LaneCounts(inflight=2, peak=2)}
+    assert sync(lane, clock)[N] == 2 + 20 + 11  # a tenant's request never rides the lane: not its demand
+
+
+def test_an_overflow_wakes_the_sync_at_most_once_a_busy_period() -> None:
+    state, clock = state_of(models=[classic("cls", max_inflight=40)])
+    lane, front, _ = control(state, clock, [True])
+    front.counts = {N: LaneCounts(inflight=4, peak=4)}
+    sync(lane, clock)
+    sync(lane, clock)
+    assert not lane.hot and not lane._wake.is_set()  # steady: the idle cadence
+    lane.overflowed(("llm", "normal"))  # not a lane pair
+    assert not lane._wake.is_set()
+    clock.advance(state.policy.lane.sync_busy_ms / 1000 * 1.01)
+    lane.overflowed(N)
+    assert lane._wake.is_set() and lane.hot
+    lane._wake.clear()
+    front.counts = {N: LaneCounts(inflight=4, peak=4, overflow=1)}
+    asyncio.run(lane.sync())
+    front.counts = {N: LaneCounts(inflight=4, peak=4, overflow=1)}
+    asyncio.run(lane.sync())
+    assert not lane.hot
+    lane.overflowed(N)  # within a busy period of the last sync: no wake
+    assert not lane._wake.is_set()
+    clock.advance(state.policy.lane.sync_busy_ms / 1000 * 1.01)
+    lane.overflowed(N)
+    assert lane._wake.is_set()

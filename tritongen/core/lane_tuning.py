@@ -19,6 +19,16 @@ SPARE_FRACTION = 0.5
 `lane.spare_fraction`. Value: a judgement (commit b548e12): about one sync period's growth of a
 ramp."""
 
+HOLD_S = 2.0
+"""The lane's demand is the most it was asked for over this long, not its last reading: what nginx
+has read and not finished swings with its reads (a busy worker reads clients in batches), and slots
+that followed each reading sent every upward swing into the Python path. Policy field
+`lane.hold_s`. Value: a judgement (2026-12-07), measured once: 64 perf_analyzer clients of a model
+that does nothing (bench_sidecar's identity) read 4 to 64 in flight from one 20 ms sync to the next,
+so a window of many syncs; two seconds return idle slots soon after a load falls. Longer: fewer
+overflows into Python, slots held idle longer (a Python-path request that finds no room takes them
+back at once: lane_control.LaneControl.reclaim)."""
+
 IDLE_AFTER_S = 10.0
 """A (model, class) pair with no lane demand for this long keeps no spare slots, so an idle class
 does not hold its model's room. Policy field `lane.idle_after_s`. Value: a judgement (commit

@@ -68,6 +68,9 @@ class LanePolicy(PolicyModel):
     spare_fraction: float = Field(
         default=lane.SPARE_FRACTION, ge=0, description="...and at least this fraction of the demand."
     )
+    hold_s: float = Field(
+        default=lane.HOLD_S, ge=0, description="The lane's demand is the most it was asked for over this long."
+    )
     idle_after_s: float = Field(
         default=lane.IDLE_AFTER_S, gt=0, description="A model and class without lane demand for this long keeps "
         "no spare slots."
