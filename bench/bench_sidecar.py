@@ -1,10 +1,11 @@
 """What the sidecar costs, next to what nginx costs: Triton direct, through nginx, through the sidecar.
-One unit (about 660 lines): one measurement in which the same load generator drives every path in
+One unit (about 720 lines): one measurement in which the same load generator drives every path in
 rotated rounds and the goals compare the paths with each other; the nginx setup, the clients and
 the tables serve only this bench, so they stay here, not in bench/rig/.
 
     .venv/bin/python -m bench.bench_sidecar [--seconds 3] [--levels 1,16,64] [--protocols http,grpc]
                                             [--models ranker,identity] [--pinned] [--no-nginx]
+                                            [--client perf_analyzer|python]
                                             [--queue-policies] [--json out.json]
 
 Four paths to the same embedded Triton, in the same run: direct, through nginx configured as a
@@ -21,16 +22,17 @@ For each protocol (HTTP/JSON and gRPC), model and concurrency level, closed-loop
 request in flight each) run `--seconds` per path, split into `--rounds` segments whose order
 rotates (D N S, N S D, S D N, ...), so a drift of the shared host weighs on every path alike.
 Reported per path: P50, P99, throughput; for the proxies also the throughput ratio to direct and
-the added P50. Goals (issue 32), per protocol, model and level: the sidecar's throughput ratio
-within RATIO_BAND of nginx's (no lower than nginx's less the band), and its added P50 at most 1 ms;
-MET or MISSED each. A last run puts both
+the added P50. Goals, per protocol, model and level: the sidecar's throughput ratio within
+RATIO_BAND of nginx's (no lower than nginx's less the band) and its added P50 at most 1 ms (issue
+32), and its P99 at most 1 ms above nginx's (issue 45); MET or MISSED each. A last run puts both
 proxies before a null upstream (answers at once) at concurrency 1: each proxy's own latency.
 
-Load generator: Python clients, in this process, on uvloop (perf_analyzer, the C++ client users
-run, is not wired in: the venv it was written against has none, and the output says whether one
-is there, unused): aiohttp for HTTP, grpc.aio for gRPC with a
-pre-serialised `ModelInferRequest` (tritonclient's service_pb2, what tritonclient.grpc.aio sends,
-without its per-call object building). On a small machine Triton, the proxy and the clients share
+Load generator (`--client`): perf_analyzer by default, the C++ client users run (bench/rig/
+perf_analyzer.py finds it or unpacks the tritonclient 2.51 wheel's), one run per path and round,
+the median of the rounds per path; or Python clients in this process on uvloop (`--client python`,
+and where perf_analyzer cannot run): aiohttp for HTTP, grpc.aio for gRPC with a pre-serialised
+`ModelInferRequest` (tritonclient's service_pb2, what tritonclient.grpc.aio sends, without its
+per-call object building), latencies pooled over the rounds. On a small machine Triton, the proxy and the clients share
 the cores, which the numbers include; `--pinned` gives the proxy under test (sidecar or nginx) a
 CPU of its own, as a pod's CPU request would.
 
@@ -64,6 +66,7 @@ import aiohttp
 import httpx
 
 from bench.rig import ROOT
+from bench.rig.perf_analyzer import find_perf_analyzer, measure
 from sidecar.nginx_front import find_nginx, process_preamble, temp_paths, upstream_block
 from tritongen.core.plan import plan_deployment
 from tritongen.core.sidecar_policy.build import build_sidecar_policy
@@ -78,6 +81,7 @@ REPOSITORY = ROOT / "model_repository"
 BENCH_MODELS = Path(__file__).resolve().parent / "models"
 IDENTITY_SPEC = BENCH_MODELS / "deployment.yaml"
 TARGET_ADDED_P50_MS = 1.0
+TARGET_P99_BEYOND_NGINX_MS = 1.0  # issue 45: the sidecar's P99 at most 1 ms above plain nginx's
 RATIO_BAND = 0.05  # issue 32: the sidecar's throughput ratio within 0.05 of plain nginx's
 NGINX = "/usr/sbin/nginx"
 PATHS = ("direct", "nginx", "sidecar", "python")
@@ -417,6 +421,39 @@ async def rotated(targets: dict[str, Any], concurrency: int, seconds: float, war
     return {name: pooled(r, seconds) for name, r in runs.items()}
 
 
+# perf_analyzer's --shape per model: identity has no batch dimension (max_batch_size 0), ranker batches
+PA_SHAPES = {"identity": "INPUT0:1,32", "ranker": "FEATURES:32"}
+# perf_analyzer's shortest window: each run starts its clients at once, and that ramp should stay a small
+# part of what it reports
+PA_WINDOW_MIN_MS = 500
+
+
+def rotated_pa(perf_analyzer: str, urls: dict[str, str], protocol: str, model: str, concurrency: int,
+               seconds: float, rounds: int) -> dict[str, dict[str, Any]]:
+    """`rotated` with perf_analyzer as the clients: each path `rounds` times, in rotating order, each
+    time three windows of a third of its share of `seconds` (at least PA_WINDOW_MIN_MS); per path the
+    median of its rounds' throughput, P50 and P99 (perf_analyzer reports percentiles, not latencies
+    to pool). A run that fails counts one error, with perf_analyzer's words in `failures`."""
+    names = list(urls)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    failures: dict[str, list[str]] = {name: [] for name in names}
+    window_ms = max(PA_WINDOW_MIN_MS, int(seconds / rounds / 3 * 1000))
+    for i in range(rounds):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            try:
+                runs[name].append(measure(perf_analyzer, urls[name], protocol, model, PA_SHAPES[model], concurrency,
+                                          window_ms))
+            except RuntimeError as err:
+                failures[name].append(str(err))
+    out = {}
+    for name, done in runs.items():
+        def median(key: str) -> float:
+            return statistics.median(r[key] for r in done) if done else float("nan")
+        out[name] = {"requests": 0, "errors": len(failures[name]), "refused": 0, "throughput": median("throughput"),
+                     "p50_ms": median("p50_ms"), "p99_ms": median("p99_ms"), "failures": failures[name]}
+    return out
+
+
 def run_loop(coro: Awaitable[Any]) -> Any:
     try:
         import uvloop
@@ -517,7 +554,8 @@ def print_table(rows: list[dict[str, Any]], with_nginx: bool) -> None:
 def print_goals(rows: list[dict[str, Any]], with_nginx: bool) -> tuple[int, int]:
     """One line per protocol and model: each level's two goals, MET or MISSED. Returns (met, total)."""
     met = total = 0
-    print(f"goals: sidecar throughput ratio >= nginx's - {RATIO_BAND:g}{'' if with_nginx else ' (no nginx: not judged)'}; "
+    print(f"goals: sidecar throughput ratio >= nginx's - {RATIO_BAND:g} and its P99 <= nginx's + "
+          f"{TARGET_P99_BEYOND_NGINX_MS:g} ms{'' if with_nginx else ' (no nginx: not judged)'}; "
           f"sidecar added P50 <= {TARGET_ADDED_P50_MS:g} ms")
     keys = sorted({(r["protocol"], r["model"]) for r in rows}, key=lambda k: (k[0] != "http", k[1] != "ranker"))
     for protocol, model in keys:
@@ -529,6 +567,9 @@ def print_goals(rows: list[dict[str, Any]], with_nginx: bool) -> tuple[int, int]
                 ok = s["ratio"] >= r["nginx"]["ratio"] - RATIO_BAND
                 met, total = met + ok, total + 1
                 cell += f"ratio {s['ratio']:.2f} vs {r['nginx']['ratio']:.2f} {'MET' if ok else 'MISSED'}, "
+                ok = s["p99_ms"] - r["nginx"]["p99_ms"] <= TARGET_P99_BEYOND_NGINX_MS
+                met, total = met + ok, total + 1
+                cell += f"P99 {s['p99_ms'] - r['nginx']['p99_ms']:+.2f} ms vs nginx {'MET' if ok else 'MISSED'}, "
             ok = s["added_p50_ms"] <= TARGET_ADDED_P50_MS
             met, total = met + ok, total + 1
             cell += f"+P50 {s['added_p50_ms']:.2f} ms {'MET' if ok else 'MISSED'}"
@@ -550,6 +591,9 @@ def main() -> int:
     parser.add_argument("--protocols", default="http,grpc", help="http, grpc or both (default)")
     parser.add_argument("--models", default="ranker,identity", help="ranker, identity or both (default)")
     parser.add_argument("--no-nginx", action="store_true", help="leave the nginx column out")
+    parser.add_argument("--client", choices=("perf_analyzer", "python"), default="perf_analyzer",
+                        help="the load generator: perf_analyzer (default; unpacked from the tritonclient 2.51 wheel "
+                        "when none is found; Python clients where it cannot run) or this process's Python clients")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--pinned", action="store_true",
                         help="give the proxies (sidecar and nginx) a CPU of their own, as a pod CPU request does; "
@@ -562,6 +606,7 @@ def main() -> int:
     models = [x.strip() for x in args.models.split(",") if x.strip()]
     begun = time.monotonic()
 
+    perf_analyzer, pa_how = find_perf_analyzer() if args.client == "perf_analyzer" else (None, "--client python")
     skip = "--no-nginx" if args.no_nginx else nginx_missing()
     with_nginx = skip is None
     work = Path(tempfile.mkdtemp(prefix="bench-sidecar-"))
@@ -597,6 +642,17 @@ def main() -> int:
                 for protocol in protocols:
                     for model in models:
                         for c in levels:
+                            if perf_analyzer is not None:
+                                urls = {"direct": server.http_url if protocol == "http" else server.grpc_url}
+                                if nginx is not None:
+                                    urls["nginx"] = nginx.http_url if protocol == "http" else nginx.grpc_url
+                                urls["sidecar"] = sidecar.http_url if protocol == "http" else sidecar.grpc_url
+                                urls["python"] = plain.http_url if protocol == "http" else plain.grpc_url
+                                row = {"protocol": protocol, "model": model, "concurrency": c,
+                                       **rotated_pa(perf_analyzer, urls, protocol, model, c, args.seconds, args.rounds)}
+                                derived(row)
+                                rows.append(row)
+                                continue
                             if protocol == "http":
                                 targets = {"direct": HttpTarget(server.http_url, loads[model])}
                                 if nginx is not None:
@@ -625,9 +681,13 @@ def main() -> int:
              if args.pinned else f"{os.cpu_count()} CPUs shared by Triton, the proxy and the load generator")
     print(f"closed loop, {args.seconds:g} s per path, protocol, model and level in {args.rounds} rotating "
           f"segments; {where}")
-    print("load generator: Python clients in one process on uvloop (perf_analyzer "
-          f"{'is in the venv but not used yet' if (Path(sys.executable).parent / 'perf_analyzer').exists() else 'is not in the venv'}):"
-          " aiohttp for HTTP/JSON, grpc.aio on one channel with a pre-serialised ModelInferRequest for gRPC")
+    if perf_analyzer is not None:
+        window_ms = max(PA_WINDOW_MIN_MS, int(args.seconds / args.rounds / 3 * 1000))
+        print(f"load generator: perf_analyzer ({pa_how}), one run per path and round, 3 windows of {window_ms} ms "
+              "each; per path the median of its rounds' throughput, P50 and P99 (client-side)")
+    else:
+        print(f"load generator: Python clients in one process on uvloop (perf_analyzer: {pa_how}): aiohttp for "
+              "HTTP/JSON, grpc.aio on one channel with a pre-serialised ModelInferRequest for gRPC")
     print(f"nginx: {NGINX_SETTINGS}" if with_nginx else f"nginx: column skipped: {skip}")
     print(f"sidecar: its own process, HTTP and gRPC upstreams; policy from build_sidecar_policy "
           f"(examples/deployment.yaml + bench/models/deployment.yaml), widened so admission never queues: "
@@ -646,6 +706,10 @@ def main() -> int:
         line += f"; nginx {fn['p50_ms']:.2f} ms (adds {fn['p50_ms'] - fd['p50_ms']:.2f})"
     print(line)
     errors = {name: sum(r[name]["errors"] for r in rows if name in r) for name in PATHS}
+    for r in rows:
+        for name in PATHS:
+            for failure in r.get(name, {}).get("failures", []):
+                print(f"failed: {r['protocol']} {r['model']} c={r['concurrency']} {name}: {failure}")
     refused = sum(r["sidecar"]["refused"] for r in rows)
     print(f"goals met: {met} of {total}; errors {errors}, sidecar 429s {refused}, queued in the sidecar {queued}; "
           f"run took {time.monotonic() - begun:.0f} s")

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import glob
 import json
 import os
 import re
@@ -57,12 +56,12 @@ import sys
 import tempfile
 import threading
 import time
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from bench.rig import ROOT
+from bench.rig.perf_analyzer import find_perf_analyzer, run_cmd, tail, venv_bin
 from tritongen.server_flags import server_flags_from
 from tritongen.server import ServerOptions, TritonInstall, TritonServer
 from tritongen.shared.processes import free_port
@@ -75,108 +74,11 @@ REPOSITORY = STANDINS / "repository"
 TRAFFIC = STANDINS / "traffic.yaml"
 MODEL = "scorer"
 MA_VENV = BENCH / ".ma-venv"
-PA_CACHE = BENCH / ".perf-analyzer"
-PA_WHEEL = "tritonclient==2.51.0"  # the last wheel with perf_analyzer built for glibc < 2.38; the server is 2.51
 MIN_SERVED = 0.95  # goodput: at least this share of the requests that arrived within the windows is served
 TUNE_OBJECTIVE = ("--objective", "capacity")
 
 
-def venv_bin() -> Path:
-    return Path(sys.executable).parent
-
-
-def run_cmd(cmd: list[str], timeout: float, **kw: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
-
-
-def tail(text: str, lines: int = 8) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
 # -- the tools --------------------------------------------------------------------------------------
-
-def _pa_runs(path: str) -> str | None:
-    """perf_analyzer's version line, or None if this one does not run here."""
-    try:
-        r = run_cmd([path, "--version"], timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    out = (r.stdout + r.stderr).strip()
-    return out.splitlines()[-1] if r.returncode == 0 and "Perf Analyzer" in out else None
-
-
-def _link_missing_libs(binary: Path, libdir: Path) -> list[str]:
-    """Symlink into `libdir` every library `binary` lacks that nvidia-pytriton bundles under a hashed
-    name (libb64.so.0d -> libb64-98cb6333.so.0d, libcudart.so.12 -> libcudart-09529672.so.12.6.77).
-    Returns the libraries still missing."""
-    bundled = TritonInstall.locate().libs
-    libdir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, LD_LIBRARY_PATH=str(libdir))
-    missing = [ln.split("=>")[0].strip() for ln in run_cmd(["ldd", str(binary)], 30, env=env).stdout.splitlines()
-               if "not found" in ln]
-    still = []
-    for soname in missing:
-        stem, _, version = soname.partition(".so")
-        found = sorted(glob.glob(str(bundled / f"{stem}-*.so{version}*")))
-        if found:
-            (libdir / soname).unlink(missing_ok=True)
-            (libdir / soname).symlink_to(found[0])
-        else:
-            still.append(soname)
-    return still
-
-
-def install_perf_analyzer() -> tuple[str | None, str]:
-    """The tritonclient 2.51.0 wheel's perf_analyzer, unpacked into bench/.perf-analyzer (not installed:
-    the project keeps tritonclient 2.73), with a wrapper that sets LD_LIBRARY_PATH."""
-    wrapper = PA_CACHE / "perf_analyzer"
-    if wrapper.exists() and _pa_runs(str(wrapper)):
-        return str(wrapper), "cached"
-    wheels = PA_CACHE / "wheel"
-    r = run_cmd([str(venv_bin() / "pip"), "download", "--no-deps", "--only-binary=:all:", "--quiet",
-                 "-d", str(wheels), PA_WHEEL], timeout=600)
-    found = sorted(wheels.glob("tritonclient-*.whl"))
-    if r.returncode != 0 or not found:
-        return None, f"pip download {PA_WHEEL} failed: {tail(r.stderr, 1)[:300]}"
-    with zipfile.ZipFile(found[0]) as wheel:
-        member = next((n for n in wheel.namelist() if n.endswith("/data/bin/perf_analyzer")), None)
-        if member is None:
-            return None, f"{found[0].name} holds no bin/perf_analyzer"
-        binary = PA_CACHE / "bin" / "perf_analyzer"
-        binary.parent.mkdir(parents=True, exist_ok=True)
-        binary.write_bytes(wheel.read(member))
-        binary.chmod(0o755)
-    shutil.rmtree(wheels, ignore_errors=True)
-    still = _link_missing_libs(binary, PA_CACHE / "lib")
-    if still:
-        return None, (f"perf_analyzer of {PA_WHEEL} needs {', '.join(still)}, which nvidia-pytriton does not bundle "
-                      "(Debian/Ubuntu: apt-get install libb64-0d)")
-    wrapper.write_text("#!/bin/sh\n# perf_analyzer of the " + PA_WHEEL + " wheel; its missing libraries linked from "
-                       "nvidia-pytriton's\n"
-                       f"export LD_LIBRARY_PATH={shlex.quote(str(PA_CACHE / 'lib'))}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}\n"
-                       f"exec {shlex.quote(str(binary))} \"$@\"\n")
-    wrapper.chmod(0o755)
-    if not _pa_runs(str(wrapper)):
-        out = run_cmd([str(wrapper), "--version"], 30)
-        return None, f"perf_analyzer of {PA_WHEEL} does not run here: {tail(out.stdout + out.stderr, 3)}"
-    return str(wrapper), "installed"
-
-
-def find_perf_analyzer() -> tuple[str | None, str]:
-    """(path, how it was found) or (None, why not)."""
-    tried = []
-    for path in (os.environ.get("PERF_ANALYZER"), shutil.which("perf_analyzer"), str(venv_bin() / "perf_analyzer")):
-        if path and path not in tried and os.access(path, os.X_OK):
-            tried.append(path)
-            version = _pa_runs(path)
-            if version:
-                return path, f"{path} ({version})"
-    path, how = install_perf_analyzer()
-    if path is None:
-        note = f"; tried {', '.join(tried)} (do not run here)" if tried else ""
-        return None, how + note
-    return path, f"{_pa_runs(path)}, from the {PA_WHEEL} wheel's data, unpacked into {PA_CACHE.relative_to(ROOT)} ({how})"
-
 
 def _numpy_of(python: Path) -> str:
     return run_cmd([str(python), "-c", "import numpy; print(numpy.__version__)"], 60).stdout.strip()
