@@ -96,9 +96,16 @@ def response_tokens(value: np.ndarray | None, token_ids: bool, counted: np.ndarr
     models, an empty text included: a token that decodes to nothing yet is still a step)."""
     if value is None or not value.size:
         return 0
-    if counted is not None and counted.size:
-        return int(np.asarray(counted, dtype=np.int64).sum())
-    return int(value.size) if token_ids else 1
+    total = int(np.asarray(counted, dtype=np.int64).sum()) if counted is not None and counted.size else None
+    return _counted_or_ids_or_one(total, int(value.size) if token_ids else None)
+
+
+def _counted_or_ids_or_one(counted: int | None, ids: int | None) -> int:
+    """The counting rule of a response whose output is there, for gRPC results and SSE events alike:
+    the model's own count, else its ids, else one."""
+    if counted is not None:
+        return counted
+    return ids if ids is not None else 1
 
 
 @dataclass(frozen=True)
@@ -128,9 +135,12 @@ class TokenReader:
         if value is None:
             return 0
         counted = event.get(self.count_output) if self.count_output else None
-        if isinstance(counted, (int, list)) and not isinstance(counted, bool):
-            return sum(counted) if isinstance(counted, list) else counted
-        return ids_in(value) if self.token_ids else 1
+        total = None
+        if isinstance(counted, list):
+            total = sum(counted)
+        elif isinstance(counted, int) and not isinstance(counted, bool):
+            total = counted
+        return _counted_or_ids_or_one(total, ids_in(value) if self.token_ids else None)
 
 
 class RequestInputs(dict):

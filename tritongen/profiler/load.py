@@ -247,12 +247,11 @@ class StreamWorker(threading.Thread):
 class StreamLoad:
     """N stream workers in closed loop; `run_level` windows their token rate."""
 
-    def __init__(self, url: str, model: str, inputs: Mapping[str, np.ndarray], output: str, request_timeout_s: float = 60.0,
-                 prompt_input: str | None = None, token_ids: bool = False, count_output: str | None = None) -> None:
+    def __init__(self, url: str, model: str, inputs: Mapping[str, np.ndarray], output: str | TokenReader,
+                 request_timeout_s: float = 60.0, prompt_input: str | None = None) -> None:
         self.url = url
-        # how a response's tokens are counted: the model's own count where it sends one (`count_output`),
-        # else its ids (`token_ids`), else one a response
-        self.reader = TokenReader(output, token_ids, count_output)
+        # how a response's tokens are counted: an output's name alone counts one a response
+        self.reader = output if isinstance(output, TokenReader) else TokenReader(output)
         self.model = model
         self.inputs = RequestInputs(inputs, request_parameters_of(inputs))
         self.request_timeout_s = request_timeout_s
@@ -263,9 +262,8 @@ class StreamLoad:
            request_timeout_s: float = 60.0) -> StreamLoad:
         """Streams in `interface`'s terms (an `LLMInterface`): its output, ids and token count, and
         each prompt made unique unless `salted` is false (a probe that repeats one prompt on purpose)."""
-        reader = TokenReader.of(interface)
-        return cls(url, model, inputs, reader.output, request_timeout_s, interface.text_input if salted else None,
-                   reader.token_ids, reader.count_output)
+        return cls(url, model, inputs, TokenReader.of(interface), request_timeout_s,
+                   interface.text_input if salted else None)
 
     def start(
         self,
