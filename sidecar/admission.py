@@ -27,6 +27,7 @@ class's queue cap like any other's.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Collection, Hashable, Mapping
 
 from sidecar.admission_estimates import wait_from
@@ -292,16 +293,20 @@ class AdmissionState(AdmissionView):
         reading = lane_reading(model, klass)  # what nginx's lane key says of its requests
         return Request(slot_id, model, reading.klass, cost_for(mp, reading.llm), reading.tenant)
 
-    def lane_like_inflight(self, model: str, klass: str, slots: Collection[Hashable]) -> int:
-        """Requests of `model` and `klass` from the default tenant that the Python path admitted and
-        that have not ended (reservations other than the lane's `slots`): the lane's overflow, still
-        in flight, is demand the lane did not see. Without it a lane whose load had overflowed read
-        its own few requests as its demand and shrank, so more overflowed: under 64 clients of a
-        model that does nothing the lane held 4-30 slots and the Python path decided most requests."""
-        tenant = lane_reading(model, klass).tenant
-        return sum(1 for rid, res in self.ledger.reservations.items()
-                   if res.request.model == model and res.request.klass == klass and res.lingering_until is None
-                   and res.request.tenant == tenant and rid not in slots)
+    def lane_like_inflight(self, slots: Collection[Hashable]) -> Counter[tuple[str, str]]:
+        """Per (model, class): requests of the lane's tenant that the Python path admitted and that
+        have not ended (reservations other than the lane's `slots`), in one pass for every pair: the
+        lane's overflow, still in flight, is demand the lane did not see. Without it a lane whose load
+        had overflowed read its own few requests as its demand and shrank, so more overflowed: under 64
+        clients of a model that does nothing the lane held 4-30 slots and the Python path decided most
+        requests."""
+        out: Counter[tuple[str, str]] = Counter()
+        for rid, res in self.ledger.reservations.items():
+            request = res.request
+            if res.lingering_until is None and rid not in slots \
+                    and request.tenant == lane_reading(request.model, request.klass).tenant:
+                out[(request.model, request.klass)] += 1
+        return out
 
     def return_lane_slot(self, slot_id: Hashable) -> bool:
         """Give a lane slot back (nginx no longer counts on it); its room goes to whoever waits.

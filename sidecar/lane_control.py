@@ -204,13 +204,13 @@ class LaneControl:
         caps: dict[LaneKey, int] = {}
         released = False
         grow = {model: self.state.lane_may_grow(model) for model in {k[0] for k in (*self.keys, *self.slots)}}
+        beside = self.state.lane_like_inflight({slot for held in self.slots.values() for slot in held})
         for key in sorted(self.keys | set(self.slots)):
             model, klass = key
             held = self.slots.setdefault(key, [])
             now = counts.get(key, LaneCounts())
             inflight = now.inflight
-            wanted = self._held_peak(key, at, cfg.hold_s, demand(
-                now, self._overflowed.pop(key, 0), self.state.lane_like_inflight(model, klass, set(held))))
+            wanted = self._held_peak(key, at, cfg.hold_s, demand(now, self._overflowed.pop(key, 0), beside[key]))
             if wanted > 0:
                 self._used_at[key] = at
             # Spare slots only for a pair in use: an idle class must not hold its model's room.
@@ -229,6 +229,7 @@ class LaneControl:
             self.metrics.lane_slots.labels(klass, self.accounting.label(model)).set(len(held))
             if not held and key not in self.keys:
                 del self.slots[key]
+                self._peaks.pop(key, None)
         if released:
             self.dispatch()  # the room went to whoever waits: hand them their grants
         return caps
