@@ -91,11 +91,19 @@ def run(server: TritonServer, repo: Path, tmp: Path, args) -> None:
         print("| prompt tokens | fresh TTFT ms | repeat TTFT ms | fresh spread ms |\n|---|---|---|---|")
         for s in probe.samples:
             print(f"| {s.prompt_tokens} | {s.fresh_ttft_ms:.2f} | {s.repeat_ttft_ms:.2f} | {s.fresh_spread_ms:.2f} |")
+        print("\n| cached prefix | own tokens | one alone ms | a burst of n ms (spread) | one more arrival ms |\n|---|---|---|---|---|")
+        for b in probe.arrivals:
+            print(f"| {b.shared_tokens} | {b.own_tokens} | {b.single_ms:.1f} | {b.burst} in {b.burst_ms:.1f} ({b.burst_spread_ms:.1f}) "
+                  f"| {b.marginal_ms:.1f} |")
     engine = resolve_engine(model=MODEL, backend="vllm", measured=measured_from_profile(eng), parameters={},
                             engine_args=vllm_engine_args(repo / MODEL))
     print(f"simulated engine: {engine.kv_policy}, {engine.kv_pool_blocks} x {engine.kv_block_tokens} tokens, "
           f"max_num_seqs {engine.max_num_seqs}, prefix cache {'on' if engine.prefix_caching else 'off'} "
           f"({engine.sources.get('prefix_caching')})")
+    line = engine.curve.cached_prefill
+    print("an arrival with a cached prefix: " + ("priced on the prefill line (no bursts fitted)" if line is None else
+          f"{line.fixed_ms:.2f} ms + {line.ms_per_token * 1000:.1f} us/computed token + {line.ms_per_cached_token * 1000:.1f} "
+          f"us/cached token (fresh: {engine.curve.prefill_fixed_ms:.2f} ms + {engine.curve.prefill_ms_per_token * 1000:.1f} us/token)"))
     sim_server = ServerSim(models=[ModelSim(name=MODEL, llm=engine)], overheads=Overheads(request_ms=eng.request_overhead_ms))
     config = httpx.get(f"http://{server.http_url}/v2/models/{MODEL}/config", timeout=10).json()
     target = llm_target(MODEL, config, eng)

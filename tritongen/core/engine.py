@@ -61,6 +61,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from tritongen.core.cached_prefill import CachedPrefillCost
 from tritongen.core.kv import KVFootprint
 from tritongen.core.prefix_cache import Key, PrefixCache, PromptSharing
 from tritongen.core.strict import Strict
@@ -89,8 +90,18 @@ class LLMCurve(Strict):
         "running stream's token, or a step before it).",
     )
 
+    cached_prefill: CachedPrefillCost | None = Field(
+        default=None, description="An arrival whose prompt begins with cached blocks, priced on its own line "
+        "(core.cached_prefill); None: the prefill line prices the tokens it computes.")
+
     def prefill_ms(self, tokens: int) -> float:
         return self.prefill_fixed_ms + self.prefill_ms_per_token * tokens
+
+    def arrival_ms(self, computed: int, cached: int) -> float:
+        """A newcomer's prefill that computes `computed` tokens, the cache serving `cached` more."""
+        if cached > 0 and self.cached_prefill is not None:
+            return self.cached_prefill.ms(computed, cached)
+        return self.prefill_ms(computed)
 
     def decode_ms(self, seqs: int, context_tokens: int) -> float:
         return self.decode_fixed_ms + self.decode_ms_per_seq * seqs + self.decode_ms_per_context_token * context_tokens
@@ -349,7 +360,7 @@ class EngineState:
         if curve.prefill_in_step:
             return self._mixed_step(now, admitted, events, carried)
         for r, computed, tokens in admitted:
-            t += curve.prefill_ms(computed) / 1000.0
+            t += curve.arrival_ms(computed, tokens - computed) / 1000.0
             self._enter(r, tokens, t, events)
         batch = self._grow(t, events)
         if batch:
@@ -400,7 +411,7 @@ class EngineState:
         context = (sum(self.cache_len[r] + 1 for r in batch) + sum(tokens for _, _, tokens in admitted)
                    + sum(take for _, take, _ in carried))
         cost = curve.decode_ms(len(batch) + len(newcomers) + len(carried), context) if (batch or admitted or carried) else 0.0
-        cost += sum(curve.prefill_ms(computed) for _, computed, _ in admitted)
+        cost += sum(curve.arrival_ms(computed, tokens - computed) for _, computed, tokens in admitted)
         cost += sum(curve.prefill_ms(take) for _, take, _ in carried)
         t = now + cost / 1000.0
         self._decoded(batch, t, events)

@@ -41,9 +41,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
+from tritongen.core.cached_prefill import with_cached_prefill
 from tritongen.core.engine import KV_POLICIES, EngineModel, LLMCurve
 from tritongen.core.kv import KVFootprint
 from tritongen.core.llmapi_spec import KV_POLICY_TO_CAPACITY
+from tritongen.core.profile_types import ArrivalBurst
 from tritongen.core.spec import EngineSection
 from tritongen.core.trtllm_args import CAPACITY_POLICIES, MODEL_YAML, RELEASE, default_of
 from tritongen.core.vllm_defaults import (VLLM_CHUNKED_PREFILL, VLLM_DEFAULT_BLOCK_SIZE, VLLM_DEFAULT_MAX_NUM_SEQS,
@@ -71,11 +73,12 @@ class MeasuredEngine:
     kv_capacity_tokens: int | None = None
     kv_capacity_source: str | None = None
     kv_block_tokens: int | None = None
-    kv_policy: str | None = None  # what the capacity probe saw the engine do (EngineMeasurement.kv_policy_seen)
+    kv_policy: str | None = None  # what the capacity probe saw the engine do (EngineMeasurement.kv_policy_seen), and why
     kv_policy_evidence: str | None = None
     prefix_caching: bool | None = None  # what a probe saw: a repeated prompt's first token sooner than a fresh one's
     prefix_caching_evidence: str | None = None
     prompt_added_tokens: int = 0  # what the engine adds to every prompt (EngineMeasurement.prompt_added_tokens)
+    arrival_bursts: tuple[ArrivalBurst, ...] = ()  # arrivals with a cached prefix (PrefixCacheProbe.arrivals)
 
 
 @dataclass
@@ -287,17 +290,16 @@ class EngineLimits:
 
 def resolve_engine(*, measured: MeasuredEngine | None, **where: object) -> EngineModel:
     """The engine model of one decoupled LLM, each value labelled with its source
-    (`resolve_engine_limits`'s arguments, and the profile's measured costs)."""
+    (`resolve_engine_limits`'s arguments, the profile's measured costs)."""
     limits = resolve_engine_limits(measured=measured, **where)  # type: ignore[arg-type]
     if measured is None:
-        raise EngineSourceError(
-            f"model {where.get('model')!r}: its step costs are unknown; profile it (`tritongen profile`) and pass "
-            "the profile"
-        )
+        raise EngineSourceError(f"model {where.get('model')!r}: its step costs are unknown; profile it "
+                                "(`tritongen profile`) and pass the profile")
     fields = {k: v for k, v in asdict(limits).items() if k in EngineModel.model_fields}
     added = {"prompt_added_tokens": "the profile (the engine's token counts at two prompt sizes)"} if measured.prompt_added_tokens else {}
-    return EngineModel(**{**fields, "curve": measured.curve, "prompt_added_tokens": measured.prompt_added_tokens,
-                          "sources": {**limits.sources, "curve": "the profile", **added}})
+    return with_cached_prefill(EngineModel(**{**fields, "curve": measured.curve, "prompt_added_tokens": measured.prompt_added_tokens,
+                                              "sources": {**limits.sources, "curve": "the profile", **added}}), measured.arrival_bursts)
+
 
 
 def entry_sources(entry, model, device: tuple[int, str] | None = None) -> dict[str, object]:
@@ -493,4 +495,5 @@ def measured_from_profile(engine) -> MeasuredEngine:
         prefix_caching=probe.caches if (probe := getattr(engine, "prefix_cache", None)) is not None else None,
         prefix_caching_evidence=probe.evidence if probe is not None else None,
         prompt_added_tokens=getattr(engine, "prompt_added_tokens", None) or 0,
+        arrival_bursts=tuple(probe.arrivals) if probe is not None else (),
     )

@@ -271,13 +271,34 @@ class PrefixCacheSample(_Model):
     fresh_spread_ms: float = Field(description="max - min of the fresh prompts' first tokens: the noise the saving must beat.")
 
 
+class ArrivalBurst(_Model):
+    """What arrivals that begin with a cached prefix cost the engine (`profiler.prefix_probe`):
+    `burst` requests sent at once, each the same cached `shared_tokens` followed by `own_tokens` of
+    its own, against one alone; the makespans' difference over `burst - 1` is one more arrival's
+    engine time (`marginal_ms`), which `core.cached_prefill` fits."""
+
+    shared_tokens: int = Field(description="Prompt tokens every request shares with a prompt the engine has cached.")
+    own_tokens: int = Field(description="Prompt tokens each request has of its own after them (0: the whole prompt repeats).")
+    burst: int
+    rounds: int
+    single_ms: float = Field(description="Median time from sending one such request to its first token.")
+    burst_ms: float = Field(description="Median time from sending the burst to its last first token.")
+    burst_spread_ms: float = Field(description="max - min of the bursts' makespans.")
+
+    @property
+    def marginal_ms(self) -> float:
+        return (self.burst_ms - self.single_ms) / max(1, self.burst - 1)
+
+
 class PrefixCacheProbe(_Model):
     """Whether the engine serves a repeated prompt's prefix from a cache, as timing shows it
-    (`core.prefix_evidence.judge_prefix_cache`)."""
+    (`core.prefix_evidence.judge_prefix_cache`), and what an arrival with a cached prefix costs."""
 
     caches: bool | None = Field(description="True: a repeat's first token came as the cache predicts; None: could not be told.")
     evidence: str
     samples: list[PrefixCacheSample] = Field(default_factory=list)
+    arrivals: list[ArrivalBurst] = Field(
+        default_factory=list, description="Bursts of arrivals with a cached prefix (only where the engine caches).")
 
 
 class EngineMeasurement(_Model):
