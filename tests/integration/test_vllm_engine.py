@@ -181,6 +181,8 @@ def test_a_new_user_profiles_it_through_url_without_a_spec_then_renders_simulate
     assert probe is not None and probe.caches is not False, probe
     longest = max(probe.samples, key=lambda s: s.prompt_tokens)
     assert longest.repeat_ttft_ms < longest.fresh_ttft_ms, probe
+    if probe.caches:  # and it timed arrivals with a cached prefix: eight at once take longer than one
+        assert len(probe.arrivals) == 4 and all(b.burst_ms > b.single_ms for b in probe.arrivals), probe.arrivals
 
     rendered = tmp_path / "rendered"
     done = cli("render", "--profiles", str(profiles), "-o", str(rendered))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tritongen.core.cached_prefill import CachedPrefillCost, fit_cached_prefill, with_cached_prefill
+from tritongen.core.cached_prefill import CachedPrefillCost, fit_cached_prefill
 from tritongen.core.engine import EngineModel, EngineState, LLMCurve
 from tritongen.core.engine_sources import MeasuredEngine, resolve_engine
 from tritongen.core.prefix_cache import PromptSharing
@@ -77,7 +77,7 @@ def test_the_profiles_bursts_reach_the_engine_only_where_it_caches() -> None:
                               arrival_bursts=bursts)
     on = resolve_engine(model="llm", backend="python", parameters={"kv_policy": "grow_preempt"}, measured=measured)
     assert on.curve.cached_prefill is not None and "bursts" in on.sources["cached prefill"]
-    off = with_cached_prefill(model(caching=False), bursts)
+    off = model(caching=False).with_cached_prefill(bursts)
     assert off.curve.cached_prefill is None
 
 
@@ -85,6 +85,6 @@ def test_the_engines_own_leading_tokens_count_in_the_split() -> None:
     # a BOS token leads every prompt: (40, 0) is 41 tokens, 40 cached; the fit is split that way
     bursts = [burst(40, 0, 1 + 5 + 0.2 + 2.0), burst(10, 0, 1 + 5 + 0.6 + 0.4), burst(10, 20, 1 + 5 + 4.6 + 0.4),
               burst(20, 20, 1 + 5 + 4.2 + 1.0)]
-    got = with_cached_prefill(model(added=1), bursts).curve.cached_prefill
+    got = model(added=1).with_cached_prefill(bursts).curve.cached_prefill
     assert got is not None
     assert (got.fixed_ms, got.ms_per_token, got.ms_per_cached_token) == pytest.approx((5.0, 0.2, 0.05))

@@ -18,16 +18,12 @@ decodes, which the decode line already prices), no coefficient below zero.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 from pydantic import Field
 
 from tritongen.core.profile_types import ArrivalBurst
 from tritongen.core.strict import Strict
-
-if TYPE_CHECKING:
-    from tritongen.core.engine import EngineModel
 
 MIN_BURSTS = 3  # three coefficients
 
@@ -79,22 +75,3 @@ def _nonnegative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
         free.pop(int(np.argmin(sol)))
     return coef
 
-
-def with_cached_prefill(model: EngineModel, bursts: Sequence[ArrivalBurst]) -> EngineModel:
-    """`model` pricing arrivals with a cached prefix on the line `bursts` give, each burst's prompt
-    split into cached and computed tokens as this engine's blocks split it (the engine's own
-    tokens lead every prompt); unchanged without the cache or enough bursts."""
-    if not model.prefix_caching or not bursts:
-        return model
-    added = model.prompt_added_tokens
-
-    def split(prompt: int, shared: int) -> tuple[int, int]:
-        cached = model.cacheable_blocks(prompt + added, shared + added) * model.kv_block_tokens
-        return prompt + added - cached, cached
-
-    cost = fit_cached_prefill(bursts, split, model.curve.decode_ms_per_seq)
-    if cost is None:
-        return model
-    return model.model_copy(update={
-        "curve": model.curve.model_copy(update={"cached_prefill": cost}),
-        "sources": {**model.sources, "cached prefill": cost.evidence}})

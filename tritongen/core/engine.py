@@ -61,9 +61,10 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tritongen.core.cached_prefill import CachedPrefillCost
+from tritongen.core.cached_prefill import CachedPrefillCost, fit_cached_prefill
 from tritongen.core.kv import KVFootprint
 from tritongen.core.prefix_cache import Key, PrefixCache, PromptSharing
+from tritongen.core.profile_types import ArrivalBurst
 from tritongen.core.strict import Strict
 
 KVPolicy = Literal["reserve_wait", "reserve_kill", "grow_preempt", "grow_kill"]
@@ -195,6 +196,24 @@ class EngineModel(Strict):
         if not self.prefix_caching or shared_tokens <= 0:
             return 0
         return min(shared_tokens, prompt_tokens - 1) // self.kv_block_tokens
+
+    def with_cached_prefill(self, bursts: Sequence[ArrivalBurst]) -> EngineModel:
+        """This engine pricing arrivals with a cached prefix on the line the profile's `bursts` give
+        (`core.cached_prefill`), each burst's prompt split as this engine's blocks split it (its own
+        tokens lead every prompt); unchanged without the cache or enough bursts."""
+        if not self.prefix_caching or not bursts:
+            return self
+        added = self.prompt_added_tokens
+
+        def split(prompt: int, shared: int) -> tuple[int, int]:
+            cached = self.cacheable_blocks(prompt + added, shared + added) * self.kv_block_tokens
+            return prompt + added - cached, cached
+
+        cost = fit_cached_prefill(bursts, split, self.curve.decode_ms_per_seq)
+        if cost is None:
+            return self
+        return self.model_copy(update={"curve": self.curve.model_copy(update={"cached_prefill": cost}),
+                                       "sources": {**self.sources, "cached prefill": cost.evidence}})
 
 
 class EngineState:

@@ -41,7 +41,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-from tritongen.core.cached_prefill import with_cached_prefill
 from tritongen.core.engine import KV_POLICIES, EngineModel, LLMCurve
 from tritongen.core.kv import KVFootprint
 from tritongen.core.llmapi_spec import KV_POLICY_TO_CAPACITY
@@ -297,8 +296,8 @@ def resolve_engine(*, measured: MeasuredEngine | None, **where: object) -> Engin
                                 "(`tritongen profile`) and pass the profile")
     fields = {k: v for k, v in asdict(limits).items() if k in EngineModel.model_fields}
     added = {"prompt_added_tokens": "the profile (the engine's token counts at two prompt sizes)"} if measured.prompt_added_tokens else {}
-    return with_cached_prefill(EngineModel(**{**fields, "curve": measured.curve, "prompt_added_tokens": measured.prompt_added_tokens,
-                                              "sources": {**limits.sources, "curve": "the profile", **added}}), measured.arrival_bursts)
+    return EngineModel(**{**fields, "curve": measured.curve, "prompt_added_tokens": measured.prompt_added_tokens,
+                          "sources": {**limits.sources, "curve": "the profile", **added}}).with_cached_prefill(measured.arrival_bursts)
 
 
 

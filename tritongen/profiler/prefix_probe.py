@@ -50,7 +50,8 @@ def _first_token_ms(load: StreamLoad) -> list[float]:
 
 def probe_prefix_cache(grpc_url: str, model: str, interface: LLMInterface, bytes_per_token: float,
                        lengths: Sequence[int], prefill_ms_per_token: float,
-                       update: Callable[[str], None] = lambda _w: None, longest: int = 0) -> PrefixCacheProbe:
+                       update: Callable[[str], None] = lambda _w: None, longest: int = 0,
+                       salt_surplus: int = 0) -> PrefixCacheProbe:
     """At each length, fresh prompts and repeats of one prompt (medians), then the verdict; where it
     is not "served from a cache", longer prompts (`longer_lengths`, up to `longest`) until it is.
 
@@ -83,26 +84,29 @@ def probe_prefix_cache(grpc_url: str, model: str, interface: LLMInterface, bytes
         verdict = judge_prefix_cache(samples, prefill_ms_per_token)
     if verdict.caches:
         told = max(s.prompt_tokens for s in samples)
-        verdict.arrivals = probe_cached_arrivals(grpc_url, model, interface, bytes_per_token, told, update)
+        verdict.arrivals = probe_cached_arrivals(grpc_url, model, interface, bytes_per_token, told, update, salt_surplus)
     return verdict
 
 
 def probe_cached_arrivals(grpc_url: str, model: str, interface: LLMInterface, bytes_per_token: float, length: int,
-                          update: Callable[[str], None] = lambda _w: None) -> list[ArrivalBurst]:
+                          update: Callable[[str], None] = lambda _w: None, salt_surplus: int = 0) -> list[ArrivalBurst]:
     """Bursts of arrivals whose prompts begin with a prefix the engine has cached, at two prefix
     lengths and two tails of their own (`length` the longest the cache was told at): what one more
-    such arrival costs the engine, for `core.cached_prefill`'s line. A burst that fails is left out."""
+    such arrival costs the engine, for `core.cached_prefill`'s line. A burst that fails is left out.
+    Each salted part is short by `salt_surplus` as a load's prompts are (`core.prompts.prompt_of`):
+    the fit splits a prompt into cached and computed tokens by its nominal size, and a tail 10-16
+    tokens longer than said moved a tiny Llama's computed tokens by half a 32-token block."""
     bpt = interface.sizing_bytes_per_token(bytes_per_token)
     quarter = max(1, length // 4)
     out: list[ArrivalBurst] = []
     for shared, own in ((length, 0), (quarter, 0), (quarter, 2 * quarter), (2 * quarter, 2 * quarter)):  # none past `length`
         update(f"arrivals with a cached prefix: {shared} cached + {own} own tokens")
-        head = prompt_of(shared, bpt, salt=next(_SALTS))
+        head = prompt_of(shared, bpt, salt=next(_SALTS), salt_surplus=salt_surplus)
         if own:  # the prefix ends in a newline so its last token does not merge with the tail (core.prompts)
             head = head[:-1] + "\n"
 
         def texts(n: int) -> list[str]:
-            return [head + prompt_of(own, bpt, salt=next(_SALTS)) if own else head for _ in range(n)]
+            return [head + prompt_of(own, bpt, salt=next(_SALTS), salt_surplus=salt_surplus) if own else head for _ in range(n)]
 
         if _makespan_ms(grpc_url, model, interface, texts(1)) is None:  # fills the cache with the prefix
             continue
