@@ -34,7 +34,6 @@ import numpy as np
 
 from bench.bench_vllm_fidelity import MODEL, example_server, print_against_the_median
 from bench.report import FLOOD_FACTOR, flooded_capacity, live_vs_sim, rel, saved_report
-from tritongen.client import RequestInputs, numpy_inputs
 from tritongen.core.engine_sources import measured_from_profile, resolve_engine
 from tritongen.core.prompts import arrival_prompt
 from tritongen.core.simulator import ModelSim, Overheads, ServerSim, simulate
@@ -42,7 +41,7 @@ from tritongen.core.traffic import TrafficSpec, generate_arrivals
 from tritongen.engine_files import vllm_engine_args
 from tritongen.llm_targets import llm_target
 from tritongen.loadgen import run_load
-from tritongen.profiler.first_output import first_output_int
+from tritongen.profiler.prefix_probe import counted_prompt_tokens
 from tritongen.profiler.run import Endpoints, Profiler, TritonAdmin, default_settings, resolve_targets
 from tritongen.server import TritonServer
 
@@ -79,12 +78,10 @@ def counted(arrivals, server: TritonServer, target, added: int, salts=(10**7, 5 
     heads.prompt = arrivals.prefix_tokens.copy()  # a prompt of its prefix alone is the prefix's text
 
     def count(text: str) -> int:
-        inputs = RequestInputs(numpy_inputs(iface.request(text, 1, stream=True, count_input_tokens=True)),
-                               iface.request_parameters(1))
-        n = first_output_int(server.grpc_url, MODEL, inputs, iface.input_token_count_output, parameters=inputs.parameters)
+        n = counted_prompt_tokens(server.grpc_url, MODEL, iface, text)
         if not n:
             raise SystemExit(f"{MODEL} returned no prompt token count ({iface.input_token_count_output})")
-        return int(n) - added
+        return n - added
 
     picks = range(min(4, len(arrivals.t)))
     whole = [count(arrival_prompt(arrivals, i, bpt, salt, target.salt_surplus_tokens)) for salt in salts for i in picks]
@@ -137,10 +134,11 @@ def run(server: TritonServer, repo: Path, tmp: Path, args) -> None:
         print("| prompt tokens | fresh TTFT ms | repeat TTFT ms | fresh spread ms |\n|---|---|---|---|")
         for s in probe.samples:
             print(f"| {s.prompt_tokens} | {s.fresh_ttft_ms:.2f} | {s.repeat_ttft_ms:.2f} | {s.fresh_spread_ms:.2f} |")
-        print("\n| cached prefix | own tokens | one alone ms | a burst of n ms (spread) | one more arrival ms |\n|---|---|---|---|---|")
+        print("\n| cached prefix | own tokens | counted (shared) | one alone ms | a burst of n ms (spread) | one more arrival ms |"
+              "\n|---|---|---|---|---|---|")
         for b in probe.arrivals:
-            print(f"| {b.shared_tokens} | {b.own_tokens} | {b.single_ms:.1f} | {b.burst} in {b.burst_ms:.1f} ({b.burst_spread_ms:.1f}) "
-                  f"| {b.marginal_ms:.1f} |")
+            print(f"| {b.shared_tokens} | {b.own_tokens} | {b.counted_tokens} ({b.counted_shared_tokens}) | {b.single_ms:.1f} | "
+                  f"{b.burst} in {b.burst_ms:.1f} ({b.burst_spread_ms:.1f}) | {b.marginal_ms:.1f} |")
     engine = resolve_engine(model=MODEL, backend="vllm", measured=measured_from_profile(eng), parameters={},
                             engine_args=vllm_engine_args(repo / MODEL))
     print(f"simulated engine: {engine.kv_policy}, {engine.kv_pool_blocks} x {engine.kv_block_tokens} tokens, "
@@ -151,6 +149,8 @@ def run(server: TritonServer, repo: Path, tmp: Path, args) -> None:
           f"{line.fixed_ms:.2f} ms + {line.ms_per_token * 1000:.1f} us/computed token + {line.ms_per_cached_token * 1000:.1f} "
           f"us/cached token (fresh: {engine.curve.prefill_fixed_ms:.2f} ms + {engine.curve.prefill_ms_per_token * 1000:.1f} us/token)"))
     sim_server = ServerSim(models=[ModelSim(name=MODEL, llm=engine)], overheads=Overheads(request_ms=eng.request_overhead_ms))
+    fresh = engine.model_copy(update={"curve": engine.curve.model_copy(update={"cached_prefill": None})})
+    fresh_server = sim_server.model_copy(update={"models": [ModelSim(name=MODEL, llm=fresh)]})
     config = httpx.get(f"http://{server.http_url}/v2/models/{MODEL}/config", timeout=10).json()
     target = llm_target(MODEL, config, eng)
     met_total = 0
@@ -166,10 +166,12 @@ def run(server: TritonServer, repo: Path, tmp: Path, args) -> None:
             return as_counted(arrivals, prompt, shared)
 
         sim_capacity = simulate(sim_server, as_live(traffic(mix, 200.0, args.seconds, 1)), seed=1).throughput_per_s
+        fresh_line = simulate(fresh_server, as_live(traffic(mix, 200.0, args.seconds, 1)), seed=1).throughput_per_s
         capacity, _ = flooded_capacity(sim_capacity, lambda rate: run_load(
             traffic(mix, rate, args.seconds, 3), {"all": target}, grpc_url=server.grpc_url, request_timeout_s=120.0))
         print(f"\n## {title}: capacity live {capacity:.1f} req/s (offered {FLOOD_FACTOR * sim_capacity:.0f}/s), simulated "
-              f"{sim_capacity:.1f} ({rel(capacity, sim_capacity)})")
+              f"{sim_capacity:.1f} ({rel(capacity, sim_capacity)}; with the fresh prefill line for cached arrivals too: "
+              f"{fresh_line:.1f}, {rel(capacity, fresh_line)})")
         print("| load | req/s | run | completed/s live / sim | TTFT P50 ms live / sim | TTFT P99 ms live / sim | sim cache hits |")
         print("|---|---|---|---|---|---|---|")
         summary: list[tuple[float, list, object]] = []

@@ -26,8 +26,9 @@ def burst(shared: int, own: int, marginal: float, single: float = 20.0, n: int =
                         burst_ms=single + marginal * (n - 1), burst_spread_ms=1.0)
 
 
-def cached(prompt: int, shared: int) -> tuple[int, int]:
-    tokens = model().cacheable_blocks(prompt, shared) * BLOCK
+def cached(b: ArrivalBurst) -> tuple[int, int]:
+    prompt = b.shared_tokens + b.own_tokens
+    tokens = model().cacheable_blocks(prompt, b.shared_tokens) * BLOCK
     return prompt - tokens, tokens
 
 
@@ -88,3 +89,17 @@ def test_the_engines_own_leading_tokens_count_in_the_split() -> None:
     got = model(added=1).with_cached_prefill(bursts).curve.cached_prefill
     assert got is not None
     assert (got.fixed_ms, got.ms_per_token, got.ms_per_cached_token) == pytest.approx((5.0, 0.2, 0.05))
+
+
+def test_the_engines_own_counts_split_a_burst_where_the_profile_read_them() -> None:
+    # said 40 + 0, counted 47 (a whole prompt of 47: 44 cached, 3 computed); said 10 + 0, counted 13
+    # (12 cached, 1 computed); said 10 + 20, counted 13 + 20 = 33 (12 cached, 21 computed); 20 + 20
+    # counted 21 + 22 (20 cached, 23 computed)
+    line = (5.0, 0.2, 0.05)
+    counts = [((40, 0), (47, 47), (3, 44)), ((10, 0), (13, 13), (1, 12)), ((10, 20), (33, 13), (21, 12)),
+              ((20, 20), (43, 21), (23, 20))]
+    bursts = [burst(s, o, 1 + line[0] + line[1] * c + line[2] * k).model_copy(
+        update={"counted_tokens": n, "counted_shared_tokens": sh}) for (s, o), (n, sh), (c, k) in counts]
+    got = model().with_cached_prefill(bursts).curve.cached_prefill
+    assert got is not None
+    assert (got.fixed_ms, got.ms_per_token, got.ms_per_cached_token) == pytest.approx(line)

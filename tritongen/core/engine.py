@@ -199,15 +199,20 @@ class EngineModel(Strict):
 
     def with_cached_prefill(self, bursts: Sequence[ArrivalBurst]) -> EngineModel:
         """This engine pricing arrivals with a cached prefix on the line the profile's `bursts` give
-        (`core.cached_prefill`), each burst's prompt split as this engine's blocks split it (its own
-        tokens lead every prompt); unchanged without the cache or enough bursts."""
+        (`core.cached_prefill`), each burst's prompt split as this engine's blocks split it: by the
+        engine's own token counts where the profile read them, else the nominal sizes and the tokens
+        the engine adds to every prompt; unchanged without the cache or enough bursts."""
         if not self.prefix_caching or not bursts:
             return self
         added = self.prompt_added_tokens
 
-        def split(prompt: int, shared: int) -> tuple[int, int]:
-            cached = self.cacheable_blocks(prompt + added, shared + added) * self.kv_block_tokens
-            return prompt + added - cached, cached
+        def split(b: ArrivalBurst) -> tuple[int, int]:
+            if b.counted_tokens and b.counted_shared_tokens:
+                prompt, shared = b.counted_tokens, b.counted_shared_tokens
+            else:
+                prompt, shared = b.shared_tokens + b.own_tokens + added, b.shared_tokens + added
+            cached = self.cacheable_blocks(prompt, shared) * self.kv_block_tokens
+            return prompt - cached, cached
 
         cost = fit_cached_prefill(bursts, split, self.curve.decode_ms_per_seq)
         if cost is None:

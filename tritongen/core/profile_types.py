@@ -284,6 +284,10 @@ class ArrivalBurst(_Model):
     single_ms: float = Field(description="Median time from sending one such request to its first token.")
     burst_ms: float = Field(description="Median time from sending the burst to its last first token.")
     burst_spread_ms: float = Field(description="max - min of the bursts' makespans.")
+    counted_tokens: int | None = Field(
+        default=None, description="One request's prompt tokens as the engine counted them (its own leading tokens "
+        "included); None where the model returns no count (the nominal sizes stand).")
+    counted_shared_tokens: int | None = Field(default=None, description="The shared prefix's tokens as the engine counted them.")
 
     @property
     def marginal_ms(self) -> float:

@@ -22,7 +22,8 @@ from tritongen.core.llm_interface import LLMInterface
 from tritongen.core.prefix_evidence import judge_prefix_cache
 from tritongen.core.profile_types import ArrivalBurst, PrefixCacheProbe, PrefixCacheSample
 from tritongen.core.prompts import prompt_of
-from tritongen.profiler.load import StreamLoad, StreamWorker
+from tritongen.profiler.first_output import first_output_int
+from tritongen.profiler.load import ModelFailed, StreamLoad, StreamWorker
 
 PAIRS = 3
 # Arrivals with a cached prefix (`probe_cached_arrivals`): BURST sent at once against one alone,
@@ -113,10 +114,27 @@ def probe_cached_arrivals(grpc_url: str, model: str, interface: LLMInterface, by
         single = [m for _ in range(ROUNDS) if (m := _makespan_ms(grpc_url, model, interface, texts(1))) is not None]
         burst = [m for _ in range(ROUNDS) if (m := _makespan_ms(grpc_url, model, interface, texts(BURST))) is not None]
         if single and burst:
+            whole, alone = counted_prompt_tokens(grpc_url, model, interface, texts(1)[0]), counted_prompt_tokens(grpc_url, model, interface, head)
             out.append(ArrivalBurst(shared_tokens=shared, own_tokens=own, burst=BURST, rounds=min(len(single), len(burst)),
                                     single_ms=round(statistics.median(single), 3), burst_ms=round(statistics.median(burst), 3),
-                                    burst_spread_ms=round(max(burst) - min(burst), 3)))
+                                    burst_spread_ms=round(max(burst) - min(burst), 3),
+                                    counted_tokens=whole, counted_shared_tokens=alone if whole else None))
     return out
+
+
+def counted_prompt_tokens(grpc_url: str, model: str, interface: LLMInterface, text: str) -> int | None:
+    """The engine's count of `text`'s prompt tokens, where the model returns one (None: it does not).
+    A text holds its nominal size only to within a few tokens, and a block boundary between the
+    two moves a burst's cached tokens by a whole block."""
+    output = interface.input_token_count_output
+    if not output:
+        return None
+    inputs = RequestInputs(numpy_inputs(interface.request(text, 1, stream=True, count_input_tokens=True)),
+                           interface.request_parameters(1))
+    try:
+        return first_output_int(grpc_url, model, inputs, output, parameters=inputs.parameters) or None
+    except ModelFailed:  # a count is optional: the nominal sizes stand without it
+        return None
 
 
 def _makespan_ms(grpc_url: str, model: str, interface: LLMInterface, texts: Sequence[str]) -> float | None:
