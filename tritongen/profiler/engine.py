@@ -414,7 +414,8 @@ class EngineProfiler(EngineCapacity):
         prefill = [p.model_copy(update={"path_ms": round(p.ttft_ms - p.queue_ms - fixed - per_token * p.prompt_tokens - first_step, 3)})
                    for p in prefill]
         cache = probe_prefix_cache(self.grpc_url, self.model, self.interface, bpt, lengths[-2:], per_token, self.update,
-                                   longest=self._longest_prompt(), salt_surplus=self.salt_surplus_tokens or 0)
+                                   longest=self._longest_prompt(), salt_surplus=self.salt_surplus_tokens or 0,
+                                   rounds=self.settings.prefill_repeats)
         if cache.caches is None:
             self.gaps.append(MeasurementGap(
                 measurement="prefix cache", unseen=f"whether the engine caches prompt prefixes: {cache.evidence}",

@@ -27,10 +27,10 @@ from tritongen.profiler.load import ModelFailed, StreamLoad, StreamWorker
 
 PAIRS = 3
 # Arrivals with a cached prefix (`probe_cached_arrivals`): BURST sent at once against one alone,
-# ROUNDS times each. Eight stand clear of one step's jitter (about 2 ms a step on vLLM-CPU against
+# as many times as the profile repeats each prefill length. Eight stand clear of one step's jitter (about 2 ms a step on vLLM-CPU against
 # 15-30 ms an arrival) and fit in the smallest engines' sequence limits; an engine that runs fewer
 # at once queues the rest, which the makespan still holds.
-BURST, ROUNDS = 8, 5
+BURST = 8
 LONGER_STEPS = 2  # longer prompts tried after a verdict other than "cached": x2 and x4 the longest probed
 # salts of their own, from a random start: a second profile of the same server meets none of these
 _SALTS = itertools.count(10**9 + secrets.randbelow(1000) * 10**6)
@@ -52,7 +52,7 @@ def _first_token_ms(load: StreamLoad) -> list[float]:
 def probe_prefix_cache(grpc_url: str, model: str, interface: LLMInterface, bytes_per_token: float,
                        lengths: Sequence[int], prefill_ms_per_token: float,
                        update: Callable[[str], None] = lambda _w: None, longest: int = 0,
-                       salt_surplus: int = 0) -> PrefixCacheProbe:
+                       salt_surplus: int = 0, rounds: int = 5) -> PrefixCacheProbe:
     """At each length, fresh prompts and repeats of one prompt (medians), then the verdict; where it
     is not "served from a cache", longer prompts (`longer_lengths`, up to `longest`) until it is.
 
@@ -85,12 +85,13 @@ def probe_prefix_cache(grpc_url: str, model: str, interface: LLMInterface, bytes
         verdict = judge_prefix_cache(samples, prefill_ms_per_token)
     if verdict.caches:
         told = max(s.prompt_tokens for s in samples)
-        verdict.arrivals = probe_cached_arrivals(grpc_url, model, interface, bytes_per_token, told, update, salt_surplus)
+        verdict.arrivals = probe_cached_arrivals(grpc_url, model, interface, bytes_per_token, told, update, salt_surplus, rounds)
     return verdict
 
 
 def probe_cached_arrivals(grpc_url: str, model: str, interface: LLMInterface, bytes_per_token: float, length: int,
-                          update: Callable[[str], None] = lambda _w: None, salt_surplus: int = 0) -> list[ArrivalBurst]:
+                          update: Callable[[str], None] = lambda _w: None, salt_surplus: int = 0,
+                          rounds: int = 5) -> list[ArrivalBurst]:
     """Bursts of arrivals whose prompts begin with a prefix the engine has cached, at two prefix
     lengths and two tails of their own (`length` the longest the cache was told at): what one more
     such arrival costs the engine, for `core.cached_prefill`'s line. A burst that fails is left out.
@@ -111,8 +112,8 @@ def probe_cached_arrivals(grpc_url: str, model: str, interface: LLMInterface, by
 
         if _makespan_ms(grpc_url, model, interface, texts(1)) is None:  # fills the cache with the prefix
             continue
-        single = [m for _ in range(ROUNDS) if (m := _makespan_ms(grpc_url, model, interface, texts(1))) is not None]
-        burst = [m for _ in range(ROUNDS) if (m := _makespan_ms(grpc_url, model, interface, texts(BURST))) is not None]
+        single = [m for _ in range(rounds) if (m := _makespan_ms(grpc_url, model, interface, texts(1))) is not None]
+        burst = [m for _ in range(rounds) if (m := _makespan_ms(grpc_url, model, interface, texts(BURST))) is not None]
         if single and burst:
             whole, alone = counted_prompt_tokens(grpc_url, model, interface, texts(1)[0]), counted_prompt_tokens(grpc_url, model, interface, head)
             out.append(ArrivalBurst(shared_tokens=shared, own_tokens=own, burst=BURST, rounds=min(len(single), len(burst)),
