@@ -272,15 +272,17 @@ class StreamLoad:
         inputs: Mapping[str, np.ndarray] | None = None,
         together: bool = False,
         pause_s: float = 0.0,
+        each: Sequence[Mapping[str, np.ndarray]] = (),
     ) -> tuple[list[StreamWorker], threading.Event]:
         """Start workers; with `together`, every stream connects first and the first requests go
-        out at once (connecting takes a few ms per stream, longer than a small model's request)."""
+        out at once (connecting takes a few ms per stream, longer than a small model's request).
+        `each`: one worker per entry, sending its arrays (`concurrency` and `inputs` unused)."""
         stop = threading.Event()
         go = threading.Event() if together else None
+        arrays = list(each) or [inputs or self.inputs] * concurrency
         workers = [
-            StreamWorker(self.url, self.model, inputs or self.inputs, self.reader, stop, limit, self.request_timeout_s, go, pause_s,
-                         self.prompt_input)
-            for _ in range(concurrency)
+            StreamWorker(self.url, self.model, a, self.reader, stop, limit, self.request_timeout_s, go, pause_s, self.prompt_input)
+            for a in arrays
         ]
         for worker in workers:
             worker.start()

