@@ -84,8 +84,8 @@ def counted(arrivals, server: TritonServer, target, added: int, salts=(10**7, 5 
         return n - added
 
     picks = range(min(4, len(arrivals.t)))
-    whole = [count(arrival_prompt(arrivals, i, bpt, salt, target.salt_surplus_tokens)) for salt in salts for i in picks]
-    shared = [count(arrival_prompt(heads, i, bpt, salt, target.salt_surplus_tokens)) for salt in salts for i in picks
+    whole = [count(arrival_prompt(arrivals, i, bpt, salt, target.salt_surplus_tokens, target.word_tokens)) for salt in salts for i in picks]
+    shared = [count(arrival_prompt(heads, i, bpt, salt, target.salt_surplus_tokens, target.word_tokens)) for salt in salts for i in picks
               if arrivals.prefix_id[i] >= 0]
     return int(statistics.median(whole)), int(statistics.median(shared)) if shared else 0
 

@@ -23,6 +23,7 @@ def llm_target(model: str, served_config: Mapping[str, Any], engine: EngineMeasu
     (class_parameter, protocol, ...) and override what the profile gave."""
     interface = interface_from_config(dict(served_config), model=model)
     measured: dict[str, Any] = {} if engine is None else {
-        "bytes_per_token": engine.bytes_per_token, "salt_surplus_tokens": engine.salt_surplus_tokens or 0}
+        "bytes_per_token": engine.bytes_per_token, "salt_surplus_tokens": engine.salt_surplus_tokens or 0,
+        "word_tokens": engine.text_word_tokens}
     return LoadTarget(model, streaming=interface.will_stream(), batched=int(served_config.get("max_batch_size") or 0) > 0,
                       interface=interface, **{**measured, **fields})

@@ -163,6 +163,10 @@ def test_a_new_user_profiles_it_through_url_without_a_spec_then_renders_simulate
     the served config, and a request through the sidecar running that policy. The profiler's own cancel
     of a stream it closes must never surface as the model's error (first_output.first_output)."""
     from tritongen.core.profile_types import read_profile
+    from tritongen.core.prompts import RUN_STRIDE, TEXT_WORDS, arrival_prompt
+    from tritongen.core.traffic import TrafficSpec, generate_arrivals
+    from tritongen.llm_targets import llm_target
+    from tritongen.profiler.prefix_probe import counted_prompt_tokens
     from tritongen.sidecar_process import SidecarProcess
 
     profiles = tmp_path / "profiles"
@@ -183,6 +187,18 @@ def test_a_new_user_profiles_it_through_url_without_a_spec_then_renders_simulate
     assert longest.repeat_ttft_ms < longest.fresh_ttft_ms, probe
     if probe.caches:  # and it timed arrivals with a cached prefix: eight at once take longer than one
         assert len(probe.arrivals) == 4 and all(b.burst_ms > b.single_ms for b in probe.arrivals), probe.arrivals
+    # and it counted the words the load generator writes shared texts with, so a prompt that shares a
+    # prefix holds the tokens its traffic says, as the engine counts them (within a first word's spelling)
+    assert engine.text_word_tokens and set(engine.text_word_tokens) == set(TEXT_WORDS), engine.text_word_tokens
+    served = httpx.get(f"http://{server.http_url}/v2/models/{MODEL}/config", timeout=10.0).json()
+    target = llm_target(MODEL, served, engine)
+    shared = TrafficSpec(shape="poisson", rate_per_s=5, duration_s=2, classes=[
+        {"name": "rag", "share": 1.0, "prompt_tokens": 108, "output_tokens": 4, "shared_prefix": {"tokens": 86, "count": 2}}])
+    arrivals = generate_arrivals(shared, seed=0)
+    for i in range(3):
+        text = arrival_prompt(arrivals, i, target.bytes_per_token, 7 * RUN_STRIDE, target.salt_surplus_tokens, target.word_tokens)
+        count = counted_prompt_tokens(server.grpc_url, MODEL, target.interface, text)
+        assert count and abs(count - (engine.prompt_added_tokens or 0) - int(arrivals.prompt[i])) <= 1, (count, text)
 
     rendered = tmp_path / "rendered"
     done = cli("render", "--profiles", str(profiles), "-o", str(rendered))

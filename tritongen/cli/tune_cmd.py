@@ -27,6 +27,7 @@ from rich.table import Table
 from tritongen.cli.app import app
 from tritongen.cli.shared import renamed, say_calibration
 from tritongen.core.plan import DeploymentPlan, ModelEntryPlan
+from tritongen.core.profile_types import EngineMeasurement
 from tritongen.core.sidecar_policy.build import build_sidecar_policy
 from tritongen.core.engine import EngineModel
 from tritongen.core.fmt import fmt_ms
@@ -196,7 +197,7 @@ def tune(
     started = time.perf_counter()
     results: dict[str, TuneResult] = {}
     inputs_by: dict[str, TuneInputs] = {}
-    salts: dict[str, int] = {}  # per entry: the tokens a salt adds, which live checks leave out of their prompts
+    engines: dict[str, EngineMeasurement | None] = {}  # per entry: what sizes a live check's prompts (salt surplus, word tokens)
     baselines: dict[str, Evaluation] = {}
     names = {e.name for e in plan.entries}
     unknown_models = sorted(set(only or []) - names)
@@ -243,7 +244,7 @@ def tune(
                 base = baselines[entry.name]
                 base.capacity_factor = capacity_factor(inputs, base.params, inputs.arrivals, steps=CAPACITY_STEPS, below=True)
         inputs_by[entry.name] = inputs
-        salts[entry.name] = (profile.engine.salt_surplus_tokens or 0) if profile.engine is not None else 0
+        engines[entry.name] = profile.engine
     if not results:
         raise BadInput(f"nothing to tune: no plan entry of {spec} has a profile in {profiles}")
     search_s = time.perf_counter() - started
@@ -254,12 +255,12 @@ def tune(
     if verify and objective == "capacity":
         choices, measured_rows, measured_capacity = _verify_capacity(
             loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed, verify_requests, verify_top,
-            repo or out or Path("model_repository"), spec.name, salts,
+            repo or out or Path("model_repository"), spec.name, engines,
         )
     elif verify:
         choices, measured_rows = _verify(
             loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed, verify_requests, verify_top,
-            repo or out or Path("model_repository"), spec.name, salts,
+            repo or out or Path("model_repository"), spec.name, engines,
         )
     verify_s = time.perf_counter() - verify_started if verify else 0.0
     for name, result in results.items():
@@ -329,23 +330,25 @@ def _picks(result: TuneResult, top: int) -> list[Evaluation]:
     return picks
 
 
-def _load_target(loaded, entry: ModelEntryPlan, salts: Mapping[str, int]):
+def _load_target(loaded, entry: ModelEntryPlan, engines: Mapping[str, EngineMeasurement | None]):
     from tritongen.loadgen import LoadTarget
 
     streaming = entry.kind == "llm" and entry.decoupled
+    measured = engines.get(entry.name)
     return streaming, LoadTarget(
         entry.name, streaming=streaming, batched=entry.max_batch_size > 0, inputs=tuple(entry.inputs),
         interface=entry_interface(entry) if streaming else None,
         bytes_per_token=next(m.bytes_per_token for m in loaded.spec.models if m.name == entry.spec_model) or 1.0,
-        salt_surplus_tokens=salts.get(entry.name, 0),
+        salt_surplus_tokens=(measured.salt_surplus_tokens or 0) if measured else 0,
+        word_tokens=measured.text_word_tokens if measured else None,
     )
 
 
-def _live_load(loaded, plan, entry: ModelEntryPlan, arrivals_all, salts: Mapping[str, int]):
+def _live_load(loaded, plan, entry: ModelEntryPlan, arrivals_all, engines: Mapping[str, EngineMeasurement | None]):
     """What the live runs of one entry send: its share of the live traffic, whether it streams,
     the load targets per candidate (`verify`'s `targets_for`), and the first 200 requests as warm-up."""
     arr = entry_arrivals(arrivals_all, plan, entry, loaded.spec)
-    streaming, target = _load_target(loaded, entry, salts)
+    streaming, target = _load_target(loaded, entry, engines)
 
     def targets_for(_candidate):
         return {cn: target for cn in arr.class_names}, {entry.name: 1}, ([entry.name] if streaming else [])
@@ -374,7 +377,7 @@ def _candidates(loaded, plan, name: str, picks: list[Evaluation], inputs: TuneIn
 
 
 def _verify_capacity(loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed, n, top, repository: Path, spec_name: str,
-                     salts: Mapping[str, int]):
+                     engines: Mapping[str, EngineMeasurement | None]):
     """--objective capacity --verify: measure the best candidates' capacity live; keep the highest."""
     from tritongen.tuner.verify import measure_capacities
 
@@ -390,7 +393,7 @@ def _verify_capacity(loaded, plan, results, baselines, inputs_by, tspec, trace_t
             choices[name] = result.winner.params
             continue
         cands = _candidates(loaded, plan, name, picks, inputs, spec_name)
-        arr, streaming, targets_for, warm = _live_load(loaded, plan, entry, arrivals_all, salts)
+        arr, streaming, targets_for, warm = _live_load(loaded, plan, entry, arrivals_all, engines)
 
         def passes(run, factor, _inputs=inputs, _s=streaming, _rate=arr.mean_rate):
             ok, worst, lost = live_verdict(run.classes, _inputs.classes, _inputs.max_error_fraction, _s)
@@ -424,7 +427,7 @@ def _verify_capacity(loaded, plan, results, baselines, inputs_by, tspec, trace_t
 
 
 def _verify(loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed, n, top, repository: Path, spec_name: str,
-            salts: Mapping[str, int]):
+            engines: Mapping[str, EngineMeasurement | None]):
     """Run the top candidates live; keep the measured winner per model."""
     from tritongen.tuner.verify import verify_candidates
 
@@ -436,7 +439,7 @@ def _verify(loaded, plan, results, baselines, inputs_by, tspec, trace_text, seed
         entry = plan.entry(name)
         picks = _picks(result, top)
         cands = _candidates(loaded, plan, name, picks, inputs, spec_name)
-        arr, streaming, targets_for, warm = _live_load(loaded, plan, entry, arrivals_all, salts)
+        arr, streaming, targets_for, warm = _live_load(loaded, plan, entry, arrivals_all, engines)
         with console.status(f"verifying {len(cands)} candidates of {name} on the embedded server..."):
             verified = verify_candidates(
                 repository, cands, arr, targets_for, server_flags=plan.server_flags, warmup=warm, seed=seed,

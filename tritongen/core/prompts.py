@@ -4,6 +4,8 @@ their beginning (`arrival_prompt`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from tritongen.core.traffic import Arrivals
 
 _FILLER = "Triton serves models; tritongen measures them before it configures them. "
@@ -71,41 +73,79 @@ def _salt_head(salt: int) -> str:
     return " ".join(_SALT_WORDS[int(d)] for d in reversed(digits)) + ": "
 
 
-def _own_text(tokens: int, bytes_per_token: float, kind: str, ident: int, run: int) -> str:
+# The load generator's run salts are multiples of this (`loadgen`): a salt is its run's base plus
+# the request's index, and a shared text is headed by the run's number, `salt0 // RUN_STRIDE`.
+RUN_STRIDE = 10**7
+
+# Shared texts (a prefix, a conversation, a request's own part after a prefix) are words of this
+# list only, each after a space. Nearly every tokenizer splits text at spaces before it merges (byte
+# BPE, SentencePiece, word counters), so such a text holds the sum of its words' tokens: with each
+# word's tokens as the engine counts them (`EngineMeasurement.text_word_tokens`), a text of N
+# tokens is written exactly. The filler sentence of `prompt_of` held a shared text's size only to
+# within ~12% on the tiny Llama's tokenizer (its heads of spelled digits and kinds tokenize at
+# another rate than the filler, and a cut mid-word at another still): the bench's 100-token prompt
+# for all was 96 tokens live, a cache block fewer than simulated (2026-12-07).
+FILL_WORD = "the"
+_KIND_WORDS = ("prefix", "conversation", "request")
+TEXT_WORDS = (*_SALT_WORDS, *_KIND_WORDS, FILL_WORD)
+
+
+def _worded(tokens: int, head: Sequence[str], word_tokens: Mapping[str, float]) -> str:
+    """`head`'s words, then FILL_WORD to the nearest of `tokens` (exact where it is one token); a
+    head longer than the text is cut after its last word that fits (its first words, which set the
+    text apart, stay). No other word ends it, so a conversation's later turn, longer, begins with
+    the earlier turn's whole text."""
+    words: list[str] = []
+    total = 0.0
+    for word in head:
+        if words and total + word_tokens[word] > tokens + 0.5:
+            break
+        words.append(word)
+        total += word_tokens[word]
+    words += [FILL_WORD] * max(0, round((tokens - total) / word_tokens[FILL_WORD]))
+    return " ".join(words)
+
+
+def _own_text(tokens: int, bytes_per_token: float, kind: str, ident: int, run: int,
+              word_tokens: Mapping[str, float] | None) -> str:
     """Text of one identity (a prefix, a conversation, a request's own part), headed by its id
     spelled last digit first, then its kind and the run: texts of two identities part at their
     first word or two. What follows a shared prefix starts mid-block, and an engine caches the
     block the prefix ends in if the next few tokens of two prompts agree: a salt's long common
     leading digits would make them agree."""
-    ident_words = " ".join(_SALT_WORDS[int(d)] for d in reversed(str(abs(int(ident)))))
-    return _headed(_filler(tokens, bytes_per_token), f"{ident_words} {kind} {spelled(run)}: ")
+    head = [_SALT_WORDS[int(d)] for d in reversed(str(abs(int(ident))))] + [kind] + spelled(run).split()
+    if not word_tokens:  # no counts: sized by bytes, as prompt_of's filler, which bytes_per_token was measured on
+        return _headed(_filler(tokens, bytes_per_token), " ".join(head) + " ")
+    return _worded(tokens, head, word_tokens)
 
 
-def arrival_prompt(arrivals: Arrivals, i: int, bytes_per_token: float, salt0: int, salt_surplus: int = 0) -> str:
+def arrival_prompt(arrivals: Arrivals, i: int, bytes_per_token: float, salt0: int, salt_surplus: int = 0,
+                   word_tokens: Mapping[str, float] | None = None) -> str:
     """The text of request `i`, sized as `prompt_of` sizes prompts, that shares exactly what the
     arrivals say it shares (`tritongen.core.traffic_sharing`), so the live engine's prefix cache
     sees what the simulated one does:
-    - its shared prefix, byte for byte the same in every request with that prefix (headed by the
-      prefix's id, ending in a newline so its last token does not merge with what follows);
+    - its shared prefix, word for word the same in every request with that prefix (headed by the
+      prefix's id);
     - then, in a conversation, the conversation's own text up to the prompt's length, so a later
       turn begins with the whole text of every earlier one (the previous reply a stand-in of its
       length);
     - else its own text, headed by the request's index.
-    A prompt that shares nothing is salted as it always was (`prompt_of`, salt `salt0 + i`, its filler
-    short by `salt_surplus` tokens).
-    `salt0` sets the run: another base makes every text new, so a second run meets no prompt of
-    the first in a cache."""
+    Shared texts are of TEXT_WORDS, sized by `word_tokens` (the engine's count of each) where the
+    profile measured them, else of `prompt_of`'s filler by bytes. A prompt that shares nothing is salted as it always was (`prompt_of`, salt
+    `salt0 + i`, its filler short by `salt_surplus` tokens).
+    `salt0` sets the run (a multiple of RUN_STRIDE): another base makes every text new, so a second
+    run meets no prompt of the first in a cache."""
     tokens = int(arrivals.prompt[i])
     prefix, conversation = int(arrivals.prefix_id[i]), int(arrivals.conversation[i])
     if prefix < 0 and conversation < 0:
         return prompt_of(tokens, bytes_per_token, salt=salt0 + i, salt_surplus=salt_surplus)
-    head = ""
+    run = salt0 // RUN_STRIDE
+    pieces = []
     if prefix >= 0:
         shared = int(arrivals.prefix_tokens[i])
-        head = _own_text(shared, bytes_per_token, "prefix", prefix, salt0)[:-1] + "\n"
+        pieces.append(_own_text(shared, bytes_per_token, "prefix", prefix, run, word_tokens))
         tokens -= shared
-    if tokens <= 0:
-        return head
-    if conversation >= 0:
-        return head + _own_text(tokens, bytes_per_token, "conversation", conversation, salt0)
-    return head + _own_text(tokens, bytes_per_token, "request", i, salt0)
+    if tokens > 0:
+        kind, ident = ("conversation", conversation) if conversation >= 0 else ("request", i)
+        pieces.append(_own_text(tokens, bytes_per_token, kind, ident, run, word_tokens))
+    return " ".join(pieces)

@@ -32,7 +32,7 @@ from tritongen.core.engine_metrics import PROMPT_TOKENS_COUNTER
 from tritongen.core.llm_interface import LLMInterface, UnknownInterface
 from tritongen.core.llm_interface_config import interface_from_config
 from tritongen.core.llm_token_ids import TOKEN_IDS_SOURCE
-from tritongen.core.prompts import prompt_of, to_be_salted
+from tritongen.core.prompts import TEXT_WORDS, prompt_of, to_be_salted
 from tritongen.core.profile_types import DecodeSample, EngineMeasurement, MeasurementGap, PrefillSample
 from tritongen.errors import BadInput, RunFailed, TritongenError
 from tritongen.profiler.engine_fits import (
@@ -47,10 +47,11 @@ from tritongen.profiler.engine_fits import (
 from tritongen.profiler.engine_capacity import EngineCapacity
 from tritongen.profiler.first_output import first_output_int
 from tritongen.profiler.load import ModelFailed, StreamLoad, StreamRecord, first_error, unique_prompt
-from tritongen.profiler.prefix_probe import probe_prefix_cache
+from tritongen.profiler.prefix_probe import probe_prefix_cache, text_inputs
 
 ASSUMED_BYTES_PER_TOKEN = 4.0
 ASSUMED_CONTEXT = 1024
+WORD_REPEATS = (2, 6)  # a shared-text word counted repeated this often, then this: two lengths, within any context
 """A model's context where neither its files nor the spec state it: probes send prompts up to half of
 it. A model with a smaller context refuses the longer ones with its own error, which costs those
 samples only (a failed request is never a sample)."""
@@ -208,6 +209,29 @@ class EngineProfiler(EngineCapacity):
         self.gaps.append(assumed_bytes_per_token_gap(
             f"the model returns no prompt token count (no num_input_tokens output) and exports no {PROMPT_TOKENS_COUNTER}"))
         return ASSUMED_BYTES_PER_TOKEN, f"assumed ({ASSUMED_BYTES_PER_TOKEN:g})"
+
+    def text_word_tokens(self) -> dict[str, float] | None:
+        """The engine's tokens for each word of shared texts (core.prompts.TEXT_WORDS): the growth of its
+        count from the word repeated WORD_REPEATS[0] to [1] times, so what the engine adds to every prompt
+        and a first word's own spelling fall out. None for token ids or an engine that counts none."""
+        if self.interface.speaks_token_ids:
+            return None
+        output = self.interface.input_token_count_output
+        low, high = WORD_REPEATS
+        found: dict[str, float] = {}
+        for word in TEXT_WORDS:
+            counts = []
+            for repeats in (low, high):
+                try:
+                    count, grown = self._prompt_tokens(text_inputs(self.interface, " ".join([word] * repeats), bool(output)), output)
+                except ModelFailed as err:  # optional: shared texts are then sized by bytes per token
+                    self.notes.append(f"shared-text words: a prompt of {word!r} x {repeats} was refused: {err}")
+                    return None
+                counts.append(count or grown)
+            if not counts[0] or not counts[1] or counts[1] <= counts[0]:
+                return None
+            found[word] = round((counts[1] - counts[0]) / (high - low), 3)
+        return found
 
     def _prompt_tokens(self, tensors: RequestInputs, output: str | None) -> tuple[float | None, float | None]:
         """(the backend's count of the prompt's tokens, its prompt-token counter's growth) for one
@@ -381,6 +405,7 @@ class EngineProfiler(EngineCapacity):
 
     def measure(self) -> EngineMeasurement:
         bpt, bpt_source = self.bytes_per_token()
+        word_tokens = self.text_word_tokens()
         if bpt_source.startswith("assumed"):
             self.worst_tokens_per_token = bpt
             self._fit_context()
@@ -459,6 +484,7 @@ class EngineProfiler(EngineCapacity):
             decode_context_tokens=self.settings.prompt_tokens + self.settings.output_tokens / 2,
             prompt_added_tokens=self.prompt_added_tokens,
             salt_surplus_tokens=self.salt_surplus_tokens,
+            text_word_tokens=word_tokens,
             kv_capacity_tokens=capacity,
             kv_block_tokens=block,
             kv_capacity_source=source,

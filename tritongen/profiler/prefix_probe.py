@@ -36,11 +36,13 @@ _SALTS = itertools.count(10**9 + secrets.randbelow(1000) * 10**6)
 
 
 def _pair_inputs(interface: LLMInterface, prompt_tokens: int, bytes_per_token: float) -> RequestInputs:
-    return _inputs(interface, prompt_of(prompt_tokens, interface.sizing_bytes_per_token(bytes_per_token), salt=next(_SALTS)))
+    return text_inputs(interface, prompt_of(prompt_tokens, interface.sizing_bytes_per_token(bytes_per_token), salt=next(_SALTS)))
 
 
-def _inputs(interface: LLMInterface, text: str) -> RequestInputs:
-    return RequestInputs(numpy_inputs(interface.request(text, 1, stream=True)), interface.request_parameters(1))
+def text_inputs(interface: LLMInterface, text: str, count_input_tokens: bool = False) -> RequestInputs:
+    """One request of exactly `text` (no salt) for one output token, in the model's interface."""
+    return RequestInputs(numpy_inputs(interface.request(text, 1, stream=True, count_input_tokens=count_input_tokens)),
+                         interface.request_parameters(1))
 
 
 def _first_token_ms(load: StreamLoad) -> list[float]:
@@ -129,8 +131,7 @@ def counted_prompt_tokens(grpc_url: str, model: str, interface: LLMInterface, te
     output = interface.input_token_count_output
     if not output:
         return None
-    inputs = RequestInputs(numpy_inputs(interface.request(text, 1, stream=True, count_input_tokens=True)),
-                           interface.request_parameters(1))
+    inputs = text_inputs(interface, text, count_input_tokens=True)
     try:
         return first_output_int(grpc_url, model, inputs, output, parameters=inputs.parameters) or None
     except ModelFailed:  # a count is optional: the nominal sizes stand without it
@@ -140,7 +141,7 @@ def counted_prompt_tokens(grpc_url: str, model: str, interface: LLMInterface, te
 def _makespan_ms(grpc_url: str, model: str, interface: LLMInterface, texts: Sequence[str]) -> float | None:
     """One stream per text, connected first and sent at once, one token each: from the first send
     to the last first token; None if any failed."""
-    each = [_inputs(interface, t) for t in texts]
+    each = [text_inputs(interface, t) for t in texts]
     workers, stop = StreamLoad.of(grpc_url, model, each[0], interface, salted=False).start(
         len(each), limit=1, together=True, each=each)
     for w in workers:
