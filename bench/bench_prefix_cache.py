@@ -70,7 +70,7 @@ def counted(arrivals, server: TritonServer, target, added: int, salts=(10**7, 5 
     tokens it adds to every prompt: the medians over a few requests' texts as the load generator
     writes them (`core.prompts.arrival_prompt`), with a few of its run salts: printed beside what the
     traffic says, which the simulation takes (a block boundary between the two would move the cache's
-    hits by a whole block; until text_word_tokens, 2026-12-07, the texts missed by up to ~12%)."""
+    hits by a whole block; until text_words, 2026-12-07, the texts missed by up to ~12%)."""
     iface = target.interface
     bpt = iface.sizing_bytes_per_token(target.bytes_per_token)
     heads = copy.copy(arrivals)
@@ -83,8 +83,8 @@ def counted(arrivals, server: TritonServer, target, added: int, salts=(10**7, 5 
         return n - added
 
     picks = range(min(4, len(arrivals.t)))
-    whole = [count(arrival_prompt(arrivals, i, bpt, salt, target.salt_surplus_tokens, target.word_tokens)) for salt in salts for i in picks]
-    shared = [count(arrival_prompt(heads, i, bpt, salt, target.salt_surplus_tokens, target.word_tokens)) for salt in salts for i in picks
+    whole = [count(arrival_prompt(arrivals, i, bpt, salt, target.salt_surplus_tokens, target.text_words)) for salt in salts for i in picks]
+    shared = [count(arrival_prompt(heads, i, bpt, salt, target.salt_surplus_tokens, target.text_words)) for salt in salts for i in picks
               if arrivals.prefix_id[i] >= 0]
     return int(statistics.median(whole)), int(statistics.median(shared)) if shared else 0
 

@@ -24,6 +24,6 @@ def llm_target(model: str, served_config: Mapping[str, Any], engine: EngineMeasu
     interface = interface_from_config(dict(served_config), model=model)
     measured: dict[str, Any] = {} if engine is None else {
         "bytes_per_token": engine.bytes_per_token, "salt_surplus_tokens": engine.salt_surplus_tokens or 0,
-        "word_tokens": engine.text_word_tokens}
+        "text_words": engine.text_words}
     return LoadTarget(model, streaming=interface.will_stream(), batched=int(served_config.get("max_batch_size") or 0) > 0,
                       interface=interface, **{**measured, **fields})

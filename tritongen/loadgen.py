@@ -43,7 +43,7 @@ import numpy as np
 from tritongen.core.simulator import OK, OOM, QUEUE_FULL, TIMEOUT
 from tritongen.client import TokenReader, aio_stream_infer, infer_inputs, numpy_inputs, sample_input
 from tritongen.core.llm_interface import LLMInterface
-from tritongen.core.prompts import RUN_STRIDE, arrival_prompt
+from tritongen.core.prompts import RUN_STRIDE, TextWords, arrival_prompt
 from tritongen.core.plan import TensorView
 from tritongen.core.traffic import Arrivals
 from tritongen.load_result import LoadResult
@@ -94,10 +94,10 @@ class LoadTarget:
     # LLMs: the tokens a salted prompt holds beyond its size (the profile's engine section measures
     # them, `salt_surplus_tokens`), taken off each prompt's filler so it holds the tokens the arrivals say.
     salt_surplus_tokens: int = 0
-    # LLMs: each of the words shared texts are made of (`core.prompts.TEXT_WORDS`) in the engine's
-    # tokens (the profile's `text_word_tokens`), so a shared prefix holds the tokens the arrivals say;
-    # None: sized by `bytes_per_token`.
-    word_tokens: Mapping[str, float] | None = None
+    # LLMs: the words shared texts are made of (`core.prompts.TextWords`) in the engine's tokens (the
+    # profile's `text_words`), so a shared prefix holds the tokens the arrivals say; None: sized by
+    # `bytes_per_token`.
+    text_words: TextWords | None = None
     # Streaming models: "grpc" (bidirectional stream per request) or "http" (POST
     # /v2/models/M/generate_stream, server-sent events).
     protocol: str = "grpc"
@@ -164,7 +164,7 @@ class _Runner:
         """Request i's text: its own, or sharing what the arrivals say it shares (core.prompts); for
         a model of token ids, one character per token (the interface sends one id per character)."""
         bpt = target.interface.sizing_bytes_per_token(target.bytes_per_token) if target.interface else target.bytes_per_token
-        return arrival_prompt(self.arr, i, bpt, self.salt0, target.salt_surplus_tokens, target.word_tokens)
+        return arrival_prompt(self.arr, i, bpt, self.salt0, target.salt_surplus_tokens, target.text_words)
 
     def _error(self, i: int, message: str, now: float) -> None:
         self.status[i] = classify_error(message)

@@ -189,14 +189,14 @@ def test_a_new_user_profiles_it_through_url_without_a_spec_then_renders_simulate
         assert len(probe.arrivals) == 4 and all(b.burst_ms > b.single_ms for b in probe.arrivals), probe.arrivals
     # and it counted the words the load generator writes shared texts with, so a prompt that shares a
     # prefix holds the tokens its traffic says, as the engine counts them (within a first word's spelling)
-    assert engine.text_word_tokens and set(engine.text_word_tokens) == set(TEXT_WORDS), engine.text_word_tokens
+    assert engine.text_words and set(engine.text_words.spaced) == set(TEXT_WORDS), engine.text_words
     served = httpx.get(f"http://{server.http_url}/v2/models/{MODEL}/config", timeout=10.0).json()
     target = llm_target(MODEL, served, engine)
     shared = TrafficSpec(shape="poisson", rate_per_s=5, duration_s=2, classes=[
         {"name": "rag", "share": 1.0, "prompt_tokens": 108, "output_tokens": 4, "shared_prefix": {"tokens": 86, "count": 2}}])
     arrivals = generate_arrivals(shared, seed=0)
     for i in range(3):
-        text = arrival_prompt(arrivals, i, target.bytes_per_token, 7 * RUN_STRIDE, target.salt_surplus_tokens, target.word_tokens)
+        text = arrival_prompt(arrivals, i, target.bytes_per_token, 7 * RUN_STRIDE, target.salt_surplus_tokens, target.text_words)
         count = counted_prompt_tokens(server.grpc_url, MODEL, target.interface, text)
         assert count and abs(count - (engine.prompt_added_tokens or 0) - int(arrivals.prompt[i])) <= 1, (count, text)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tritongen.core.prompts import FILL_WORD, RUN_STRIDE, TEXT_WORDS, arrival_prompt, prompt_of
+from tritongen.core.prompts import FILL_WORD, RUN_STRIDE, TEXT_WORDS, TextWords, arrival_prompt, prompt_of
 from tritongen.core.traffic import TrafficSpec, generate_arrivals
 from tritongen.loadgen import LoadTarget, _Runner
 
@@ -15,6 +15,7 @@ SALT0 = 42 * RUN_STRIDE
 # Each shared-text word's tokens as a profile would have counted them (small-vocabulary-like: the
 # digit words and kinds cost several tokens, the filler one).
 WORDS = {w: 1 + len(w) % 4 for w in TEXT_WORDS} | {FILL_WORD: 1}
+TEXT = TextWords(spaced=WORDS)
 
 
 def tokens_in(text: str) -> float:
@@ -49,7 +50,7 @@ def test_a_prompt_that_shares_nothing_is_the_salted_prompt_it_always_was() -> No
 
 def test_the_same_prefix_is_the_same_leading_text_and_the_rest_is_each_requests_own() -> None:
     a = arrivals()
-    texts = {i: arrival_prompt(a, i, BPT, SALT0, word_tokens=WORDS) for i in range(len(a))}
+    texts = {i: arrival_prompt(a, i, BPT, SALT0, words=TEXT) for i in range(len(a))}
     shared = [i for i in texts if a.prefix_id[i] >= 0 or a.conversation[i] >= 0]
     for i in shared:
         assert tokens_in(texts[i]) == int(a.prompt[i])  # exactly, with the engine's count of each word
@@ -60,7 +61,7 @@ def test_the_same_prefix_is_the_same_leading_text_and_the_rest_is_each_requests_
                 continue
             common = shared_bytes(texts[i], texts[j])
             if a.prefix_id[i] == a.prefix_id[j]:
-                prefix = arrival_prompt(a, i, BPT, SALT0, word_tokens=WORDS)[:common].rsplit(" ", 1)[0]
+                prefix = arrival_prompt(a, i, BPT, SALT0, words=TEXT)[:common].rsplit(" ", 1)[0]
                 assert tokens_in(prefix) >= int(a.prefix_tokens[i])  # the whole prefix in common,
                 assert common < len(prefix) + 24  # then each its own within a few words
             else:
@@ -79,7 +80,7 @@ def test_without_word_counts_a_shared_text_is_sized_by_bytes_per_token() -> None
 
 def test_a_later_turn_begins_with_the_whole_text_of_the_turn_before() -> None:
     a = arrivals()
-    texts = [arrival_prompt(a, i, BPT, SALT0, word_tokens=WORDS) for i in range(len(a))]
+    texts = [arrival_prompt(a, i, BPT, SALT0, words=TEXT) for i in range(len(a))]
     conversations = np.unique(a.conversation[a.conversation >= 0]).tolist()
     later = 0
     for c in conversations:
@@ -114,6 +115,6 @@ def test_another_run_shares_nothing_with_the_first() -> None:
 def test_the_load_generator_sends_these_texts() -> None:
     a = arrivals()
     runner = _Runner(None, None, a, lambda i: None, max_in_flight=4, request_timeout_s=1.0, drain_s=0.0, seed=0)
-    target = LoadTarget(model="llm", streaming=True, bytes_per_token=BPT, word_tokens=WORDS)
+    target = LoadTarget(model="llm", streaming=True, bytes_per_token=BPT, text_words=TEXT)
     for i in range(len(a)):
-        assert runner._prompt(i, target) == arrival_prompt(a, i, BPT, runner.salt0, word_tokens=WORDS)
+        assert runner._prompt(i, target) == arrival_prompt(a, i, BPT, runner.salt0, words=TEXT)

@@ -340,7 +340,7 @@ def _load_target(loaded, entry: ModelEntryPlan, engines: Mapping[str, EngineMeas
         interface=entry_interface(entry) if streaming else None,
         bytes_per_token=next(m.bytes_per_token for m in loaded.spec.models if m.name == entry.spec_model) or 1.0,
         salt_surplus_tokens=(measured.salt_surplus_tokens or 0) if measured else 0,
-        word_tokens=measured.text_word_tokens if measured else None,
+        text_words=measured.text_words if measured else None,
     )
 
 

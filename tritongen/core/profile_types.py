@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tritongen.core.prompts import TextWords
 from tritongen.core.spec import EngineSection, ModelSpec
 
 SCHEMA_VERSION = 1
@@ -321,10 +322,10 @@ class EngineMeasurement(_Model):
         default=None, description="Tokens a salted prompt (tritongen's loads start each prompt with a unique salt) "
         "holds beyond an unsalted one of the same bytes, by the engine's count: the load generator takes them off "
         "its filler so a prompt of N tokens holds N; None where the engine counts none.")
-    text_word_tokens: dict[str, float] | None = Field(
+    text_words: TextWords | None = Field(
         default=None, description="The engine's tokens for each word the load generator writes shared texts with "
-        "(core.prompts.TEXT_WORDS, each after a space), from its counts of each word repeated at two lengths: "
-        "a shared prefix of N tokens is written to hold N. None where the engine counts none (or the model takes ids).")
+        "(core.prompts.TEXT_WORDS), from its counts of each word repeated at two lengths: a shared prefix of N "
+        "tokens is written to hold N. None where the engine counts none (or the model takes ids).")
     bytes_per_token_source: str = Field(description="'backend token counts', 'spec', 'assumed (4)', or 'token ids' "
                                         "(1 by construction: the model was sent one id per token).")
     request_overhead_ms: float = Field(description="A request's time outside the engine: the idle time to first token's intercept less the modelled engine time of a first token.")

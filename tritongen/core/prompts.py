@@ -4,7 +4,9 @@ their beginning (`arrival_prompt`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+
+from pydantic import BaseModel, Field
 
 from tritongen.core.traffic import Arrivals
 
@@ -80,47 +82,58 @@ RUN_STRIDE = 10**7
 # Shared texts (a prefix, a conversation, a request's own part after a prefix) are words of this
 # list only, each after a space. Nearly every tokenizer splits text at spaces before it merges (byte
 # BPE, SentencePiece, word counters), so such a text holds the sum of its words' tokens: with each
-# word's tokens as the engine counts them (`EngineMeasurement.text_word_tokens`), a text of N
-# tokens is written exactly. The filler sentence of `prompt_of` held a shared text's size only to
-# within ~12% on the tiny Llama's tokenizer (its heads of spelled digits and kinds tokenize at
-# another rate than the filler, and a cut mid-word at another still): the bench's 100-token prompt
-# for all was 96 tokens live, a cache block fewer than simulated (2026-12-07).
+# word's tokens as the engine counts them (`TextWords`), a text of N tokens is written exactly. The
+# filler sentence of `prompt_of` held a shared text's size only to within ~12% on the tiny Llama's
+# tokenizer (its heads of spelled digits and kinds tokenize at another rate than the filler, and a
+# cut mid-word at another still): the bench's 100-token prompt for all was 96 tokens live, a cache
+# block fewer than simulated (2026-12-07).
 FILL_WORD = "the"
 _KIND_WORDS = ("prefix", "conversation", "request")
 TEXT_WORDS = (*_SALT_WORDS, *_KIND_WORDS, FILL_WORD)
 
 
-def _worded(tokens: int, head: Sequence[str], word_tokens: Mapping[str, float]) -> str:
-    """`head`'s words, then FILL_WORD to the nearest of `tokens` (exact where it is one token); a
-    head longer than the text is cut after its last word that fits (its first words, which set the
-    text apart, stay). No other word ends it, so a conversation's later turn, longer, begins with
-    the earlier turn's whole text."""
-    words: list[str] = []
-    total = 0.0
+class TextWords(BaseModel):
+    """The engine's tokens for each of TEXT_WORDS (`EngineProfiler.text_words` counts them)."""
+
+    spaced: dict[str, float] = Field(description="Tokens each word adds after a space.")
+    leading: dict[str, float] = Field(
+        default_factory=dict, description="Tokens a word adds at a prompt's start beyond `spaced` and the tokens the "
+        "engine adds to every prompt (prompt_added_tokens): a byte-level BPE spells a first word without its space "
+        "(-1 on the tiny Llama's: a 108-token prompt held 107), a SentencePiece one the same.")
+
+
+def _worded(tokens: int, head: Sequence[str], words: TextWords, leads: bool) -> str:
+    """`head`'s words, then FILL_WORD to the nearest of `tokens` (exact where it is one token), the
+    first word's surplus counted where the text `leads` a prompt; a head longer than the text is cut
+    after its last word that fits (its first words, which set the text apart, stay). No other word
+    ends it, so a conversation's later turn, longer, begins with the earlier turn's whole text."""
+    cost = words.spaced
+    out: list[str] = []
+    total = words.leading.get(head[0], 0.0) if leads else 0.0
     for word in head:
-        if words and total + word_tokens[word] > tokens + 0.5:
+        if out and total + cost[word] > tokens + 0.5:
             break
-        words.append(word)
-        total += word_tokens[word]
-    words += [FILL_WORD] * max(0, round((tokens - total) / word_tokens[FILL_WORD]))
-    return " ".join(words)
+        out.append(word)
+        total += cost[word]
+    out += [FILL_WORD] * max(0, round((tokens - total) / cost[FILL_WORD]))
+    return " ".join(out)
 
 
 def _own_text(tokens: int, bytes_per_token: float, kind: str, ident: int, run: int,
-              word_tokens: Mapping[str, float] | None) -> str:
+              words: TextWords | None, leads: bool) -> str:
     """Text of one identity (a prefix, a conversation, a request's own part), headed by its id
     spelled last digit first, then its kind and the run: texts of two identities part at their
     first word or two. What follows a shared prefix starts mid-block, and an engine caches the
     block the prefix ends in if the next few tokens of two prompts agree: a salt's long common
     leading digits would make them agree."""
     head = [_SALT_WORDS[int(d)] for d in reversed(str(abs(int(ident))))] + [kind] + spelled(run).split()
-    if not word_tokens:  # no counts: sized by bytes, as prompt_of's filler, which bytes_per_token was measured on
+    if words is None:  # no counts: sized by bytes, as prompt_of's filler, which bytes_per_token was measured on
         return _headed(_filler(tokens, bytes_per_token), " ".join(head) + " ")
-    return _worded(tokens, head, word_tokens)
+    return _worded(tokens, head, words, leads)
 
 
 def arrival_prompt(arrivals: Arrivals, i: int, bytes_per_token: float, salt0: int, salt_surplus: int = 0,
-                   word_tokens: Mapping[str, float] | None = None) -> str:
+                   words: TextWords | None = None) -> str:
     """The text of request `i`, sized as `prompt_of` sizes prompts, that shares exactly what the
     arrivals say it shares (`tritongen.core.traffic_sharing`), so the live engine's prefix cache
     sees what the simulated one does:
@@ -130,9 +143,9 @@ def arrival_prompt(arrivals: Arrivals, i: int, bytes_per_token: float, salt0: in
       turn begins with the whole text of every earlier one (the previous reply a stand-in of its
       length);
     - else its own text, headed by the request's index.
-    Shared texts are of TEXT_WORDS, sized by `word_tokens` (the engine's count of each) where the
-    profile measured them, else of `prompt_of`'s filler by bytes. A prompt that shares nothing is salted as it always was (`prompt_of`, salt
-    `salt0 + i`, its filler short by `salt_surplus` tokens).
+    Shared texts are of TEXT_WORDS, sized by `words` (the engine's count of each) where the profile
+    measured them, else of `prompt_of`'s filler by bytes. A prompt that shares nothing is salted as
+    it always was (`prompt_of`, salt `salt0 + i`, its filler short by `salt_surplus` tokens).
     `salt0` sets the run (a multiple of RUN_STRIDE): another base makes every text new, so a second
     run meets no prompt of the first in a cache."""
     tokens = int(arrivals.prompt[i])
@@ -143,9 +156,9 @@ def arrival_prompt(arrivals: Arrivals, i: int, bytes_per_token: float, salt0: in
     pieces = []
     if prefix >= 0:
         shared = int(arrivals.prefix_tokens[i])
-        pieces.append(_own_text(shared, bytes_per_token, "prefix", prefix, run, word_tokens))
+        pieces.append(_own_text(shared, bytes_per_token, "prefix", prefix, run, words, leads=True))
         tokens -= shared
     if tokens > 0:
         kind, ident = ("conversation", conversation) if conversation >= 0 else ("request", i)
-        pieces.append(_own_text(tokens, bytes_per_token, kind, ident, run, word_tokens))
+        pieces.append(_own_text(tokens, bytes_per_token, kind, ident, run, words, leads=not pieces))
     return " ".join(pieces)

@@ -32,7 +32,7 @@ from tritongen.core.engine_metrics import PROMPT_TOKENS_COUNTER
 from tritongen.core.llm_interface import LLMInterface, UnknownInterface
 from tritongen.core.llm_interface_config import interface_from_config
 from tritongen.core.llm_token_ids import TOKEN_IDS_SOURCE
-from tritongen.core.prompts import TEXT_WORDS, prompt_of, to_be_salted
+from tritongen.core.prompts import TEXT_WORDS, TextWords, prompt_of, to_be_salted
 from tritongen.core.profile_types import DecodeSample, EngineMeasurement, MeasurementGap, PrefillSample
 from tritongen.errors import BadInput, RunFailed, TritongenError
 from tritongen.profiler.engine_fits import (
@@ -210,15 +210,16 @@ class EngineProfiler(EngineCapacity):
             f"the model returns no prompt token count (no num_input_tokens output) and exports no {PROMPT_TOKENS_COUNTER}"))
         return ASSUMED_BYTES_PER_TOKEN, f"assumed ({ASSUMED_BYTES_PER_TOKEN:g})"
 
-    def text_word_tokens(self) -> dict[str, float] | None:
+    def text_words(self) -> TextWords | None:
         """The engine's tokens for each word of shared texts (core.prompts.TEXT_WORDS): the growth of its
-        count from the word repeated WORD_REPEATS[0] to [1] times, so what the engine adds to every prompt
-        and a first word's own spelling fall out. None for token ids or an engine that counts none."""
+        count from WORD_REPEATS[0] to [1] repeats, and what is left at the start beyond the tokens it adds
+        to every prompt. None for token ids or an engine that counts none (sized by bytes per token)."""
         if self.interface.speaks_token_ids:
             return None
         output = self.interface.input_token_count_output
         low, high = WORD_REPEATS
-        found: dict[str, float] = {}
+        spaced: dict[str, float] = {}
+        leading: dict[str, float] = {}
         for word in TEXT_WORDS:
             counts = []
             for repeats in (low, high):
@@ -230,8 +231,9 @@ class EngineProfiler(EngineCapacity):
                 counts.append(count or grown)
             if not counts[0] or not counts[1] or counts[1] <= counts[0]:
                 return None
-            found[word] = round((counts[1] - counts[0]) / (high - low), 3)
-        return found
+            spaced[word] = round((counts[1] - counts[0]) / (high - low), 3)
+            leading[word] = round(counts[0] - low * spaced[word] - (self.prompt_added_tokens or 0), 3)
+        return TextWords(spaced=spaced, leading=leading)
 
     def _prompt_tokens(self, tensors: RequestInputs, output: str | None) -> tuple[float | None, float | None]:
         """(the backend's count of the prompt's tokens, its prompt-token counter's growth) for one
@@ -405,7 +407,7 @@ class EngineProfiler(EngineCapacity):
 
     def measure(self) -> EngineMeasurement:
         bpt, bpt_source = self.bytes_per_token()
-        word_tokens = self.text_word_tokens()
+        words = self.text_words()
         if bpt_source.startswith("assumed"):
             self.worst_tokens_per_token = bpt
             self._fit_context()
@@ -484,7 +486,7 @@ class EngineProfiler(EngineCapacity):
             decode_context_tokens=self.settings.prompt_tokens + self.settings.output_tokens / 2,
             prompt_added_tokens=self.prompt_added_tokens,
             salt_surplus_tokens=self.salt_surplus_tokens,
-            text_word_tokens=word_tokens,
+            text_words=words,
             kv_capacity_tokens=capacity,
             kv_block_tokens=block,
             kv_capacity_source=source,
