@@ -118,3 +118,10 @@ def test_the_load_generator_sends_these_texts() -> None:
     target = LoadTarget(model="llm", streaming=True, bytes_per_token=BPT, text_words=TEXT)
     for i in range(len(a)):
         assert runner._prompt(i, target) == arrival_prompt(a, i, BPT, runner.salt0, words=TEXT)
+
+
+def test_word_counts_that_miss_a_word_fall_back_to_bytes() -> None:
+    a = arrivals()
+    i = int(np.flatnonzero(a.prefix_id >= 0)[0])
+    partial = TextWords(spaced={w: c for w, c in WORDS.items() if w != FILL_WORD})
+    assert arrival_prompt(a, i, BPT, SALT0, words=partial) == arrival_prompt(a, i, BPT, SALT0)

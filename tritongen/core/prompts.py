@@ -101,6 +101,10 @@ class TextWords(BaseModel):
         "engine adds to every prompt (prompt_added_tokens): a byte-level BPE spells a first word without its space "
         "(-1 on the tiny Llama's: a 108-token prompt held 107), a SentencePiece one the same.")
 
+    def covers_every_word(self) -> bool:
+        """Whether every word of TEXT_WORDS has a count above 0 (a profile written by hand may lack one)."""
+        return all(self.spaced.get(w, 0) > 0 for w in TEXT_WORDS)
+
 
 def _worded(tokens: int, head: Sequence[str], words: TextWords, leads: bool) -> str:
     """`head`'s words, then FILL_WORD to the nearest of `tokens` (exact where it is one token), the
@@ -127,7 +131,7 @@ def _own_text(tokens: int, bytes_per_token: float, kind: str, ident: int, run: i
     block the prefix ends in if the next few tokens of two prompts agree: a salt's long common
     leading digits would make them agree."""
     head = [_SALT_WORDS[int(d)] for d in reversed(str(abs(int(ident))))] + [kind] + spelled(run).split()
-    if words is None:  # no counts: sized by bytes, as prompt_of's filler, which bytes_per_token was measured on
+    if words is None or not words.covers_every_word():  # sized by bytes, as prompt_of's filler (bytes_per_token's text)
         return _headed(_filler(tokens, bytes_per_token), " ".join(head) + " ")
     return _worded(tokens, head, words, leads)
 
