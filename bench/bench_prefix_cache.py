@@ -12,6 +12,9 @@ simulated against live runs (issue 44).
    - all distinct.
    Each load runs `--repeats` times live and once simulated (the engine model with its prefix
    cache, from the profile and model.json), and the simulation is judged against the live median.
+   Each mix is profiled anew just before its live runs (`profiled`): this host's speed drifts by
+   ±20% over minutes, and a profile taken before the first mix judged the last one's live runs
+   15 minutes later at another speed.
 
 Goals (issue 44): completed per offered request within 10%, TTFT P50 and P99 within 25% (or inside
 the live runs' range where their own spread is wider), in at least 8 of the 9 cells.
@@ -103,7 +106,12 @@ def main() -> int:
     return 0
 
 
-def run(server: TritonServer, repo: Path, tmp: Path, args) -> None:
+def profiled(server: TritonServer, repo: Path, tmp: Path):
+    """A full profile of the engine now, and the simulated servers it gives (the resolved engine, and
+    the same with cached arrivals priced on the fresh prefill line). Each mix takes its own, just
+    before its live runs: twelve profiles of this engine minutes apart read its prefill at 0.58-0.86
+    ms/token (2026-12-08), and a simulation from a profile 15 minutes older judged live runs at
+    another speed."""
     endpoints = Endpoints(http=server.http_url, grpc=server.grpc_url, metrics=server.metrics_url)
     admin = TritonAdmin(endpoints)
     t0 = time.monotonic()
@@ -111,15 +119,13 @@ def run(server: TritonServer, repo: Path, tmp: Path, args) -> None:
     # the decode step measured up to the engine's sequence limit, as bench_vllm_fidelity measures it:
     # a quick profile's two streams extrapolated to 14 put the simulated capacity at twice the live one
     settings = default_settings(quick=False).model_copy(update={"stream_concurrency_levels": [1, 4, 8, 16]})
-    prof = Profiler(admin, endpoints, settings, tmp, repository=repo).run(targets)[0]
+    prof = Profiler(admin, endpoints, settings, Path(tempfile.mkdtemp(dir=tmp)), repository=repo).run(targets)[0]
     admin.close()
     eng = prof.engine
     assert eng is not None
     print(f"\nprofile ({time.monotonic() - t0:.0f} s): bytes/token {eng.bytes_per_token:g} ({eng.bytes_per_token_source}); "
           f"prefill {eng.prefill_fixed_ms:.2f} ms + {eng.prefill_ms_per_token * 1000:.1f} us/token, in the step: "
           f"{eng.prefill_in_step}; decode {eng.decode_fixed_ms:.2f} + {eng.decode_ms_per_seq:.3f} ms/seq")
-    # the samples the prefill line was fitted on: two profiles of this engine 40 min apart read 0.656 and 0.835
-    # ms/token (2026-12-07 23:25, 2026-12-08 00:06), and the simulated capacities followed
     print("prefill samples (idle time to first token, a median of each length's requests): "
           + ", ".join(f"{s.prompt_tokens} tokens {s.ttft_ms:.1f} ms ({s.requests})" for s in eng.prefill))
     probe = eng.prefix_cache
@@ -146,10 +152,15 @@ def run(server: TritonServer, repo: Path, tmp: Path, args) -> None:
     fresh = engine.model_copy(update={"curve": engine.curve.model_copy(update={"cached_prefill": None})})
     fresh_server = sim_server.model_copy(update={"models": [ModelSim(name=MODEL, llm=fresh)]})
     config = httpx.get(f"http://{server.http_url}/v2/models/{MODEL}/config", timeout=10).json()
-    target = llm_target(MODEL, config, eng)
+    return engine, sim_server, fresh_server, llm_target(MODEL, config, eng)
+
+
+def run(server: TritonServer, repo: Path, tmp: Path, args) -> None:
     met_total = 0
     for key in [m for m in args.mixes.split(",") if m]:
         title, mix = MIXES[key]
+        print(f"\n# {title}")
+        engine, sim_server, fresh_server, target = profiled(server, repo, tmp)
         sample = traffic(mix, 10.0, 5.0, 1)
         prompt, shared = counted(sample, server, target, engine.prompt_added_tokens)
         said = int(sample.prompt[0]), int(sample.prefix_tokens[0])
