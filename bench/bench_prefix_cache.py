@@ -37,7 +37,6 @@ import httpx
 from bench.bench_vllm_fidelity import MODEL, example_server, print_against_the_median
 from bench.report import FLOOD_FACTOR, flooded_capacity, live_vs_sim, rel, saved_report
 from tritongen.core.engine_sources import measured_from_profile, resolve_engine
-from tritongen.core.prompts import arrival_prompt
 from tritongen.core.simulator import ModelSim, Overheads, ServerSim, simulate
 from tritongen.core.traffic import TrafficSpec, generate_arrivals
 from tritongen.engine_files import vllm_engine_args
@@ -71,11 +70,10 @@ def traffic(mix: dict, rate: float, seconds: float, seed: int):
 def counted(arrivals, server: TritonServer, target, added: int, salts=(10**7, 5 * 10**7, 9 * 10**7)) -> tuple[int, int]:
     """(prompt, shared prefix) tokens of the mix's requests as the live engine counts them, less the
     tokens it adds to every prompt: the medians over a few requests' texts as the load generator
-    writes them (`core.prompts.arrival_prompt`), with a few of its run salts: printed beside what the
+    writes them (`LoadTarget.prompt`), with a few of its run salts: printed beside what the
     traffic says, which the simulation takes (a block boundary between the two would move the cache's
     hits by a whole block; until text_words, 2026-12-07, the texts missed by up to ~12%)."""
     iface = target.interface
-    bpt = iface.sizing_bytes_per_token(target.bytes_per_token)
     heads = copy.copy(arrivals)
     heads.prompt = arrivals.prefix_tokens.copy()  # a prompt of its prefix alone is the prefix's text
 
@@ -86,8 +84,8 @@ def counted(arrivals, server: TritonServer, target, added: int, salts=(10**7, 5 
         return n - added
 
     picks = range(min(4, len(arrivals.t)))
-    whole = [count(arrival_prompt(arrivals, i, bpt, salt, target.salt_surplus_tokens, target.text_words)) for salt in salts for i in picks]
-    shared = [count(arrival_prompt(heads, i, bpt, salt, target.salt_surplus_tokens, target.text_words)) for salt in salts for i in picks
+    whole = [count(target.prompt(arrivals, i, salt)) for salt in salts for i in picks]
+    shared = [count(target.prompt(heads, i, salt)) for salt in salts for i in picks
               if arrivals.prefix_id[i] >= 0]
     return int(statistics.median(whole)), int(statistics.median(shared)) if shared else 0
 

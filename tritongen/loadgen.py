@@ -102,6 +102,13 @@ class LoadTarget:
     # /v2/models/M/generate_stream, server-sent events).
     protocol: str = "grpc"
 
+    def prompt(self, arrivals: Arrivals, i: int, salt0: int) -> str:
+        """Request i's text in run `salt0`: its own, or sharing what the arrivals say it shares
+        (core.prompts), sized by what the profile measured; for a model of token ids, one character
+        per token (the interface sends one id per character)."""
+        bpt = self.interface.sizing_bytes_per_token(self.bytes_per_token) if self.interface else self.bytes_per_token
+        return arrival_prompt(arrivals, i, bpt, salt0, self.salt_surplus_tokens, self.text_words)
+
 
 # ---------------------------------------------------------------------------------------------
 
@@ -161,10 +168,7 @@ class _Runner:
         self.sse_wanted = False
 
     def _prompt(self, i: int, target: LoadTarget) -> str:
-        """Request i's text: its own, or sharing what the arrivals say it shares (core.prompts); for
-        a model of token ids, one character per token (the interface sends one id per character)."""
-        bpt = target.interface.sizing_bytes_per_token(target.bytes_per_token) if target.interface else target.bytes_per_token
-        return arrival_prompt(self.arr, i, bpt, self.salt0, target.salt_surplus_tokens, target.text_words)
+        return target.prompt(self.arr, i, self.salt0)
 
     def _error(self, i: int, message: str, now: float) -> None:
         self.status[i] = classify_error(message)

@@ -163,7 +163,7 @@ def test_a_new_user_profiles_it_through_url_without_a_spec_then_renders_simulate
     the served config, and a request through the sidecar running that policy. The profiler's own cancel
     of a stream it closes must never surface as the model's error (first_output.first_output)."""
     from tritongen.core.profile_types import read_profile
-    from tritongen.core.prompts import RUN_STRIDE, TEXT_WORDS, arrival_prompt
+    from tritongen.core.prompts import RUN_STRIDE, TEXT_WORDS
     from tritongen.core.traffic import TrafficSpec, generate_arrivals
     from tritongen.llm_targets import llm_target
     from tritongen.profiler.prefix_probe import counted_prompt_tokens
@@ -196,7 +196,7 @@ def test_a_new_user_profiles_it_through_url_without_a_spec_then_renders_simulate
         {"name": "rag", "share": 1.0, "prompt_tokens": 108, "output_tokens": 4, "shared_prefix": {"tokens": 86, "count": 2}}])
     arrivals = generate_arrivals(shared, seed=0)
     for i in range(3):
-        text = arrival_prompt(arrivals, i, target.bytes_per_token, 7 * RUN_STRIDE, target.salt_surplus_tokens, target.text_words)
+        text = target.prompt(arrivals, i, 7 * RUN_STRIDE)  # as the load generator writes it
         count = counted_prompt_tokens(server.grpc_url, MODEL, target.interface, text)
         assert count and abs(count - (engine.prompt_added_tokens or 0) - int(arrivals.prompt[i])) <= 1, (count, text)
 

@@ -105,7 +105,7 @@ def probe_cached_arrivals(grpc_url: str, model: str, interface: LLMInterface, by
     for shared, own in ((length, 0), (quarter, 0), (quarter, 2 * quarter), (2 * quarter, 2 * quarter)):  # none past `length`
         update(f"arrivals with a cached prefix: {shared} cached + {own} own tokens")
         head = prompt_of(shared, bpt, salt=next(_SALTS), salt_surplus=salt_surplus)
-        if own:  # the prefix ends in a newline so its last token does not merge with the tail (core.prompts)
+        if own:  # the prefix, filler cut mid-word, ends in a newline so its last token does not merge with the tail
             head = head[:-1] + "\n"
 
         def texts(n: int) -> list[str]:
